@@ -1,0 +1,145 @@
+// Snapshot open + validation on the official fixtures, and rejection of corrupted copies.
+#include "loader/snapshot.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loader/safetensors.h"
+
+namespace fb::loader {
+namespace {
+
+namespace fs = std::filesystem;
+std::string fixture_dir() { return std::string(FB_SHARED_DIR) + "/fixtures/tiny-s0/checkpoint"; }
+
+class CorruptCopy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = fixture_dir();
+    if (!fs::exists(src_)) GTEST_SKIP() << "fixture not present: " << src_;
+    dir_ = fs::temp_directory_path() / ("fb_loader_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (auto& e : fs::directory_iterator(src_)) {
+      fs::copy_file(e.path(), dir_ / e.path().filename());
+      fs::permissions(dir_ / e.path().filename(), fs::perms::owner_write, fs::perm_options::add);
+    }
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  std::string first_shard() { return (dir_ / "model-00001-of-00003.safetensors").string(); }
+  std::string src_;
+  fs::path dir_;
+};
+
+TEST(Snapshot, FixturesValidate) {
+  for (const char* c : {"tiny-s0", "tiny-s1-long", "tiny-vision"}) {
+    std::string d = std::string(FB_SHARED_DIR) + "/fixtures/" + c + "/checkpoint";
+    if (!fs::exists(d)) GTEST_SKIP();
+    auto s = Snapshot::open(d);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    auto rep = (*s)->validate();
+    EXPECT_TRUE(rep.ok()) << c << "\n" << rep.to_string();
+    EXPECT_EQ((*s)->engram_token_map().size(), size_t((*s)->config().vocab_size));
+  }
+}
+
+TEST_F(CorruptCopy, Intact) {
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE((*s)->validate().ok());
+}
+
+TEST_F(CorruptCopy, TruncatedShard) {
+  auto sz = fs::file_size(first_shard());
+  fs::resize_file(first_shard(), sz - 1000);
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("model-00001-of-00003.safetensors"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("truncated"), std::string::npos) << s.status().message();
+}
+
+TEST_F(CorruptCopy, DtypeChangedToAnotherValidOne) {
+  // Rewrite one header entry's dtype BF16 -> F16 (same size, so the container stays valid).
+  std::string path = first_shard();
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t n;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string h(n, '\0');
+  f.read(h.data(), std::streamsize(n));
+  size_t p = h.find("\"BF16\"");
+  ASSERT_NE(p, std::string::npos);
+  h.replace(p, 6, "\"F16\" ");
+  f.seekp(8);
+  f.write(h.data(), std::streamsize(n));
+  f.close();
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto rep = (*s)->validate();
+  ASSERT_FALSE(rep.ok());
+  ASSERT_EQ(rep.mismatched.size(), 1u) << rep.to_string();
+  EXPECT_NE(rep.mismatched[0].find("want BF16"), std::string::npos);
+}
+
+TEST_F(CorruptCopy, TensorMissingFromIndex) {
+  std::string path = (dir_ / "model.safetensors.index.json").string();
+  auto j = nlohmann::json::parse(std::ifstream(path));
+  j["weight_map"].erase("layers.2.attn.wq_a.weight");
+  std::ofstream(path) << j.dump();
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_TRUE(s.ok());
+  auto rep = (*s)->validate();
+  ASSERT_FALSE(rep.ok());
+  ASSERT_FALSE(rep.other.empty());
+  EXPECT_NE(rep.other[0].find("layers.2.attn.wq_a.weight"), std::string::npos);
+}
+
+TEST_F(CorruptCopy, GarbageConfig) {
+  std::ofstream(dir_ / "config.json") << "{\"text_config\": {\"hidden_size\": [}";
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("config.json"), std::string::npos);
+}
+
+TEST_F(CorruptCopy, AbsurdHeaderLength) {
+  std::fstream f(first_shard(), std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t n = 1ull << 60;
+  f.write(reinterpret_cast<char*>(&n), 8);
+  f.close();
+  auto s = Snapshot::open(dir_.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("header length"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsOverlapAndBadSizes) {
+  auto mk = [](const std::string& header, size_t data_bytes) {
+    std::string h = header;
+    while (h.size() % 8) h.push_back(' ');
+    std::string out(8, '\0');
+    uint64_t n = h.size();
+    std::memcpy(out.data(), &n, 8);
+    out += h;
+    out.append(data_bytes, '\0');
+    return out;
+  };
+  auto parse = [](const std::string& b) { return parse_safetensors(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "t"); };
+  EXPECT_TRUE(parse(mk(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[4611686018427387904, 4],"data_offsets":[0,8]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8)).ok());
+  EXPECT_FALSE(parse(mk("[1,2,3]", 0)).ok());
+  EXPECT_FALSE(parse(std::string("abc")).ok());
+}
+
+}  // namespace
+}  // namespace fb::loader

@@ -1,0 +1,66 @@
+// Snapshot: an opened HF snapshot directory (config.json, model.safetensors.index.json, shards).
+// Shards are memory-mapped, never read eagerly. Tensors are looked up by their checkpoint name
+// and validated against the schema derived from the config (model/schema.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/mapped_file.h"
+#include "base/tensor_view.h"
+#include "model/config.h"
+#include "model/schema.h"
+
+namespace fb::loader {
+
+struct ValidationReport {
+  std::vector<std::string> missing;     // in the schema, not in the files
+  std::vector<std::string> unexpected;  // in the files, not in the schema
+  std::vector<std::string> mismatched;  // "name: want BF16 [a, b], have F32 [a, b]"
+  std::vector<std::string> other;       // index/shard disagreements, token map problems
+  bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty() && other.empty(); }
+  std::string to_string(size_t max_per_kind = 20) const;
+};
+
+class Snapshot {
+ public:
+  // Opens DIR: parses config.json and the index, maps every shard and parses its header (any
+  // container-level corruption is an error here). Schema validation is separate (validate()).
+  static Result<std::unique_ptr<Snapshot>> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const model::Config& config() const { return config_; }
+
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // A tensor that validate() accepted; FB_CHECK on a missing name (a bug once validated).
+  const TensorView& get(const std::string& name) const;
+  Result<TensorView> find(const std::string& name) const;
+  std::vector<std::string> tensor_names() const;
+  const std::string& shard_of(const std::string& name) const;
+
+  ValidationReport validate() const;
+
+  // Compressed-vocab map for Engram: `engram_token_map.i32` beside the config when present.
+  // Empty when the file is absent (the tokenizer then derives it).
+  const std::vector<int32_t>& engram_token_map() const { return engram_map_; }
+
+ private:
+  struct Entry {
+    TensorView view;
+    std::string shard;
+  };
+  std::string dir_;
+  model::Config config_;
+  std::vector<MappedFile> files_;
+  std::map<std::string, Entry> tensors_;
+  std::vector<std::string> index_problems_;
+  std::vector<int32_t> engram_map_;
+};
+
+// Checks a token map against the config: length = vocab, every class in [0, classes), and the
+// number of distinct classes = engram_compressed_vocab_size.
+Status validate_engram_map(const model::Config& c, const std::vector<int32_t>& map);
+
+}  // namespace fb::loader
