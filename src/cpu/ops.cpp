@@ -1,0 +1,448 @@
+#include "cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/check.h"
+
+namespace fb::cpu {
+
+namespace {
+
+// e4m3 / e2m1 decode tables (exact values).
+struct Luts {
+  float e4m3[256];
+  float e2m1[16];
+  Luts() {
+    for (int i = 0; i < 256; ++i) e4m3[i] = e4m3_to_f32(uint8_t(i));
+    for (int i = 0; i < 16; ++i) e2m1[i] = e2m1_to_f32(uint8_t(i));
+  }
+};
+const Luts& luts() {
+  static const Luts l;
+  return l;
+}
+
+// Rounds a positive f32 up to a power of two by its bit pattern (exact powers stay).
+float pow2_ceil_bits(float t) {
+  uint32_t u = bits_from_f32(t);
+  int e = int((u >> 23) & 0xFF);
+  uint32_t m = u & 0x7FFFFF;
+  int k = e - 127 + (m != 0 ? 1 : 0);
+  return std::ldexp(1.0f, k);
+}
+
+constexpr uint32_t kInv448Bits = 0x3B124925;  // f32(1/448)
+constexpr uint32_t kInv6Bits = 0x3E2AAAAB;    // f32(1/6)
+
+}  // namespace
+
+float fp8_block_scale(float amax) {
+  amax = std::max(amax, 1e-4f);
+  return pow2_ceil_bits(amax * f32_from_bits(kInv448Bits));
+}
+
+void act_quant_row(const bf16_t* x, int64_t K, uint8_t* codes, float* scales) {
+  FB_CHECK(K % 32 == 0) << "act_quant needs K % 32 == 0, K=" << K;
+  for (int64_t b = 0; b < K / 32; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(bf(x[b * 32 + i])));
+    const float s = fp8_block_scale(amax);
+    scales[b] = s;
+    for (int i = 0; i < 32; ++i) {
+      float v = bf(x[b * 32 + i]) / s;  // exact: s is a power of two
+      v = std::min(std::max(v, -kE4M3Max), kE4M3Max);
+      codes[b * 32 + i] = e4m3_from_f32(v);
+    }
+  }
+}
+
+void fp8_qdq_row(const bf16_t* x, int64_t K, uint8_t* codes, uint8_t* scales_e8m0, bf16_t* out) {
+  std::vector<float> s(static_cast<size_t>(K / 32));
+  act_quant_row(x, K, codes, s.data());
+  for (int64_t b = 0; b < K / 32; ++b) scales_e8m0[b] = e8m0_from_pow2(s[size_t(b)]);
+  if (out) fp8_dequant_row(codes, scales_e8m0, K, out);
+}
+
+void fp8_dequant_row(const uint8_t* codes, const uint8_t* scales_e8m0, int64_t K, bf16_t* out) {
+  const Luts& L = luts();
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float s = e8m0_to_f32(scales_e8m0[b]);
+    for (int i = 0; i < 32; ++i) out[b * 32 + i] = to_bf(L.e4m3[codes[b * 32 + i]] * s);  // exact
+  }
+}
+
+void fp4_e8m0_qdq_row(const bf16_t* x, int64_t K, uint8_t* packed, uint8_t* scales_e8m0, bf16_t* out) {
+  FB_CHECK(K % 32 == 0);
+  const float floor_amax = 6.0f * std::ldexp(1.0f, -126);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(bf(x[b * 32 + i])));
+    amax = std::max(amax, floor_amax);
+    const float s = pow2_ceil_bits(amax * f32_from_bits(kInv6Bits));
+    scales_e8m0[b] = e8m0_from_pow2(s);
+    for (int i = 0; i < 32; i += 2) {
+      float v0 = std::min(std::max(bf(x[b * 32 + i]) / s, -6.0f), 6.0f);
+      float v1 = std::min(std::max(bf(x[b * 32 + i + 1]) / s, -6.0f), 6.0f);
+      packed[(b * 32 + i) / 2] = uint8_t(e2m1_from_f32(v0) | (e2m1_from_f32(v1) << 4));
+    }
+  }
+  if (out) fp4_e8m0_dequant_row(packed, scales_e8m0, K, out);
+}
+
+void fp4_e8m0_dequant_row(const uint8_t* packed, const uint8_t* scales_e8m0, int64_t K, bf16_t* out) {
+  const Luts& L = luts();
+  for (int64_t i = 0; i < K; ++i) out[i] = to_bf(L.e2m1[e2m1_code_at(packed, i)] * e8m0_to_f32(scales_e8m0[i / 32]));
+}
+
+void fp4_e4m3_qdq_row(const bf16_t* x, int64_t K, uint8_t* packed, uint8_t* scales_e4m3, bf16_t* out) {
+  FB_CHECK(K % 16 == 0);
+  const float floor_amax = 6.0f * std::ldexp(1.0f, -9);
+  const Luts& L = luts();
+  for (int64_t b = 0; b < K / 16; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(bf(x[b * 16 + i])));
+    amax = std::max(amax, floor_amax);
+    const uint8_t sc = e4m3_from_f32(amax / 6.0f);  // true division, saturating RNE
+    scales_e4m3[b] = sc;
+    const float s = L.e4m3[sc];
+    for (int i = 0; i < 16; i += 2) {
+      float v0 = std::min(std::max(bf(x[b * 16 + i]) / s, -6.0f), 6.0f);  // IEEE division
+      float v1 = std::min(std::max(bf(x[b * 16 + i + 1]) / s, -6.0f), 6.0f);
+      packed[(b * 16 + i) / 2] = uint8_t(e2m1_from_f32(v0) | (e2m1_from_f32(v1) << 4));
+    }
+  }
+  if (out) fp4_e4m3_dequant_row(packed, scales_e4m3, K, out);
+}
+
+void fp4_e4m3_dequant_row(const uint8_t* packed, const uint8_t* scales_e4m3, int64_t K, bf16_t* out) {
+  const Luts& L = luts();
+  for (int64_t i = 0; i < K; ++i) out[i] = to_bf(L.e2m1[e2m1_code_at(packed, i)] * L.e4m3[scales_e4m3[i / 16]]);
+}
+
+// ---- GEMMs ------------------------------------------------------------------------------------
+
+void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
+  FB_CHECK(w.dtype == DType::kF8E4M3 && w.rank() == 2);
+  const int64_t N = w.dim(0), K = w.dim(1), KB = K / 32;
+  FB_CHECK(K % 32 == 0 && w_scale.dim(0) == (N + 31) / 32 && w_scale.dim(1) == KB) << "fp8 gemm scale shape";
+  const Luts& L = luts();
+  const uint8_t* W = w.data;
+  const uint8_t* S = w_scale.data;
+  std::vector<uint8_t> qc(static_cast<size_t>(K));
+  std::vector<float> qv(static_cast<size_t>(K)), qs(static_cast<size_t>(KB));
+  for (int64_t m = 0; m < M; ++m) {
+    act_quant_row(x + m * K, K, qc.data(), qs.data());
+    for (int64_t k = 0; k < K; ++k) qv[size_t(k)] = L.e4m3[qc[size_t(k)]];
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = W + n * K;
+      const uint8_t* sr = S + (n / 32) * KB;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < KB; ++b) {
+        float dot = 0.0f;
+        for (int i = 0; i < 32; ++i) dot += qv[size_t(b * 32 + i)] * L.e4m3[wr[b * 32 + i]];
+        acc += dot * (qs[size_t(b)] * e8m0_to_f32(sr[b]));
+      }
+      y[m * N + n] = to_bf(acc);
+    }
+  }
+}
+
+void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
+  FB_CHECK(w.rank() == 2 && dtype_size(w.dtype) == 1);
+  const int64_t N = w.dim(0), K = w.dim(1) * 2, KB = K / 32;
+  FB_CHECK(w_scale.dim(0) == N && w_scale.dim(1) == KB) << "fp4 gemm scale shape";
+  const Luts& L = luts();
+  std::vector<uint8_t> qc(static_cast<size_t>(K));
+  std::vector<float> qv(static_cast<size_t>(K)), qs(static_cast<size_t>(KB));
+  for (int64_t m = 0; m < M; ++m) {
+    act_quant_row(x + m * K, K, qc.data(), qs.data());
+    for (int64_t k = 0; k < K; ++k) qv[size_t(k)] = L.e4m3[qc[size_t(k)]];
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.data + n * (K / 2);
+      const uint8_t* sr = w_scale.data + n * KB;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < KB; ++b) {
+        float dot = 0.0f;
+        for (int i = 0; i < 32; ++i) dot += qv[size_t(b * 32 + i)] * L.e2m1[e2m1_code_at(wr, b * 32 + i)];
+        acc += dot * (qs[size_t(b)] * e8m0_to_f32(sr[b]));
+      }
+      y[m * N + n] = to_bf(acc);
+    }
+  }
+}
+
+void bf16_gemm(const bf16_t* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, bf16_t* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += bf(x[m * K + k]) * bf(w[n * K + k]);
+      y[m * N + n] = to_bf(acc);
+    }
+}
+
+void f32_gemm_bf16w(const float* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * bf(w[n * K + k]);
+      y[m * N + n] = acc;
+    }
+}
+
+void f32_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * w[n * K + k];
+      y[m * N + n] = acc;
+    }
+}
+
+std::vector<bf16_t> dequant_fp8_weight(const TensorView& w, const TensorView& w_scale) {
+  const int64_t N = w.dim(0), K = w.dim(1), KB = w_scale.dim(1);
+  const Luts& L = luts();
+  std::vector<bf16_t> out(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      out[size_t(n * K + k)] = to_bf(L.e4m3[w.data[n * K + k]] * e8m0_to_f32(w_scale.data[(n / 32) * KB + k / 32]));
+  return out;
+}
+
+// ---- norms, RoPE --------------------------------------------------------------------------------
+
+void rms_norm(const bf16_t* x, int64_t n, const bf16_t* w, float eps, bf16_t* y) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float a = bf(x[i]);
+    ss += a * a;
+  }
+  const float r = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bf(bf(w[i]) * (bf(x[i]) * r));
+}
+
+RopeTable make_rope_table(int rope_dim, double theta, bool yarn, double factor, int64_t original_seq_len, double beta_fast,
+                          double beta_slow) {
+  RopeTable t;
+  t.rope_dim = rope_dim;
+  const int half = rope_dim / 2;
+  t.freqs.resize(size_t(half));
+  for (int i = 0; i < half; ++i) {
+    const float e = float(2 * i) / float(rope_dim);
+    t.freqs[size_t(i)] = 1.0f / std::pow(float(theta), e);
+  }
+  if (yarn && original_seq_len > 0) {
+    auto cd = [&](double rot) { return rope_dim * std::log(double(original_seq_len) / (rot * 2.0 * M_PI)) / (2.0 * std::log(theta)); };
+    double lo = std::max(std::floor(cd(beta_fast)), 0.0);
+    double hi = std::min(std::ceil(cd(beta_slow)), double(rope_dim - 1));
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < half; ++i) {
+      float ramp = (float(i) - float(lo)) / float(hi - lo);
+      ramp = std::min(std::max(ramp, 0.0f), 1.0f);
+      const float smooth = 1.0f - ramp;
+      const float f = t.freqs[size_t(i)];
+      t.freqs[size_t(i)] = f / float(factor) * (1.0f - smooth) + f * smooth;
+    }
+  }
+  return t;
+}
+
+void RopeTable::at(int64_t pos, float* c, float* s) const {
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const float ang = float(pos) * freqs[i];
+    c[i] = std::cos(ang);
+    s[i] = std::sin(ang);
+  }
+}
+
+void apply_rope(bf16_t* x, int64_t width, const RopeTable& t, int64_t pos, bool inverse) {
+  const int half = t.rope_dim / 2;
+  float c[256], s[256];
+  FB_CHECK(half <= 256);
+  t.at(pos, c, s);
+  bf16_t* r = x + (width - t.rope_dim);
+  for (int i = 0; i < half; ++i) {
+    const float a = bf(r[2 * i]), b = bf(r[2 * i + 1]);
+    if (!inverse) {
+      r[2 * i] = to_bf(a * c[i] - b * s[i]);
+      r[2 * i + 1] = to_bf(a * s[i] + b * c[i]);
+    } else {
+      r[2 * i] = to_bf(a * c[i] + b * s[i]);
+      r[2 * i + 1] = to_bf(b * c[i] - a * s[i]);
+    }
+  }
+}
+
+// ---- sparse attention ---------------------------------------------------------------------------
+
+void sparse_attention(const bf16_t* q, int n_heads, int d, const std::vector<const bf16_t*>& keys, const float* sinks, float scale,
+                      bf16_t* out) {
+  const size_t n = keys.size();
+  std::vector<float> acc(static_cast<size_t>(d)), z(64), p(64);
+  for (int h = 0; h < n_heads; ++h) {
+    const bf16_t* qh = q + int64_t(h) * d;
+    float m = -1e30f, l = 0.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (size_t b0 = 0; b0 < n; b0 += 64) {
+      const size_t nb = std::min<size_t>(64, n - b0);
+      float bmax = -INFINITY;
+      for (size_t j = 0; j < nb; ++j) {
+        const bf16_t* kv = keys[b0 + j];
+        if (!kv) {
+          z[j] = -INFINITY;
+          continue;
+        }
+        float dot = 0.0f;
+        for (int t = 0; t < d; ++t) dot += bf(qh[t]) * bf(kv[t]);
+        z[j] = dot * scale;
+        bmax = std::max(bmax, z[j]);
+      }
+      const float m2 = std::max(m, bmax);
+      const float alpha = std::exp(m - m2);
+      float psum = 0.0f;
+      for (size_t j = 0; j < nb; ++j) {
+        p[j] = keys[b0 + j] ? std::exp(z[j] - m2) : 0.0f;
+        psum += p[j];
+      }
+      l = l * alpha + psum;
+      for (int t = 0; t < d; ++t) {
+        float s = 0.0f;
+        for (size_t j = 0; j < nb; ++j)
+          if (keys[b0 + j]) s += round_bf16(p[j]) * bf(keys[b0 + j][t]);
+        acc[size_t(t)] = acc[size_t(t)] * alpha + s;
+      }
+      m = m2;
+    }
+    l += std::exp(sinks[h] - m);
+    for (int t = 0; t < d; ++t) out[int64_t(h) * d + t] = to_bf(acc[size_t(t)] / l);
+  }
+}
+
+// ---- mHC ----------------------------------------------------------------------------------------
+
+void hc_mixes_raw(const bf16_t* x, int hc, int64_t dim, const float* fn, float norm_eps, float* mixes) {
+  const int64_t n = hc * dim;
+  const int n_mix = (2 + hc) * hc;
+  float ss = 0.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    float v = bf(x[c]);
+    ss += v * v;
+  }
+  const float rho = 1.0f / std::sqrt(ss / float(n) + norm_eps);
+  for (int j = 0; j < n_mix; ++j) {
+    float acc = 0.0f;
+    const float* f = fn + int64_t(j) * n;
+    for (int64_t c = 0; c < n; ++c) acc += f[c] * bf(x[c]);
+    mixes[j] = acc * rho;
+  }
+}
+
+void hc_split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
+  FB_CHECK(hc <= 16);
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  for (int i = 0; i < hc; ++i) {
+    out->pre[i] = sigmoid(m[i] * sc[0] + base[i]) + eps;
+    out->post[i] = 2.0f * sigmoid(m[hc + i] * sc[1] + base[hc + i]);
+  }
+  float* C = out->comb;
+  for (int a = 0; a < hc; ++a) {
+    float mx = -INFINITY;
+    for (int b = 0; b < hc; ++b) {
+      C[a * hc + b] = m[2 * hc + a * hc + b] * sc[2] + base[2 * hc + a * hc + b];
+      mx = std::max(mx, C[a * hc + b]);
+    }
+    float sum = 0.0f;
+    for (int b = 0; b < hc; ++b) {
+      C[a * hc + b] = std::exp(C[a * hc + b] - mx);
+      sum += C[a * hc + b];
+    }
+    for (int b = 0; b < hc; ++b) C[a * hc + b] = C[a * hc + b] / sum + eps;
+  }
+  auto col_norm = [&] {
+    for (int b = 0; b < hc; ++b) {
+      float s = 0.0f;
+      for (int a = 0; a < hc; ++a) s += C[a * hc + b];
+      for (int a = 0; a < hc; ++a) C[a * hc + b] = C[a * hc + b] / (s + eps);
+    }
+  };
+  auto row_norm = [&] {
+    for (int a = 0; a < hc; ++a) {
+      float s = 0.0f;
+      for (int b = 0; b < hc; ++b) s += C[a * hc + b];
+      for (int b = 0; b < hc; ++b) C[a * hc + b] = C[a * hc + b] / (s + eps);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+void hc_pre(const bf16_t* x, int hc, int64_t dim, const float* pre, bf16_t* y) {
+  for (int64_t d = 0; d < dim; ++d) {
+    float s = 0.0f;
+    for (int a = 0; a < hc; ++a) s += pre[a] * bf(x[a * dim + d]);
+    y[d] = to_bf(s);
+  }
+}
+
+void hc_post(const bf16_t* y, const bf16_t* x, int hc, int64_t dim, const HcMix& mix, bf16_t* out) {
+  for (int b = 0; b < hc; ++b)
+    for (int64_t d = 0; d < dim; ++d) {
+      float s = 0.0f;
+      for (int a = 0; a < hc; ++a) s += mix.comb[a * hc + b] * bf(x[a * dim + d]);
+      out[b * dim + d] = to_bf(mix.post[b] * bf(y[d]) + s);
+    }
+}
+
+// ---- router -------------------------------------------------------------------------------------
+
+Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const float* bias, int top_k, float gate_temp, bool norm_topk,
+              float route_scale) {
+  const int64_t E = gate_w.dim(0);
+  const bf16_t* W = gate_w.as<bf16_t>();
+  std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    float z = 0.0f;
+    for (int64_t k = 0; k < dim; ++k) z += bf(u[k]) * bf(W[e * dim + k]);
+    z = z / gate_temp;
+    const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
+    score[size_t(e)] = std::sqrt(sp);
+    biased[size_t(e)] = score[size_t(e)] + bias[e];
+  }
+  std::vector<int> idx(static_cast<size_t>(E));
+  std::iota(idx.begin(), idx.end(), 0);
+  // Sorted top-k, descending; exact ties toward the lower expert id (spec/11 §10).
+  std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(), [&](int a, int b) {
+    if (biased[size_t(a)] != biased[size_t(b)]) return biased[size_t(a)] > biased[size_t(b)];
+    return a < b;
+  });
+  Routing r;
+  r.experts.assign(idx.begin(), idx.begin() + top_k);
+  float sum = 0.0f;
+  for (int e : r.experts) {
+    r.weights.push_back(score[size_t(e)]);
+    sum += score[size_t(e)];
+  }
+  if (norm_topk && top_k > 1)
+    for (float& w : r.weights) w = w / (sum + 1e-20f);
+  for (float& w : r.weights) w = w * route_scale;
+  return r;
+}
+
+void swiglu_row(const bf16_t* a, const bf16_t* b, int64_t n, float limit, float weight, bool apply_weight, bf16_t* h) {
+  for (int64_t i = 0; i < n; ++i) {
+    float av = bf(a[i]), bv = bf(b[i]);
+    if (limit > 0.0f) {
+      bv = std::min(std::max(bv, -limit), limit);
+      av = std::min(av, limit);
+    }
+    float v = av / (1.0f + std::exp(-av)) * bv;
+    if (apply_weight) v = v * weight;
+    h[i] = to_bf(v);
+  }
+}
+
+}  // namespace fb::cpu
