@@ -186,7 +186,7 @@ void f32_gemm_bf16w(const float* x, int64_t M, int64_t K, const bf16_t* w, int64
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * bf(w[n * K + k]);
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], bf(w[n * K + k]), acc);
       y[m * N + n] = acc;
     }
 }
@@ -195,7 +195,7 @@ void f32_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, f
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * w[n * K + k];
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], w[n * K + k], acc);
       y[m * N + n] = acc;
     }
 }
@@ -333,7 +333,7 @@ void hc_mixes_raw(const bf16_t* x, int hc, int64_t dim, const float* fn, float n
   for (int j = 0; j < n_mix; ++j) {
     float acc = 0.0f;
     const float* f = fn + int64_t(j) * n;
-    for (int64_t c = 0; c < n; ++c) acc += f[c] * bf(x[c]);
+    for (int64_t c = 0; c < n; ++c) acc = std::fma(f[c], bf(x[c]), acc);
     mixes[j] = acc * rho;
   }
 }
@@ -406,7 +406,7 @@ Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const floa
   std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     float z = 0.0f;
-    for (int64_t k = 0; k < dim; ++k) z += bf(u[k]) * bf(W[e * dim + k]);
+    for (int64_t k = 0; k < dim; ++k) z = std::fma(bf(u[k]), bf(W[e * dim + k]), z);
     z = z / gate_temp;
     const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
     score[size_t(e)] = std::sqrt(sp);

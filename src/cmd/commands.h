@@ -1,0 +1,16 @@
+// Subcommands of the flashbox CLI. Each registers its flags on the CLI11 app and returns the
+// process exit code when run. main() only dispatches.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace fb::cmd {
+
+using Runner = std::function<int()>;
+
+Runner add_inspect(CLI::App& app);
+Runner add_check_fixture(CLI::App& app);
+Runner add_make_tiny(CLI::App& app);
+
+}  // namespace fb::cmd

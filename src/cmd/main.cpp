@@ -1,0 +1,38 @@
+// flashbox: DeepSeek-V4.1-Flash inference runtime. Thin dispatch to the subcommands.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "cmd/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"flashbox: DeepSeek-V4.1-Flash on one box"};
+  app.require_subcommand(1);
+  int threads = 0;
+  std::string log_level = "info";
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)");
+  app.add_option("--log", log_level, "log level: debug, info, warn, error");
+  std::map<CLI::App*, fb::cmd::Runner> runners;
+  auto reg = [&](const char* name, const char* help, fb::cmd::Runner (*add)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runners[sub] = add(*sub);
+  };
+  reg("inspect", "validate a snapshot and print its config, layer roles and bytes per class", fb::cmd::add_inspect);
+  reg("check-fixture", "run an official-reference fixture and compare logits, ids, taps and drafts", fb::cmd::add_check_fixture);
+  reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  fb::set_thread_count(threads);
+  if (log_level == "debug") fb::set_log_level(fb::LogLevel::kDebug);
+  else if (log_level == "warn") fb::set_log_level(fb::LogLevel::kWarn);
+  else if (log_level == "error") fb::set_log_level(fb::LogLevel::kError);
+  for (auto& [sub, run] : runners)
+    if (sub->parsed()) return run();
+  return 2;
+}

@@ -1,0 +1,799 @@
+#include "cpu/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "base/thread_pool.h"
+#include "loader/bind.h"
+#include "model/forward.h"
+
+namespace fb::cpu {
+
+using model::Config;
+using model::LayerRole;
+using model::Row;
+using model::RowKind;
+using model::Site;
+
+namespace {
+
+const float* f32p(const TensorView& t) { return t.as<float>(); }
+const bf16_t* bfp(const TensorView& t) { return t.as<bf16_t>(); }
+
+}  // namespace
+
+Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, std::vector<int32_t> token_map) {
+  auto snap = FB_TRY(loader::Snapshot::open(dir));
+  loader::ValidationReport rep = snap->validate();
+  if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
+  const Config& c = snap->config();
+  if (token_map.empty()) token_map = snap->engram_token_map();
+  if (!c.engram_layer_ids.empty()) {
+    if (token_map.empty())
+      return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
+    FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
+  }
+  return std::make_unique<CpuModel>(std::move(snap), std::move(token_map));
+}
+
+CpuModel::CpuModel(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
+    : snap_(std::move(snap)), cfg_(snap_->config()), w_(loader::bind_weights(*snap_)), token_map_(std::move(token_map)) {
+  experts_ = std::make_shared<loader::SnapshotExperts>(*snap_);
+  const Config& c = cfg_;
+  if (!c.engram_layer_ids.empty()) {
+    engram_ = model::engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_max_ngram, c.engram_n_heads,
+                                      c.engram_compressed_vocab);
+    pad_class_ = token_map_.at(size_t(c.engram_pad_id));
+  }
+  rope_plain_ = make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
+  rope_yarn_ = make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
+  wo_a_bf16_.resize(size_t(c.n_total_layers()));
+  for (int l = 0; l < c.n_total_layers(); ++l)
+    wo_a_bf16_[size_t(l)] = dequant_fp8_weight(w_.layers[size_t(l)].wo_a.w, w_.layers[size_t(l)].wo_a.scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sublayer ops shared by the backbone and the draft: everything but embedding, attention keys
+// and the head. Activations are [rows, ...] arrays; each row carries its position.
+class CpuLayerOps {
+ public:
+  CpuLayerOps(const CpuModel& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows) {
+    const int64_t D = c_.dim, hc = c_.hc_mult;
+    X_.assign(size_t(T_ * hc * D), 0);
+    pre_.assign(size_t(T_ * hc), 0.0f);
+    mix_a_.resize(size_t(T_));
+    mix_f_.resize(size_t(T_));
+    u_.assign(size_t(T_ * D), 0);
+    y_.assign(size_t(T_ * D), 0);
+    qr_.assign(size_t(T_ * c_.q_lora_rank), 0);
+    q_.assign(size_t(T_ * c_.q_dim()), 0);
+    kv_.assign(size_t(T_ * c_.head_dim), 0);
+    kv_codes_.assign(size_t(T_ * (c_.head_dim + c_.head_dim / 32)), 0);
+    o_.assign(size_t(T_ * c_.q_dim()), 0);
+    pos_.assign(size_t(T_), 0);
+    image_.assign(size_t(T_), 0);
+  }
+
+  // Detailed taps (debugging divergences); no effect on arithmetic.
+  void record(const std::string& key, const std::vector<bf16_t>& v) {
+    if (!detail_) return;
+    std::vector<float>& out = detail_->named[key];
+    out.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = bf(v[i]);
+  }
+  void record_f(const std::string& key, std::vector<float> v) {
+    if (detail_) detail_->named[key] = std::move(v);
+  }
+  std::string L(int l, const char* what) const { return "L" + std::to_string(l) + "." + what; }
+
+  void hc_mixes(int l, Site site) {
+    if (site == Site::kAttn && detail_ && detail_->inject_x.count(l)) {
+      const auto& x = detail_->inject_x.at(l);
+      const auto& p = detail_->inject_pre.at(l);
+      FB_CHECK_EQ(x.size(), X_.size());
+      for (size_t i = 0; i < x.size(); ++i) X_[i] = to_bf(x[i]);
+      pre_ = p;
+    }
+    const auto& w = m_.w_.layers[size_t(l)];
+    const TensorView& fn = site == Site::kAttn ? w.hc_attn_fn : w.hc_ffn_fn;
+    const TensorView& base = site == Site::kAttn ? w.hc_attn_base : w.hc_ffn_base;
+    const TensorView& scale = site == Site::kAttn ? w.hc_attn_scale : w.hc_ffn_scale;
+    auto& mix = site == Site::kAttn ? mix_a_ : mix_f_;
+    const int hc = c_.hc_mult, n_mix = (2 + hc) * hc;
+    parallel_for(0, T_, [&](int64_t t) {
+      float m[16 * 24];
+      hc_mixes_raw(stream(t), hc, c_.dim, f32p(fn), c_.norm_eps, m);
+      (void)n_mix;
+      hc_split_sinkhorn(m, hc, f32p(scale), f32p(base), c_.hc_sinkhorn_iters, c_.hc_eps, &mix[size_t(t)]);
+    });
+    if (site == Site::kAttn) residual_ = X_;  // R of spec/11 §3
+  }
+
+  // u = RMSNorm(hc_pre(X, pre), norm). The attention site collapses with the carried pre (the
+  // previous sublayer's), the FFN site with the attention site's pre.
+  void hc_collapse_norm(int l, Site site) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const int hc = c_.hc_mult;
+    const int64_t D = c_.dim;
+    if (site == Site::kFfn) residual_ = X_;
+    parallel_for(0, T_, [&](int64_t t) {
+      std::vector<bf16_t> h(static_cast<size_t>(D));
+      const float* pre = site == Site::kAttn ? &pre_[size_t(t * hc)] : mix_a_[size_t(t)].pre;
+      hc_pre(stream(t), hc, D, pre, h.data());
+      rms_norm(h.data(), D, bfp(site == Site::kAttn ? w.attn_norm : w.ffn_norm), c_.norm_eps, &u_[size_t(t * D)]);
+    });
+    record(L(l, site == Site::kAttn ? "attn_norm" : "ffn_norm"), u_);
+  }
+
+  void attn_q(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const RopeTable& rope = rope_for(l);
+    const int64_t QR = c_.q_lora_rank, QD = c_.q_dim();
+    parallel_for(0, T_, [&](int64_t t) {
+      std::vector<bf16_t> a(static_cast<size_t>(QR));
+      fp8_gemm(&u_[size_t(t * c_.dim)], 1, w.wq_a.w, w.wq_a.scale, a.data());
+      rms_norm(a.data(), QR, bfp(w.q_norm), c_.norm_eps, &qr_[size_t(t * QR)]);
+      fp8_gemm(&qr_[size_t(t * QR)], 1, w.wq_b.w, w.wq_b.scale, &q_[size_t(t * QD)]);
+      for (int h = 0; h < c_.n_heads; ++h) apply_rope(&q_[size_t(t * QD + h * c_.head_dim)], c_.head_dim, rope, pos_[size_t(t)], false);
+    });
+    record(L(l, "qr"), qr_);
+    record(L(l, "q"), q_);
+  }
+
+  // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
+  void attn_kv(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const RopeTable& rope = rope_for(l);
+    const int64_t hd = c_.head_dim, rb = hd + hd / 32;
+    parallel_for(0, T_, [&](int64_t t) {
+      std::vector<bf16_t> a(static_cast<size_t>(hd));
+      fp8_gemm(&u_[size_t(t * c_.dim)], 1, w.wkv.w, w.wkv.scale, a.data());
+      rms_norm(a.data(), hd, bfp(w.kv_norm), c_.norm_eps, &kv_[size_t(t * hd)]);
+      apply_rope(&kv_[size_t(t * hd)], hd, rope, pos_[size_t(t)], false);
+      uint8_t* code = &kv_codes_[size_t(t * rb)];
+      fp8_qdq_row(&kv_[size_t(t * hd)], hd, code, code + hd, &kv_[size_t(t * hd)]);
+    });
+    record(L(l, "kv"), kv_);
+  }
+
+  // o (attention output) -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
+  void attn_output(int l) {
+    record(L(l, "attn_o"), o_);
+    const auto& w = m_.w_.layers[size_t(l)];
+    const RopeTable& rope = rope_for(l);
+    const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
+    const std::vector<bf16_t>& wa = m_.wo_a_bf16_[size_t(l)];
+    parallel_for(0, T_, [&](int64_t t) {
+      bf16_t* o = &o_[size_t(t * QD)];
+      for (int h = 0; h < c_.n_heads; ++h) apply_rope(o + h * c_.head_dim, c_.head_dim, rope, pos_[size_t(t)], true);
+      std::vector<bf16_t> z(static_cast<size_t>(G * OR));
+      for (int64_t g = 0; g < G; ++g) bf16_gemm(o + g * GI, 1, GI, &wa[size_t(g * OR * GI)], OR, &z[size_t(g * OR)]);
+      fp8_gemm(z.data(), 1, w.wo_b.w, w.wo_b.scale, &y_[size_t(t * c_.dim)]);
+    });
+    record(L(l, "attn_out"), y_);
+  }
+
+  void hc_expand(int l, Site site) {
+    (void)l;
+    const auto& mix = site == Site::kAttn ? mix_a_ : mix_f_;
+    const int hc = c_.hc_mult;
+    parallel_for(0, T_, [&](int64_t t) {
+      hc_post(&y_[size_t(t * c_.dim)], &residual_[size_t(t * hc * c_.dim)], hc, c_.dim, mix[size_t(t)], stream(t));
+      if (site == Site::kFfn)
+        for (int i = 0; i < hc; ++i) pre_[size_t(t * hc + i)] = mix[size_t(t)].pre[i];
+    });
+  }
+
+  // MoE (spec/11 §5): route, routed experts (weight before the down projection), shared expert,
+  // f32 fold of bf16 expert outputs in ascending expert id, shared last, one rounding.
+  void moe(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t D = c_.dim, I = c_.moe_inter_dim;
+    parallel_for(0, T_, [&](int64_t t) {
+      const bf16_t* u = &u_[size_t(t * D)];
+      const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
+      Routing rt = route(u, D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
+      std::vector<std::pair<int, float>> picks;
+      for (size_t k = 0; k < rt.experts.size(); ++k) picks.push_back({rt.experts[k], rt.weights[k]});
+      std::sort(picks.begin(), picks.end());
+      std::vector<bf16_t> a(static_cast<size_t>(I)), b(static_cast<size_t>(I)), h(static_cast<size_t>(I)), ye(static_cast<size_t>(D));
+      std::vector<float> acc(static_cast<size_t>(D), 0.0f);
+      for (auto [e, wt] : picks) {
+        model::ExpertWeights ex = m_.experts_->expert(l, e);
+        fp4_gemm(u, 1, ex.w1.w, ex.w1.scale, a.data());
+        fp4_gemm(u, 1, ex.w3.w, ex.w3.scale, b.data());
+        swiglu_row(a.data(), b.data(), I, c_.swiglu_limit, wt, true, h.data());
+        fp4_gemm(h.data(), 1, ex.w2.w, ex.w2.scale, ye.data());
+        for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += bf(ye[size_t(d)]);
+      }
+      fp8_gemm(u, 1, w.sh_w1.w, w.sh_w1.scale, a.data());
+      fp8_gemm(u, 1, w.sh_w3.w, w.sh_w3.scale, b.data());
+      swiglu_row(a.data(), b.data(), I, c_.swiglu_limit, 1.0f, false, h.data());
+      fp8_gemm(h.data(), 1, w.sh_w2.w, w.sh_w2.scale, ye.data());
+      for (int64_t d = 0; d < D; ++d) y_[size_t(t * D + d)] = to_bf(acc[size_t(d)] + bf(ye[size_t(d)]));
+    });
+    record(L(l, "moe_out"), y_);
+  }
+
+ protected:
+  bf16_t* stream(int64_t t) { return &X_[size_t(t * c_.hc_mult * c_.dim)]; }
+  const RopeTable& rope_for(int l) const { return c_.roles[size_t(l)].yarn() ? m_.rope_yarn_ : m_.rope_plain_; }
+  void embed_rows(const std::vector<int32_t>& tokens, const std::vector<const bf16_t*>& given) {
+    const int64_t D = c_.dim, hc = c_.hc_mult;
+    for (int64_t t = 0; t < T_; ++t) {
+      const bf16_t* e = given[size_t(t)] ? given[size_t(t)] : bfp(m_.w_.embed) + int64_t(tokens[size_t(t)]) * D;
+      for (int64_t i = 0; i < hc; ++i) std::copy(e, e + D, stream(t) + i * D);
+      for (int64_t i = 0; i < hc; ++i) pre_[size_t(t * hc + i)] = i == 0 ? 1.0f : 0.0f;
+    }
+  }
+  // logits (f32) = f32(RMSNorm(hc_pre(X, pre), norm_w)) . f32(head)^T for one row.
+  void head_row(int64_t t, const TensorView& norm_w, float* logits, bf16_t* collapsed) {
+    const int64_t D = c_.dim;
+    std::vector<bf16_t> h(static_cast<size_t>(D)), n(static_cast<size_t>(D));
+    hc_pre(stream(t), c_.hc_mult, D, &pre_[size_t(t * c_.hc_mult)], h.data());
+    if (collapsed) std::copy(h.begin(), h.end(), collapsed);
+    rms_norm(h.data(), D, bfp(norm_w), c_.norm_eps, n.data());
+    std::vector<float> nf(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) nf[size_t(d)] = bf(n[size_t(d)]);
+    const bf16_t* W = bfp(m_.w_.head);
+    parallel_for(0, (c_.vocab_size + 4095) / 4096, [&](int64_t blk) {
+      const int64_t v1 = std::min<int64_t>(c_.vocab_size, (blk + 1) * 4096);
+      for (int64_t v = blk * 4096; v < v1; ++v) {
+        float acc = 0.0f;
+        const bf16_t* wr = W + v * D;
+        for (int64_t d = 0; d < D; ++d) acc += nf[size_t(d)] * bf(wr[d]);
+        logits[v] = acc;
+      }
+    });
+  }
+
+  const CpuModel& m_;
+  const Config& c_;
+  int64_t T_;
+  std::vector<bf16_t> X_, residual_, u_, y_, qr_, q_, kv_, o_;
+  std::vector<uint8_t> kv_codes_;
+  std::vector<float> pre_;
+  std::vector<HcMix> mix_a_, mix_f_;
+  std::vector<int64_t> pos_;
+  std::vector<uint8_t> image_;
+  model::Taps* detail_ = nullptr;  // set when detailed taps are requested
+};
+
+// ---------------------------------------------------------------------------------------------
+// Backbone step over rows of one or more sessions.
+class CpuStep : public CpuLayerOps {
+ public:
+  CpuStep(const CpuModel& m, const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps)
+      : CpuLayerOps(m, int64_t(step.rows.size())), step_(step), sessions_(sessions), taps_(taps) {
+    if (taps && taps->enabled && taps->detailed) detail_ = taps;
+    for (int64_t t = 0; t < T_; ++t) {
+      pos_[size_t(t)] = step.rows[size_t(t)].pos;
+      image_[size_t(t)] = step.rows[size_t(t)].image;
+    }
+    first_row_.assign(sessions.size(), -1);
+    for (int64_t t = 0; t < T_; ++t) {
+      int s = step.rows[size_t(t)].session;
+      if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
+    }
+    const int n_taps = int(c_.dspark_target_layer_ids.size());
+    out_.taps.assign(size_t(T_ * n_taps * c_.dim), 0);
+    // Token history for Engram: the sessions' past plus this step's rows.
+    for (int64_t t = 0; t < T_; ++t) {
+      SessionCache* s = sessions_[size_t(step.rows[size_t(t)].session)];
+      s->tokens.push_back(step.rows[size_t(t)].token);
+      s->image.push_back(step.rows[size_t(t)].image ? 1 : 0);
+    }
+  }
+
+  model::StepOutput take_output() { return std::move(out_); }
+
+  void embed() {
+    std::vector<int32_t> tokens;
+    std::vector<const bf16_t*> given;
+    for (const Row& r : step_.rows) {
+      tokens.push_back(r.token);
+      given.push_back(r.embed_row >= 0 ? &step_.embeddings[size_t(r.embed_row) * size_t(c_.dim)] : nullptr);
+    }
+    embed_rows(tokens, given);
+  }
+
+  // spec/11 §6.3: per row and table, the 24 (orders x heads) row ids.
+  void engram_hash() {
+    if (m_.engram_.empty()) return;
+    const int n_tab = int(m_.engram_.size()), n_ord = c_.engram_max_ngram - 1, H = c_.engram_n_heads;
+    hashes_.assign(size_t(T_ * n_tab * n_ord * H), 0);
+    for (int64_t t = 0; t < T_; ++t) {
+      const Row& r = step_.rows[size_t(t)];
+      const SessionCache* s = sessions_[size_t(r.session)];
+      auto cls = [&](int64_t p) -> int64_t {  // class of position p, -1 = DEAD
+        if (s->image[size_t(p)]) return -1;
+        return m_.token_map_.at(size_t(s->tokens[size_t(p)]));
+      };
+      for (int tab = 0; tab < n_tab; ++tab) {
+        const auto& k = m_.engram_[size_t(tab)];
+        std::vector<int64_t> pi(size_t(c_.engram_max_ngram));
+        bool blocked = false;
+        for (int sidx = 0; sidx < c_.engram_max_ngram; ++sidx) {
+          const int64_t p = r.pos - sidx;
+          int64_t cl = p >= 0 ? cls(p) : -1;
+          blocked = blocked || p < 0 || cl < 0;
+          const int64_t u = blocked ? m_.pad_class_ : cl;
+          pi[size_t(sidx)] = int64_t(uint64_t(u) * uint64_t(k.multipliers[size_t(sidx)]));
+        }
+        int64_t x = pi[0];
+        for (int n = 0; n < n_ord; ++n) {
+          x ^= pi[size_t(n + 1)];
+          for (int h = 0; h < H; ++h) {
+            const size_t col = size_t(n * H + h);
+            hashes_[size_t(((t * n_tab + tab) * n_ord) * H) + col] = x % k.primes[col] + k.offsets[col];
+          }
+        }
+      }
+    }
+  }
+
+  // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
+  void engram(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
+    const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
+    const int64_t D = c_.dim;
+    const float inv_sqrt_d = float(1.0 / std::sqrt(double(D)));
+    parallel_for(0, T_, [&](int64_t t) {
+      std::vector<bf16_t> E(static_cast<size_t>(n_cols * hd));
+      for (int col = 0; col < n_cols; ++col) {
+        const int64_t row = hashes_[size_t((t * n_tab + tab) * n_cols + col)];
+        const uint8_t* codes = w.engram_table.data + row * hd;
+        const uint8_t* sc = w.engram_table_scale.data + row * (hd / 32);
+        fp8_dequant_row(codes, sc, hd, &E[size_t(col * hd)]);
+      }
+      std::vector<bf16_t> kv(static_cast<size_t>((1 + hc) * D));
+      fp8_gemm(E.data(), 1, w.engram_wkv.w, w.engram_wkv.scale, kv.data());
+      const bf16_t* V = &kv[size_t(hc * D)];
+      bf16_t* x = stream(t);
+      for (int i = 0; i < hc; ++i) {
+        const bf16_t* K = &kv[size_t(i * D)];
+        const bf16_t* qw = bfp(w.engram_q) + i * D;
+        const bf16_t* kw = bfp(w.engram_k) + i * D;
+        bf16_t* xi = x + i * D;
+        float hh = 0.0f, kk = 0.0f, dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          const float h = bf(xi[d]), kf = bf(K[d]);
+          hh += h * h;
+          kk += kf * kf;
+          const float omega = bf(qw[d]) * bf(kw[d]);
+          dot += (h * omega) * kf;
+        }
+        const float rho = (1.0f / std::sqrt(hh / float(D) + 1e-20f)) * (1.0f / std::sqrt(kk / float(D) + 1e-20f));
+        dot = dot * rho * inv_sqrt_d;
+        float g = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot)));
+        if (image_[size_t(t)]) g = 0.0f;
+        for (int64_t d = 0; d < D; ++d) xi[d] = to_bf(bf(xi[d]) + g * bf(V[d]));
+      }
+    });
+  }
+
+  void dspark_tap(int tap) {
+    const int n_taps = int(c_.dspark_target_layer_ids.size()), hc = c_.hc_mult;
+    const int64_t D = c_.dim;
+    for (int64_t t = 0; t < T_; ++t) {
+      const bf16_t* x = stream(t);
+      bf16_t* out = &out_.taps[size_t((t * n_taps + tap) * D)];
+      for (int64_t d = 0; d < D; ++d) {
+        float s = 0.0f;
+        for (int i = 0; i < hc; ++i) s += bf(x[i * D + d]);
+        out[d] = to_bf(s / float(hc));
+      }
+    }
+  }
+
+  // Compressor of a KV source (spec/11 §4.4-4.6, §4.9b): emits latents of completed groups,
+  // appends compressed entries and index keys BEFORE any scoring of this step.
+  void compress(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const int ratio = c_.roles[size_t(l)].ratio;
+    const int64_t D = c_.dim, hd = c_.head_dim, ihd = c_.index_head_dim;
+    const RopeTable& rope = rope_for(l);
+    // Per-row projections first (row-independent), then the sequential pooling per session.
+    std::vector<float> kproj, gproj;
+    std::vector<bf16_t> lat1;
+    if (ratio == 2) {
+      kproj.assign(size_t(T_ * hd), 0.0f);
+      gproj.assign(size_t(T_ * hd), 0.0f);
+      parallel_for(0, T_, [&](int64_t t) {
+        std::vector<float> uf(static_cast<size_t>(D));
+        for (int64_t d = 0; d < D; ++d) uf[size_t(d)] = bf(u_[size_t(t * D + d)]);
+        f32_gemm_bf16w(uf.data(), 1, D, bfp(w.comp_wkv), hd, &kproj[size_t(t * hd)]);
+        f32_gemm_bf16w(uf.data(), 1, D, bfp(w.comp_wgate), hd, &gproj[size_t(t * hd)]);
+      });
+    } else {
+      lat1.assign(size_t(T_ * hd), 0);
+      parallel_for(0, T_, [&](int64_t t) { bf16_gemm(&u_[size_t(t * D)], 1, D, bfp(w.comp_wkv), hd, &lat1[size_t(t * hd)]); });
+    }
+    std::vector<bf16_t> pooled(static_cast<size_t>(hd)), latent(static_cast<size_t>(hd)), key(static_cast<size_t>(ihd)),
+        tmp(static_cast<size_t>(hd));
+    for (int64_t t = 0; t < T_; ++t) {
+      SessionCache* s = sessions_[size_t(step_.rows[size_t(t)].session)];
+      CompressedCache& cc = s->comp[size_t(l)];
+      const int64_t p = pos_[size_t(t)];
+      if (ratio == 2) {
+        float* slot = &cc.tail[size_t((p % 2) * 2 * hd)];
+        std::copy(&kproj[size_t(t * hd)], &kproj[size_t(t * hd)] + hd, slot);
+        std::copy(&gproj[size_t(t * hd)], &gproj[size_t(t * hd)] + hd, slot + hd);
+        if (p % 2 == 0) continue;
+        const float* k0 = &cc.tail[0];
+        const float* g0 = &cc.tail[size_t(hd)];
+        const float* k1 = &cc.tail[size_t(2 * hd)];
+        const float* g1 = &cc.tail[size_t(3 * hd)];
+        for (int64_t i = 0; i < hd; ++i) {
+          const float mx = std::max(g0[i], g1[i]);
+          const float ea = std::exp(g0[i] - mx), eb = std::exp(g1[i] - mx);
+          const float sum = ea + eb;
+          pooled[size_t(i)] = to_bf(k0[i] * (ea / sum) + k1[i] * (eb / sum));
+        }
+        rms_norm(pooled.data(), hd, bfp(w.comp_norm), c_.norm_eps, latent.data());
+      } else {
+        rms_norm(&lat1[size_t(t * hd)], hd, bfp(w.comp_norm), c_.norm_eps, latent.data());
+      }
+      const int64_t j = p / ratio, gpos = j * ratio;
+      FB_CHECK_EQ(cc.n_entries(), j) << "compressed cache of layer " << l << " out of step";
+      // index key from the PRE-RoPE latent
+      bf16_gemm(latent.data(), 1, hd, bfp(w.idx_wk), ihd, tmp.data());
+      rms_norm(tmp.data(), ihd, bfp(w.idx_k_norm), c_.norm_eps, key.data());
+      apply_rope(key.data(), ihd, rope, gpos, false);
+      cc.keys.resize(cc.keys.size() + size_t(cc.key_bytes));
+      uint8_t* kb = cc.keys.data() + cc.keys.size() - size_t(cc.key_bytes);
+      fp4_e8m0_qdq_row(key.data(), ihd, kb, kb + ihd / 2, nullptr);
+      apply_rope(latent.data(), hd, rope, gpos, false);
+      cc.kv.resize(cc.kv.size() + size_t(cc.kv_bytes));
+      uint8_t* vb = cc.kv.data() + cc.kv.size() - size_t(cc.kv_bytes);
+      fp4_e4m3_qdq_row(latent.data(), hd, vb, vb + hd / 2, nullptr);
+    }
+  }
+
+  // Indexer (spec/11 §4.7-4.9): bf16 score chain, candidate pool, top-k selection per row.
+  void index_select(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int ratio = r.ratio, IH = c_.index_n_heads, ihd = c_.index_head_dim;
+    const int64_t D = c_.dim;
+    const RopeTable& rope = rope_for(l);
+    const float wscale = float(1.0 / std::sqrt(double(ihd)) / std::sqrt(double(IH)));
+    auto& sel = selections_[l];
+    sel.assign(size_t(T_), {});
+    std::vector<std::vector<uint8_t>>* pool = r.candidate_source ? &pools_ : nullptr;
+    if (pool) pool->assign(size_t(T_), {});
+    // Dequantised index keys of the KV source, per session.
+    std::map<int, std::vector<bf16_t>> keys_of;
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      const CompressedCache& cc = sessions_[s]->comp[size_t(r.kv_layer)];
+      std::vector<bf16_t>& k = keys_of[int(s)];
+      k.resize(size_t(cc.n_entries() * ihd));
+      for (int64_t j = 0; j < cc.n_entries(); ++j) {
+        const uint8_t* kb = cc.keys.data() + j * cc.key_bytes;
+        fp4_e8m0_dequant_row(kb, kb + ihd / 2, ihd, &k[size_t(j * ihd)]);
+      }
+    }
+    parallel_for(0, T_, [&](int64_t t) {
+      const Row& row = step_.rows[size_t(t)];
+      const int64_t p = row.pos;
+      const int64_t n_vis = (p + 1) / ratio;
+      const int64_t n_scored = row.kind == RowKind::kPrefill ? row.prefill_end / ratio : n_vis;
+      const std::vector<bf16_t>& keys = keys_of[row.session];
+      // queries
+      std::vector<bf16_t> iq(static_cast<size_t>(IH * ihd)), wts(static_cast<size_t>(IH));
+      fp8_gemm(&qr_[size_t(t * c_.q_lora_rank)], 1, w.idx_wq_b.w, w.idx_wq_b.scale, iq.data());
+      std::vector<uint8_t> pk(static_cast<size_t>(ihd / 2)), ps(static_cast<size_t>(ihd / 32));
+      for (int h = 0; h < IH; ++h) {
+        apply_rope(&iq[size_t(h * ihd)], ihd, rope, p, false);
+        fp4_e8m0_qdq_row(&iq[size_t(h * ihd)], ihd, pk.data(), ps.data(), &iq[size_t(h * ihd)]);
+      }
+      bf16_gemm(&u_[size_t(t * D)], 1, D, bfp(w.idx_weights_proj), IH, wts.data());
+      for (int h = 0; h < IH; ++h) wts[size_t(h)] = to_bf(bf(wts[size_t(h)]) * wscale);
+      // scores over the scored slice; invisible entries -inf
+      std::vector<float> I(static_cast<size_t>(n_scored), -INFINITY);
+      for (int64_t j = 0; j < n_vis; ++j) {
+        const bf16_t* kj = &keys[size_t(j * ihd)];
+        float tot = 0.0f;
+        for (int h = 0; h < IH; ++h) {
+          float d = 0.0f;
+          for (int i = 0; i < ihd; ++i) d += bf(iq[size_t(h * ihd + i)]) * bf(kj[i]);
+          float db = std::max(round_bf16(d), 0.0f);
+          tot += round_bf16(db * bf(wts[size_t(h)]));
+        }
+        I[size_t(j)] = round_bf16(tot);
+      }
+      if (r.candidate_source) (*pool)[size_t(t)] = candidate_pool(I, n_vis);
+      if (r.pool_restricted) {
+        const std::vector<uint8_t>& mask = pools_[size_t(t)];
+        for (int64_t j = 0; j < n_scored; ++j)
+          if (j >= int64_t(mask.size()) || !mask[size_t(j)]) I[size_t(j)] = -INFINITY;
+      }
+      const int64_t k = std::min<int64_t>(c_.index_topk, n_scored);
+      std::vector<int32_t> ids(static_cast<size_t>(n_scored));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        if (I[size_t(a)] != I[size_t(b)]) return I[size_t(a)] > I[size_t(b)];
+        return a < b;  // exact ties toward the lower index (spec/11 §10)
+      });
+      ids.resize(size_t(k));
+      std::sort(ids.begin(), ids.end());
+      for (int32_t& id : ids)
+        if (id >= n_vis) id = -1;  // positional validity (spec/11 §4.9)
+      sel[size_t(t)] = std::move(ids);
+    });
+    if (detail_) {
+      std::vector<float> flat;
+      for (auto& v : sel)
+        for (int32_t id : v) flat.push_back(float(id));
+      record_f(L(l, "sel"), std::move(flat));
+    }
+  }
+
+  void attention(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t hd = c_.head_dim, W = c_.window_size;
+    const float scale = float(1.0 / std::sqrt(double(hd)));
+    // Window rows of earlier steps, dequantised once per session.
+    std::vector<std::map<int64_t, std::vector<bf16_t>>> ring_rows(sessions_.size());
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      const SessionCache* sc = sessions_[s];
+      const int64_t start = sc->next_pos;  // positions >= start come from this step
+      for (int64_t q = std::max<int64_t>(0, start - W); q < start; ++q) {
+        const uint8_t* b = sc->rings[size_t(l)].find(q);
+        if (!b) continue;
+        std::vector<bf16_t> v(static_cast<size_t>(hd));
+        fp8_dequant_row(b, b + hd, hd, v.data());
+        ring_rows[s][q] = std::move(v);
+      }
+    }
+    // Compressed rows of the KV source, dequantised on demand per session.
+    std::vector<std::vector<bf16_t>> comp_rows(sessions_.size());
+    if (r.ratio > 0) {
+      for (size_t s = 0; s < sessions_.size(); ++s) {
+        const CompressedCache& cc = sessions_[s]->comp[size_t(r.kv_layer)];
+        comp_rows[s].resize(size_t(cc.n_entries() * hd));
+        for (int64_t j = 0; j < cc.n_entries(); ++j) {
+          const uint8_t* b = cc.kv.data() + j * cc.kv_bytes;
+          fp4_e4m3_dequant_row(b, b + hd / 2, hd, &comp_rows[s][size_t(j * hd)]);
+        }
+      }
+    }
+    const std::vector<std::vector<int32_t>>* sel = r.ratio > 0 ? &selections_.at(r.index_layer) : nullptr;
+    parallel_for(0, T_, [&](int64_t t) {
+      const Row& row = step_.rows[size_t(t)];
+      const int s = row.session;
+      const int64_t p = row.pos, start = sessions_[size_t(s)]->next_pos, t0 = first_row_[size_t(s)];
+      auto window_key = [&](int64_t q) -> const bf16_t* {
+        if (q >= start) return &kv_[size_t((t0 + (q - start)) * hd)];
+        auto it = ring_rows[size_t(s)].find(q);
+        FB_CHECK(it != ring_rows[size_t(s)].end()) << "window row " << q << " missing at layer " << l;
+        return it->second.data();
+      };
+      std::vector<const bf16_t*> keys;
+      const int64_t lo = std::max<int64_t>(0, p - W + 1);
+      if (row.kind == RowKind::kPrefill) {
+        const int64_t width = std::min<int64_t>(row.prefill_end, W);
+        for (int64_t q = lo; q <= p; ++q) keys.push_back(window_key(q));
+        while (int64_t(keys.size()) < width) keys.push_back(nullptr);
+      } else {
+        for (int64_t i = 0; i < W - 1 - p; ++i) keys.push_back(nullptr);
+        for (int64_t q = lo; q <= p; ++q) keys.push_back(window_key(q));
+      }
+      if (sel)
+        for (int32_t id : (*sel)[size_t(t)]) keys.push_back(id < 0 ? nullptr : &comp_rows[size_t(s)][size_t(id) * size_t(hd)]);
+      sparse_attention(&q_[size_t(t * c_.q_dim())], c_.n_heads, int(hd), keys, f32p(w.attn_sink), scale, &o_[size_t(t * c_.q_dim())]);
+    });
+  }
+
+  void end_layer(int l) {
+    // Ring writes after every row of the step attended (a chunk's rows must not overwrite
+    // slots its earlier rows still read).
+    const int64_t rb = c_.head_dim + c_.head_dim / 32;
+    for (int64_t t = 0; t < T_; ++t) {
+      SessionCache* s = sessions_[size_t(step_.rows[size_t(t)].session)];
+      Ring& ring = s->rings[size_t(l)];
+      const int64_t p = pos_[size_t(t)];
+      std::copy(&kv_codes_[size_t(t * rb)], &kv_codes_[size_t(t * rb)] + rb, ring.slot(p));
+      ring.pos[size_t(p % ring.slots)] = p;
+    }
+    if (taps_ && taps_->enabled) {
+      if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
+      taps_->after_block[size_t(l)] = X_;
+    }
+    record(L(l, "x_out"), X_);
+  }
+
+  void head() {
+    for (int64_t t = 0; t < T_; ++t)
+      if (step_.rows[size_t(t)].want_logits) out_.logit_rows.push_back(int(t));
+    out_.logits.resize(out_.logit_rows.size() * size_t(c_.vocab_size));
+    for (size_t i = 0; i < out_.logit_rows.size(); ++i)
+      head_row(out_.logit_rows[i], m_.w_.norm, &out_.logits[i * size_t(c_.vocab_size)], nullptr);
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      int64_t n = 0;
+      for (const Row& r : step_.rows) n += r.session == int(s);
+      sessions_[s]->next_pos += n;
+    }
+  }
+
+ private:
+  // spec/11 §4.9 candidate pool of one query: blocks of the scored slice, newest visible block
+  // pinned, top candidate_topk_blocks kept (pinned counts), -inf blocks dropped.
+  std::vector<uint8_t> candidate_pool(const std::vector<float>& I, int64_t n_vis) const {
+    const int64_t bs = c_.candidate_block_size, n = int64_t(I.size());
+    const int64_t nb = (n + bs - 1) / bs;
+    std::vector<float> score(static_cast<size_t>(nb), -INFINITY);
+    for (int64_t j = 0; j < n; ++j) score[size_t(j / bs)] = std::max(score[size_t(j / bs)], I[size_t(j)]);
+    if (n_vis > 0) score[size_t((n_vis - 1) / bs)] = INFINITY;
+    std::vector<int64_t> order(static_cast<size_t>(nb));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t keep = std::min<int64_t>(c_.candidate_topk_blocks, nb);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
+      if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
+      return a < b;
+    });
+    std::vector<uint8_t> mask(static_cast<size_t>(n), 0);
+    for (int64_t i = 0; i < keep; ++i) {
+      const int64_t b = order[size_t(i)];
+      if (score[size_t(b)] == -INFINITY) continue;
+      for (int64_t j = b * bs; j < std::min(n, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
+    }
+    return mask;
+  }
+
+  const model::Step& step_;
+  const std::vector<SessionCache*>& sessions_;
+  Taps* taps_;
+  model::StepOutput out_;
+  std::vector<int64_t> first_row_;
+  std::vector<int64_t> hashes_;  // [rows, tables, orders * heads]
+  std::map<int, std::vector<std::vector<int32_t>>> selections_;  // per index layer, per row
+  std::vector<std::vector<uint8_t>> pools_;                       // candidate mask per row
+};
+
+// ---------------------------------------------------------------------------------------------
+// DSpark draft block (spec/13 §4): B rows at positions p+1..p+B, bidirectional inside the block,
+// keys = the stage's ring in SLOT order, then the block rows.
+class CpuDraftStep : public CpuLayerOps {
+ public:
+  CpuDraftStep(const CpuModel& m, SessionCache& s, int32_t anchor, int64_t p)
+      : CpuLayerOps(m, m.cfg_.dspark_block_size), s_(s), anchor_(anchor), p_(p) {
+    for (int64_t k = 0; k < T_; ++k) pos_[size_t(k)] = p + 1 + k;
+  }
+
+  void embed() {
+    std::vector<int32_t> tokens(size_t(T_), c_.dspark_noise_token_id);
+    tokens[0] = anchor_;
+    embed_rows(tokens, std::vector<const bf16_t*>(size_t(T_), nullptr));
+  }
+
+  void attention(int l) {
+    const auto& w = m_.w_.layers[size_t(l)];
+    const int64_t hd = c_.head_dim;
+    const Ring& ring = s_.draft_rings[size_t(l - c_.n_layers)];
+    const int64_t n = std::min<int64_t>(c_.window_size, p_ + 1);
+    std::vector<bf16_t> ring_rows(static_cast<size_t>(n * hd));
+    std::vector<const bf16_t*> keys;
+    for (int64_t slot = 0; slot < n; ++slot) {
+      const uint8_t* b = ring.data.data() + slot * ring.row_bytes;
+      fp8_dequant_row(b, b + hd, hd, &ring_rows[size_t(slot * hd)]);
+      keys.push_back(&ring_rows[size_t(slot * hd)]);
+    }
+    for (int64_t k = 0; k < T_; ++k) keys.push_back(&kv_[size_t(k * hd)]);
+    const float scale = float(1.0 / std::sqrt(double(hd)));
+    parallel_for(0, T_, [&](int64_t t) {
+      sparse_attention(&q_[size_t(t * c_.q_dim())], c_.n_heads, int(hd), keys, f32p(w.attn_sink), scale, &o_[size_t(t * c_.q_dim())]);
+    });
+  }
+
+  void head() {
+    hH_.assign(size_t(T_ * c_.dim), 0);
+    U_.assign(size_t(T_ * c_.vocab_size), 0.0f);
+    for (int64_t k = 0; k < T_; ++k) head_row(k, m_.w_.draft.norm, &U_[size_t(k * c_.vocab_size)], &hH_[size_t(k * c_.dim)]);
+  }
+
+  // spec/13 §4.6-4.7: sequential Markov bias over the full vocabulary, greedy draws, raw
+  // confidence logits.
+  void markov_chain() {
+    const int64_t V = c_.vocab_size, r = c_.dspark_markov_rank, D = c_.dim;
+    const bf16_t* EM = bfp(m_.w_.draft.markov_embed);
+    const bf16_t* HM = bfp(m_.w_.draft.markov_head);
+    const bf16_t* WC = bfp(m_.w_.draft.confidence);
+    out_.ids.push_back(anchor_);
+    int32_t prev = anchor_;
+    for (int64_t k = 1; k <= T_; ++k) {
+      const bf16_t* e = EM + int64_t(prev) * r;
+      float* lk = &U_[size_t((k - 1) * V)];
+      parallel_for(0, (V + 4095) / 4096, [&](int64_t blk) {
+        for (int64_t v = blk * 4096; v < std::min(V, (blk + 1) * 4096); ++v) {
+          float b = 0.0f;
+          for (int64_t j = 0; j < r; ++j) b += bf(e[j]) * bf(HM[v * r + j]);
+          lk[v] = lk[v] + b;
+        }
+      });
+      int32_t best = 0;
+      for (int64_t v = 1; v < V; ++v)
+        if (lk[v] > lk[best]) best = int32_t(v);
+      float z = 0.0f;
+      for (int64_t d = 0; d < D; ++d) z += bf(hH_[size_t((k - 1) * D + d)]) * bf(WC[d]);
+      for (int64_t j = 0; j < r; ++j) z += bf(e[j]) * bf(WC[D + j]);
+      out_.confidence.push_back(z);
+      out_.ids.push_back(best);
+      prev = best;
+    }
+    out_.logits = std::move(U_);
+  }
+
+  DraftOutput take_output() { return std::move(out_); }
+
+ private:
+  SessionCache& s_;
+  int32_t anchor_;
+  int64_t p_;
+  std::vector<bf16_t> hH_;
+  std::vector<float> U_;
+  DraftOutput out_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+Result<model::StepOutput> CpuModel::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, Taps* taps) {
+  std::vector<SessionCache*> s;
+  for (auto* p : sessions) s.push_back(static_cast<SessionCache*>(p));
+  return forward_cpu(step, s, taps);
+}
+
+Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps) const {
+  // Rows of each session: contiguous positions starting at the session's next position.
+  std::vector<int64_t> next(sessions.size());
+  for (size_t s = 0; s < sessions.size(); ++s) next[s] = sessions[s]->next_pos;
+  for (const Row& r : step.rows) {
+    if (r.session < 0 || size_t(r.session) >= sessions.size()) return FB_ERROR(kInvalidArgument) << "row names session " << r.session;
+    if (r.pos != next[size_t(r.session)])
+      return FB_ERROR(kInvalidArgument) << "row position " << r.pos << " but session " << r.session << " expects " << next[size_t(r.session)];
+    if (r.token < 0 || r.token >= cfg_.vocab_size) return FB_ERROR(kInvalidArgument) << "token id " << r.token << " outside the vocabulary";
+    if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
+      return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
+    if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
+    ++next[size_t(r.session)];
+  }
+  CpuStep ex(*this, step, sessions, taps);
+  model::run_backbone(ex, cfg_);
+  return ex.take_output();
+}
+
+void CpuModel::draft_commit(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const {
+  const Config& c = cfg_;
+  const int64_t D = c.dim, hd = c.head_dim, G = int64_t(c.dspark_target_layer_ids.size()) * D;
+  std::vector<bf16_t> a(static_cast<size_t>(D)), mx(static_cast<size_t>(D)), kv(static_cast<size_t>(hd));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = first_pos + i;
+    fp8_gemm(tap_rows + i * G, 1, w_.draft.main_proj.w, w_.draft.main_proj.scale, a.data());
+    rms_norm(a.data(), D, bfp(w_.draft.main_norm), c.norm_eps, mx.data());
+    for (int st = 0; st < c.n_mtp_layers; ++st) {
+      const auto& lw = w_.layers[size_t(c.n_layers + st)];
+      std::vector<bf16_t> t(static_cast<size_t>(hd));
+      fp8_gemm(mx.data(), 1, lw.wkv.w, lw.wkv.scale, t.data());
+      rms_norm(t.data(), hd, bfp(lw.kv_norm), c.norm_eps, kv.data());
+      apply_rope(kv.data(), hd, rope_plain_, p, false);
+      Ring& ring = s.draft_rings[size_t(st)];
+      uint8_t* b = ring.slot(p);
+      fp8_qdq_row(kv.data(), hd, b, b + hd, nullptr);
+      ring.pos[size_t(p % ring.slots)] = p;
+    }
+  }
+}
+
+DraftOutput CpuModel::draft(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const {
+  draft_commit(s, p, tap_row, 1);
+  CpuDraftStep ex(*this, s, anchor, p);
+  model::run_draft(ex, cfg_);
+  return ex.take_output();
+}
+
+}  // namespace fb::cpu

@@ -1,0 +1,75 @@
+// CpuModel: the reference executor. Plain loops over rows (threads over rows/outputs only), the
+// arithmetic of cpu/ops.h, the layer order of model/forward.h. It defines what every faster
+// path must reproduce; it is checked against the official fixtures (check-fixture).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "cpu/session_cache.h"
+#include "loader/snapshot.h"
+#include "model/config.h"
+#include "model/engram_constants.h"
+#include "model/executor.h"
+#include "model/step.h"
+#include "model/weights.h"
+
+namespace fb::cpu {
+
+using model::DraftOutput;
+using model::Taps;
+
+class CpuModel final : public model::Executor {
+ public:
+  // Loads and validates the snapshot; `token_map` overrides the map file beside the config.
+  static Result<std::unique_ptr<CpuModel>> load(const std::string& dir, std::vector<int32_t> token_map = {});
+  CpuModel(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map);
+
+  const model::Config& config() const override { return cfg_; }
+  const char* name() const override { return "cpu"; }
+  std::unique_ptr<model::SessionState> new_session() const override { return std::make_unique<SessionCache>(cfg_); }
+  Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
+                                    Taps* taps = nullptr) override;
+  Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override {
+    draft_commit(static_cast<SessionCache&>(s), first_pos, tap_rows, n);
+    return Status();
+  }
+  Result<DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override {
+    return draft(static_cast<SessionCache&>(s), anchor, tap_row, p);
+  }
+  const model::ModelWeights& weights() const { return w_; }
+  const std::vector<int32_t>& token_map() const { return token_map_; }
+  const loader::Snapshot& snapshot() const { return *snap_; }
+
+  // Replace where routed experts come from (tiered stores); default: the mapped snapshot.
+  void set_expert_source(std::shared_ptr<const model::ExpertSource> src) { experts_ = std::move(src); }
+
+  // Runs the backbone over `step.rows`; sessions[i] is the state of row.session == i. Appends
+  // the rows to their sessions (positions advance). Validates row/session consistency.
+  Result<model::StepOutput> forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps = nullptr) const;
+
+  // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
+  // positions first_pos..first_pos+n-1); the prefill's draft call.
+  void draft_commit(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const;
+  // The reference's forward_spec(anchor, g(p), p): writes ring slot p from tap_row, then drafts.
+  DraftOutput draft(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const;
+
+ private:
+  friend class CpuLayerOps;
+  friend class CpuStep;
+  friend class CpuDraftStep;
+  std::unique_ptr<loader::Snapshot> snap_;
+  model::Config cfg_;
+  model::ModelWeights w_;
+  std::shared_ptr<const model::ExpertSource> experts_;
+  std::vector<int32_t> token_map_;
+  int32_t pad_class_ = 0;
+  std::vector<model::EngramTableConstants> engram_;
+  RopeTable rope_plain_, rope_yarn_;
+  std::vector<std::vector<bf16_t>> wo_a_bf16_;  // per layer, dequantised once (the reference holds BF16)
+};
+
+}  // namespace fb::cpu

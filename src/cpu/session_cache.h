@@ -1,0 +1,62 @@
+// Per-session state of the CPU executor in the compact formats of spec/12 §1: FP8 window rings
+// (e4m3 + e8m0/32), FP4 compressed KV (e2m1 + e4m3/16), FP4 index keys (e2m1 + e8m0/32), the
+// ratio-2 pending tails (parity-addressed, so re-running a position rewrites its slot and needs
+// no snapshot), token history (Engram), and the DSpark draft rings. Invariant: everything a
+// position < n_pos contributed is present; rollback(p) keeps positions < p exactly.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/executor.h"
+
+namespace fb::cpu {
+
+// Rows a step may speculate past the committed position: rings hold window + this many slots so
+// rejected rows never overwrite a slot a later query still reads (spec/12 §1, spec/13 §6.5).
+constexpr int kRingHeadroom = 8;
+
+struct Ring {
+  int slots = 0;
+  int row_bytes = 0;            // head_dim e4m3 codes + head_dim/32 e8m0 scales
+  std::vector<uint8_t> data;    // [slots, row_bytes]
+  std::vector<int64_t> pos;     // position held by each slot, -1 = never written
+  void init(int n_slots, int head_dim);
+  uint8_t* slot(int64_t p) { return data.data() + size_t(p % slots) * size_t(row_bytes); }
+  const uint8_t* find(int64_t p) const;  // nullptr unless the slot holds position p
+};
+
+struct CompressedCache {
+  int ratio = 0;
+  int kv_bytes = 0;             // head_dim/2 packed e2m1 + head_dim/16 e4m3
+  int key_bytes = 0;            // index_head_dim/2 packed e2m1 + index_head_dim/32 e8m0
+  std::vector<uint8_t> kv;      // [entries, kv_bytes]
+  std::vector<uint8_t> keys;    // [entries, key_bytes]
+  std::vector<float> tail;      // ratio 2: [2 slots (position parity)][k, g][head_dim] f32
+  int64_t n_entries() const { return kv_bytes ? int64_t(kv.size() / size_t(kv_bytes)) : 0; }
+};
+
+class SessionCache final : public model::SessionState {
+ public:
+  explicit SessionCache(const model::Config& c);
+
+  int64_t next_pos = 0;               // next position
+  std::vector<int32_t> tokens;        // token per position
+  std::vector<uint8_t> image;         // 1 = image-span position (Engram DEAD)
+  std::vector<Ring> rings;            // per backbone layer
+  std::vector<CompressedCache> comp;  // per backbone layer (ratio 0 for non-sources)
+  std::vector<Ring> draft_rings;      // per draft stage; window slots, slot = pos % window
+
+  // Forget positions >= p. Refuses (kInvalidArgument) if the rings no longer hold what the
+  // next query needs (rolled back further than kRingHeadroom past overwritten slots).
+  Status rollback(int64_t p) override;
+  int64_t n_pos() const override { return next_pos; }
+  void reset();
+
+ private:
+  const model::Config* config_;
+};
+
+}  // namespace fb::cpu

@@ -1,0 +1,292 @@
+#include "engine/fixture_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/dtype.h"
+#include "base/log.h"
+#include "base/mapped_file.h"
+
+namespace fb::engine {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+template <typename T>
+Result<std::vector<T>> load_raw(const std::string& path) {
+  std::string b = FB_TRY(read_file_bytes(path));
+  if (b.size() % sizeof(T)) return FB_ERROR(kCorrupt) << path << ": size " << b.size() << " is not a multiple of " << sizeof(T);
+  std::vector<T> v(b.size() / sizeof(T));
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+int argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return int(best);
+}
+
+// Top-1 minus top-2 of a logits row.
+double margin(const float* x, int64_t n) {
+  double a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] > a) {
+      b = a;
+      a = x[i];
+    } else if (x[i] > b) {
+      b = x[i];
+    }
+  }
+  return a - b;
+}
+
+struct RowCompare {
+  double max_abs = 0, sum_abs = 0, max_rel = 0;
+  int64_t n = 0;
+  void add(const float* got, const float* want, int64_t V) {
+    double scale = 0;
+    for (int64_t i = 0; i < V; ++i) scale = std::max(scale, std::fabs(double(want[i])));
+    for (int64_t i = 0; i < V; ++i) {
+      double d = std::fabs(double(got[i]) - double(want[i]));
+      if (std::isnan(got[i]) != std::isnan(want[i])) d = INFINITY;
+      max_abs = std::max(max_abs, d);
+      sum_abs += d;
+      max_rel = std::max(max_rel, scale > 0 ? d / scale : d);
+    }
+    n += V;
+  }
+};
+
+}  // namespace
+
+std::string FixtureReport::summary_line() const {
+  std::ostringstream o;
+  o << "check-fixture " << case_name << ": " << (pass ? "PASS" : "FAIL") << " ids=" << ids_match << "/" << ids_total
+    << " max_dlogit=" << max_dlogit << " mean_dlogit=" << mean_dlogit << " taps=" << taps << " drafts=" << drafts;
+  return o.str();
+}
+
+Result<FixtureReport> check_fixture(const std::string& dir,
+                                    const std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)>& make_executor,
+                                    const FixtureCheckOptions& opt) {
+  FixtureReport rep;
+  rep.case_name = fs::path(dir).filename().string();
+  if (rep.case_name.empty()) rep.case_name = fs::path(dir).parent_path().filename().string();
+  std::string steps_text = FB_TRY(read_file_bytes((fs::path(dir) / "steps.json").string()));
+  json steps = json::parse(steps_text, nullptr, false);
+  if (steps.is_discarded() || !steps.is_object()) return FB_ERROR(kCorrupt) << dir << "/steps.json is not a JSON object";
+  if (fs::exists(fs::path(dir) / "token_types.i32") || fs::exists(fs::path(dir) / "image.png"))
+    return FB_ERROR(kUnsupported) << dir << ": image fixtures need the vision tower, which this build does not run yet";
+  auto prompt = FB_TRY(load_raw<int32_t>((fs::path(dir) / "prompt.i32").string()));
+  auto logits = FB_TRY(load_raw<float>((fs::path(dir) / "logits.f32").string()));
+  if (!steps.contains("greedy_ids") || !steps["greedy_ids"].is_array()) return FB_ERROR(kCorrupt) << "steps.json: no greedy_ids";
+  std::vector<int32_t> greedy;
+  for (auto& g : steps["greedy_ids"]) greedy.push_back(g.get<int32_t>());
+  const int64_t n_steps = int64_t(greedy.size()) - 1;
+  if (prompt.empty()) return FB_ERROR(kCorrupt) << "empty prompt";
+
+  auto ex_or = make_executor((fs::path(dir) / "checkpoint").string());
+  if (!ex_or.ok()) return ex_or.status();
+  std::unique_ptr<model::Executor> ex = std::move(ex_or.value());
+  const model::Config& c = ex->config();
+  const int64_t V = c.vocab_size, N = int64_t(prompt.size());
+  if (int64_t(logits.size()) != (n_steps + 1) * V)
+    return FB_ERROR(kCorrupt) << "logits.f32 holds " << logits.size() << " floats, want " << (n_steps + 1) * V;
+
+  // Optional draft outputs.
+  std::vector<std::vector<int32_t>> draft_ids;
+  std::vector<float> draft_logits, draft_conf;
+  const int B = c.dspark_block_size;
+  const bool have_drafts = c.n_mtp_layers > 0 && steps.contains("dspark") && steps["dspark"].is_object() &&
+                           steps["dspark"].contains("draft_ids") && fs::exists(fs::path(dir) / "draft_logits.f32");
+  if (have_drafts) {
+    for (auto& d : steps["dspark"]["draft_ids"]) {
+      std::vector<int32_t> v;
+      for (auto& x : d) v.push_back(x.get<int32_t>());
+      draft_ids.push_back(v);
+    }
+    draft_logits = FB_TRY(load_raw<float>((fs::path(dir) / "draft_logits.f32").string()));
+    if (fs::exists(fs::path(dir) / "draft_conf.f32")) draft_conf = FB_TRY(load_raw<float>((fs::path(dir) / "draft_conf.f32").string()));
+    if (int64_t(draft_logits.size()) != n_steps * B * V) return FB_ERROR(kCorrupt) << "draft_logits.f32 has the wrong size";
+  }
+
+  auto session = ex->new_session();
+  std::vector<model::SessionState*> sess{session.get()};
+  const int n_taps = int(c.dspark_target_layer_ids.size());
+  const int64_t tap_w = int64_t(n_taps) * c.dim;
+
+  // ---- prefill (one shot or chunks), taps collected per block ----
+  model::Taps taps;
+  taps.enabled = fs::exists(fs::path(dir) / "taps") || !opt.dump_dir.empty();
+  taps.detailed = !opt.dump_dir.empty();
+  if (!opt.inject_dir.empty()) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      auto x = load_raw<float>((fs::path(opt.inject_dir) / ("L" + std::to_string(l) + ".x_in.f32")).string());
+      auto p = load_raw<float>((fs::path(opt.inject_dir) / ("L" + std::to_string(l) + ".pre_in.f32")).string());
+      if (!x.ok() || !p.ok()) continue;
+      taps.inject_x[l] = std::move(x.value());
+      taps.inject_pre[l] = std::move(p.value());
+    }
+  }
+  std::vector<std::vector<uint16_t>> tap_all(size_t(c.n_layers));
+  std::vector<uint16_t> dspark_taps;  // [N, tap_w]
+  std::vector<float> row_logits;
+  const int64_t chunk = opt.chunk > 0 ? opt.chunk : N;
+  for (int64_t s0 = 0; s0 < N; s0 += chunk) {
+    model::Step st;
+    for (int64_t p = s0; p < std::min(N, s0 + chunk); ++p) {
+      model::Row r;
+      r.pos = p;
+      r.token = prompt[size_t(p)];
+      r.kind = model::RowKind::kPrefill;
+      r.prefill_end = N;
+      r.want_logits = p == N - 1;
+      st.rows.push_back(r);
+    }
+    taps.after_block.clear();
+    model::StepOutput out = FB_TRY(ex->forward(st, sess, &taps));
+    if (taps.enabled)
+      for (int l = 0; l < c.n_layers; ++l) tap_all[size_t(l)].insert(tap_all[size_t(l)].end(), taps.after_block[size_t(l)].begin(), taps.after_block[size_t(l)].end());
+    dspark_taps.insert(dspark_taps.end(), out.taps.begin(), out.taps.end());
+    if (!out.logits.empty()) row_logits = out.logits;
+  }
+  if (!opt.dump_dir.empty()) {
+    fs::create_directories(opt.dump_dir);
+    for (const auto& [k, v] : taps.named)
+      FB_RETURN_IF_ERROR(write_file_atomic((fs::path(opt.dump_dir) / (k + ".f32")).string(), v.data(), v.size() * sizeof(float)));
+  }
+
+  RowCompare all;
+  std::vector<double> step_max;
+  auto compare_row = [&](int64_t k, const float* got) {
+    const float* want = &logits[size_t(k * V)];
+    RowCompare rc;
+    rc.add(got, want, V);
+    all.max_abs = std::max(all.max_abs, rc.max_abs);
+    all.sum_abs += rc.sum_abs;
+    all.n += rc.n;
+    all.max_rel = std::max(all.max_rel, rc.max_rel);
+    const int ours = argmax(got, V);
+    ++rep.ids_total;
+    if (ours == greedy[size_t(k)]) {
+      ++rep.ids_match;
+    } else {
+      const double m = margin(want, V);
+      if (m <= 2 * rc.max_abs) {
+        ++rep.ids_near_tie;
+        FB_LOG(kWarn) << rep.case_name << ": row " << k << " argmax " << ours << " vs " << greedy[size_t(k)] << " near-tie (margin " << m
+                      << " <= 2 x " << rc.max_abs << ")";
+      } else if (rep.first_divergence < 0) {
+        rep.first_divergence = int(k);
+        FB_LOG(kWarn) << rep.case_name << ": row " << k << " argmax " << ours << " vs " << greedy[size_t(k)] << " with margin " << m;
+      }
+    }
+    if (opt.verbose) FB_LOG(kInfo) << "row " << k << " max|dlogit| " << rc.max_abs;
+  };
+  compare_row(0, row_logits.data());
+
+  // ---- taps ----
+  rep.taps = "absent";
+  if (taps.enabled) {
+    double worst = 0;
+    bool ok = true;
+    for (int l = 0; l < c.n_layers; ++l) {
+      char name[32];
+      std::snprintf(name, sizeof name, "layer%02d.bf16", l);
+      auto want = load_raw<uint16_t>((fs::path(dir) / "taps" / name).string());
+      if (!want.ok()) continue;
+      const auto& got = tap_all[size_t(l)];
+      if (got.size() != want->size()) {
+        ok = false;
+        FB_LOG(kWarn) << "tap " << name << " size " << got.size() << " vs " << want->size();
+        continue;
+      }
+      double ss = 0, md = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        double w = bf16_to_f32((*want)[i]);
+        ss += w * w;
+        md = std::max(md, std::fabs(double(bf16_to_f32(got[i])) - w));
+      }
+      const double rms = std::sqrt(ss / double(std::max<size_t>(1, got.size())));
+      const double rel = rms > 0 ? md / rms : md;
+      worst = std::max(worst, rel);
+      if (opt.verbose) FB_LOG(kInfo) << "tap layer " << l << " max|d|/rms " << rel;
+    }
+    std::ostringstream o;
+    if (ok && worst <= 0.01) o << "OK(max_rel=" << worst << ")";
+    else o << "max_rel=" << worst;
+    rep.taps = o.str();
+    if (!(ok && worst <= 0.01)) rep.pass = false;
+  }
+
+  // ---- DSpark seeding, then teacher-forced decode with a draft call after each step ----
+  const int64_t W = c.window_size;
+  if (have_drafts) {
+    const int64_t first = std::max<int64_t>(0, N - W);
+    FB_RETURN_IF_ERROR(ex->draft_commit(*session, first, &dspark_taps[size_t(first * tap_w)], N - first));
+  }
+  double draft_max = 0;
+  int draft_rows = 0, draft_id_match = 0, draft_id_total = 0;
+  bool draft_conf_ok = true;
+  for (int64_t k = 1; k <= n_steps; ++k) {
+    model::Step st;
+    model::Row r;
+    r.pos = N + k - 1;
+    r.token = greedy[size_t(k - 1)];
+    r.kind = model::RowKind::kDecode;
+    r.want_logits = true;
+    st.rows.push_back(r);
+    model::StepOutput out = FB_TRY(ex->forward(st, sess, nullptr));
+    compare_row(k, out.logits.data());
+    if (have_drafts && size_t(k - 1) < draft_ids.size()) {
+      model::DraftOutput d = FB_TRY(ex->draft(*session, greedy[size_t(k)], out.taps.data(), r.pos));
+      const auto& want_ids = draft_ids[size_t(k - 1)];
+      // Row j's inputs match while the chain's earlier ids match (the anchor is teacher-forced).
+      for (int j = 0; j < B; ++j) {
+        if (size_t(j) >= want_ids.size() || d.ids[size_t(j)] != want_ids[size_t(j)]) break;
+        const float* got = &d.logits[size_t(j * V)];
+        const float* want = &draft_logits[size_t(((k - 1) * B + j) * V)];
+        RowCompare rc;
+        rc.add(got, want, V);
+        draft_max = std::max(draft_max, rc.max_abs);
+        ++draft_rows;
+        if (!draft_conf.empty()) {
+          const double dc = std::fabs(double(d.confidence[size_t(j)]) - draft_conf[size_t((k - 1) * B + j)]);
+          if (dc > 0.02) draft_conf_ok = false;
+        }
+        ++draft_id_total;
+        if (size_t(j + 1) < want_ids.size() && d.ids[size_t(j + 1)] == want_ids[size_t(j + 1)]) {
+          ++draft_id_match;
+        } else if (size_t(j + 1) < want_ids.size()) {
+          const double m = margin(want, V);
+          if (m <= 2 * rc.max_abs) ++draft_id_match;  // explained near-tie
+        }
+      }
+    }
+  }
+  rep.max_dlogit = all.max_abs;
+  rep.mean_dlogit = all.n ? all.sum_abs / double(all.n) : 0;
+  rep.max_rel = all.max_rel;
+  if (have_drafts) {
+    std::ostringstream o;
+    const bool ok = draft_max <= 0.02 && draft_id_match == draft_id_total && draft_conf_ok;
+    o << (ok ? "OK" : "FAIL") << "(rows=" << draft_rows << " ids=" << draft_id_match << "/" << draft_id_total << " max_dlogit=" << draft_max
+      << (draft_conf_ok ? "" : " conf>0.02") << ")";
+    rep.drafts = o.str();
+  } else {
+    rep.drafts = "absent";
+  }
+  rep.pass = rep.max_dlogit <= 0.02 && rep.first_divergence < 0 && (rep.taps == "absent" || rep.taps.rfind("OK", 0) == 0) &&
+             (rep.drafts == "absent" || rep.drafts.rfind("OK", 0) == 0);
+  return rep;
+}
+
+}  // namespace fb::engine

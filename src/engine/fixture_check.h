@@ -1,0 +1,40 @@
+// check-fixture: runs the official-reference fixture protocol (ORACLE.md, CLARIFICATIONS.md)
+// against any Executor and reports logits, ids, taps and draft agreement. Teacher-forced: decode
+// step k feeds the fixture's greedy_ids[k-1] whatever our argmax was.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/executor.h"
+
+namespace fb::engine {
+
+struct FixtureCheckOptions {
+  int64_t chunk = 0;          // prefill chunk rows (0 = whole prompt in one step)
+  bool verbose = false;
+  std::string dump_dir;
+  std::string inject_dir;     // read L<l>.x_in.f32 / L<l>.pre_in.f32 and inject them (debugging)       // write detailed prefill taps here as <name>.f32 (debugging)
+};
+
+struct FixtureReport {
+  std::string case_name;
+  bool pass = false;
+  int ids_match = 0, ids_total = 0;
+  int ids_near_tie = 0;            // mismatches explained by a near-tie margin
+  int first_divergence = -1;       // logits row of the first unexplained id mismatch
+  double max_dlogit = 0, mean_dlogit = 0, max_rel = 0;
+  std::string taps;                // "OK", "max_rel=..", "absent"
+  std::string drafts;              // "OK", "...", "absent"
+  std::string summary_line() const;
+};
+
+// Loads the fixture folder (prompt, steps.json, logits, taps, drafts) and runs `ex` over it.
+// `make_executor` is called with DIR/checkpoint. kUnsupported/kNotFound mean "could not run".
+Result<FixtureReport> check_fixture(const std::string& dir,
+                                    const std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)>& make_executor,
+                                    const FixtureCheckOptions& opt);
+
+}  // namespace fb::engine

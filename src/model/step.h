@@ -1,0 +1,44 @@
+// A forward step is a batch of ROWS, not sequences (DESIGN-AHEAD item 1): prefill chunks,
+// decode rows of several sessions and DSpark verify rows are all the same call. Rows of one
+// session are contiguous, in increasing position, starting at that session's next position.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fb::model {
+
+// The key-list layout of spec/11 §4.10 is a property of the row kind, so one step can carry
+// both and each row still matches the reference path it belongs to.
+enum class RowKind : uint8_t {
+  kPrefill,  // window keys by position, -1 padding at the END up to `prefill_end`'s width
+  kDecode,   // ring order, -1 padding at the FRONT (decode and DSpark verify rows)
+};
+
+struct Row {
+  int session = 0;         // index into the step's session list
+  int64_t pos = 0;         // absolute position
+  int32_t token = 0;       // token id (image rows carry image_token_id)
+  RowKind kind = RowKind::kDecode;
+  // Prefill rows: exclusive end position of the whole prompt being prefilled. It fixes the
+  // window width min(prefill_end, window) and the indexer's scored slice prefill_end // ratio,
+  // so any chunking of a prompt reproduces the one-shot reference exactly (spec/11 §8.2-8.3).
+  int64_t prefill_end = 0;
+  bool want_logits = false;
+  bool image = false;      // image-span position: routing uses bias_vl, Engram history is DEAD
+  int32_t embed_row = -1;  // >= 0: input embedding comes from Step::embeddings (image rows)
+};
+
+struct Step {
+  std::vector<Row> rows;
+  std::vector<uint16_t> embeddings;  // bf16 [n, dim] for rows with embed_row >= 0
+};
+
+// Outputs of a step for the rows that asked for them.
+struct StepOutput {
+  std::vector<int> logit_rows;   // row index of each logits row
+  std::vector<float> logits;     // f32 [logit_rows.size(), vocab]
+  std::vector<uint16_t> taps;    // bf16 [rows, n_taps * dim]: DSpark tap rows of every row
+};
+
+}  // namespace fb::model

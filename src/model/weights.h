@@ -1,0 +1,78 @@
+// ModelWeights: every tensor of the checkpoint bound by role (views into the mapped shards).
+// Backend-free: executors read these views (CPU directly, CUDA by uploading). Routed experts are
+// NOT here: they come through an ExpertSource so the math never knows where bytes live.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "base/tensor_view.h"
+#include "model/config.h"
+
+namespace fb::model {
+
+struct Fp8Linear {  // e4m3 [N, K] + e8m0 [ceil(N/32), ceil(K/32)]
+  TensorView w, scale;
+  int64_t n() const { return w.dim(0); }
+  int64_t k() const { return w.dim(1); }
+};
+
+struct Fp4Linear {  // packed e2m1 [N, K/2] + e8m0 [N, K/32]
+  TensorView w, scale;
+};
+
+struct ExpertWeights {
+  Fp4Linear w1, w2, w3;  // gate [inter, D], down [D, inter], up [inter, D]
+};
+
+struct LayerWeights {
+  TensorView hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;  // f32
+  TensorView attn_norm, ffn_norm;  // bf16 [D]
+  TensorView attn_sink;            // f32 [H]
+  Fp8Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  TensorView q_norm, kv_norm;      // bf16
+  // compressor (KV sources)
+  TensorView comp_wkv, comp_wgate, comp_norm;  // bf16; wgate only for ratio 2
+  // indexer
+  TensorView idx_wk, idx_k_norm;   // KV sources
+  Fp8Linear idx_wq_b;              // index sources
+  TensorView idx_weights_proj;     // bf16 [index_n_heads, D]
+  // MoE
+  TensorView gate_w, gate_bias, gate_bias_vl;  // bias_vl only with vision
+  Fp8Linear sh_w1, sh_w2, sh_w3;
+  // Engram
+  TensorView engram_table, engram_table_scale;  // e4m3 [rows, head_dim], e8m0 [rows, head_dim/32]
+  Fp8Linear engram_wkv;
+  TensorView engram_q, engram_k;   // bf16 [hc, D]
+};
+
+struct DraftWeights {
+  Fp8Linear main_proj;
+  TensorView main_norm, norm, markov_embed, markov_head, confidence;  // bf16
+};
+
+struct VisionWeights {
+  TensorView patch_w, patch_b;
+  struct Block {
+    TensorView norm1, wqkv_w, wqkv_b, wo_w, wo_b, norm2, w1, w2;
+  };
+  std::vector<Block> blocks;
+  TensorView norm, aligner_w1, aligner_b1, aligner_w2, aligner_b2, image_start, image_end, image_newline;
+};
+
+struct ModelWeights {
+  TensorView embed, norm, head;  // bf16
+  std::vector<LayerWeights> layers;  // n_layers + n_mtp_layers
+  DraftWeights draft;
+  VisionWeights vision;
+};
+
+// Where routed experts come from (DESIGN-AHEAD item 3). The CPU reference reads the mapped
+// snapshot; tiered stores (HBM slots, pinned RAM, drives) implement the same interface.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual ExpertWeights expert(int layer, int e) const = 0;
+};
+
+}  // namespace fb::model
