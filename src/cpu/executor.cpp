@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 
+#include "base/fmath.h"
 #include "base/thread_pool.h"
 #include "loader/bind.h"
 #include "model/forward.h"
@@ -242,10 +243,8 @@ class CpuLayerOps {
     parallel_for(0, (c_.vocab_size + 4095) / 4096, [&](int64_t blk) {
       const int64_t v1 = std::min<int64_t>(c_.vocab_size, (blk + 1) * 4096);
       for (int64_t v = blk * 4096; v < v1; ++v) {
-        float acc = 0.0f;
         const bf16_t* wr = W + v * D;
-        for (int64_t d = 0; d < D; ++d) acc += nf[size_t(d)] * bf(wr[d]);
-        logits[v] = acc;
+        logits[v] = fm::lanes32_sum(D, [&](int64_t d) { return fm::mul(nf[size_t(d)], bf(wr[d])); });
       }
     });
   }
@@ -359,19 +358,17 @@ class CpuStep : public CpuLayerOps {
         const bf16_t* qw = bfp(w.engram_q) + i * D;
         const bf16_t* kw = bfp(w.engram_k) + i * D;
         bf16_t* xi = x + i * D;
-        float hh = 0.0f, kk = 0.0f, dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) {
-          const float h = bf(xi[d]), kf = bf(K[d]);
-          hh += h * h;
-          kk += kf * kf;
-          const float omega = bf(qw[d]) * bf(kw[d]);
-          dot += (h * omega) * kf;
-        }
-        const float rho = (1.0f / std::sqrt(hh / float(D) + 1e-20f)) * (1.0f / std::sqrt(kk / float(D) + 1e-20f));
-        dot = dot * rho * inv_sqrt_d;
-        float g = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot)));
+        const float hh = fm::lanes32_sum(D, [&](int64_t d) { return fm::mul(bf(xi[d]), bf(xi[d])); });
+        const float kk = fm::lanes32_sum(D, [&](int64_t d) { return fm::mul(bf(K[d]), bf(K[d])); });
+        float dot = fm::lanes32_sum(D, [&](int64_t d) {
+          const float omega = fm::mul(bf(qw[d]), bf(kw[d]));  // q_weight * k_weight, as the reference
+          return fm::mul(fm::mul(bf(xi[d]), omega), bf(K[d]));
+        });
+        const float rho = fm::mul(fm::rsqrt(fm::add(fm::div(hh, float(D)), c_.norm_eps)), fm::rsqrt(fm::add(fm::div(kk, float(D)), c_.norm_eps)));
+        dot = fm::mul(fm::mul(dot, rho), inv_sqrt_d);
+        float g = fm::sigmoid(std::copysign(fm::sqrt_rn(std::max(std::fabs(dot), 1e-6f)), dot));
         if (image_[size_t(t)]) g = 0.0f;
-        for (int64_t d = 0; d < D; ++d) xi[d] = to_bf(bf(xi[d]) + g * bf(V[d]));
+        for (int64_t d = 0; d < D; ++d) xi[d] = to_bf(fm::add(bf(xi[d]), fm::mul(g, bf(V[d]))));
       }
     });
   }
@@ -384,8 +381,8 @@ class CpuStep : public CpuLayerOps {
       bf16_t* out = &out_.taps[size_t((t * n_taps + tap) * D)];
       for (int64_t d = 0; d < D; ++d) {
         float s = 0.0f;
-        for (int i = 0; i < hc; ++i) s += bf(x[i * D + d]);
-        out[d] = to_bf(s / float(hc));
+        for (int i = 0; i < hc; ++i) s = fm::add(s, bf(x[i * D + d]));
+        out[d] = to_bf(fm::div(s, float(hc)));
       }
     }
   }
@@ -430,9 +427,9 @@ class CpuStep : public CpuLayerOps {
         const float* g1 = &cc.tail[size_t(3 * hd)];
         for (int64_t i = 0; i < hd; ++i) {
           const float mx = std::max(g0[i], g1[i]);
-          const float ea = std::exp(g0[i] - mx), eb = std::exp(g1[i] - mx);
-          const float sum = ea + eb;
-          pooled[size_t(i)] = to_bf(k0[i] * (ea / sum) + k1[i] * (eb / sum));
+          const float ea = fm::exp(fm::add(g0[i], -mx)), eb = fm::exp(fm::add(g1[i], -mx));
+          const float sum = fm::add(ea, eb);
+          pooled[size_t(i)] = to_bf(fm::add(fm::mul(k0[i], fm::div(ea, sum)), fm::mul(k1[i], fm::div(eb, sum))));
         }
         rms_norm(pooled.data(), hd, bfp(w.comp_norm), c_.norm_eps, latent.data());
       } else {
@@ -492,17 +489,16 @@ class CpuStep : public CpuLayerOps {
         fp4_e8m0_qdq_row(&iq[size_t(h * ihd)], ihd, pk.data(), ps.data(), &iq[size_t(h * ihd)]);
       }
       bf16_gemm(&u_[size_t(t * D)], 1, D, bfp(w.idx_weights_proj), IH, wts.data());
-      for (int h = 0; h < IH; ++h) wts[size_t(h)] = to_bf(bf(wts[size_t(h)]) * wscale);
+      for (int h = 0; h < IH; ++h) wts[size_t(h)] = to_bf(fm::mul(bf(wts[size_t(h)]), wscale));
       // scores over the scored slice; invisible entries -inf
       std::vector<float> I(static_cast<size_t>(n_scored), -INFINITY);
       for (int64_t j = 0; j < n_vis; ++j) {
         const bf16_t* kj = &keys[size_t(j * ihd)];
         float tot = 0.0f;
         for (int h = 0; h < IH; ++h) {
-          float d = 0.0f;
-          for (int i = 0; i < ihd; ++i) d += bf(iq[size_t(h * ihd + i)]) * bf(kj[i]);
-          float db = std::max(round_bf16(d), 0.0f);
-          tot += round_bf16(db * bf(wts[size_t(h)]));
+          const float d = fm::lanes32_sum(ihd, [&](int64_t i) { return fm::mul(bf(iq[size_t(h * ihd + i)]), bf(kj[i])); });
+          const float db = std::max(round_bf16(d), 0.0f);
+          tot = fm::add(tot, round_bf16(fm::mul(db, bf(wts[size_t(h)]))));
         }
         I[size_t(j)] = round_bf16(tot);
       }
@@ -711,17 +707,18 @@ class CpuDraftStep : public CpuLayerOps {
       float* lk = &U_[size_t((k - 1) * V)];
       parallel_for(0, (V + 4095) / 4096, [&](int64_t blk) {
         for (int64_t v = blk * 4096; v < std::min(V, (blk + 1) * 4096); ++v) {
-          float b = 0.0f;
-          for (int64_t j = 0; j < r; ++j) b += bf(e[j]) * bf(HM[v * r + j]);
-          lk[v] = lk[v] + b;
+          const float b = fm::lanes32_sum(r, [&](int64_t j) { return fm::mul(bf(e[j]), bf(HM[v * r + j])); });
+          lk[v] = fm::add(lk[v], b);
         }
       });
       int32_t best = 0;
       for (int64_t v = 1; v < V; ++v)
         if (lk[v] > lk[best]) best = int32_t(v);
-      float z = 0.0f;
-      for (int64_t d = 0; d < D; ++d) z += bf(hH_[size_t((k - 1) * D + d)]) * bf(WC[d]);
-      for (int64_t j = 0; j < r; ++j) z += bf(e[j]) * bf(WC[D + j]);
+      // f32([hH | e]) . w_c over the concatenated D + r vector
+      const float z = fm::lanes32_sum(D + r, [&](int64_t i) {
+        const float a = i < D ? bf(hH_[size_t((k - 1) * D + i)]) : bf(e[i - D]);
+        return fm::mul(a, bf(WC[i]));
+      });
       out_.confidence.push_back(z);
       out_.ids.push_back(best);
       prev = best;

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "base/fmath.h"
 
 namespace fb::cpu {
 
@@ -138,12 +139,9 @@ void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = W + n * K;
       const uint8_t* sr = S + (n / 32) * KB;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < KB; ++b) {
-        float dot = 0.0f;
-        for (int i = 0; i < 32; ++i) dot += qv[size_t(b * 32 + i)] * L.e4m3[wr[b * 32 + i]];
-        acc += dot * (qs[size_t(b)] * e8m0_to_f32(sr[b]));
-      }
+      const float acc = fm::blocks16_sum(
+          KB, [&](int64_t k) { return fm::mul(qv[size_t(k)], L.e4m3[wr[k]]); },
+          [&](int64_t b) { return fm::mul(qs[size_t(b)], e8m0_to_f32(sr[b])); });
       y[m * N + n] = to_bf(acc);
     }
   }
@@ -162,12 +160,9 @@ void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = w.data + n * (K / 2);
       const uint8_t* sr = w_scale.data + n * KB;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < KB; ++b) {
-        float dot = 0.0f;
-        for (int i = 0; i < 32; ++i) dot += qv[size_t(b * 32 + i)] * L.e2m1[e2m1_code_at(wr, b * 32 + i)];
-        acc += dot * (qs[size_t(b)] * e8m0_to_f32(sr[b]));
-      }
+      const float acc = fm::blocks16_sum(
+          KB, [&](int64_t k) { return fm::mul(qv[size_t(k)], L.e2m1[e2m1_code_at(wr, k)]); },
+          [&](int64_t b) { return fm::mul(qs[size_t(b)], e8m0_to_f32(sr[b])); });
       y[m * N + n] = to_bf(acc);
     }
   }
@@ -175,29 +170,19 @@ void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
 
 void bf16_gemm(const bf16_t* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, bf16_t* y) {
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += bf(x[m * K + k]) * bf(w[n * K + k]);
-      y[m * N + n] = to_bf(acc);
-    }
+    for (int64_t n = 0; n < N; ++n)
+      y[m * N + n] = to_bf(fm::lanes32_sum(K, [&](int64_t k) { return fm::mul(bf(x[m * K + k]), bf(w[n * K + k])); }));
 }
 
 void f32_gemm_bf16w(const float* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, float* y) {
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], bf(w[n * K + k]), acc);
-      y[m * N + n] = acc;
-    }
+    for (int64_t n = 0; n < N; ++n)
+      y[m * N + n] = fm::lanes32_sum(K, [&](int64_t k) { return fm::mul(x[m * K + k], bf(w[n * K + k])); });
 }
 
 void f32_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y) {
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], w[n * K + k], acc);
-      y[m * N + n] = acc;
-    }
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] = fm::lanes32_sum(K, [&](int64_t k) { return fm::mul(x[m * K + k], w[n * K + k]); });
 }
 
 std::vector<bf16_t> dequant_fp8_weight(const TensorView& w, const TensorView& w_scale) {
@@ -213,13 +198,9 @@ std::vector<bf16_t> dequant_fp8_weight(const TensorView& w, const TensorView& w_
 // ---- norms, RoPE --------------------------------------------------------------------------------
 
 void rms_norm(const bf16_t* x, int64_t n, const bf16_t* w, float eps, bf16_t* y) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    float a = bf(x[i]);
-    ss += a * a;
-  }
-  const float r = 1.0f / std::sqrt(ss / float(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = to_bf(bf(w[i]) * (bf(x[i]) * r));
+  const float ss = fm::lanes32_sum(n, [&](int64_t i) { return fm::mul(bf(x[i]), bf(x[i])); });
+  const float r = fm::rsqrt(fm::add(fm::div(ss, float(n)), eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bf(fm::mul(bf(w[i]), fm::mul(bf(x[i]), r)));
 }
 
 RopeTable make_rope_table(int rope_dim, double theta, bool yarn, double factor, int64_t original_seq_len, double beta_fast,
@@ -265,11 +246,11 @@ void apply_rope(bf16_t* x, int64_t width, const RopeTable& t, int64_t pos, bool 
   for (int i = 0; i < half; ++i) {
     const float a = bf(r[2 * i]), b = bf(r[2 * i + 1]);
     if (!inverse) {
-      r[2 * i] = to_bf(a * c[i] - b * s[i]);
-      r[2 * i + 1] = to_bf(a * s[i] + b * c[i]);
+      r[2 * i] = to_bf(fm::add(fm::mul(a, c[i]), -fm::mul(b, s[i])));
+      r[2 * i + 1] = to_bf(fm::add(fm::mul(a, s[i]), fm::mul(b, c[i])));
     } else {
-      r[2 * i] = to_bf(a * c[i] + b * s[i]);
-      r[2 * i + 1] = to_bf(b * c[i] - a * s[i]);
+      r[2 * i] = to_bf(fm::add(fm::mul(a, c[i]), fm::mul(b, s[i])));
+      r[2 * i + 1] = to_bf(fm::add(fm::mul(b, c[i]), -fm::mul(a, s[i])));
     }
   }
 }
@@ -293,29 +274,28 @@ void sparse_attention(const bf16_t* q, int n_heads, int d, const std::vector<con
           z[j] = -INFINITY;
           continue;
         }
-        float dot = 0.0f;
-        for (int t = 0; t < d; ++t) dot += bf(qh[t]) * bf(kv[t]);
-        z[j] = dot * scale;
+        const float dot = fm::lanes32_sum(d, [&](int64_t t) { return fm::mul(bf(qh[t]), bf(kv[t])); });
+        z[j] = fm::mul(dot, scale);
         bmax = std::max(bmax, z[j]);
       }
       const float m2 = std::max(m, bmax);
-      const float alpha = std::exp(m - m2);
+      const float alpha = fm::exp(fm::add(m, -m2));
       float psum = 0.0f;
       for (size_t j = 0; j < nb; ++j) {
-        p[j] = keys[b0 + j] ? std::exp(z[j] - m2) : 0.0f;
-        psum += p[j];
+        p[j] = keys[b0 + j] ? fm::exp(fm::add(z[j], -m2)) : 0.0f;
+        psum = fm::add(psum, p[j]);
       }
-      l = l * alpha + psum;
+      l = fm::add(fm::mul(l, alpha), psum);
       for (int t = 0; t < d; ++t) {
         float s = 0.0f;
         for (size_t j = 0; j < nb; ++j)
-          if (keys[b0 + j]) s += round_bf16(p[j]) * bf(keys[b0 + j][t]);
-        acc[size_t(t)] = acc[size_t(t)] * alpha + s;
+          if (keys[b0 + j]) s = fm::add(s, fm::mul(round_bf16(p[j]), bf(keys[b0 + j][t])));
+        acc[size_t(t)] = fm::add(fm::mul(acc[size_t(t)], alpha), s);
       }
       m = m2;
     }
-    l += std::exp(sinks[h] - m);
-    for (int t = 0; t < d; ++t) out[int64_t(h) * d + t] = to_bf(acc[size_t(t)] / l);
+    l = fm::add(l, fm::exp(fm::add(sinks[h], -m)));
+    for (int t = 0; t < d; ++t) out[int64_t(h) * d + t] = to_bf(fm::div(acc[size_t(t)], l));
   }
 }
 
@@ -324,53 +304,46 @@ void sparse_attention(const bf16_t* q, int n_heads, int d, const std::vector<con
 void hc_mixes_raw(const bf16_t* x, int hc, int64_t dim, const float* fn, float norm_eps, float* mixes) {
   const int64_t n = hc * dim;
   const int n_mix = (2 + hc) * hc;
-  float ss = 0.0f;
-  for (int64_t c = 0; c < n; ++c) {
-    float v = bf(x[c]);
-    ss += v * v;
-  }
-  const float rho = 1.0f / std::sqrt(ss / float(n) + norm_eps);
+  const float ss = fm::lanes32_sum(n, [&](int64_t c) { return fm::mul(bf(x[c]), bf(x[c])); });
+  const float rho = fm::rsqrt(fm::add(fm::div(ss, float(n)), norm_eps));
   for (int j = 0; j < n_mix; ++j) {
-    float acc = 0.0f;
     const float* f = fn + int64_t(j) * n;
-    for (int64_t c = 0; c < n; ++c) acc = std::fma(f[c], bf(x[c]), acc);
-    mixes[j] = acc * rho;
+    mixes[j] = fm::mul(fm::lanes32_sum(n, [&](int64_t c) { return fm::mul(f[c], bf(x[c])); }), rho);
   }
 }
 
 void hc_split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
   FB_CHECK(hc <= 16);
-  auto sigmoid = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
   for (int i = 0; i < hc; ++i) {
-    out->pre[i] = sigmoid(m[i] * sc[0] + base[i]) + eps;
-    out->post[i] = 2.0f * sigmoid(m[hc + i] * sc[1] + base[hc + i]);
+    out->pre[i] = fm::add(fm::sigmoid(fm::add(fm::mul(m[i], sc[0]), base[i])), eps);
+    out->post[i] = fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m[hc + i], sc[1]), base[hc + i])));
   }
   float* C = out->comb;
   for (int a = 0; a < hc; ++a) {
     float mx = -INFINITY;
     for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = m[2 * hc + a * hc + b] * sc[2] + base[2 * hc + a * hc + b];
+      C[a * hc + b] = fm::add(fm::mul(m[2 * hc + a * hc + b], sc[2]), base[2 * hc + a * hc + b]);
       mx = std::max(mx, C[a * hc + b]);
     }
     float sum = 0.0f;
     for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = std::exp(C[a * hc + b] - mx);
-      sum += C[a * hc + b];
+      C[a * hc + b] = fm::exp(fm::add(C[a * hc + b], -mx));
+      sum = fm::add(sum, C[a * hc + b]);
     }
-    for (int b = 0; b < hc; ++b) C[a * hc + b] = C[a * hc + b] / sum + eps;
+    for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::add(fm::div(C[a * hc + b], sum), eps);
   }
   auto col_norm = [&] {
     for (int b = 0; b < hc; ++b) {
       float s = 0.0f;
-      for (int a = 0; a < hc; ++a) s += C[a * hc + b];
-      for (int a = 0; a < hc; ++a) C[a * hc + b] = C[a * hc + b] / (s + eps);
+      for (int a = 0; a < hc; ++a) s = fm::add(s, C[a * hc + b]);
+      for (int a = 0; a < hc; ++a) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
     }
   };
   auto row_norm = [&] {
     for (int a = 0; a < hc; ++a) {
       float s = 0.0f;
-      for (int b = 0; b < hc; ++b) s += C[a * hc + b];
-      for (int b = 0; b < hc; ++b) C[a * hc + b] = C[a * hc + b] / (s + eps);
+      for (int b = 0; b < hc; ++b) s = fm::add(s, C[a * hc + b]);
+      for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
     }
   };
   col_norm();
@@ -383,7 +356,7 @@ void hc_split_sinkhorn(const float* m, int hc, const float* sc, const float* bas
 void hc_pre(const bf16_t* x, int hc, int64_t dim, const float* pre, bf16_t* y) {
   for (int64_t d = 0; d < dim; ++d) {
     float s = 0.0f;
-    for (int a = 0; a < hc; ++a) s += pre[a] * bf(x[a * dim + d]);
+    for (int a = 0; a < hc; ++a) s = fm::add(s, fm::mul(pre[a], bf(x[a * dim + d])));
     y[d] = to_bf(s);
   }
 }
@@ -392,8 +365,8 @@ void hc_post(const bf16_t* y, const bf16_t* x, int hc, int64_t dim, const HcMix&
   for (int b = 0; b < hc; ++b)
     for (int64_t d = 0; d < dim; ++d) {
       float s = 0.0f;
-      for (int a = 0; a < hc; ++a) s += mix.comb[a * hc + b] * bf(x[a * dim + d]);
-      out[b * dim + d] = to_bf(mix.post[b] * bf(y[d]) + s);
+      for (int a = 0; a < hc; ++a) s = fm::add(s, fm::mul(mix.comb[a * hc + b], bf(x[a * dim + d])));
+      out[b * dim + d] = to_bf(fm::add(fm::mul(mix.post[b], bf(y[d])), s));
     }
 }
 
@@ -405,12 +378,10 @@ Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const floa
   const bf16_t* W = gate_w.as<bf16_t>();
   std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    float z = 0.0f;
-    for (int64_t k = 0; k < dim; ++k) z = std::fma(bf(u[k]), bf(W[e * dim + k]), z);
-    z = z / gate_temp;
-    const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
-    score[size_t(e)] = std::sqrt(sp);
-    biased[size_t(e)] = score[size_t(e)] + bias[e];
+    float z = fm::lanes32_sum(dim, [&](int64_t k) { return fm::mul(bf(u[k]), bf(W[e * dim + k])); });
+    z = fm::div(z, gate_temp);
+    score[size_t(e)] = fm::sqrt_rn(fm::softplus(z));
+    biased[size_t(e)] = fm::add(score[size_t(e)], bias[e]);
   }
   std::vector<int> idx(static_cast<size_t>(E));
   std::iota(idx.begin(), idx.end(), 0);
@@ -424,11 +395,11 @@ Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const floa
   float sum = 0.0f;
   for (int e : r.experts) {
     r.weights.push_back(score[size_t(e)]);
-    sum += score[size_t(e)];
+    sum = fm::add(sum, score[size_t(e)]);
   }
   if (norm_topk && top_k > 1)
-    for (float& w : r.weights) w = w / (sum + 1e-20f);
-  for (float& w : r.weights) w = w * route_scale;
+    for (float& w : r.weights) w = fm::div(w, fm::add(sum, 1e-20f));
+  for (float& w : r.weights) w = fm::mul(w, route_scale);
   return r;
 }
 
@@ -439,8 +410,8 @@ void swiglu_row(const bf16_t* a, const bf16_t* b, int64_t n, float limit, float 
       bv = std::min(std::max(bv, -limit), limit);
       av = std::min(av, limit);
     }
-    float v = av / (1.0f + std::exp(-av)) * bv;
-    if (apply_weight) v = v * weight;
+    float v = fm::mul(fm::silu(av), bv);
+    if (apply_weight) v = fm::mul(v, weight);
     h[i] = to_bf(v);
   }
 }
