@@ -6,8 +6,15 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cmd/commands.h"
+#ifdef FB_HAVE_TOKENIZER
+#include "tokenizer/tokenize_command.h"
+#endif
 
 int main(int argc, char** argv) {
+#ifdef FB_HAVE_TOKENIZER
+  // `tokenize` owns its own flags (reads stdin, prints ids).
+  if (argc >= 2 && std::string(argv[1]) == "tokenize") return fb::tokenizer::run_tokenize_command(argc - 1, argv + 1);
+#endif
   CLI::App app{"flashbox: DeepSeek-V4.1-Flash on one box"};
   app.require_subcommand(1);
   int threads = 0;
@@ -21,7 +28,10 @@ int main(int argc, char** argv) {
   };
   reg("inspect", "validate a snapshot and print its config, layer roles and bytes per class", fb::cmd::add_inspect);
   reg("check-fixture", "run an official-reference fixture and compare logits, ids, taps and drafts", fb::cmd::add_check_fixture);
+#ifdef FB_HAVE_TOKENIZER
   reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
+  app.add_subcommand("tokenize", "encode stdin with a tokenizer.json (or --decode ids); see --help of the subcommand");
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -417,14 +417,14 @@ class CpuStep : public CpuLayerOps {
       CompressedCache& cc = s->comp[size_t(l)];
       const int64_t p = pos_[size_t(t)];
       if (ratio == 2) {
-        float* slot = &cc.tail[size_t((p % 2) * 2 * hd)];
+        float* slot = &cc.tail[size_t((p % kTailSlots) * 2 * hd)];
         std::copy(&kproj[size_t(t * hd)], &kproj[size_t(t * hd)] + hd, slot);
         std::copy(&gproj[size_t(t * hd)], &gproj[size_t(t * hd)] + hd, slot + hd);
         if (p % 2 == 0) continue;
-        const float* k0 = &cc.tail[0];
-        const float* g0 = &cc.tail[size_t(hd)];
-        const float* k1 = &cc.tail[size_t(2 * hd)];
-        const float* g1 = &cc.tail[size_t(3 * hd)];
+        const float* k0 = &cc.tail[size_t(((p - 1) % kTailSlots) * 2 * hd)];
+        const float* g0 = k0 + hd;
+        const float* k1 = slot;
+        const float* g1 = slot + hd;
         for (int64_t i = 0; i < hd; ++i) {
           const float mx = std::max(g0[i], g1[i]);
           const float ea = fm::exp(fm::add(g0[i], -mx)), eb = fm::exp(fm::add(g1[i], -mx));

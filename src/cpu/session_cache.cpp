@@ -34,7 +34,7 @@ void SessionCache::reset() {
     cc.ratio = role.ratio;
     cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
     cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
-    if (role.ratio == 2) cc.tail.assign(size_t(2 * 2 * c.head_dim), 0.0f);
+    if (role.ratio == 2) cc.tail.assign(size_t(kTailSlots * 2 * c.head_dim), 0.0f);
   }
   draft_rings.assign(size_t(c.n_mtp_layers), Ring{});
   for (auto& r : draft_rings) r.init(c.window_size, c.head_dim);

@@ -1,7 +1,7 @@
 // Per-session state of the CPU executor in the compact formats of spec/12 §1: FP8 window rings
 // (e4m3 + e8m0/32), FP4 compressed KV (e2m1 + e4m3/16), FP4 index keys (e2m1 + e8m0/32), the
-// ratio-2 pending tails (parity-addressed, so re-running a position rewrites its slot and needs
-// no snapshot), token history (Engram), and the DSpark draft rings. Invariant: everything a
+// ratio-2 pending tails (position-addressed in a small ring, so re-running a position rewrites
+// its slot and rollback needs no snapshot), token history (Engram), and the DSpark draft rings. Invariant: everything a
 // position < n_pos contributed is present; rollback(p) keeps positions < p exactly.
 #pragma once
 
@@ -17,6 +17,10 @@ namespace fb::cpu {
 // Rows a step may speculate past the committed position: rings hold window + this many slots so
 // rejected rows never overwrite a slot a later query still reads (spec/12 §1, spec/13 §6.5).
 constexpr int kRingHeadroom = 8;
+// Ratio-2 compressor tails kept per position (slot = pos % kTailSlots): pooling at odd p reads
+// p-1 and p, and rejected speculative rows (up to kRingHeadroom) must not overwrite p-1's slot.
+constexpr int kTailSlots = 16;
+static_assert(kTailSlots >= kRingHeadroom + 2);
 
 struct Ring {
   int slots = 0;
@@ -34,7 +38,7 @@ struct CompressedCache {
   int key_bytes = 0;            // index_head_dim/2 packed e2m1 + index_head_dim/32 e8m0
   std::vector<uint8_t> kv;      // [entries, kv_bytes]
   std::vector<uint8_t> keys;    // [entries, key_bytes]
-  std::vector<float> tail;      // ratio 2: [2 slots (position parity)][k, g][head_dim] f32
+  std::vector<float> tail;      // ratio 2: [kTailSlots (pos % kTailSlots)][k, g][head_dim] f32
   int64_t n_entries() const { return kv_bytes ? int64_t(kv.size() / size_t(kv_bytes)) : 0; }
 };
 

@@ -1,0 +1,86 @@
+// flashbox make-tiny --out DIR --seed N [--vision]: the built-in tiny model. Writes the random
+// checkpoint, copies the V4.1 tokenizer next to it (with its licence) and the Engram token map
+// derived from that tokenizer, so the folder is a complete, self-describing model.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "base/mapped_file.h"
+#include "cmd/commands.h"
+#include "loader/snapshot.h"
+#include "loader/tiny_model.h"
+#include "tokenizer/engram_map.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fb::cmd {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+  std::string out = "tiny-model";
+  uint64_t seed = 0;
+  bool vision = false;
+  std::string tokenizer;
+};
+
+int run(const Args& a) {
+  const std::string tok_path = a.tokenizer.empty() ? std::string(FB_SOURCE_DIR) + "/assets/tokenizer/tokenizer.json" : a.tokenizer;
+  auto tok = tokenizer::Tokenizer::load(tok_path);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "make-tiny: %s\n", tok.status().to_string().c_str());
+    return 1;
+  }
+  auto em = tokenizer::derive_engram_map(*tok);
+  if (!em.ok()) {
+    std::fprintf(stderr, "make-tiny: %s\n", em.status().to_string().c_str());
+    return 1;
+  }
+  loader::TinyModelOptions o;
+  o.out_dir = a.out;
+  o.seed = a.seed;
+  o.vision = a.vision;
+  o.vocab_size = tok->vocab_size();
+  o.engram_compressed_vocab = em->n_classes;
+  std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", a.out.c_str(), (unsigned long long)a.seed, a.vision ? ", vision" : "");
+  Status st = loader::write_tiny_model(o);
+  if (!st.ok()) {
+    std::fprintf(stderr, "make-tiny: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  std::error_code ec;
+  fs::copy_file(tok_path, fs::path(a.out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
+  fs::path lic = fs::path(tok_path).parent_path() / "LICENSE";
+  if (!ec && fs::exists(lic)) fs::copy_file(lic, fs::path(a.out) / "TOKENIZER_LICENSE", fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    std::fprintf(stderr, "make-tiny: copying the tokenizer: %s\n", ec.message().c_str());
+    return 1;
+  }
+  st = write_file_atomic((fs::path(a.out) / "engram_token_map.i32").string(), em->map.data(), em->map.size() * 4);
+  if (!st.ok()) {
+    std::fprintf(stderr, "make-tiny: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  auto snap = loader::Snapshot::open(a.out);
+  if (!snap.ok() || !(*snap)->validate().ok()) {
+    std::fprintf(stderr, "make-tiny: the written model does not validate\n");
+    return 1;
+  }
+  std::printf("wrote %s: %zu tensors, vocab %lld, engram classes %d\n", a.out.c_str(), (*snap)->tensor_names().size(),
+              (long long)o.vocab_size, em->n_classes);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_make_tiny(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  app.add_option("--out", a->out, "output folder (default tiny-model)");
+  app.add_option("--seed", a->seed, "random seed (default 0)");
+  app.add_flag("--vision", a->vision, "include a small ViT and aligner");
+  app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the repository's V4.1 asset)");
+  return [a] { return run(*a); };
+}
+
+}  // namespace fb::cmd

@@ -1,4 +1,0 @@
-#include "cmd/commands.h"
-namespace fb::cmd {
-Runner add_make_tiny(CLI::App& app) { return [] { return 2; }; }
-}  // namespace fb::cmd

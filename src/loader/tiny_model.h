@@ -1,0 +1,29 @@
+// The built-in tiny model: a random checkpoint in exactly the released storage format (HF config
+// with text_config, index, FP8/MXFP4/E8M0 shards) with every structural feature on: window-only
+// layers, ratio-2 and ratio-1 KV sources, Reuse and Reindex layers, a candidate pool, Engram with
+// prime-derived tables, three DSpark stages, optionally a ViT. Deterministic for a seed; weight
+// statistics follow the released model's (norm means far from 1, fan-in-scaled projections with
+// gains, embedding RMS 0.12; spec/10 §7.4).
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+
+namespace fb::loader {
+
+struct TinyModelOptions {
+  std::string out_dir;
+  uint64_t seed = 0;
+  bool vision = false;
+  int64_t vocab_size = 129280;           // the real V4.1 vocabulary
+  int64_t engram_compressed_vocab = 99092;  // class count of the tokenizer-derived map
+};
+
+// The tiny model's config.json text (HF layout).
+std::string tiny_config_json(const TinyModelOptions& o);
+
+// Writes config.json, model.safetensors.index.json and the shards into o.out_dir (created).
+Status write_tiny_model(const TinyModelOptions& o);
+
+}  // namespace fb::loader

@@ -1,0 +1,172 @@
+// Cross-module checks of the CPU executor's session semantics on the official fixture checkpoints:
+// chunked prefill equals one-shot prefill bit for bit (spec/11 §8.3 via Row::prefill_end), decode
+// rows after either are identical, and rollback leaves every cache byte as a run that never saw
+// the rejected rows (spec/12 §1.1, spec/13 §6.5).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "base/mapped_file.h"
+#include "cpu/executor.h"
+
+namespace fb {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Fixture {
+  std::unique_ptr<cpu::CpuModel> model;
+  std::vector<int32_t> prompt;
+};
+
+Fixture load(const char* name) {
+  Fixture f;
+  const std::string dir = std::string(FB_SHARED_DIR) + "/fixtures/" + name;
+  if (!fs::exists(dir)) return f;
+  auto m = cpu::CpuModel::load(dir + "/checkpoint");
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  f.model = std::move(m.value());
+  auto b = read_file_bytes(dir + "/prompt.i32");
+  f.prompt.resize(b->size() / 4);
+  std::memcpy(f.prompt.data(), b->data(), b->size());
+  return f;
+}
+
+// Prefills `prompt` in chunks of `chunk` rows (0 = one shot); returns the last row's logits.
+std::vector<float> prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const std::vector<int32_t>& prompt, int64_t chunk) {
+  const int64_t N = int64_t(prompt.size());
+  if (chunk <= 0) chunk = N;
+  std::vector<float> last;
+  for (int64_t s0 = 0; s0 < N; s0 += chunk) {
+    model::Step st;
+    for (int64_t p = s0; p < std::min(N, s0 + chunk); ++p) {
+      model::Row r;
+      r.pos = p;
+      r.token = prompt[size_t(p)];
+      r.kind = model::RowKind::kPrefill;
+      r.prefill_end = N;
+      r.want_logits = p == N - 1;
+      st.rows.push_back(r);
+    }
+    auto out = m.forward_cpu(st, {&s});
+    EXPECT_TRUE(out.ok());
+    if (!out->logits.empty()) last = out->logits;
+  }
+  return last;
+}
+
+std::vector<float> decode(const cpu::CpuModel& m, cpu::SessionCache& s, int32_t token) {
+  model::Step st;
+  model::Row r;
+  r.pos = s.next_pos;
+  r.token = token;
+  r.kind = model::RowKind::kDecode;
+  r.want_logits = true;
+  st.rows.push_back(r);
+  auto out = m.forward_cpu(st, {&s});
+  EXPECT_TRUE(out.ok());
+  return out->logits;
+}
+
+// Every cache byte a future query can read: the last `window` ring rows, all compressed entries.
+void expect_same_caches(const cpu::SessionCache& a, const cpu::SessionCache& b, int window) {
+  ASSERT_EQ(a.next_pos, b.next_pos);
+  EXPECT_EQ(a.tokens, b.tokens);
+  for (size_t l = 0; l < a.rings.size(); ++l) {
+    for (int64_t q = std::max<int64_t>(0, a.next_pos - window); q < a.next_pos; ++q) {
+      const uint8_t* ra = a.rings[l].find(q);
+      const uint8_t* rb = b.rings[l].find(q);
+      ASSERT_TRUE(ra && rb) << "layer " << l << " pos " << q;
+      EXPECT_EQ(std::memcmp(ra, rb, size_t(a.rings[l].row_bytes)), 0) << "ring layer " << l << " pos " << q;
+    }
+    EXPECT_EQ(a.comp[l].kv, b.comp[l].kv) << "compressed KV layer " << l;
+    EXPECT_EQ(a.comp[l].keys, b.comp[l].keys) << "index keys layer " << l;
+  }
+}
+
+class Chunking : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Chunking, ChunkedPrefillIsBitIdenticalToOneShot) {
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  cpu::SessionCache ref(f.model->config());
+  const auto want = prefill(*f.model, ref, f.prompt, 0);
+  std::vector<std::vector<float>> want_dec;
+  for (int k = 0; k < 6; ++k) want_dec.push_back(decode(*f.model, ref, 100 + k));
+  for (int64_t chunk : {1, 7, 16}) {
+    cpu::SessionCache s(f.model->config());
+    const auto got = prefill(*f.model, s, f.prompt, chunk);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "chunk " << chunk;
+    for (int k = 0; k < 6; ++k) {
+      const auto d = decode(*f.model, s, 100 + k);
+      EXPECT_EQ(std::memcmp(d.data(), want_dec[size_t(k)].data(), d.size() * 4), 0) << "chunk " << chunk << " decode " << k;
+    }
+    expect_same_caches(s, ref, f.model->config().window_size);
+  }
+}
+
+TEST_P(Chunking, RollbackEqualsNeverSeen) {
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  // Run A: prompt, then tokens t1..t3 accepted, then t4' ; run B: prompt, t1..t3, five rejected
+  // rows (as a DSpark verify would add), rollback, then t4'.
+  cpu::SessionCache a(f.model->config()), b(f.model->config());
+  prefill(*f.model, a, f.prompt, 0);
+  prefill(*f.model, b, f.prompt, 0);
+  for (int32_t t : {11, 12, 13}) {
+    decode(*f.model, a, t);
+    decode(*f.model, b, t);
+  }
+  const int64_t keep = b.next_pos;
+  model::Step verify;
+  for (int k = 0; k < 5; ++k) {
+    model::Row r;
+    r.pos = keep + k;
+    r.token = 40 + k;
+    r.kind = model::RowKind::kDecode;
+    r.want_logits = true;
+    verify.rows.push_back(r);
+  }
+  ASSERT_TRUE(f.model->forward_cpu(verify, {&b}).ok());
+  ASSERT_TRUE(b.rollback(keep).ok());
+  const auto la = decode(*f.model, a, 77);
+  const auto lb = decode(*f.model, b, 77);
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
+  expect_same_caches(a, b, f.model->config().window_size);
+  // Rolling back further than the ring headroom past overwritten slots is refused, not silent.
+  cpu::SessionCache c(f.model->config());
+  prefill(*f.model, c, f.prompt, 0);
+  for (int k = 0; k < cpu::kRingHeadroom + 4; ++k) decode(*f.model, c, 20 + k);
+  EXPECT_FALSE(c.rollback(c.next_pos - cpu::kRingHeadroom - 4).ok());
+}
+
+TEST_P(Chunking, VerifyRowsMatchSingleTokenDecode) {
+  // Rows of one multi-row decode step give the same logits as feeding them one per step.
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  cpu::SessionCache a(f.model->config()), b(f.model->config());
+  prefill(*f.model, a, f.prompt, 0);
+  prefill(*f.model, b, f.prompt, 0);
+  std::vector<std::vector<float>> single;
+  for (int k = 0; k < 4; ++k) single.push_back(decode(*f.model, a, 30 + k));
+  model::Step st;
+  for (int k = 0; k < 4; ++k) {
+    model::Row r;
+    r.pos = b.next_pos + k;
+    r.token = 30 + k;
+    r.kind = model::RowKind::kDecode;
+    r.want_logits = true;
+    st.rows.push_back(r);
+  }
+  auto out = f.model->forward_cpu(st, {&b});
+  ASSERT_TRUE(out.ok());
+  const size_t V = size_t(f.model->config().vocab_size);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(std::memcmp(&out->logits[size_t(k) * V], single[size_t(k)].data(), V * 4), 0) << "row " << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Chunking, ::testing::Values("tiny-s0", "tiny-s1-long"));
+
+}  // namespace
+}  // namespace fb

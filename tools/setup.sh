@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the build dependencies (Debian 12 packages only) and builds flashbox.
+# Usage: tools/setup.sh [preset]   (default preset: "default" = CUDA when nvcc is found)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${1:-default}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-numpy
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
+      libpcre2-dev libicu-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
+      libzstd-dev libpng-dev libjpeg-dev libwebp-dev clang libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" -j "$(nproc)"
+ln -sfn "build/$preset/flashbox" flashbox 2>/dev/null || true
+echo "setup: built build/$preset/flashbox"
