@@ -1,0 +1,256 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/check.h"
+#include "base/log.h"
+
+namespace fb::engine {
+
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+constexpr int64_t kTapHistoryExtra = 16;  // tap rows kept past the window, to re-seed after a rollback
+}  // namespace
+
+Generator::Generator(model::Executor& ex, GeneratorOptions opt) : ex_(&ex), opt_(opt) {
+  const model::Config& c = ex.config();
+  vocab_ = c.vocab_size;
+  window_ = c.window_size;
+  tap_w_ = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  block_ = c.dspark_block_size;
+  dspark_ok_ = opt.dspark && c.n_mtp_layers > 0 && block_ > 0 && tap_w_ > 0;
+  max_context_ = c.max_position_embeddings > 0 ? c.max_position_embeddings : (int64_t(1) << 20);
+  if (opt.max_context > 0) max_context_ = std::min(max_context_, opt.max_context);
+  if (opt_.prefill_chunk <= 0) opt_.prefill_chunk = 256;
+  counters_.accepted_hist.assign(size_t(std::max(block_, 0) + 1), 0);
+  reset();
+}
+
+void Generator::reset() {
+  session_ = ex_->new_session();
+  sess_ = {session_.get()};
+  history_.clear();
+  have_logits_ = pending_ = false;
+  tap_hist_.assign(dspark_ok_ ? size_t((window_ + kTapHistoryExtra) * tap_w_) : 0, 0);
+  tap_hist_pos_.assign(dspark_ok_ ? size_t(window_ + kTapHistoryExtra) : 0, -1);
+  reused_ = 0;
+}
+
+int64_t Generator::reusable_prefix(std::span<const int32_t> prompt) const {
+  int64_t c = 0;
+  const int64_t n = std::min<int64_t>(int64_t(history_.size()), int64_t(prompt.size()) - 1);
+  while (c < n && history_[size_t(c)] == prompt[size_t(c)]) ++c;
+  return c;
+}
+
+Status Generator::forward_rows(const model::Step& st, model::StepOutput* out) {
+  auto r = ex_->forward(st, sess_, nullptr);
+  if (!r.ok()) return r.status();
+  *out = std::move(r).value();
+  return Status();
+}
+
+void Generator::remember_taps(int64_t first_pos, const uint16_t* rows, int64_t n) {
+  if (!dspark_ok_) return;
+  const int64_t S = int64_t(tap_hist_pos_.size());
+  for (int64_t i = std::max<int64_t>(0, n - S); i < n; ++i) {
+    const int64_t p = first_pos + i, slot = p % S;
+    std::copy(rows + i * tap_w_, rows + (i + 1) * tap_w_, tap_hist_.begin() + slot * tap_w_);
+    tap_hist_pos_[size_t(slot)] = p;
+  }
+}
+
+Status Generator::commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n) {
+  if (!dspark_ok_ || n <= 0) return Status();
+  remember_taps(first_pos, rows, n);
+  // Only the last `window` positions can still be read by a draft.
+  const int64_t skip = std::max<int64_t>(0, n - window_);
+  return ex_->draft_commit(*session_, first_pos + skip, rows + skip * tap_w_, n - skip);
+}
+
+Status Generator::prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress) {
+  const int64_t N = int64_t(prompt.size());
+  if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
+  for (int32_t id : prompt)
+    if (id < 0 || id >= vocab_)
+      return FB_ERROR(kInvalidArgument) << "prompt token id " << id << " is outside the model's vocabulary of " << vocab_
+                                        << " (does the tokenizer belong to this model?)";
+  if (N >= max_context_)
+    return FB_ERROR(kResourceExhausted) << "the prompt has " << N << " tokens; the context holds " << max_context_
+                                        << " (prompt + at least one generated token)";
+  // Prefix reuse: keep what the cache already holds when it can roll back to the divergence.
+  int64_t c = reusable_prefix(prompt);
+  if (c < int64_t(history_.size())) {
+    if (c == 0 || !session_->rollback(c).ok()) {
+      reset();
+      c = 0;
+    } else {
+      history_.resize(size_t(c));
+      // Positions >= c written to the draft rings evicted older slots: re-seed the window.
+      if (dspark_ok_) {
+        const int64_t S = int64_t(tap_hist_pos_.size());
+        for (int64_t q = std::max<int64_t>(0, c - window_); q < c; ++q) {
+          if (tap_hist_pos_[size_t(q % S)] != q) continue;
+          FB_RETURN_IF_ERROR(ex_->draft_commit(*session_, q, &tap_hist_[size_t((q % S) * tap_w_)], 1));
+        }
+      }
+    }
+  }
+  reused_ = c;
+  have_logits_ = pending_ = false;
+  const int64_t chunk = opt_.prefill_chunk;
+  for (int64_t s0 = c; s0 < N; s0 += chunk) {
+    const int64_t s1 = std::min(N, s0 + chunk);
+    model::Step st;
+    for (int64_t p = s0; p < s1; ++p) {
+      model::Row r;
+      r.pos = p;
+      r.token = prompt[size_t(p)];
+      r.kind = model::RowKind::kPrefill;
+      r.prefill_end = N;
+      r.want_logits = p == N - 1;
+      st.rows.push_back(r);
+    }
+    model::StepOutput out;
+    Status s = forward_rows(st, &out);
+    if (!s.ok()) {
+      reset();  // the cache may hold part of a chunk
+      return s;
+    }
+    history_.insert(history_.end(), prompt.begin() + s0, prompt.begin() + s1);
+    if (dspark_ok_) {
+      FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - s0) * tap_w_);
+      FB_RETURN_IF_ERROR(commit_taps(s0, out.taps.data(), s1 - s0));
+      tap_.assign(out.taps.end() - tap_w_, out.taps.end());
+    }
+    if (s1 == N) {
+      FB_CHECK_EQ(int64_t(out.logits.size()), vocab_);
+      logits_ = std::move(out.logits);
+      have_logits_ = true;
+    }
+    if (progress && !progress(s1 - c, N - c)) return FB_ERROR(kCancelled) << "cancelled during prefill";
+  }
+  return Status();
+}
+
+Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
+                                   int top_n) {
+  const int32_t t = sample(logits_.data(), vocab_, sp, rng);
+  if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));
+  out->push_back(t);
+  pending_ = true;
+  pending_token_ = t;
+  have_logits_ = false;
+  return Status();
+}
+
+Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
+  FB_CHECK(have_logits_ || pending_) << "Generator::next before prefill";
+  if (have_logits_) return emit_from_logits(sp, rng, out, lp, top_n);
+  // The pending token goes to position H; it must fit, and so must the token it predicts.
+  const int64_t H = int64_t(history_.size());
+  if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
+  // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
+  if (sp.greedy() && dspark_ok_ && H >= 2 && H + 2 < max_context_) return dspark_step(out, lp, top_n);
+  return plain_step(sp, rng, out, lp, top_n);
+}
+
+Status Generator::plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
+  const int64_t H = int64_t(history_.size());
+  model::Step st;
+  model::Row r;
+  r.pos = H;
+  r.token = pending_token_;
+  r.kind = model::RowKind::kDecode;
+  r.want_logits = true;
+  st.rows.push_back(r);
+  model::StepOutput o;
+  FB_RETURN_IF_ERROR(forward_rows(st, &o));
+  history_.push_back(pending_token_);
+  pending_ = false;
+  if (dspark_ok_) {
+    FB_RETURN_IF_ERROR(commit_taps(H, o.taps.data(), 1));
+    tap_ = std::move(o.taps);
+  }
+  logits_ = std::move(o.logits);
+  have_logits_ = true;
+  return emit_from_logits(sp, rng, out, lp, top_n);
+}
+
+Status Generator::dspark_step(std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
+  const int64_t H = int64_t(history_.size()), p = H - 1;
+  const int32_t anchor = pending_token_;
+  double t0 = now_s();
+  // DRAFT (spec/13 §4): ring write of p from g(p), then a block [anchor, d1..dB].
+  auto dr = ex_->draft(*session_, anchor, tap_.data(), p);
+  if (!dr.ok()) return dr.status();
+  const model::DraftOutput& d = dr.value();
+  double t1 = now_s();
+  // SCHEDULE (spec/13 §7): fixed verify length for now; rows p+1..p+1+L must fit the context.
+  int64_t L = opt_.dspark_verify >= 0 ? std::min(opt_.dspark_verify, block_) : block_;
+  L = std::min<int64_t>(L, int64_t(d.ids.size()) - 1);
+  L = std::min<int64_t>(L, max_context_ - (p + 2) - 1);
+  L = std::max<int64_t>(L, 0);
+  // VERIFY: one target step over [anchor, d1..dL], decode rows (same arithmetic as plain decode).
+  model::Step st;
+  for (int64_t i = 0; i <= L; ++i) {
+    model::Row r;
+    r.pos = p + 1 + i;
+    r.token = i == 0 ? anchor : d.ids[size_t(i)];
+    r.kind = model::RowKind::kDecode;
+    r.want_logits = true;
+    st.rows.push_back(r);
+  }
+  model::StepOutput o;
+  FB_RETURN_IF_ERROR(forward_rows(st, &o));
+  double t2 = now_s();
+  FB_CHECK_EQ(int64_t(o.logits.size()), (L + 1) * vocab_);
+  // ACCEPT (spec/13 §6.1): prefix of drafts equal to the target's argmax, then one more token.
+  int64_t a = 0;
+  while (a < L && d.ids[size_t(a + 1)] == argmax(&o.logits[size_t(a * vocab_)], vocab_)) ++a;
+  const float* last = &o.logits[size_t(a * vocab_)];
+  const int32_t t_next = argmax(last, vocab_);
+  // COMMIT: keep positions p+1..p+1+a, roll back the rest, feed the kept taps to the rings.
+  if (a < L) FB_RETURN_IF_ERROR(session_->rollback(p + 2 + a));
+  if (L - a >= 2) {
+    // The CPU session cache addresses the ratio-2 compressor's pending tail by position parity,
+    // so the second rejected row overwrote the tail of the last kept row (p+1+a). Re-run that
+    // row alone: decode arithmetic is row-exact, so its logits and taps are unchanged and the
+    // tail is rewritten. Remove when SessionCache snapshots tails (spec/13 §6.5).
+    FB_RETURN_IF_ERROR(session_->rollback(p + 1 + a));
+    model::Step rs;
+    model::Row r;
+    r.pos = p + 1 + a;
+    r.token = a == 0 ? anchor : d.ids[size_t(a)];
+    r.kind = model::RowKind::kDecode;
+    r.want_logits = false;
+    rs.rows.push_back(r);
+    model::StepOutput ro;
+    FB_RETURN_IF_ERROR(forward_rows(rs, &ro));
+    ++counters_.replay_rows;
+  }
+  history_.push_back(anchor);
+  for (int64_t i = 1; i <= a; ++i) history_.push_back(d.ids[size_t(i)]);
+  FB_RETURN_IF_ERROR(commit_taps(p + 1, o.taps.data(), a + 1));
+  tap_.assign(o.taps.begin() + a * tap_w_, o.taps.begin() + (a + 1) * tap_w_);
+  for (int64_t i = 1; i <= a; ++i) {
+    out->push_back(d.ids[size_t(i)]);
+    if (lp && top_n >= 0) lp->push_back(token_logprob(&o.logits[size_t((i - 1) * vocab_)], vocab_, d.ids[size_t(i)], top_n));
+  }
+  out->push_back(t_next);
+  if (lp && top_n >= 0) lp->push_back(token_logprob(last, vocab_, t_next, top_n));
+  pending_token_ = t_next;
+  pending_ = true;
+  have_logits_ = false;
+  ++counters_.steps;
+  counters_.proposals += L;
+  counters_.accepted += a;
+  counters_.verify_rows += L + 1;
+  ++counters_.accepted_hist[size_t(a)];
+  counters_.draft_s += t1 - t0;
+  counters_.verify_s += t2 - t1;
+  return Status();
+}
+
+}  // namespace fb::engine

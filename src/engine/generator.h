@@ -1,0 +1,94 @@
+// Generator: token-level generation for one sequence on a model::Executor: chunked prefill (with
+// prefix reuse of the session's cache), plain decode, and the DSpark greedy loop of spec/13
+// §5-6.1 (draft a block, verify anchor + drafts in ONE step of kDecode rows, accept the prefix,
+// roll the target back, commit accepted tap rows to the draft rings). No tokenizer, no threads:
+// the Engine drives it. Invariant: with greedy sampling the emitted ids are the same with DSpark
+// on or off (verify rows use decode arithmetic; acceptance uses argmax with lowest-id ties).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/sampler.h"
+#include "model/executor.h"
+
+namespace fb::engine {
+
+struct GeneratorOptions {
+  int prefill_chunk = 256;  // rows per prefill step
+  bool dspark = true;       // use the draft loop for greedy requests when the model has DSpark
+  int dspark_verify = -1;   // drafted rows verified per step (-1 = the block size)
+  int64_t max_context = 0;  // 0 = the model's max_position_embeddings
+};
+
+struct DsparkCounters {
+  int64_t steps = 0;          // draft + verify rounds
+  int64_t proposals = 0;      // drafted tokens offered to verification
+  int64_t accepted = 0;       // drafted tokens accepted
+  int64_t verify_rows = 0;    // target rows run by verification (anchor included)
+  int64_t replay_rows = 0;    // kept rows re-run after a rollback (CPU cache workaround)
+  std::vector<int64_t> accepted_hist;  // [B + 1] rounds that accepted a drafts
+  double draft_s = 0, verify_s = 0;
+};
+
+class Generator {
+ public:
+  Generator(model::Executor& ex, GeneratorOptions opt);
+
+  // Prepares the session for `prompt`: keeps the longest common prefix the cache can roll back
+  // to, prefills the rest in chunks. progress(done, total) after each chunk; returning false
+  // cancels (kCancelled). Errors: empty prompt, id outside the vocabulary, context overflow.
+  Status prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress = {});
+  // Emits the next tokens (1 for plain decode, 1..B+1 for a DSpark round) into *out, with raw
+  // logprobs into *logprobs when top_n >= 0. At the context limit returns kResourceExhausted.
+  Status next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* logprobs = nullptr,
+              int top_n = -1);
+
+  // Positions the next emitted token will occupy / may occupy at most.
+  int64_t n_generated_pos() const { return int64_t(history_.size()) + (pending_ ? 1 : 0); }
+  int64_t max_context() const { return max_context_; }
+  int64_t reused_tokens() const { return reused_; }
+  // Fresh cache (drops prefix reuse).
+  void reset();
+  // Common prefix of the cached history and `prompt` that prefill() would keep (a hint for
+  // choosing among several generators).
+  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  const DsparkCounters& counters() const { return counters_; }
+  bool dspark_available() const { return dspark_ok_; }
+
+ private:
+  Status forward_rows(const model::Step& st, model::StepOutput* out);
+  // Tap rows of committed positions go to the draft rings and to a short history (re-seeding
+  // the rings after a prefix-reuse rollback).
+  Status commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
+  void remember_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
+  Status plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  Status dspark_step(std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+
+  model::Executor* ex_;
+  GeneratorOptions opt_;
+  std::unique_ptr<model::SessionState> session_;
+  std::vector<model::SessionState*> sess_;
+  int64_t vocab_ = 0, tap_w_ = 0, window_ = 0, max_context_ = 0;
+  int block_ = 0;
+  bool dspark_ok_ = false;       // the model has draft stages and the option is on
+  std::vector<int32_t> history_; // token at every cached position
+  // After prefill: logits_ predict position history_.size(). After an emission: pending_ holds
+  // the last emitted token, not yet fed; tap_ is the tap row of the last cached position.
+  std::vector<float> logits_;
+  bool have_logits_ = false;
+  bool pending_ = false;
+  int32_t pending_token_ = 0;
+  std::vector<uint16_t> tap_;
+  std::vector<uint16_t> tap_hist_;     // bf16 [window + 16, tap_w], slot = pos % slots
+  std::vector<int64_t> tap_hist_pos_;  // position held by each slot, -1 none
+  int64_t reused_ = 0;
+  DsparkCounters counters_;
+};
+
+}  // namespace fb::engine

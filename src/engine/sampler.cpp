@@ -1,0 +1,176 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace fb::engine {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Descending by value, ties to the lower id: the one order every truncation step uses.
+struct ByValueDesc {
+  const std::vector<double>* v;
+  const std::vector<int32_t>* ids;
+  bool operator()(size_t a, size_t b) const {
+    if ((*v)[a] != (*v)[b]) return (*v)[a] > (*v)[b];
+    return (*ids)[a] < (*ids)[b];
+  }
+};
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+uint64_t Rng::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+
+int32_t argmax(const float* x, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  return int32_t(best < 0 ? 0 : best);
+}
+
+Candidates sampling_distribution(const float* logits, int64_t n, const SamplingParams& p) {
+  Candidates c;
+  if (p.greedy()) {
+    c.ids = {argmax(logits, n)};
+    c.probs = {1.0};
+    return c;
+  }
+  // Step 4: temperature (fp32 logits, the scaled values kept in double for the softmax).
+  std::vector<double> z;
+  z.reserve(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i]) || logits[i] == -INFINITY) continue;
+    c.ids.push_back(int32_t(i));
+    z.push_back(double(logits[i]) / double(p.temperature));
+  }
+  if (c.ids.empty()) {  // every logit masked: fall back to argmax rather than divide by zero
+    c.ids = {argmax(logits, n)};
+    c.probs = {1.0};
+    return c;
+  }
+  std::vector<size_t> order(c.ids.size());
+  std::iota(order.begin(), order.end(), 0);
+  bool sorted = false;
+  auto apply_order = [&](size_t keep) {
+    std::vector<int32_t> ids(keep);
+    std::vector<double> zz(keep);
+    for (size_t i = 0; i < keep; ++i) {
+      ids[i] = c.ids[order[i]];
+      zz[i] = z[order[i]];
+    }
+    c.ids = std::move(ids);
+    z = std::move(zz);
+    order.resize(keep);
+    std::iota(order.begin(), order.end(), 0);
+  };
+  // Step 5: top-k.
+  if (p.top_k > 0 && size_t(p.top_k) < c.ids.size()) {
+    const size_t k = size_t(p.top_k);
+    std::partial_sort(order.begin(), order.begin() + ptrdiff_t(k), order.end(), ByValueDesc{&z, &c.ids});
+    apply_order(k);
+    sorted = true;
+  }
+  // Step 6: softmax.
+  const double zmax = *std::max_element(z.begin(), z.end());
+  double sum = 0;
+  for (double& v : z) sum += (v = std::exp(v - zmax));
+  for (double& v : z) v /= sum;
+  // Step 7: top-p, shortest descending prefix with mass >= top_p (the first always kept).
+  if (p.top_p > 0.0f && p.top_p < 1.0f) {
+    if (!sorted) {
+      std::sort(order.begin(), order.end(), ByValueDesc{&z, &c.ids});
+      apply_order(order.size());
+      sorted = true;
+    }
+    double acc = 0;
+    size_t keep = 0;
+    while (keep < z.size()) {
+      acc += z[keep++];
+      if (acc >= double(p.top_p)) break;
+    }
+    order.resize(keep);
+    apply_order(keep);
+  }
+  // Step 8: min-p relative to the most likely kept token.
+  if (p.min_p > 0.0f) {
+    const double pmax = *std::max_element(z.begin(), z.end());
+    std::vector<int32_t> ids;
+    std::vector<double> zz;
+    for (size_t i = 0; i < z.size(); ++i)
+      if (z[i] >= double(p.min_p) * pmax) {
+        ids.push_back(c.ids[i]);
+        zz.push_back(z[i]);
+      }
+    c.ids = std::move(ids);
+    z = std::move(zz);
+  }
+  // Step 9: renormalise.
+  sum = std::accumulate(z.begin(), z.end(), 0.0);
+  for (double& v : z) v /= sum;
+  c.probs = std::move(z);
+  return c;
+}
+
+int32_t sample(const float* logits, int64_t n, const SamplingParams& p, Rng& rng) {
+  if (p.greedy()) return argmax(logits, n);
+  const Candidates c = sampling_distribution(logits, n, p);
+  const double u = rng.uniform();
+  double acc = 0;
+  for (size_t i = 0; i < c.ids.size(); ++i) {
+    acc += c.probs[i];
+    if (u < acc) return c.ids[i];
+  }
+  return c.ids.back();  // rounding left u above the last partial sum
+}
+
+TokenLogprob token_logprob(const float* logits, int64_t n, int32_t id, int top_n) {
+  TokenLogprob t;
+  t.id = id;
+  double zmax = -INFINITY;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(logits[i])) zmax = std::max(zmax, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(logits[i])) sum += std::exp(double(logits[i]) - zmax);
+  const double lse = zmax + std::log(sum);
+  t.logprob = double(logits[id]) - lse;
+  if (top_n > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min<size_t>(size_t(top_n), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
+      if (logits[a] != logits[b]) return logits[a] > logits[b];
+      return a < b;
+    });
+    for (size_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], double(logits[ids[i]]) - lse);
+  }
+  return t;
+}
+
+}  // namespace fb::engine
