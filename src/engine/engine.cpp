@@ -1,0 +1,317 @@
+#include "engine/engine.h"
+
+#include <chrono>
+#include <random>
+
+#include "base/log.h"
+#include "engine/stop_strings.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace fb::engine {
+
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kStopString: return "stop_string";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kToolCalls: return "tool_calls";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "stop";
+}
+
+EventSink EventQueue::sink() {
+  std::shared_ptr<State> st = st_;
+  return [st](const Event& e) {
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      st->q.push_back(e);
+    }
+    st->cv.notify_one();
+  };
+}
+
+bool EventQueue::pop(Event* e, int timeout_ms) {
+  std::unique_lock<std::mutex> l(st_->mu);
+  if (!st_->cv.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return !st_->q.empty(); })) return false;
+  *e = std::move(st_->q.front());
+  st_->q.pop_front();
+  return true;
+}
+
+Engine::Engine(std::unique_ptr<model::Executor> ex, const tokenizer::Tokenizer& tok, EngineOptions opt)
+    : ex_(std::move(ex)), tok_(&tok), opt_(opt) {
+  if (opt_.max_sessions < 1) opt_.max_sessions = 1;
+  // One generator up front so max_context and DSpark availability are known.
+  gens_.push_back(std::make_unique<Generator>(*ex_, opt_.generator));
+  gen_last_use_.push_back(0);
+  max_context_ = gens_[0]->max_context();
+  stats_.dspark.accepted_hist.assign(size_t(std::max(0, ex_->config().dspark_block_size) + 1), 0);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    for (auto& [id, flag] : live_) flag->store(true);
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Result<uint64_t> Engine::submit(Request req, EventSink sink) {
+  const int64_t V = ex_->config().vocab_size;
+  if (req.prompt.empty()) return FB_ERROR(kInvalidArgument) << "empty prompt";
+  for (int32_t id : req.prompt)
+    if (id < 0 || id >= V)
+      return FB_ERROR(kInvalidArgument) << "prompt token id " << id << " is outside the model's vocabulary of " << V
+                                        << " (does the tokenizer belong to this model?)";
+  if (int64_t(req.prompt.size()) >= max_context_)
+    return FB_ERROR(kResourceExhausted) << "the prompt has " << req.prompt.size() << " tokens but the context holds " << max_context_
+                                        << " (prompt plus at least one generated token)";
+  if (req.max_tokens < 1) return FB_ERROR(kInvalidArgument) << "max_tokens must be at least 1";
+  if (req.logprobs > 20) return FB_ERROR(kInvalidArgument) << "at most 20 top logprobs";
+  if (req.sampling.top_p <= 0 || req.sampling.top_p > 1) return FB_ERROR(kInvalidArgument) << "top_p must be in (0, 1]";
+  if (req.sampling.min_p < 0 || req.sampling.min_p > 1) return FB_ERROR(kInvalidArgument) << "min_p must be in [0, 1]";
+  if (req.sampling.top_k < 0) return FB_ERROR(kInvalidArgument) << "top_k must be >= 0";
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_) return FB_ERROR(kCancelled) << "the engine is shutting down";
+  if (int64_t(queue_.size()) >= opt_.max_queue) return FB_ERROR(kResourceExhausted) << "request queue is full (" << opt_.max_queue << ")";
+  Job j;
+  j.id = next_id_++;
+  j.req = std::move(req);
+  j.sink = std::move(sink);
+  j.cancelled = std::make_shared<std::atomic<bool>>(false);
+  live_[j.id] = j.cancelled;
+  const uint64_t id = j.id;
+  queue_.push_back(std::move(j));
+  ++stats_.requests_total;
+  stats_.queue_depth = int64_t(queue_.size());
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(id);
+  if (it != live_.end()) it->second->store(true);
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+void Engine::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      stats_.queue_depth = int64_t(queue_.size());
+      stats_.active = 1;
+    }
+    run(job);
+    std::lock_guard<std::mutex> l(mu_);
+    live_.erase(job.id);
+    stats_.active = 0;
+  }
+}
+
+Generator& Engine::pick_generator(const std::vector<int32_t>& prompt) {
+  size_t best = 0;
+  int64_t best_len = -1;
+  for (size_t i = 0; i < gens_.size(); ++i) {
+    const int64_t c = gens_[i]->reusable_prefix(prompt);
+    if (c > best_len) {
+      best_len = c;
+      best = i;
+    }
+  }
+  if (best_len <= 0 && int(gens_.size()) < opt_.max_sessions) {
+    gens_.push_back(std::make_unique<Generator>(*ex_, opt_.generator));
+    gen_last_use_.push_back(0);
+    best = gens_.size() - 1;
+  } else if (best_len <= 0) {
+    best = size_t(std::min_element(gen_last_use_.begin(), gen_last_use_.end()) - gen_last_use_.begin());
+  }
+  gen_last_use_[best] = ++use_clock_;
+  return *gens_[best];
+}
+
+void Engine::run(Job& job) {
+  const Request& req = job.req;
+  auto send = [&](Event e) { job.sink(e); };
+  auto fail = [&](const Status& s) {
+    Event e;
+    e.kind = Event::Kind::kError;
+    e.status = s;
+    send(std::move(e));
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.requests_failed;
+  };
+  Event done;
+  done.kind = Event::Kind::kDone;
+  done.usage.prompt_tokens = int64_t(req.prompt.size());
+  auto finish_cancelled = [&] {
+    done.finish = FinishReason::kCancelled;
+    send(done);
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.requests_cancelled;
+  };
+  if (job.cancelled->load()) return finish_cancelled();
+
+  Generator& gen = pick_generator(req.prompt);
+  const DsparkCounters before = gen.counters();
+  const double t0 = now_s();
+  Status s = gen.prefill(req.prompt, [&](int64_t d, int64_t t) {
+    Event e;
+    e.kind = Event::Kind::kPrefill;
+    e.done = d;
+    e.total = t;
+    send(std::move(e));
+    return !job.cancelled->load();
+  });
+  const double t1 = now_s();
+  if (s.code() == StatusCode::kCancelled) return finish_cancelled();
+  if (!s.ok()) return fail(s);
+  done.usage.cached_tokens = gen.reused_tokens();
+
+  tokenizer::StreamDecoder dec(*tok_);
+  tokenizer::OutputParser parser(req.thinking);
+  StopStrings stops(req.stop);
+  Rng rng(req.sampling.seed ? *req.sampling.seed : std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32));
+  bool in_reasoning = req.thinking, saw_call = false, finished = false;
+  FinishReason reason = FinishReason::kStop;
+
+  // Routes parser events to the sink; answer text goes through the stop strings first.
+  auto route = [&](std::vector<tokenizer::OutputEvent> evs) {
+    for (auto& oe : evs) {
+      if (stops.stopped()) return;
+      Event e;
+      if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
+        if (oe.text.empty()) continue;
+        e.kind = Event::Kind::kReasoning;
+        e.text = std::move(oe.text);
+      } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
+        in_reasoning = false;
+        e.kind = Event::Kind::kText;
+        e.text = stops.feed(oe.text);
+        if (stops.stopped()) {
+          reason = FinishReason::kStopString;
+          finished = true;
+          done.stop_matched = stops.matched();
+        }
+        if (e.text.empty()) continue;
+      } else {
+        in_reasoning = false;
+        saw_call = true;
+        e.kind = Event::Kind::kToolCall;
+        e.call = std::move(oe.call);
+      }
+      send(std::move(e));
+    }
+  };
+
+  std::vector<int32_t> toks;
+  std::vector<TokenLogprob> lps;
+  const int64_t eos = ex_->config().eos_token_id;
+  while (!finished) {
+    if (job.cancelled->load()) {
+      reason = FinishReason::kCancelled;
+      break;
+    }
+    toks.clear();
+    lps.clear();
+    Status st = gen.next(req.sampling, rng, &toks, &lps, req.logprobs);
+    if (st.code() == StatusCode::kResourceExhausted) {  // context limit
+      reason = FinishReason::kLength;
+      break;
+    }
+    if (!st.ok()) {
+      fail(st);
+      return;
+    }
+    // spec/13 §6.4: scan a DSpark block in order; the first stop ends the request there.
+    for (size_t i = 0; i < toks.size() && !finished; ++i) {
+      const int32_t t = toks[i];
+      ++done.usage.completion_tokens;
+      if (in_reasoning) ++done.usage.reasoning_tokens;
+      if (req.logprobs >= 0 && i < lps.size()) {
+        Event e;
+        e.kind = Event::Kind::kLogprob;
+        auto info = [&](int32_t id, double lp) {
+          TokenInfo ti;
+          ti.id = id;
+          ti.bytes = tok_->is_valid_id(id) ? tok_->token_bytes(id) : std::string();
+          const int32_t one[1] = {id};
+          ti.text = tok_->is_valid_id(id) ? tok_->decode(one) : std::string();
+          ti.logprob = lp;
+          return ti;
+        };
+        e.token = info(t, lps[i].logprob);
+        for (auto& [id, lp] : lps[i].top) e.token.top.push_back(info(id, lp));
+        send(std::move(e));
+      }
+      if (t == eos) {
+        reason = FinishReason::kStop;
+        finished = true;
+        break;
+      }
+      route(parser.feed(tok_->is_valid_id(t) ? dec.push(t) : std::string()));
+      if (finished) break;
+      if (done.usage.completion_tokens >= req.max_tokens) {
+        reason = FinishReason::kLength;
+        finished = true;
+      }
+    }
+  }
+  if (reason != FinishReason::kStopString && reason != FinishReason::kCancelled) {
+    route(parser.feed(dec.finish()));
+    route(parser.finish());
+    if (!stops.stopped()) {
+      std::string tail = stops.finish();
+      if (!tail.empty()) {
+        Event e;
+        e.kind = Event::Kind::kText;
+        e.text = std::move(tail);
+        send(std::move(e));
+      }
+    } else {
+      reason = FinishReason::kStopString;
+    }
+  }
+  if (reason == FinishReason::kStop && saw_call) reason = FinishReason::kToolCalls;
+  const double t2 = now_s();
+  done.finish = reason;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.prompt_tokens += done.usage.prompt_tokens;
+    stats_.cached_tokens += done.usage.cached_tokens;
+    stats_.generated_tokens += done.usage.completion_tokens;
+    stats_.prefill_s += t1 - t0;
+    stats_.decode_s += t2 - t1;
+    const DsparkCounters& c = gen.counters();
+    stats_.dspark.steps += c.steps - before.steps;
+    stats_.dspark.proposals += c.proposals - before.proposals;
+    stats_.dspark.accepted += c.accepted - before.accepted;
+    stats_.dspark.verify_rows += c.verify_rows - before.verify_rows;
+    stats_.dspark.replay_rows += c.replay_rows - before.replay_rows;
+    stats_.dspark.draft_s += c.draft_s - before.draft_s;
+    stats_.dspark.verify_s += c.verify_s - before.verify_s;
+    for (size_t i = 0; i < c.accepted_hist.size() && i < stats_.dspark.accepted_hist.size(); ++i)
+      stats_.dspark.accepted_hist[i] += c.accepted_hist[i] - before.accepted_hist[i];
+    if (reason == FinishReason::kCancelled) ++stats_.requests_cancelled;
+  }
+  send(done);
+}
+
+}  // namespace fb::engine

@@ -1,0 +1,152 @@
+// Engine: the one thread that owns the Executor and every session (DESIGN-AHEAD item 5). Callers
+// (server, CLI, benchmarks) talk to it through a narrow interface: submit(Request, sink) puts
+// token ids in; events come out (prefill progress, reasoning and answer text, tool calls,
+// logprobs, then exactly one terminal Done or Error). Cancellation is a message. One active
+// generation at a time (a FIFO queue); several cached sessions give prefix reuse across turns.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "model/executor.h"
+#include "tokenizer/output_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fb::engine {
+
+struct Request {
+  std::vector<int32_t> prompt;       // rendered and tokenized by the caller
+  SamplingParams sampling;
+  int64_t max_tokens = 8192;         // generated tokens (reasoning + answer + calls)
+  std::vector<std::string> stop;     // stop strings, matched on answer text
+  int logprobs = -1;                 // -1 off; n >= 0: raw logprob of each token plus top n
+  bool thinking = false;             // the prompt ends in <think>: output starts as reasoning
+};
+
+enum class FinishReason { kStop, kStopString, kLength, kToolCalls, kCancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "stop_string", "length", ...
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens reused from a cached session
+};
+
+struct TokenInfo {
+  int32_t id = 0;
+  std::string text;   // lossy UTF-8 of the token alone
+  std::string bytes;  // raw bytes
+  double logprob = 0;
+  std::vector<TokenInfo> top;
+};
+
+struct Event {
+  enum class Kind { kPrefill, kReasoning, kText, kToolCall, kLogprob, kDone, kError };
+  Kind kind = Kind::kText;
+  std::string text;                  // kReasoning, kText
+  tokenizer::ParsedToolCall call;    // kToolCall
+  int64_t done = 0, total = 0;       // kPrefill: prompt rows prefilled so far / to prefill
+  TokenInfo token;                   // kLogprob
+  FinishReason finish = FinishReason::kStop;  // kDone
+  std::string stop_matched;          // kDone with kStopString
+  Usage usage;                       // kDone
+  Status status;                     // kError
+};
+
+// Called on the engine thread, in order; must return quickly (copy into a queue).
+using EventSink = std::function<void(const Event&)>;
+
+struct EngineOptions {
+  GeneratorOptions generator;
+  int max_sessions = 2;   // cached sessions (prefix reuse); each holds a full KV cache
+  int max_queue = 64;     // waiting requests before submit() refuses (kResourceExhausted)
+};
+
+struct EngineStats {
+  int64_t requests_total = 0, requests_failed = 0, requests_cancelled = 0;
+  int64_t queue_depth = 0, active = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+  DsparkCounters dspark;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<model::Executor> ex, const tokenizer::Tokenizer& tok, EngineOptions opt);
+  ~Engine();  // cancels everything still queued or running, joins the thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates (ids, context) and queues; the id names the request for cancel(). Errors here
+  // mean no event will ever be sent.
+  Result<uint64_t> submit(Request req, EventSink sink);
+  // The request ends with a Done(kCancelled) event soon after (or never starts).
+  void cancel(uint64_t id);
+
+  EngineStats stats() const;
+  const model::Config& config() const { return ex_->config(); }
+  const char* backend_name() const { return ex_->name(); }
+  int64_t max_context() const { return max_context_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
+
+ private:
+  struct Job {
+    uint64_t id = 0;
+    Request req;
+    EventSink sink;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+  };
+  void loop();
+  void run(Job& job);
+  Generator& pick_generator(const std::vector<int32_t>& prompt);
+
+  std::unique_ptr<model::Executor> ex_;
+  const tokenizer::Tokenizer* tok_;
+  EngineOptions opt_;
+  int64_t max_context_ = 0;
+  std::vector<std::unique_ptr<Generator>> gens_;  // engine thread only
+  std::vector<uint64_t> gen_last_use_;
+  uint64_t use_clock_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> live_;  // queued or running
+  uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+// A blocking queue adapter for callers that consume events on their own thread. The sink keeps
+// the state alive, so the queue may be destroyed before the engine stops calling it.
+class EventQueue {
+ public:
+  EventQueue() : st_(std::make_shared<State>()) {}
+  EventSink sink();
+  // Waits up to timeout_ms for the next event; false on timeout.
+  bool pop(Event* e, int timeout_ms);
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Event> q;
+  };
+  std::shared_ptr<State> st_;
+};
+
+}  // namespace fb::engine
