@@ -12,5 +12,6 @@ using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_check_fixture(CLI::App& app);
 Runner add_make_tiny(CLI::App& app);
+Runner add_bench(CLI::App& app);
 
 }  // namespace fb::cmd

@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
   app.add_subcommand("tokenize", "encode stdin with a tokenizer.json (or --decode ids); see --help of the subcommand");
 #endif
+#ifdef FB_HAVE_BENCH
+  reg("bench", "benchmark rows (CSV) next to the measured physical limits", fb::cmd::add_bench);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
