@@ -764,7 +764,7 @@ Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const s
   return ex.take_output();
 }
 
-void CpuModel::draft_commit(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const {
+void CpuModel::draft_commit_cpu(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const {
   const Config& c = cfg_;
   const int64_t D = c.dim, hd = c.head_dim, G = int64_t(c.dspark_target_layer_ids.size()) * D;
   std::vector<bf16_t> a(static_cast<size_t>(D)), mx(static_cast<size_t>(D)), kv(static_cast<size_t>(hd));
@@ -786,8 +786,8 @@ void CpuModel::draft_commit(SessionCache& s, int64_t first_pos, const uint16_t* 
   }
 }
 
-DraftOutput CpuModel::draft(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const {
-  draft_commit(s, p, tap_row, 1);
+DraftOutput CpuModel::draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const {
+  draft_commit_cpu(s, p, tap_row, 1);
   CpuDraftStep ex(*this, s, anchor, p);
   model::run_draft(ex, cfg_);
   return ex.take_output();

@@ -34,11 +34,11 @@ class CpuModel final : public model::Executor {
   Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
                                     Taps* taps = nullptr) override;
   Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override {
-    draft_commit(static_cast<SessionCache&>(s), first_pos, tap_rows, n);
+    draft_commit_cpu(static_cast<SessionCache&>(s), first_pos, tap_rows, n);
     return Status();
   }
   Result<DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override {
-    return draft(static_cast<SessionCache&>(s), anchor, tap_row, p);
+    return draft_cpu(static_cast<SessionCache&>(s), anchor, tap_row, p);
   }
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
@@ -53,9 +53,9 @@ class CpuModel final : public model::Executor {
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
-  void draft_commit(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const;
+  void draft_commit_cpu(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const;
   // The reference's forward_spec(anchor, g(p), p): writes ring slot p from tap_row, then drafts.
-  DraftOutput draft(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const;
+  DraftOutput draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const;
 
  private:
   friend class CpuLayerOps;
