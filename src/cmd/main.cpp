@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
 #ifdef FB_HAVE_BENCH
   reg("bench", "benchmark rows (CSV) next to the measured physical limits", fb::cmd::add_bench);
 #endif
+#ifdef FB_HAVE_SERVER
+  reg("serve", "OpenAI- and Anthropic-compatible HTTP server", fb::cmd::add_serve);
+  reg("chat", "interactive multi-turn chat (/reset, /save FILE, /quit)", fb::cmd::add_chat);
+  reg("run", "answer one prompt (-p) and exit", fb::cmd::add_run);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,75 @@
+#include "cmd/engine_setup.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "base/mapped_file.h"
+#include "engine/executor_factory.h"
+#include "engine/scripted_executor.h"
+
+namespace fb::cmd {
+
+namespace fs = std::filesystem;
+
+void EngineSetup::add_flags(CLI::App& app) {
+  app.add_option("--model", model_dir, "model folder (default: the built-in tiny model, tiny-model/)");
+  app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--no-dspark", no_dspark, "disable DSpark speculative decoding");
+  app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill step");
+  app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");
+  app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
+}
+
+Result<LoadedEngine> load_engine(const EngineSetup& s) {
+  LoadedEngine le;
+  std::string dir = s.model_dir;
+  if (dir.empty() && s.scripted_output.empty()) {
+    for (const std::string cand : {std::string("tiny-model"), std::string(FB_SOURCE_DIR) + "/tiny-model"})
+      if (fs::exists(fs::path(cand) / "config.json")) {
+        dir = cand;
+        break;
+      }
+    if (dir.empty())
+      return FB_ERROR(kNotFound) << "no model given and the built-in tiny model is missing; create it with\n"
+                                 << "  flashbox make-tiny --out tiny-model\n"
+                                 << "or pass --model DIR (a DeepSeek-V4.1-Flash snapshot)";
+  }
+  if (!dir.empty() && !fs::exists(fs::path(dir) / "config.json"))
+    return FB_ERROR(kNotFound) << dir << " holds no config.json (pass --model with a model folder, or run flashbox make-tiny --out tiny-model)";
+  std::string tok_path = std::string(FB_SOURCE_DIR) + "/assets/tokenizer/tokenizer.json";
+  if (!dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json")) tok_path = (fs::path(dir) / "tokenizer.json").string();
+  auto tok = tokenizer::Tokenizer::load(tok_path);
+  if (!tok.ok()) return tok.status().with_context("loading the tokenizer " + tok_path);
+  le.tok = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
+
+  std::unique_ptr<model::Executor> ex;
+  if (!s.scripted_output.empty()) {
+    std::string text = FB_TRY(read_file_bytes(s.scripted_output));
+    std::vector<std::vector<int32_t>> scripts;
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("outputs") && j["outputs"].is_array()) {
+      for (auto& o : j["outputs"])
+        if (o.is_string()) scripts.push_back(le.tok->encode(o.get<std::string>()));
+    } else {
+      scripts.push_back(le.tok->encode(text));
+    }
+    ex = std::make_unique<engine::ScriptedExecutor>(le.tok->vocab_size(), std::move(scripts), s.max_context > 0 ? s.max_context : 65536);
+    le.model_name = "scripted";
+  } else {
+    ex = FB_TRY(engine::make_executor(s.backend, dir));
+    le.model_name = fs::path(dir).filename().string();
+    if (le.model_name.empty()) le.model_name = fs::path(dir).parent_path().filename().string();
+    if (ex->config().vocab_size < le.tok->vocab_size())
+      FB_LOG(kWarn) << "the model's vocabulary (" << ex->config().vocab_size << ") is smaller than the tokenizer's ("
+                    << le.tok->vocab_size() << "): prompts with ids beyond it are rejected";
+  }
+  engine::EngineOptions eo;
+  eo.generator.dspark = !s.no_dspark;
+  eo.generator.prefill_chunk = s.prefill_chunk;
+  eo.generator.max_context = s.max_context;
+  le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);
+  return le;
+}
+
+}  // namespace fb::cmd

@@ -1,0 +1,33 @@
+// Shared setup of serve/chat/run: model folder (default: the built-in tiny model), tokenizer
+// (DIR/tokenizer.json, else the V4.1-equivalent asset), backend, engine options.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace fb::cmd {
+
+struct EngineSetup {
+  std::string model_dir;          // empty: tiny-model/ in the working or source directory
+  std::string backend = "cpu";
+  bool no_dspark = false;
+  int prefill_chunk = 256;
+  int64_t max_context = 0;
+  std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
+  void add_flags(CLI::App& app);
+};
+
+struct LoadedEngine {
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<engine::Engine> engine;
+  std::string model_name;
+};
+
+// Errors carry a message telling the user what to do (e.g. run make-tiny).
+Result<LoadedEngine> load_engine(const EngineSetup& s);
+
+}  // namespace fb::cmd

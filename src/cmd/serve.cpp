@@ -1,0 +1,32 @@
+// flashbox serve: the HTTP server on one engine (issue 8).
+#include "cmd/commands.h"
+#include "cmd/engine_setup.h"
+#include "server/server.h"
+
+namespace fb::cmd {
+
+Runner add_serve(CLI::App& app) {
+  auto setup = std::make_shared<EngineSetup>();
+  auto opt = std::make_shared<server::ServerOptions>();
+  setup->add_flags(app);
+  app.add_option("--host", opt->host, "address to listen on");
+  app.add_option("--port", opt->port, "port");
+  app.add_option("--api-key", opt->api_key, "require this key (Authorization: Bearer KEY or x-api-key)");
+  app.add_option("--served-model-name", opt->model_name, "model id reported by /v1/models");
+  app.add_option("--max-body-bytes", opt->max_body_bytes, "larger request bodies get 413");
+  return [setup, opt] {
+    auto le = load_engine(*setup);
+    if (!le.ok()) {
+      std::fprintf(stderr, "flashbox serve: %s\n", le.status().message().c_str());
+      return 2;
+    }
+    Status s = server::serve(*le->engine, *opt);
+    if (!s.ok()) {
+      std::fprintf(stderr, "flashbox serve: %s\n", s.message().c_str());
+      return 1;
+    }
+    return 0;
+  };
+}
+
+}  // namespace fb::cmd

@@ -1,0 +1,430 @@
+#include "server/request_parse.h"
+
+#include <algorithm>
+
+#include "tokenizer/prompt_encoder.h"
+
+namespace fb::server {
+
+namespace {
+
+using tokenizer::Message;
+
+Status type_error(const char* key, const char* want) { return FB_ERROR(kInvalidArgument) << "'" << key << "' must be " << want; }
+
+// Optional typed fields: absent or null keeps *out; a wrong type is a 400 naming the field.
+Status opt_number(const ojson& b, const char* key, double* out) {
+  if (!b.contains(key) || b[key].is_null()) return Status();
+  if (!b[key].is_number()) return type_error(key, "a number");
+  *out = b[key].get<double>();
+  return Status();
+}
+Status opt_int(const ojson& b, const char* key, int64_t* out) {
+  if (!b.contains(key) || b[key].is_null()) return Status();
+  if (!b[key].is_number_integer()) return type_error(key, "an integer");
+  *out = b[key].get<int64_t>();
+  return Status();
+}
+Status opt_bool(const ojson& b, const char* key, bool* out) {
+  if (!b.contains(key) || b[key].is_null()) return Status();
+  if (!b[key].is_boolean()) return type_error(key, "a boolean");
+  *out = b[key].get<bool>();
+  return Status();
+}
+Status opt_string(const ojson& b, const char* key, std::string* out) {
+  if (!b.contains(key) || b[key].is_null()) return Status();
+  if (!b[key].is_string()) return type_error(key, "a string");
+  *out = b[key].get<std::string>();
+  return Status();
+}
+
+struct Thinking {
+  bool on = true;  // spec/16 §1: thinking on by default
+  int effort = 75;
+};
+
+Status apply_effort(const ojson& v, Thinking* t, const char* key) {
+  std::string name;
+  if (v.is_string()) name = v.get<std::string>();
+  else if (v.is_number_integer()) name = std::to_string(v.get<int64_t>());
+  else return type_error(key, "a string or an integer");
+  auto e = tokenizer::effort_from_api_name(name);
+  if (!e.ok()) return e.status();
+  if (!e->has_value()) {
+    t->on = false;
+  } else {
+    t->on = true;
+    t->effort = **e;
+  }
+  return Status();
+}
+
+// DeepSeek `thinking: {type}`, reasoning_effort, chat_template_kwargs, model aliases.
+Status parse_thinking(const ojson& b, const std::string& model, Thinking* t) {
+  if (model == "deepseek-chat") t->on = false;
+  if (model == "deepseek-reasoner") t->on = true;
+  if (b.contains("thinking") && !b["thinking"].is_null()) {
+    const ojson& th = b["thinking"];
+    if (th.is_boolean()) t->on = th.get<bool>();
+    else if (th.is_object() && th.contains("type") && th["type"].is_string()) {
+      const std::string ty = th["type"].get<std::string>();
+      if (ty == "enabled") t->on = true;
+      else if (ty == "disabled") t->on = false;
+      else return FB_ERROR(kInvalidArgument) << "'thinking.type' must be \"enabled\" or \"disabled\"";
+    } else {
+      return type_error("thinking", "an object {\"type\": \"enabled\"|\"disabled\"}");
+    }
+  }
+  if (b.contains("think") && !b["think"].is_null()) FB_RETURN_IF_ERROR(opt_bool(b, "think", &t->on));
+  if (b.contains("reasoning_effort") && !b["reasoning_effort"].is_null()) FB_RETURN_IF_ERROR(apply_effort(b["reasoning_effort"], t, "reasoning_effort"));
+  if (b.contains("chat_template_kwargs") && !b["chat_template_kwargs"].is_null()) {
+    const ojson& k = b["chat_template_kwargs"];
+    if (!k.is_object()) return type_error("chat_template_kwargs", "an object");
+    for (const char* key : {"thinking", "enable_thinking"}) FB_RETURN_IF_ERROR(opt_bool(k, key, &t->on));
+    if (k.contains("reasoning_effort") && !k["reasoning_effort"].is_null()) FB_RETURN_IF_ERROR(apply_effort(k["reasoning_effort"], t, "reasoning_effort"));
+  }
+  return Status();
+}
+
+Status parse_sampling(const ojson& b, Endpoint ep, ParsedRequest* pr) {
+  engine::SamplingParams& s = pr->req.sampling;
+  double temperature = 1.0, top_p = 0.95, min_p = 0;  // spec/16 §1 defaults, applied explicitly
+  int64_t top_k = 0, seed = -1;
+  FB_RETURN_IF_ERROR(opt_number(b, "temperature", &temperature));
+  FB_RETURN_IF_ERROR(opt_number(b, "top_p", &top_p));
+  FB_RETURN_IF_ERROR(opt_number(b, "min_p", &min_p));
+  FB_RETURN_IF_ERROR(opt_int(b, "top_k", &top_k));
+  FB_RETURN_IF_ERROR(opt_int(b, "seed", &seed));
+  if (temperature < 0 || temperature > 2) return FB_ERROR(kInvalidArgument) << "'temperature' must be in [0, 2]";
+  if (top_p <= 0 || top_p > 1) return FB_ERROR(kInvalidArgument) << "'top_p' must be in (0, 1]";
+  if (min_p < 0 || min_p > 1) return FB_ERROR(kInvalidArgument) << "'min_p' must be in [0, 1]";
+  if (top_k < 0 || top_k > (int64_t(1) << 20)) return FB_ERROR(kInvalidArgument) << "'top_k' must be >= 0";
+  s.temperature = float(temperature);
+  s.top_p = float(top_p);
+  s.min_p = float(min_p);
+  s.top_k = int(top_k);
+  if (b.contains("seed") && !b["seed"].is_null()) s.seed = uint64_t(seed);
+
+  int64_t max_tokens = -1;
+  for (const char* key : {"max_tokens", "max_completion_tokens", "max_output_tokens"}) FB_RETURN_IF_ERROR(opt_int(b, key, &max_tokens));
+  if (ep == Endpoint::kMessages && max_tokens < 0) return FB_ERROR(kInvalidArgument) << "'max_tokens' is required";
+  if (b.contains("max_tokens") || b.contains("max_completion_tokens") || b.contains("max_output_tokens"))
+    if (max_tokens < 1) return FB_ERROR(kInvalidArgument) << "'max_tokens' must be at least 1";
+  pr->req.max_tokens = max_tokens;  // resolved against the context once the prompt is known
+
+  const char* stop_key = ep == Endpoint::kMessages ? "stop_sequences" : "stop";
+  if (b.contains(stop_key) && !b[stop_key].is_null()) {
+    const ojson& st = b[stop_key];
+    if (st.is_string()) {
+      pr->req.stop.push_back(st.get<std::string>());
+    } else if (st.is_array()) {
+      for (const auto& x : st) {
+        if (!x.is_string()) return type_error(stop_key, "a string or a list of strings");
+        pr->req.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return type_error(stop_key, "a string or a list of strings");
+    }
+    if (pr->req.stop.size() > 16) return FB_ERROR(kInvalidArgument) << "at most 16 stop sequences";
+  }
+  if (ep == Endpoint::kCompletions) {
+    int64_t lp = -1;
+    FB_RETURN_IF_ERROR(opt_int(b, "logprobs", &lp));
+    if (lp > 20) return FB_ERROR(kInvalidArgument) << "'logprobs' must be <= 20";
+    if (lp >= 0) {
+      pr->logprobs = true;
+      pr->top_logprobs = int(lp);
+    }
+  } else if (ep == Endpoint::kChat) {
+    FB_RETURN_IF_ERROR(opt_bool(b, "logprobs", &pr->logprobs));
+    int64_t top = 0;
+    FB_RETURN_IF_ERROR(opt_int(b, "top_logprobs", &top));
+    if (top < 0 || top > 20) return FB_ERROR(kInvalidArgument) << "'top_logprobs' must be in [0, 20]";
+    pr->top_logprobs = int(top);
+  }
+  pr->req.logprobs = pr->logprobs ? pr->top_logprobs : -1;
+  FB_RETURN_IF_ERROR(opt_bool(b, "stream", &pr->stream));
+  if (b.contains("stream_options") && b["stream_options"].is_object())
+    FB_RETURN_IF_ERROR(opt_bool(b["stream_options"], "include_usage", &pr->include_usage));
+  FB_RETURN_IF_ERROR(opt_bool(b, "parallel_tool_calls", &pr->parallel_tool_calls));
+  int64_t n = 1;
+  FB_RETURN_IF_ERROR(opt_int(b, "n", &n));
+  if (n != 1) return FB_ERROR(kUnsupported) << "'n' must be 1";
+  return Status();
+}
+
+// OpenAI tools [{type: function, function: {...}}] or bare function objects -> function objects.
+Result<ojson> function_tools(const ojson& tools, bool anthropic) {
+  if (!tools.is_array()) return type_error("tools", "a list");
+  ojson out = ojson::array();
+  for (const auto& t : tools) {
+    if (!t.is_object()) return type_error("tools", "a list of objects");
+    if (anthropic) {
+      if (!t.contains("name") || !t["name"].is_string()) return FB_ERROR(kInvalidArgument) << "every tool needs a string 'name'";
+      ojson f;
+      f["name"] = t["name"];
+      if (t.contains("description")) f["description"] = t["description"];
+      f["parameters"] = t.contains("input_schema") ? t["input_schema"] : ojson::object();
+      out.push_back(f);
+    } else {
+      const ojson& f = t.contains("function") ? t["function"] : t;
+      if (t.contains("type") && t["type"].is_string() && t["type"] != "function") continue;  // built-in tools: not ours
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+        return FB_ERROR(kInvalidArgument) << "every tool needs function.name";
+      ojson g;
+      g["name"] = f["name"];
+      if (f.contains("description")) g["description"] = f["description"];
+      if (f.contains("parameters")) g["parameters"] = f["parameters"];
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
+// tool_choice (spec/15 §8.5): none drops the tools; auto is the default; forcing is not
+// representable in the prompt format.
+Result<bool> tools_enabled(const ojson& b) {
+  if (!b.contains("tool_choice") || b["tool_choice"].is_null()) return true;
+  const ojson& tc = b["tool_choice"];
+  if (tc.is_string()) {
+    const std::string s = tc.get<std::string>();
+    if (s == "none") return false;
+    if (s == "auto") return true;
+    return FB_ERROR(kUnsupported) << "tool_choice '" << s << "' cannot be expressed in the V4.1 prompt format (use auto or none)";
+  }
+  if (tc.is_object() && tc.contains("type") && tc["type"].is_string()) {
+    const std::string s = tc["type"].get<std::string>();
+    if (s == "none") return false;
+    if (s == "auto") return true;
+  }
+  return FB_ERROR(kUnsupported) << "forcing a tool is not supported by the V4.1 prompt format (use tool_choice auto or none)";
+}
+
+std::string text_of_blocks(const ojson& content, const char* key) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string out;
+  if (!content.is_array()) return out;
+  for (const auto& b : content) {
+    if (b.is_string()) {
+      out += (out.empty() ? "" : "\n\n") + b.get<std::string>();
+      continue;
+    }
+    if (!b.is_object() || !b.contains(key) || !b[key].is_string()) continue;
+    out += (out.empty() ? "" : "\n\n") + b[key].get<std::string>();
+  }
+  return out;
+}
+
+// Anthropic messages -> OpenAI-style messages (spec/15 §9.3).
+Result<ojson> anthropic_messages(const ojson& b) {
+  ojson msgs = ojson::array();
+  if (b.contains("system") && !b["system"].is_null()) {
+    const ojson& s = b["system"];
+    if (!s.is_string() && !s.is_array()) return type_error("system", "a string or a list of text blocks");
+    const std::string text = text_of_blocks(s, "text");
+    if (!text.empty()) msgs.push_back({{"role", "system"}, {"content", text}});
+  }
+  if (!b.contains("messages") || !b["messages"].is_array()) return FB_ERROR(kInvalidArgument) << "'messages' must be a list";
+  for (size_t i = 0; i < b["messages"].size(); ++i) {
+    const ojson& m = b["messages"][i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return FB_ERROR(kInvalidArgument) << "messages[" << i << "] needs a string role";
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant") return FB_ERROR(kInvalidArgument) << "messages[" << i << "].role must be user or assistant";
+    if (!m.contains("content")) return FB_ERROR(kInvalidArgument) << "messages[" << i << "] needs content";
+    const ojson& c = m["content"];
+    if (c.is_string()) {
+      msgs.push_back({{"role", role}, {"content", c}});
+      continue;
+    }
+    if (!c.is_array()) return FB_ERROR(kInvalidArgument) << "messages[" << i << "].content must be a string or a list of blocks";
+    if (role == "user") {
+      std::string text;
+      for (const auto& blk : c) {
+        if (!blk.is_object() || !blk.contains("type") || !blk["type"].is_string())
+          return FB_ERROR(kInvalidArgument) << "messages[" << i << "].content blocks need a type";
+        const std::string ty = blk["type"].get<std::string>();
+        if (ty == "text") {
+          if (!blk.contains("text") || !blk["text"].is_string()) return FB_ERROR(kInvalidArgument) << "text blocks need a string 'text'";
+          text += (text.empty() ? "" : "\n\n") + blk["text"].get<std::string>();
+        } else if (ty == "tool_result") {
+          std::string content = blk.contains("content") ? text_of_blocks(blk["content"], "text") : "";
+          if (blk.value("is_error", false)) content = "Error: " + content;
+          msgs.push_back({{"role", "tool"}, {"tool_call_id", blk.value("tool_use_id", "")}, {"content", content}});
+        } else if (ty == "image") {
+          return FB_ERROR(kUnsupported) << "image input needs the vision tower, which this server does not run yet";
+        }
+      }
+      if (!text.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
+    } else {
+      ojson a = {{"role", "assistant"}, {"content", ""}};
+      std::string text, thinking;
+      ojson calls = ojson::array();
+      for (const auto& blk : c) {
+        if (!blk.is_object() || !blk.contains("type") || !blk["type"].is_string())
+          return FB_ERROR(kInvalidArgument) << "messages[" << i << "].content blocks need a type";
+        const std::string ty = blk["type"].get<std::string>();
+        if (ty == "text" && blk.contains("text") && blk["text"].is_string()) text += blk["text"].get<std::string>();
+        if (ty == "thinking" && blk.contains("thinking") && blk["thinking"].is_string()) thinking += blk["thinking"].get<std::string>();
+        if (ty == "tool_use") {
+          if (!blk.contains("name") || !blk["name"].is_string()) return FB_ERROR(kInvalidArgument) << "tool_use blocks need a name";
+          calls.push_back({{"id", blk.value("id", "")}, {"type", "function"},
+                           {"function", {{"name", blk["name"]}, {"arguments", blk.contains("input") ? blk["input"] : ojson::object()}}}});
+        }
+      }
+      a["content"] = text;
+      if (!thinking.empty()) a["reasoning_content"] = thinking;
+      if (!calls.empty()) a["tool_calls"] = calls;
+      msgs.push_back(a);
+    }
+  }
+  return msgs;
+}
+
+// Responses `input` + `instructions` -> OpenAI-style messages (spec/15 §9.2).
+Result<ojson> responses_messages(const ojson& b) {
+  ojson msgs = ojson::array();
+  std::string instructions;
+  FB_RETURN_IF_ERROR(opt_string(b, "instructions", &instructions));
+  if (!instructions.empty()) msgs.push_back({{"role", "system"}, {"content", instructions}});
+  if (!b.contains("input")) return FB_ERROR(kInvalidArgument) << "'input' is required";
+  const ojson& in = b["input"];
+  if (in.is_string()) {
+    msgs.push_back({{"role", "user"}, {"content", in}});
+    return msgs;
+  }
+  if (!in.is_array()) return type_error("input", "a string or a list of items");
+  std::string pending_reasoning;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const ojson& it = in[i];
+    if (!it.is_object()) return FB_ERROR(kInvalidArgument) << "input[" << i << "] must be an object";
+    const std::string ty = it.contains("type") && it["type"].is_string() ? it["type"].get<std::string>() : "message";
+    if (ty == "message") {
+      if (!it.contains("role") || !it["role"].is_string()) return FB_ERROR(kInvalidArgument) << "input[" << i << "] needs a string role";
+      std::string role = it["role"].get<std::string>();
+      if (role == "developer") role = "system";
+      const ojson& c = it.contains("content") ? it["content"] : ojson("");
+      if (!c.is_string() && !c.is_array()) return FB_ERROR(kInvalidArgument) << "input[" << i << "].content must be a string or a list";
+      ojson m = {{"role", role}, {"content", text_of_blocks(c, "text")}};
+      if (role == "assistant" && !pending_reasoning.empty()) m["reasoning_content"] = std::exchange(pending_reasoning, "");
+      msgs.push_back(m);
+    } else if (ty == "function_call") {
+      if (!it.contains("name") || !it["name"].is_string()) return FB_ERROR(kInvalidArgument) << "input[" << i << "] needs a name";
+      ojson call = {{"id", it.value("call_id", "")}, {"type", "function"},
+                    {"function", {{"name", it["name"]}, {"arguments", it.contains("arguments") ? it["arguments"] : ojson("{}")}}}};
+      if (msgs.empty() || msgs.back()["role"] != "assistant" || msgs.back().contains("tool_calls") == false) {
+        if (!msgs.empty() && msgs.back()["role"] == "assistant" && !msgs.back().contains("tool_calls")) {
+          msgs.back()["tool_calls"] = ojson::array();
+        } else {
+          ojson a = {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array()}};
+          if (!pending_reasoning.empty()) a["reasoning_content"] = std::exchange(pending_reasoning, "");
+          msgs.push_back(a);
+        }
+      }
+      msgs.back()["tool_calls"].push_back(call);
+    } else if (ty == "function_call_output") {
+      const ojson& out = it.contains("output") ? it["output"] : ojson("");
+      msgs.push_back({{"role", "tool"}, {"tool_call_id", it.value("call_id", "")}, {"content", text_of_blocks(out, "text")}});
+    } else if (ty == "reasoning") {
+      std::string r;
+      for (const char* key : {"content", "summary"})
+        if (it.contains(key)) r += text_of_blocks(it[key], "text");
+      pending_reasoning += r;
+    } else {
+      return FB_ERROR(kUnsupported) << "input item type '" << ty << "' is not supported";
+    }
+  }
+  return msgs;
+}
+
+}  // namespace
+
+Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseContext& ctx) {
+  if (!b.is_object()) return FB_ERROR(kInvalidArgument) << "the request body must be a JSON object";
+  ParsedRequest pr;
+  pr.endpoint = ep;
+  FB_RETURN_IF_ERROR(opt_string(b, "model", &pr.model));
+  FB_RETURN_IF_ERROR(parse_sampling(b, ep, &pr));
+  Thinking th;
+  std::string text;
+  if (ep == Endpoint::kCompletions) {
+    th.on = false;
+    if (!b.contains("prompt")) return FB_ERROR(kInvalidArgument) << "'prompt' is required";
+    const ojson& p = b["prompt"];
+    if (p.is_string()) {
+      text = p.get<std::string>();
+      pr.req.prompt = ctx.tok->encode(text);
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      text = p[0].get<std::string>();
+      pr.req.prompt = ctx.tok->encode(text);
+    } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const ojson& x) { return x.is_number_integer(); })) {
+      for (const auto& x : p) pr.req.prompt.push_back(int32_t(std::clamp<int64_t>(x.get<int64_t>(), -1, INT32_MAX)));
+    } else {
+      return type_error("prompt", "a string, a list of one string, or a list of token ids");
+    }
+  } else {
+    FB_RETURN_IF_ERROR(parse_thinking(b, pr.model, &th));
+    if (ep == Endpoint::kResponses && b.contains("reasoning") && b["reasoning"].is_object() && b["reasoning"].contains("effort") &&
+        !b["reasoning"]["effort"].is_null())
+      FB_RETURN_IF_ERROR(apply_effort(b["reasoning"]["effort"], &th, "reasoning.effort"));
+    if (ep == Endpoint::kMessages && b.contains("output_config") && b["output_config"].is_object() &&
+        b["output_config"].contains("effort"))
+      FB_RETURN_IF_ERROR(apply_effort(b["output_config"]["effort"], &th, "output_config.effort"));
+    ojson msgs;
+    if (ep == Endpoint::kChat) {
+      if (!b.contains("messages") || !b["messages"].is_array()) return FB_ERROR(kInvalidArgument) << "'messages' must be a list";
+      msgs = b["messages"];
+    } else if (ep == Endpoint::kMessages) {
+      msgs = FB_TRY(anthropic_messages(b));
+    } else {
+      msgs = FB_TRY(responses_messages(b));
+    }
+    if (msgs.empty()) return FB_ERROR(kInvalidArgument) << "no messages";
+    std::vector<tokenizer::Message> messages = FB_TRY(tokenizer::messages_from_json(msgs));
+    // Request-level tools and response_format go on the first system message (spec/15 §6.4).
+    ojson tools;
+    if (b.contains("tools") && !b["tools"].is_null()) {
+      tools = FB_TRY(function_tools(b["tools"], ep == Endpoint::kMessages));
+      if (!FB_TRY(tools_enabled(b))) tools = ojson();
+    }
+    ojson response_format;
+    if (ep == Endpoint::kChat && b.contains("response_format") && b["response_format"].is_object()) {
+      const ojson& rf = b["response_format"];
+      if (rf.contains("json_schema") && rf["json_schema"].is_object() && rf["json_schema"].contains("schema"))
+        response_format = rf["json_schema"]["schema"];
+    }
+    if ((tools.is_array() && !tools.empty()) || !response_format.is_null()) {
+      if (messages.empty() || (messages[0].role != "system" && messages[0].role != "developer")) {
+        tokenizer::Message sys;
+        sys.role = "system";
+        sys.content = "";
+        messages.insert(messages.begin(), sys);
+      }
+      if (tools.is_array() && !tools.empty()) messages[0].tools = tools;
+      if (!response_format.is_null()) messages[0].response_format = response_format;
+    }
+    tokenizer::PromptOptions po;
+    po.mode = th.on ? tokenizer::ThinkingMode::kThinking : tokenizer::ThinkingMode::kChat;
+    po.reasoning_effort = th.effort;
+    po.tools_template = ctx.tools_template;
+    const bool ends_with_user = messages.back().role != "assistant";
+    auto rendered = FB_TRY(tokenizer::render_prompt(std::move(messages), po));
+    if (rendered.n_images > 0) return FB_ERROR(kUnsupported) << "image input needs the vision tower, which this server does not run yet";
+    text = std::move(rendered.text);
+    pr.req.prompt = ctx.tok->encode(text);
+    if (!ends_with_user) th.on = false;  // continuing an assistant turn: no reasoning header was opened
+  }
+  pr.prompt_text = std::move(text);
+  pr.req.thinking = th.on;
+  if (pr.req.prompt.empty()) return FB_ERROR(kInvalidArgument) << "the prompt is empty";
+  const int64_t n = int64_t(pr.req.prompt.size());
+  if (n >= ctx.max_context)
+    return FB_ERROR(kResourceExhausted) << "this model's maximum context length is " << ctx.max_context << " tokens; the prompt has " << n
+                                        << " tokens";
+  const int64_t room = ctx.max_context - n;
+  const int64_t dflt = th.on ? 65536 : 8192;  // spec/16 §1 (deepseek-recipe defaults)
+  pr.req.max_tokens = std::min(pr.req.max_tokens > 0 ? pr.req.max_tokens : dflt, room);
+  return pr;
+}
+
+}  // namespace fb::server

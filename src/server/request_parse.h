@@ -1,0 +1,39 @@
+// Request parsing for the four HTTP APIs (spec/15 §9): client JSON -> the encoder's message list
+// -> rendered, tokenized prompt and an engine::Request. Every field is type-checked; errors are
+// kInvalidArgument (400) with the field named. No tensors, no engine calls.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fb::server {
+
+using ojson = nlohmann::ordered_json;
+
+enum class Endpoint { kChat, kCompletions, kResponses, kMessages };
+
+struct ParseContext {
+  const tokenizer::Tokenizer* tok = nullptr;
+  int64_t max_context = 0;
+  std::string tools_template;  // official Tools-block text when the snapshot has it
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  engine::Request req;
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;  // OpenAI chat stream_options.include_usage
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool parallel_tool_calls = true;
+  std::string prompt_text;     // rendered prompt (debugging, tests)
+};
+
+Result<ParsedRequest> parse_request(Endpoint ep, const ojson& body, const ParseContext& ctx);
+
+}  // namespace fb::server

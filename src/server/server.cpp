@@ -1,0 +1,175 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/log.h"
+#include "server/http_status.h"
+#include "server/request_parse.h"
+#include "server/responder.h"
+
+namespace fb::server {
+
+namespace {
+
+Api api_of(Endpoint ep) { return ep == Endpoint::kMessages ? Api::kAnthropic : Api::kOpenAi; }
+
+void send_error(httplib::Response& res, Api api, const HttpError& e, const std::string& msg) {
+  res.status = e.http;
+  res.set_content(error_body(api, e, msg), "application/json");
+}
+
+bool authorized(const httplib::Request& req, const ServerOptions& opt) {
+  if (opt.api_key.empty()) return true;
+  if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return true;
+  return req.get_header_value("x-api-key") == opt.api_key;
+}
+
+std::string metrics_text(const engine::Engine& e) {
+  const engine::EngineStats s = e.stats();
+  std::ostringstream o;
+  auto m = [&](const char* name, const char* type, const char* help, double v) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
+  };
+  m("flashbox_requests_total", "counter", "requests accepted by the engine", double(s.requests_total));
+  m("flashbox_requests_failed_total", "counter", "requests that ended in an error", double(s.requests_failed));
+  m("flashbox_requests_cancelled_total", "counter", "requests cancelled (client disconnect)", double(s.requests_cancelled));
+  m("flashbox_queue_depth", "gauge", "requests waiting for the engine", double(s.queue_depth));
+  m("flashbox_requests_active", "gauge", "requests being generated", double(s.active));
+  m("flashbox_prompt_tokens_total", "counter", "prompt tokens", double(s.prompt_tokens));
+  m("flashbox_prompt_cached_tokens_total", "counter", "prompt tokens reused from a cached session", double(s.cached_tokens));
+  m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
+  m("flashbox_prefill_seconds_total", "counter", "time in prefill", s.prefill_s);
+  m("flashbox_decode_seconds_total", "counter", "time in decode", s.decode_s);
+  m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
+  m("flashbox_dspark_proposals_total", "counter", "drafted tokens verified", double(s.dspark.proposals));
+  m("flashbox_dspark_accepted_total", "counter", "drafted tokens accepted", double(s.dspark.accepted));
+  m("flashbox_dspark_verify_rows_total", "counter", "target rows run by verification", double(s.dspark.verify_rows));
+  m("flashbox_dspark_draft_seconds_total", "counter", "time drafting", s.dspark.draft_s);
+  m("flashbox_dspark_verify_seconds_total", "counter", "time verifying", s.dspark.verify_s);
+  o << "# HELP flashbox_dspark_accepted_rounds rounds by number of accepted drafts\n# TYPE flashbox_dspark_accepted_rounds counter\n";
+  for (size_t i = 0; i < s.dspark.accepted_hist.size(); ++i)
+    o << "flashbox_dspark_accepted_rounds{accepted=\"" << i << "\"} " << s.dspark.accepted_hist[i] << "\n";
+  return o.str();
+}
+
+void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+  const Api api = api_of(ep);
+  if (!authorized(req, opt)) return send_error(res, api, http_error_for_http(401), "invalid or missing API key");
+  ojson body = ojson::parse(req.body, nullptr, false);
+  if (body.is_discarded()) return send_error(res, api, http_error_for_http(400), "the request body is not valid JSON");
+  ParseContext ctx{&eng.tokenizer(), eng.max_context(), opt.tools_template};
+  auto parsed = parse_request(ep, body, ctx);
+  if (!parsed.ok()) return send_error(res, api, http_error_for(parsed.status().code()), parsed.status().message());
+  auto responder = std::make_shared<Responder>(parsed.value(), opt.model_name);
+  engine::EventQueue q;
+  auto id = eng.submit(parsed->req, q.sink());
+  if (!id.ok()) return send_error(res, api, http_error_for(id.status().code()), id.status().message());
+  if (!parsed->stream) {
+    engine::Event e;
+    for (;;) {
+      if (!q.pop(&e, 1000)) continue;
+      if (e.kind == engine::Event::Kind::kError) return send_error(res, api, http_error_for(e.status.code()), e.status.message());
+      if (e.kind == engine::Event::Kind::kDone) break;
+      responder->on_event(e);
+    }
+    res.set_content(responder->body(e), "application/json");
+    return;
+  }
+  const uint64_t rid = *id;
+  const int keepalive = opt.keepalive_ms;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [&eng, q, responder, rid, keepalive, api](size_t, httplib::DataSink& sink) mutable {
+    auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+    if (!write(responder->stream_start())) {
+      eng.cancel(rid);
+      return false;
+    }
+    engine::Event e;
+    for (;;) {
+      if (!q.pop(&e, keepalive)) {
+        // A comment line keeps proxies and clients from timing out during long prefills, and
+        // finds disconnected clients (the write fails).
+        if (!write(api == Api::kAnthropic ? "event: ping\ndata: {\"type\": \"ping\"}\n\n" : ": keep-alive\n\n")) {
+          eng.cancel(rid);
+          return false;
+        }
+        continue;
+      }
+      std::string out;
+      if (e.kind == engine::Event::Kind::kError) {
+        const HttpError he = http_error_for(e.status.code());
+        out = (api == Api::kAnthropic ? "event: error\n" : "") + std::string("data: ") + error_body(api, he, e.status.message()) + "\n\n";
+        write(out);
+        sink.done();
+        return true;
+      }
+      if (e.kind == engine::Event::Kind::kDone) {
+        write(responder->stream_end(e));
+        sink.done();
+        return true;
+      }
+      if (e.kind == engine::Event::Kind::kPrefill) continue;
+      if (!write(responder->on_event(e))) {
+        eng.cancel(rid);
+        return false;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Status serve(engine::Engine& eng, const ServerOptions& opt) {
+  httplib::Server svr;
+  svr.set_payload_max_length(opt.max_body_bytes);
+  svr.set_read_timeout(30, 0);
+  auto guard = [&eng, &opt](Endpoint ep) {
+    return [&eng, &opt, ep](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handle_generate(eng, opt, ep, req, res);
+      } catch (const std::exception& ex) {  // the JSON library's boundary (STYLE.md "Errors")
+        send_error(res, api_of(ep), http_error_for_http(400), std::string("bad request: ") + ex.what());
+      }
+    };
+  };
+  svr.Post("/v1/chat/completions", guard(Endpoint::kChat));
+  svr.Post("/v1/completions", guard(Endpoint::kCompletions));
+  svr.Post("/v1/responses", guard(Endpoint::kResponses));
+  svr.Post("/v1/messages", guard(Endpoint::kMessages));
+  auto models = [&opt](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, opt)) return send_error(res, Api::kOpenAi, http_error_for_http(401), "invalid or missing API key");
+    nlohmann::json m = {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "flashbox"}};
+    res.set_content(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({m})}}.dump(), "application/json");
+  };
+  svr.Get("/v1/models", models);
+  svr.Get("/health", [&eng](const httplib::Request&, httplib::Response& res) {
+    nlohmann::json h = {{"status", "ok"}, {"backend", eng.backend_name()}, {"max_context", eng.max_context()}};
+    res.set_content(h.dump(), "application/json");
+  });
+  svr.Get("/metrics", [&eng](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(eng), "text/plain; version=0.0.4");
+  });
+  // Errors raised by httplib itself (413 oversized, 404 unknown path, 400 unparsable HTTP) get a
+  // JSON body too; the Anthropic path gets its own format.
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const Api api = req.path.rfind("/v1/messages", 0) == 0 ? Api::kAnthropic : Api::kOpenAi;
+    const int code = res.status == 404 ? 404 : res.status;
+    std::string msg = code == 404 ? "no such endpoint: " + req.path : code == 413 ? "request body too large" : "bad request";
+    res.set_content(error_body(api, http_error_for_http(code), msg), "application/json");
+  });
+  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+    const Api api = req.path.rfind("/v1/messages", 0) == 0 ? Api::kAnthropic : Api::kOpenAi;
+    send_error(res, api, http_error_for_http(400), "bad request");
+  });
+  if (!svr.bind_to_port(opt.host, opt.port)) return FB_ERROR(kIo) << "cannot listen on " << opt.host << ":" << opt.port;
+  FB_LOG(kInfo) << "flashbox serving on http://" << opt.host << ":" << opt.port << " (backend " << eng.backend_name() << ")";
+  std::fprintf(stderr, "listening on http://%s:%d\n", opt.host.c_str(), opt.port);
+  if (!svr.listen_after_bind()) return FB_ERROR(kIo) << "the HTTP server stopped";
+  return Status();
+}
+
+}  // namespace fb::server

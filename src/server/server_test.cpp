@@ -1,0 +1,103 @@
+// Server units: the Status -> HTTP table, error bodies in both formats, request JSON parsing
+// (types, defaults, thinking, tools onto the system message, Anthropic and Responses mapping).
+#include <gtest/gtest.h>
+
+#include "server/http_status.h"
+#include "server/request_parse.h"
+#include "tokenizer/test_assets.h"
+
+namespace fb::server {
+namespace {
+
+ParseContext ctx() { return {&tokenizer::v41_tokenizer(), 4096, ""}; }
+Result<ParsedRequest> parse(Endpoint ep, const char* body) { return parse_request(ep, ojson::parse(body), ctx()); }
+
+TEST(HttpStatus, Table) {
+  EXPECT_EQ(http_error_for(StatusCode::kInvalidArgument).http, 400);
+  EXPECT_EQ(http_error_for(StatusCode::kResourceExhausted).http, 400);
+  EXPECT_EQ(http_error_for(StatusCode::kUnsupported).http, 400);
+  EXPECT_EQ(http_error_for(StatusCode::kNotFound).http, 404);
+  EXPECT_EQ(http_error_for(StatusCode::kInternal).http, 500);
+  EXPECT_EQ(http_error_for(StatusCode::kOutOfMemory).http, 503);
+  auto o = nlohmann::json::parse(error_body(Api::kOpenAi, http_error_for(StatusCode::kInvalidArgument), "bad"));
+  EXPECT_EQ(o["error"]["message"], "bad");
+  EXPECT_EQ(o["error"]["type"], "invalid_request_error");
+  auto a = nlohmann::json::parse(error_body(Api::kAnthropic, http_error_for_http(413), "big"));
+  EXPECT_EQ(a["type"], "error");
+  EXPECT_EQ(a["error"]["type"], "request_too_large");
+}
+
+TEST(RequestParse, ChatDefaultsAndThinking) {
+  auto r = parse(Endpoint::kChat, R"({"model":"m","messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->req.thinking);
+  EXPECT_FLOAT_EQ(r->req.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r->req.sampling.top_p, 0.95f);
+  EXPECT_NE(r->prompt_text.find("<｜Assistant｜><think>"), std::string::npos);
+  auto c = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"disabled"},"max_tokens":5,"temperature":0,"stop":"x","seed":3})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->req.thinking);
+  EXPECT_EQ(c->prompt_text, "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>");
+  EXPECT_EQ(c->req.max_tokens, 5);
+  EXPECT_TRUE(c->req.sampling.greedy());
+  EXPECT_EQ(c->req.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(*c->req.sampling.seed, 3u);
+  auto e = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"none"})");
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(e->req.thinking);
+}
+
+TEST(RequestParse, WrongTypesAreInvalidArgument) {
+  for (const char* b : {R"({"messages":"hi"})", R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})",
+                        R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})", R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})",
+                        R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", R"({"messages":[{"content":"x"}]})",
+                        R"({"messages":[{"role":"user","content":"x"}],"thinking":"yes"})", R"([1,2])"}) {
+    auto r = parse(Endpoint::kChat, b);
+    EXPECT_FALSE(r.ok()) << b;
+    if (!r.ok()) EXPECT_EQ(http_error_for(r.status().code()).http, 400) << b;
+  }
+  EXPECT_FALSE(parse(Endpoint::kMessages, R"({"messages":[{"role":"user","content":"x"}]})").ok());  // max_tokens required
+}
+
+TEST(RequestParse, ContextOverflow) {
+  std::string big(20000, 'a');
+  for (size_t i = 0; i < big.size(); i += 2) big[i] = ' ';
+  ojson b = {{"messages", ojson::array({{{"role", "user"}, {"content", big}}})}};
+  auto r = parse_request(Endpoint::kChat, b, ctx());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(RequestParse, ToolsGoOnTheSystemMessageAndHistoryRoundTrips) {
+  auto r = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Weather?"},
+    {"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+    {"role":"tool","tool_call_id":"call_1","content":"18C"}],
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],"thinking":{"type":"disabled"}})");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->prompt_text.rfind("<｜begin▁of▁sentence｜><｜System｜>\n\n## Tools", 0), 0u) << r->prompt_text;
+  EXPECT_NE(r->prompt_text.find("<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>"), std::string::npos);
+  EXPECT_NE(r->prompt_text.find("<tool_result>18C</tool_result>"), std::string::npos);
+  auto none = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->prompt_text.find("## Tools"), std::string::npos);
+}
+
+TEST(RequestParse, AnthropicAndResponsesMapToTheSamePrompt) {
+  auto a = parse(Endpoint::kMessages, R"({"max_tokens":10,"system":"Be brief.","thinking":{"type":"disabled"},
+    "messages":[{"role":"user","content":"Weather?"},
+    {"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
+    {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"18C"}]}],
+    "tools":[{"name":"get_weather","input_schema":{"type":"object"}}]})");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto o = parse(Endpoint::kResponses, R"({"instructions":"Be brief.","reasoning":{"effort":"none"},
+    "input":[{"role":"user","content":"Weather?"},
+    {"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\": \"Paris\"}"},
+    {"type":"function_call_output","call_id":"c1","output":"18C"}],
+    "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]})");
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(a->prompt_text, o->prompt_text);
+  EXPECT_NE(a->prompt_text.find("<tool_result>18C</tool_result><｜Assistant｜></think>"), std::string::npos) << a->prompt_text;
+}
+
+}  // namespace
+}  // namespace fb::server
