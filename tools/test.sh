@@ -11,3 +11,5 @@ if ! python3 -c "import tokenizers, openai, anthropic, requests" >/dev/null 2>&1
   python3 -m pip install -q tokenizers openai anthropic requests numpy || echo "test: pip install failed; python-based tests will skip"
 fi
 ctest --test-dir "build/$preset" -L fast --output-on-failure -j "$(nproc)"
+# Bounded libFuzzer runs of the untrusted-input parsers (safetensors header, config, DSML, BPE).
+tools/fuzz.sh 15
