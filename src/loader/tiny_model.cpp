@@ -188,6 +188,76 @@ std::string tiny_config_json(const TinyModelOptions& o) {
   return c.dump(1);
 }
 
+std::string released_synthetic_config_json(int n_routed_experts, int draft_experts, int64_t engram_vocab_size) {
+  json t;
+  t["model_type"] = "deepseek_v41_text";
+  t["vocab_size"] = 129280;
+  t["hidden_size"] = 5120;
+  t["num_hidden_layers"] = 40;
+  t["num_nextn_predict_layers"] = 3;
+  t["num_attention_heads"] = 64;
+  t["num_key_value_heads"] = 1;
+  t["head_dim"] = 512;
+  t["qk_rope_head_dim"] = 64;
+  t["q_lora_rank"] = 1280;
+  t["o_groups"] = 8;
+  t["o_lora_rank"] = 1024;
+  t["sliding_window"] = 128;
+  std::vector<int> ratios = {0, 0};
+  for (int i = 0; i < 18; ++i) ratios.push_back(2);
+  for (int i = 0; i < 20; ++i) ratios.push_back(1);
+  for (int i = 0; i < 3; ++i) ratios.push_back(0);
+  t["compress_ratios"] = ratios;
+  t["kv_source_layer_ids"] = {2, 8, 14, 20};
+  t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 28, 32, 36};
+  t["candidate_source_layer_id"] = 20;
+  t["candidate_topk_blocks"] = 2048;
+  t["candidate_block_size"] = 8;
+  t["index_n_heads"] = 32;
+  t["index_head_dim"] = 128;
+  t["index_topk"] = 512;
+  t["rope_theta"] = 10000;
+  t["compress_rope_theta"] = 160000;
+  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1}, {"original_max_position_embeddings", 65536}};
+  t["max_position_embeddings"] = 1048576;
+  t["moe_intermediate_size"] = 2304;
+  t["n_routed_experts"] = n_routed_experts;
+  t["n_shared_experts"] = 1;
+  t["num_experts_per_tok"] = 6;
+  t["scoring_func"] = "sqrtsoftplus";
+  t["topk_method"] = "noaux_tc";
+  t["norm_topk_prob"] = true;
+  t["routed_scaling_factor"] = 1.5;
+  t["swiglu_limit"] = 10.0;
+  t["hc_mult"] = 4;
+  t["hc_sinkhorn_iters"] = 20;
+  t["hc_eps"] = 1e-6;
+  t["rms_norm_eps"] = 1e-20;
+  t["engram_layer_ids"] = {1, 14};
+  t["engram_max_ngram_size"] = 4;
+  t["engram_vocab_size"] = engram_vocab_size;
+  t["engram_n_heads"] = 8;
+  t["engram_head_dim"] = 256;
+  t["engram_pad_token_id"] = 2;
+  t["engram_compressed_vocab_size"] = 99092;
+  auto k = model::engram_constants({1, 14}, engram_vocab_size, 4, 8, 99092);
+  t["engram_num_embeddings"] = {k[0].rows, k[1].rows};
+  t["dspark_block_size"] = 5;
+  t["dspark_noise_token_id"] = 128799;
+  t["dspark_target_layer_ids"] = {37, 38, 39};
+  t["dspark_markov_rank"] = 256;
+  t["dspark_n_routed_experts"] = draft_experts;
+  t["dspark_num_experts_per_tok"] = 3;
+  json c;
+  c["architectures"] = {"DeepseekV41ForCausalLM"};
+  c["model_type"] = "deepseek_v41";
+  c["image_token_id"] = 129264;
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {32, 32}},
+                              {"scale_fmt", "ue8m0"}, {"expert_dtype", "fp4"}};
+  c["text_config"] = t;
+  return c.dump(1);
+}
+
 Status write_tiny_model(const TinyModelOptions& o) {
   const std::string cfg_text = tiny_config_json(o);
   model::Config c = FB_TRY(model::Config::from_hf_json(cfg_text));

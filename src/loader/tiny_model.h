@@ -23,6 +23,12 @@ struct TinyModelOptions {
 // The tiny model's config.json text (HF layout).
 std::string tiny_config_json(const TinyModelOptions& o);
 
+// The synthetic model at the RELEASED dimensions for benchmarks (issue 6): 40 layers, hidden 5120,
+// 64 x 512 heads, the released CSA2/CED schedule, Engram at 1 and 14 with smaller tables, three
+// DSpark stages, vocab 129,280; only the routed-expert count per layer is reduced so that every
+// active weight fits in HBM. Batch-1 decode then reads what the real model reads per token.
+std::string released_synthetic_config_json(int n_routed_experts, int draft_experts, int64_t engram_vocab_size);
+
 // Writes config.json, model.safetensors.index.json and the shards into o.out_dir (created).
 Status write_tiny_model(const TinyModelOptions& o);
 
