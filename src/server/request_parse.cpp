@@ -383,9 +383,10 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
     std::vector<tokenizer::Message> messages = FB_TRY(tokenizer::messages_from_json(msgs));
     // Request-level tools and response_format go on the first system message (spec/15 §6.4).
     ojson tools;
+    const bool tools_on = FB_TRY(tools_enabled(b));
     if (b.contains("tools") && !b["tools"].is_null()) {
       tools = FB_TRY(function_tools(b["tools"], ep == Endpoint::kMessages));
-      if (!FB_TRY(tools_enabled(b))) tools = ojson();
+      if (!tools_on) tools = ojson();
     }
     ojson response_format;
     if (ep == Endpoint::kChat && b.contains("response_format") && b["response_format"].is_object()) {
