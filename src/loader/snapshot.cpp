@@ -72,6 +72,7 @@ Result<std::unique_ptr<Snapshot>> Snapshot::open(const std::string& dir) {
       ent.view.shape = e.shape;
       ent.view.data = mf->data() + hdr.data_start + e.begin;
       ent.shard = shard;
+      ent.file_offset = hdr.data_start + e.begin;
       if (!weight_map.empty()) {
         auto it = weight_map.find(e.name);
         if (it == weight_map.end()) {
@@ -119,6 +120,13 @@ const std::string& Snapshot::shard_of(const std::string& name) const {
   auto it = tensors_.find(name);
   FB_CHECK(it != tensors_.end());
   return it->second.shard;
+}
+
+Result<TensorLocation> Snapshot::locate(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return FB_ERROR(kNotFound) << dir_ << ": no tensor \"" << name << "\"";
+  return TensorLocation{(std::filesystem::path(dir_) / it->second.shard).string(), it->second.file_offset,
+                        uint64_t(it->second.view.nbytes())};
 }
 
 Status validate_engram_map(const model::Config& c, const std::vector<int32_t>& map) {

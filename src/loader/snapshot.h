@@ -15,6 +15,13 @@
 
 namespace fb::loader {
 
+// Where a tensor's bytes sit on disk: read them with direct I/O instead of the mapping.
+struct TensorLocation {
+  std::string path;      // shard file
+  uint64_t offset = 0;   // absolute file offset of the first byte
+  uint64_t nbytes = 0;
+};
+
 struct ValidationReport {
   std::vector<std::string> missing;     // in the schema, not in the files
   std::vector<std::string> unexpected;  // in the files, not in the schema
@@ -39,6 +46,7 @@ class Snapshot {
   Result<TensorView> find(const std::string& name) const;
   std::vector<std::string> tensor_names() const;
   const std::string& shard_of(const std::string& name) const;
+  Result<TensorLocation> locate(const std::string& name) const;
 
   ValidationReport validate() const;
 
@@ -50,6 +58,7 @@ class Snapshot {
   struct Entry {
     TensorView view;
     std::string shard;
+    uint64_t file_offset = 0;
   };
   std::string dir_;
   model::Config config_;

@@ -1,0 +1,159 @@
+#include "memory/ledger.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <random>
+
+#include "memory/plan.h"
+
+namespace fb::memory {
+namespace {
+
+TEST(Ledger, AdmitsUpToTargetAndRefusesBeyond) {
+  Ledger l({1000, 500});
+  auto a = l.admit(Tier::kHbm, Kind::kMandatory, 600, "a");
+  ASSERT_TRUE(a.ok());
+  auto b = l.admit(Tier::kHbm, Kind::kElastic, 400, "b");
+  ASSERT_TRUE(b.ok());
+  auto c = l.admit(Tier::kHbm, Kind::kElastic, 1, "c");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("c:"), std::string::npos);
+  EXPECT_EQ(l.usage(Tier::kHbm).used_bytes(), 1000u);
+  EXPECT_EQ(l.usage(Tier::kHost).used_bytes(), 0u);
+  a->release();
+  EXPECT_EQ(l.usage(Tier::kHbm).used_bytes(), 400u);
+  EXPECT_TRUE(b->resize(900).ok());
+  EXPECT_FALSE(b->resize(1001).ok());
+  EXPECT_EQ(b->bytes(), 900u);
+}
+
+TEST(Ledger, MandatoryReclaimsFromElasticOwners) {
+  Ledger l({1000, 0});
+  std::vector<Grant> slots;  // an elastic owner: 10 slots of 100 B
+  for (int i = 0; i < 10; ++i) slots.push_back(std::move(l.admit(Tier::kHbm, Kind::kElastic, 100, "slot").value()));
+  int calls = 0;
+  const int id = l.register_owner(Tier::kHbm, "slots", 0, [&](uint64_t want) {
+    ++calls;
+    uint64_t freed = 0;
+    while (freed < want && !slots.empty()) {
+      freed += slots.back().bytes();
+      slots.pop_back();
+    }
+    return freed;
+  });
+  auto m = l.admit(Tier::kHbm, Kind::kMandatory, 250, "kv");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(slots.size(), 7u);
+  EXPECT_EQ(l.usage(Tier::kHbm).used_bytes(), 950u);
+  // Elastic admission never reclaims.
+  EXPECT_FALSE(l.admit(Tier::kHbm, Kind::kElastic, 100, "more").ok());
+  EXPECT_EQ(calls, 1);
+  // Mandatory beyond target - mandatory is refused without asking anyone.
+  EXPECT_FALSE(l.admit(Tier::kHbm, Kind::kMandatory, 751, "huge").ok());
+  EXPECT_EQ(calls, 1);
+  l.unregister_owner(id);
+}
+
+// Property: random admissions, resizes, releases and reclaims from several elastic owners never
+// take a tier past its target, and the ledger's books equal the sum of live grants.
+TEST(Ledger, RandomizedNeverExceedsTarget) {
+  std::mt19937_64 rng(12345);
+  for (int round = 0; round < 40; ++round) {
+    const uint64_t target = 1000 + rng() % 100000;
+    Ledger l({target, target / 2});
+    struct Owner {
+      Tier tier;
+      std::deque<Grant> grants;
+    };
+    std::vector<Owner> owners(4);
+    std::vector<int> ids;
+    for (size_t i = 0; i < owners.size(); ++i) {
+      owners[i].tier = Tier(i % 2);
+      ids.push_back(l.register_owner(owners[i].tier, "owner" + std::to_string(i), int(rng() % 3), [&owners, i](uint64_t want) {
+        uint64_t freed = 0;
+        auto& g = owners[i].grants;
+        while (freed < want && !g.empty()) {
+          freed += g.front().bytes();
+          g.pop_front();
+        }
+        return freed;
+      }));
+    }
+    std::vector<Grant> mandatory;
+    for (int step = 0; step < 3000; ++step) {
+      const Tier t = Tier(rng() % 2);
+      const uint64_t tgt = l.usage(t).target_bytes;
+      const uint64_t n = rng() % (tgt / 4 + 1);
+      switch (rng() % 6) {
+        case 0: {
+          auto g = l.admit(t, Kind::kMandatory, n, "m");
+          if (g.ok()) mandatory.push_back(std::move(g.value()));
+          else ASSERT_EQ(g.status().code(), StatusCode::kResourceExhausted);
+          break;
+        }
+        case 1:
+        case 2: {
+          auto g = l.admit(t, Kind::kElastic, n, "e");
+          if (g.ok()) owners[size_t(rng() % 2) * 2 + size_t(t)].grants.push_back(std::move(g.value()));
+          break;
+        }
+        case 3:
+          if (!mandatory.empty()) mandatory.erase(mandatory.begin() + int64_t(rng() % mandatory.size()));
+          break;
+        case 4:
+          if (!mandatory.empty()) (void)mandatory[rng() % mandatory.size()].resize(n);
+          break;
+        case 5:
+          l.reclaim(t, n);
+          break;
+      }
+      for (int ti = 0; ti < kTierCount; ++ti) {
+        const TierUsage u = l.usage(Tier(ti));
+        ASSERT_LE(u.used_bytes(), u.target_bytes);
+        uint64_t m = 0, e = 0;
+        for (const Grant& g : mandatory)
+          if (g.tier() == Tier(ti)) m += g.bytes();
+        for (const Owner& o : owners)
+          for (const Grant& g : o.grants)
+            if (g.tier() == Tier(ti)) e += g.bytes();
+        ASSERT_EQ(u.mandatory_bytes, m);
+        ASSERT_EQ(u.elastic_bytes, e);
+      }
+    }
+    mandatory.clear();
+    for (int id : ids) l.unregister_owner(id);
+    for (auto& o : owners) o.grants.clear();
+  }
+}
+
+TEST(Plan, ReleasedModelOnH200) {
+  auto c = model::Config::from_file(std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(session_kv_bytes(*c, 0, false), 40u * 128 * 528 + 3 * 4096 + 64);
+  // spec/12: 890 B of global KV per token.
+  EXPECT_EQ(session_kv_bytes(*c, 1 << 20, false) - session_kv_bytes(*c, 0, false), 890ull << 20);
+  PlanInputs in;
+  in.hbm_target_bytes = 137 * kGiB;
+  in.host_target_bytes = 100 * kGiB;
+  auto p = plan_memory(*c, in);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->expert_bytes, 18800640u);
+  EXPECT_GT(p->hbm_slots_per_layer, 100);
+  EXPECT_LT(p->hbm_slots_per_layer, 384);
+  EXPECT_LE(p->mandatory_bytes(Tier::kHbm) + p->elastic_bytes(Tier::kHbm), in.hbm_target_bytes);
+  EXPECT_LE(p->mandatory_bytes(Tier::kHost) + p->elastic_bytes(Tier::kHost), in.host_target_bytes);
+  Ledger l({in.hbm_target_bytes, in.host_target_bytes});
+  auto grants = admit_plan(l, *p);
+  ASSERT_TRUE(grants.ok()) << grants.status().to_string();
+  grants->clear();
+  in.hbm_target_bytes = 10 * kGiB;
+  auto bad = plan_memory(*c, in);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace fb::memory

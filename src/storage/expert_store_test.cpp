@@ -1,0 +1,104 @@
+#include "storage/expert_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "loader/bind.h"
+#include "loader/tiny_model.h"
+#include "storage/tiered_experts.h"
+
+namespace fb::storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Tmp {
+  fs::path p = fs::temp_directory_path() / ("fb_store_" + std::to_string(getpid()));
+  Tmp() { fs::create_directories(p); }
+  ~Tmp() { fs::remove_all(p); }
+};
+
+std::string checkpoint(const Tmp& t) {
+  const fs::path fixture = fs::path(FB_SHARED_DIR) / "fixtures/tiny-s0/checkpoint";
+  if (fs::exists(fixture)) {
+    fs::copy(fixture, t.p / "snap");
+  } else {
+    loader::TinyModelOptions o;
+    o.out_dir = (t.p / "snap").string();
+    EXPECT_TRUE(loader::write_tiny_model(o).ok());
+  }
+  return (t.p / "snap").string();
+}
+
+bool same(const model::ExpertWeights& a, const model::ExpertWeights& b) {
+  auto eq = [](const TensorView& x, const TensorView& y) {
+    return x.dtype == y.dtype && x.shape == y.shape && std::memcmp(x.data, y.data, x.nbytes()) == 0;
+  };
+  return eq(a.w1.w, b.w1.w) && eq(a.w1.scale, b.w1.scale) && eq(a.w2.w, b.w2.w) && eq(a.w2.scale, b.w2.scale) && eq(a.w3.w, b.w3.w) &&
+         eq(a.w3.scale, b.w3.scale);
+}
+
+TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
+  Tmp t;
+  const std::string dir = checkpoint(t);
+  auto snap = loader::Snapshot::open(dir);
+  ASSERT_TRUE(snap.ok()) << snap.status().to_string();
+  const std::string out = (t.p / "store0").string(), rep = (t.p / "store1").string();
+  ASSERT_TRUE(write_expert_store(**snap, out, {rep}).ok());
+  EXPECT_FALSE(fs::exists(out + "/experts.fbx.tmp"));
+  const uint64_t id = *model_identity(dir);
+  auto store = ExpertStore::open(out, id);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_EQ((*store)->layout().stride_bytes % 4096, 0u);
+  EXPECT_FALSE(ExpertStore::open(out, id ^ 1).ok());  // another model's store is refused
+
+  loader::SnapshotExperts direct(**snap);
+  std::shared_ptr<const ExpertStore> shared(std::move(store.value()));
+  for (int from_store = 0; from_store < 2; ++from_store) {
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 3;
+    std::unique_ptr<ExpertLocator> loc = from_store ? store_locator(shared) : std::move(shard_locator(**snap).value());
+    std::vector<std::string> roots = from_store ? std::vector<std::string>{out, rep} : std::vector<std::string>{dir};
+    memory::Ledger ledger({1ull << 30, 1ull << 30});
+    {
+      auto tiers = TieredExperts::create(std::move(loc), roots, o, &ledger);
+      ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+      const model::Config& c = (*snap)->config();
+      for (int pass = 0; pass < 2; ++pass)
+        for (int l = 0; l < c.n_total_layers(); ++l)
+          for (int e = 0; e < c.roles[size_t(l)].n_experts; e += 1 + pass) {
+            ASSERT_TRUE(same((*tiers)->expert(l, e), direct.expert(l, e))) << "layer " << l << " expert " << e;
+            auto lease = (*tiers)->acquire(l, e);
+            if (lease.ok()) {
+              ASSERT_TRUE(same(lease->weights(), direct.expert(l, e)));
+            }
+          }
+      const TierStats s = (*tiers)->stats();
+      EXPECT_GT(s.slot_misses, 0u);
+      EXPECT_GT(s.drive_reads, 0u);
+      EXPECT_LE(ledger.usage(memory::Tier::kHost).elastic_bytes, 3 * shared->layout().stride_bytes);
+    }
+    EXPECT_EQ(ledger.usage(memory::Tier::kHost).used_bytes(), 0u);
+  }
+
+  // A corrupted record fails its checksum; a truncated copy fails on open.
+  {
+    std::fstream f(rep + "/experts.fbx", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(shared->record_offset(0, 1) + 10));
+    f.put('\x5a');
+  }
+  auto reader = ReplicaReader::open({rep});
+  auto rep_store = ExpertStore::open(rep, id);
+  ASSERT_TRUE(rep_store.ok());
+  EXPECT_EQ((*rep_store)->verify_all(**reader).code(), StatusCode::kCorrupt);
+  fs::resize_file(rep + "/experts.fbx", fs::file_size(rep + "/experts.fbx") - 4096);
+  EXPECT_EQ(ExpertStore::open(rep, id).status().code(), StatusCode::kCorrupt);
+}
+
+}  // namespace
+}  // namespace fb::storage

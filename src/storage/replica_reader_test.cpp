@@ -1,0 +1,178 @@
+#include "storage/replica_reader.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "storage/drive_probe.h"
+#include "storage/slot_cache.h"
+
+namespace fb::storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDrives {
+  fs::path root;
+  std::vector<std::string> drives;
+  std::vector<uint8_t> bytes;
+  TempDrives(int n, size_t size, const fs::path& base = fs::temp_directory_path()) {
+    root = base / ("fb_reader_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()));
+    std::mt19937_64 rng(99);
+    bytes.resize(size);
+    for (auto& b : bytes) b = uint8_t(rng());
+    for (int i = 0; i < n; ++i) {
+      fs::path d = root / ("drive" + std::to_string(i));
+      fs::create_directories(d / "sub");
+      std::ofstream(d / "sub/data.bin", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(size));
+      drives.push_back(d.string());
+    }
+  }
+  ~TempDrives() { fs::remove_all(root); }
+};
+
+void expect_range(const TempDrives& t, ReplicaReader& r, uint64_t off, uint64_t n, bool aligned_dst) {
+  AlignedBuffer buf(n + 4096);
+  uint8_t* dst = buf.data() + (aligned_dst ? 0 : 3);
+  ASSERT_TRUE(r.read({{"sub/data.bin", off, n, dst}}).ok());
+  ASSERT_EQ(std::memcmp(dst, t.bytes.data() + off, n), 0) << "off " << off << " n " << n;
+}
+
+class Reader : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Reader, ReadsAlignedAndUnalignedRanges) {
+  TempDrives t(3, (8u << 20) + 12345);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 256 << 10;
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  expect_range(t, **r, 0, 4 << 20, true);
+  expect_range(t, **r, 4096 * 5, 1 << 20, true);
+  expect_range(t, **r, 17, 1000003, false);
+  expect_range(t, **r, t.bytes.size() - 777, 777, false);  // a tail past the last aligned block
+  // Several ranges in one call; chunks spread over the drives.
+  AlignedBuffer a(1 << 20), b(1 << 20);
+  ASSERT_TRUE((*r)->read({{"sub/data.bin", 0, 1 << 20, a.data()}, {"sub/data.bin", 3 << 20, 1 << 20, b.data()}}).ok());
+  EXPECT_EQ(std::memcmp(b.data(), t.bytes.data() + (3 << 20), 1 << 20), 0);
+  uint64_t total = 0;
+  for (int d = 0; d < 3; ++d) total += (*r)->stats(d).bytes_read;
+  EXPECT_GT(total, 7u << 20);
+  for (int d = 0; d < 3; ++d) EXPECT_GT((*r)->stats(d).bytes_per_s, 0);
+}
+
+TEST_P(Reader, SurvivesAnInjectedErrorAndFailsWhenNoReplicaRemains) {
+  TempDrives t(2, 4u << 20);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 64 << 10;
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  (*r)->set_rate(0, 1e12);  // everything goes to drive 0 first
+  (*r)->inject_error(0, 3);
+  expect_range(t, **r, 0, 4 << 20, true);
+  EXPECT_TRUE((*r)->stats(0).failed);
+  EXPECT_FALSE((*r)->stats(1).failed);
+  (*r)->inject_error(1, 2);
+  AlignedBuffer buf(1 << 20);
+  Status st = (*r)->read({{"sub/data.bin", 0, 1 << 20, buf.data()}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kIo);
+  EXPECT_NE(st.message().find("no replica left"), std::string::npos) << st.message();
+}
+
+TEST_P(Reader, SurvivesAFileRemovedMidRead) {
+  TempDrives t(3, 6u << 20);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 64 << 10;
+  bool removed = false;
+  o.on_complete = [&](int drive, uint64_t n) {
+    if (drive == 0 && n == 2 && !removed) {
+      fs::remove(fs::path(t.drives[0]) / "sub/data.bin");
+      removed = true;
+    }
+  };
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  (*r)->set_rate(0, 1e12);
+  expect_range(t, **r, 0, 6 << 20, true);
+  EXPECT_TRUE(removed);
+  EXPECT_TRUE((*r)->stats(0).failed);
+  EXPECT_NE((*r)->stats(0).last_error.find("vanished"), std::string::npos) << (*r)->stats(0).last_error;
+  // A whole drive gone before the read: the open fails, the other replicas serve.
+  fs::remove_all(t.drives[1]);
+  expect_range(t, **r, 1 << 20, 2 << 20, true);
+  EXPECT_TRUE((*r)->stats(1).failed);
+}
+
+TEST_P(Reader, HedgesOverdueChunksAndKeepsBytesRight) {
+  TempDrives t(2, 8u << 20);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 128 << 10;
+  o.hedge_factor = 0;
+  o.hedge_min_us = 0;  // every chunk still in flight at the first wait is hedged
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  for (int i = 0; i < 4; ++i) expect_range(t, **r, uint64_t(i) << 20, 2 << 20, true);
+  uint64_t hedges = (*r)->stats(0).n_hedges + (*r)->stats(1).n_hedges;
+  if (std::string((*r)->engine_name()) == "io_uring") EXPECT_GT(hedges, 0u);
+  AlignedBuffer buf(1 << 20);
+  ASSERT_TRUE((*r)->drain(buf.data(), buf.size()).ok());
+}
+
+TEST_P(Reader, FallsBackWhenODirectIsRefused) {
+  if (!fs::exists("/dev/shm")) GTEST_SKIP() << "no tmpfs";
+  TempDrives t(1, 1u << 20, "/dev/shm");
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  expect_range(t, **r, 5, 100000, false);
+  expect_range(t, **r, 0, 1 << 20, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, Reader, ::testing::Values(true, false),
+                         [](const auto& i) { return std::string(i.param ? "io_uring" : "pread"); });
+
+TEST(SlotCache, LruAndLfuEvictionWithPins) {
+  SlotCache lru(2, EvictionPolicy::kLru);
+  auto a = lru.acquire(1);
+  lru.release(a.slot);
+  auto b = lru.acquire(2);
+  lru.release(b.slot);
+  lru.release(lru.acquire(1).slot);  // 1 is now more recent than 2
+  auto c = lru.acquire(3);
+  EXPECT_FALSE(c.hit);
+  EXPECT_EQ(c.evicted_key, 2);
+  // Both slots pinned: no slot for a fourth key.
+  auto d = lru.acquire(1);
+  EXPECT_TRUE(d.hit);
+  EXPECT_EQ(lru.acquire(4).slot, -1);
+  lru.release(c.slot);
+  lru.release(d.slot);
+
+  SlotCache lfu(2, EvictionPolicy::kLfu);
+  for (int i = 0; i < 5; ++i) lfu.release(lfu.acquire(7).slot);
+  lfu.release(lfu.acquire(8).slot);
+  auto e = lfu.acquire(9);  // 8 (one use) goes, not 7 (five uses, less recent)
+  EXPECT_EQ(e.evicted_key, 8);
+  EXPECT_EQ(lfu.hits(), 4u);
+  EXPECT_EQ(lfu.misses(), 3u);
+}
+
+TEST(DriveProbe, MeasuresRates) {
+  auto r = probe_drive(fs::temp_directory_path().string(), 32u << 20, 0.2);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(r->seq_bytes_per_s, 0);
+  EXPECT_GT(r->rand4k_bytes_per_s, 0);
+  EXPECT_GT(r->rand1m_bytes_per_s, 0);
+}
+
+}  // namespace
+}  // namespace fb::storage

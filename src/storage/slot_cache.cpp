@@ -1,0 +1,78 @@
+#include "storage/slot_cache.h"
+
+#include "base/check.h"
+
+namespace fb::storage {
+
+SlotCache::SlotCache(int n_slots, EvictionPolicy policy) : policy_(policy), slots_(size_t(std::max(0, n_slots))) {}
+
+int SlotCache::find(int64_t key) const {
+  auto it = where_.find(key);
+  return it == where_.end() ? -1 : it->second;
+}
+
+SlotCache::Lookup SlotCache::acquire(int64_t key) {
+  ++clock_;
+  if (policy_ == EvictionPolicy::kLfu && !slots_.empty() && clock_ % (slots_.size() * 8) == 0)
+    for (Slot& s : slots_) s.uses /= 2;
+  Lookup r;
+  if (int s = find(key); s >= 0) {
+    Slot& sl = slots_[size_t(s)];
+    ++sl.pins;
+    ++sl.uses;
+    sl.last_use = clock_;
+    ++hits_;
+    r.slot = s;
+    r.hit = true;
+    return r;
+  }
+  ++misses_;
+  int victim = -1;
+  for (int i = 0; i < n_slots(); ++i) {
+    const Slot& s = slots_[size_t(i)];
+    if (s.pins > 0) continue;
+    if (s.key < 0) {  // an empty slot beats any eviction
+      victim = i;
+      break;
+    }
+    if (victim < 0) {
+      victim = i;
+      continue;
+    }
+    const Slot& v = slots_[size_t(victim)];
+    const bool lower = policy_ == EvictionPolicy::kLru ? s.last_use < v.last_use
+                                                       : (s.uses < v.uses || (s.uses == v.uses && s.last_use < v.last_use));
+    if (lower) victim = i;
+  }
+  if (victim < 0) return r;
+  Slot& v = slots_[size_t(victim)];
+  if (v.key >= 0) {
+    r.evicted_key = v.key;
+    where_.erase(v.key);
+    ++evictions_;
+  }
+  v.key = key;
+  v.pins = 1;
+  v.uses = 1;
+  v.last_use = clock_;
+  where_[key] = victim;
+  r.slot = victim;
+  return r;
+}
+
+void SlotCache::release(int slot) {
+  Slot& s = slots_.at(size_t(slot));
+  FB_CHECK_GT(s.pins, 0) << "release of an unpinned slot " << slot;
+  --s.pins;
+}
+
+bool SlotCache::evict_slot(int slot) {
+  Slot& s = slots_.at(size_t(slot));
+  if (s.pins > 0 || s.key < 0) return false;
+  where_.erase(s.key);
+  s = Slot{};
+  ++evictions_;
+  return true;
+}
+
+}  // namespace fb::storage

@@ -1,0 +1,53 @@
+// SlotCache: the residency policy of one tier of N equal slots (a layer's HBM expert slots, the
+// host expert cache): which key sits in which slot, eviction keys, pins. It holds no bytes, so the
+// CUDA executor keys its device slots with the same policy the CPU tiers use.
+// Eviction: the unpinned slot with the lowest key; LRU keys by last use, LFU by a use count that
+// halves every `n_slots * 8` accesses (aging), ties broken by last use. Pinned slots never move.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace fb::storage {
+
+enum class EvictionPolicy { kLru, kLfu };
+
+class SlotCache {
+ public:
+  SlotCache(int n_slots, EvictionPolicy policy);
+
+  struct Lookup {
+    int slot = -1;            // -1: every slot is pinned
+    bool hit = false;
+    int64_t evicted_key = -1; // the key that lost the slot on a miss (-1: the slot was empty)
+  };
+  // Finds `key` or assigns it a slot, and pins that slot (release() unpins).
+  Lookup acquire(int64_t key);
+  void release(int slot);
+  int find(int64_t key) const;
+  // Drops the key of an unpinned slot (the tier is shrinking or the bytes are being reused).
+  bool evict_slot(int slot);
+
+  int n_slots() const { return int(slots_.size()); }
+  int pins(int slot) const { return slots_[size_t(slot)].pins; }
+  int64_t key_of(int slot) const { return slots_[size_t(slot)].key; }
+  uint64_t hits() const { return hits_; }
+  uint64_t misses() const { return misses_; }
+  uint64_t evictions() const { return evictions_; }
+
+ private:
+  struct Slot {
+    int64_t key = -1;
+    int pins = 0;
+    uint64_t last_use = 0;
+    uint64_t uses = 0;
+  };
+  EvictionPolicy policy_;
+  std::vector<Slot> slots_;
+  std::unordered_map<int64_t, int> where_;
+  uint64_t clock_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+}  // namespace fb::storage
