@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "base/mapped_file.h"
@@ -148,6 +149,21 @@ TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
   EXPECT_GE(shapes, 2) << "want rounds with different accepted counts";
   std::printf("%s oracle: rounds=%lld proposals=%lld accepted=%lld replayed=%lld\n", GetParam(), (long long)cnt.steps,
               (long long)cnt.proposals, (long long)cnt.accepted, (long long)cnt.replay_rows);
+}
+
+// The built-in tiny model (real V4.1 vocabulary, all structural features): set FB_TINY_MODEL to
+// a `flashbox make-tiny` folder, or have tiny-model/ in the source tree. Skipped otherwise.
+TEST(GeneratorTinyModel, DsparkGreedyEqualsPlainGreedy) {
+  std::string dir = std::getenv("FB_TINY_MODEL") ? std::getenv("FB_TINY_MODEL") : std::string(FB_SOURCE_DIR) + "/tiny-model";
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no tiny model at " << dir << " (flashbox make-tiny --out tiny-model)";
+  auto ex = cpu::CpuModel::load(dir);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const std::vector<int32_t> prompt = {0, 128803, 19923, 14, 2295, 477, 260, 6464, 33, 128804, 128799 - 1};
+  GeneratorOptions off;
+  off.dspark = false;
+  DsparkCounters cnt;
+  EXPECT_EQ(run(**ex, prompt, 40, GeneratorOptions{}, &cnt), run(**ex, prompt, 40, off));
+  EXPECT_GT(cnt.steps, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GeneratorFixture, ::testing::Values("tiny-s0", "tiny-s1-long"));
