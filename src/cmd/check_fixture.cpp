@@ -6,6 +6,7 @@
 #include "cmd/commands.h"
 #include "cpu/executor.h"
 #include "engine/fixture_check.h"
+#include "storage/tiered_experts.h"
 
 namespace fb::cmd {
 
@@ -21,18 +22,25 @@ struct Args {
 };
 
 int run(const Args& a) {
+  std::vector<std::shared_ptr<storage::TieredExperts>> tiers;  // kept to report hit/miss counters
   auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
     if (a.backend == "cpu") {
       auto m = cpu::CpuModel::load(ckpt);
       if (!m.ok()) return m.status();
+      if (a.expert_slots > 0) {  // experts through the tiers: slots, host cache, shard reads
+        storage::TieredOptions to;
+        to.slots_per_layer = int(a.expert_slots);
+        to.host_experts = a.expert_slots;
+        auto src = storage::tiered_experts_for(m.value()->snapshot(), {}, to);
+        if (!src.ok()) return src.status();
+        tiers.push_back(src.value());
+        m.value()->set_expert_source(std::move(src.value()));
+      }
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
+    if (a.expert_slots > 0) return FB_ERROR(kUnsupported) << "--expert-slots with --backend " << a.backend << " (tiers are wired for cpu only)";
     return FB_ERROR(kUnsupported) << "backend \"" << a.backend << "\" is not built into this binary";
   };
-  if (a.expert_slots > 0) {
-    std::fprintf(stderr, "check-fixture: --expert-slots needs the tiered expert store, not built yet\n");
-    return 2;
-  }
   int rc = 0;
   for (const std::string& dir : a.dirs) {
     engine::FixtureCheckOptions opt;
@@ -50,6 +58,7 @@ int run(const Args& a) {
     std::printf("%s\n", rep->summary_line().c_str());
     std::fflush(stdout);
   }
+  for (const auto& t : tiers) std::fprintf(stderr, "check-fixture: expert tiers: %s\n", t->stats().to_string().c_str());
   return rc;
 }
 

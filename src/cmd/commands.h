@@ -12,6 +12,8 @@ using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_check_fixture(CLI::App& app);
 Runner add_make_tiny(CLI::App& app);
+Runner add_probe(CLI::App& app);
+Runner add_convert(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_serve(CLI::App& app);  // serve, chat, run: builds with the server (FB_HAVE_SERVER)
 Runner add_chat(CLI::App& app);

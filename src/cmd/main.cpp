@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   };
   reg("inspect", "validate a snapshot and print its config, layer roles and bytes per class", fb::cmd::add_inspect);
   reg("check-fixture", "run an official-reference fixture and compare logits, ids, taps and drafts", fb::cmd::add_check_fixture);
+  reg("probe", "measure RAM, cores, drives and the GPU; print the memory plan and decode bounds", fb::cmd::add_probe);
+  reg("convert", "write the expert-major store (and replicas) from a snapshot", fb::cmd::add_convert);
 #ifdef FB_HAVE_TOKENIZER
   reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
   app.add_subcommand("tokenize", "encode stdin with a tokenizer.json (or --decode ids); see --help of the subcommand");

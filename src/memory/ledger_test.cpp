@@ -157,3 +157,26 @@ TEST(Plan, ReleasedModelOnH200) {
 
 }  // namespace
 }  // namespace fb::memory
+
+#include "memory/tier_model.h"
+
+namespace fb::memory {
+namespace {
+
+TEST(TierModel, AllInHbmIsTheHbmRoofline) {
+  DecodeLoad l{8.52e9, 18800640, 240, 1.0, 0.0};
+  DecodeBound b = decode_bound(l, {4.3e12, 53e9, 7e9});
+  EXPECT_NEAR(b.serial_s, (8.52e9 + 240 * 18800640.0) / 4.3e12, 1e-9);
+  EXPECT_EQ(b.h2d_s, 0);
+  l.hbm_hit = 0.5;
+  l.host_hit = 0.3;
+  b = decode_bound(l, {4.3e12, 53e9, 7e9});
+  EXPECT_NEAR(b.drive_s, 0.2 * 240 * 18800640.0 / 7e9, 1e-9);
+  EXPECT_GT(b.ceiling_tok_per_s(), b.floor_tok_per_s());
+  const double s = zipf_exponent_for_top_share(384, 10, 0.45);
+  EXPECT_NEAR(zipf_top_share(384, 10, s), 0.45, 1e-6);
+  EXPECT_NEAR(zipf_top_share(384, 384, s), 1.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace fb::memory

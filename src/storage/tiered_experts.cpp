@@ -216,4 +216,17 @@ TierStats TieredExperts::stats() const {
   return stats_;
 }
 
+Result<std::shared_ptr<TieredExperts>> tiered_experts_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
+                                                          TieredOptions opt, memory::Ledger* ledger) {
+  if (store_dirs.empty()) return TieredExperts::create(FB_TRY(shard_locator(snap)), {snap.dir()}, opt, ledger);
+  const uint64_t id = FB_TRY(model_identity(snap.dir()));
+  std::shared_ptr<const ExpertStore> store(FB_TRY(ExpertStore::open(store_dirs[0], id)));
+  for (size_t i = 1; i < store_dirs.size(); ++i) {
+    auto other = FB_TRY(ExpertStore::open(store_dirs[i], id));
+    if (other->layout().stride_bytes != store->layout().stride_bytes)
+      return FB_ERROR(kCorrupt) << store_dirs[i] << ": replica layout differs from " << store_dirs[0];
+  }
+  return TieredExperts::create(store_locator(store), store_dirs, opt, ledger);
+}
+
 }  // namespace fb::storage

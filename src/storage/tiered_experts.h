@@ -97,4 +97,9 @@ class TieredExperts final : public model::ExpertSource {
   mutable TierStats stats_;
 };
 
+// The tiers over a snapshot: reads from the expert store in `store_dirs` (replicas; validated
+// against the snapshot's identity) or, when none is given, straight from the snapshot's shards.
+Result<std::shared_ptr<TieredExperts>> tiered_experts_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
+                                                          TieredOptions opt, memory::Ledger* ledger = nullptr);
+
 }  // namespace fb::storage

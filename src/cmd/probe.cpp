@@ -1,0 +1,200 @@
+// flashbox probe: host RAM and cores, drive read rates (O_DIRECT, io_uring), the GPU and its pinned
+// H2D rate when a CUDA runtime is built in (FB_HAVE_CUDA); then the memory plan for a model and
+// the tier-bound decode rates (docs/tiers.md). Flags override every probed number.
+#include <sched.h>
+#include <sys/sysinfo.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cmd/commands.h"
+#include "memory/plan.h"
+#include "memory/tier_model.h"
+#include "model/config.h"
+#include "storage/drive_probe.h"
+#ifdef FB_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace fb::cmd {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kGB = 1e9;
+
+struct ProbeArgs {
+  std::vector<std::string> dirs;
+  std::string model;
+  double seconds = 2.0;
+  int file_mib = 1024;
+  double hbm_target_gib = -1, host_target_gib = -1, hbm_gbps = -1, h2d_gbps = -1, drive_gbps = -1;
+  int expert_slots = -1;
+  int64_t host_experts = -1;
+  int sessions = 1;
+  int64_t context = 131072;
+  bool no_dspark = false;
+};
+
+struct Gpu {
+  bool present = false;
+  std::string name;
+  int sms = 0;
+  uint64_t total_bytes = 0, free_bytes = 0;
+  double h2d_bytes_per_s = 0;
+};
+
+Gpu probe_gpu() {
+  Gpu g;
+#ifdef FB_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return g;
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return g;
+  g.present = true;
+  g.name = p.name;
+  g.sms = p.multiProcessorCount;
+  size_t fr = 0, tot = 0;
+  cudaMemGetInfo(&fr, &tot);
+  g.free_bytes = fr;
+  g.total_bytes = tot;
+  const size_t n_bytes = 256u << 20;
+  void *host = nullptr, *dev = nullptr;
+  if (cudaHostAlloc(&host, n_bytes, cudaHostAllocDefault) == cudaSuccess && cudaMalloc(&dev, n_bytes) == cudaSuccess) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaMemcpy(dev, host, n_bytes, cudaMemcpyHostToDevice);  // warm up
+    const int reps = 10;
+    cudaEventRecord(a);
+    for (int i = 0; i < reps; ++i) cudaMemcpyAsync(dev, host, n_bytes, cudaMemcpyHostToDevice);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    g.h2d_bytes_per_s = double(n_bytes) * reps / (double(ms) * 1e-3);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  if (dev) cudaFree(dev);
+  if (host) cudaFreeHost(host);
+#endif
+  return g;
+}
+
+int run_probe(const ProbeArgs& a) {
+  struct sysinfo si;
+  sysinfo(&si);
+  const double ram_total = double(si.totalram) * si.mem_unit, ram_free = double(si.freeram + si.bufferram) * si.mem_unit;
+  cpu_set_t set;
+  sched_getaffinity(0, sizeof set, &set);
+  std::printf("host: %.1f GiB RAM (%.1f GiB free), %d CPU cores usable (%u online)\n", ram_total / memory::kGiB, ram_free / memory::kGiB,
+              CPU_COUNT(&set), std::thread::hardware_concurrency());
+
+  std::vector<std::string> dirs = a.dirs.empty() ? std::vector<std::string>{fs::temp_directory_path().string()} : a.dirs;
+  double drive_total = 0;
+  for (const std::string& d : dirs) {
+    auto r = storage::probe_drive(d, uint64_t(a.file_mib) << 20, a.seconds);
+    if (!r.ok()) {
+      std::printf("drive %s: %s\n", d.c_str(), r.status().to_string().c_str());
+      continue;
+    }
+    std::printf("drive %s (%s, %s, %llu MiB file): sequential 1M %.2f GB/s, random 1M %.2f GB/s, random 4K %.3f GB/s (%.0f IOPS)\n",
+                d.c_str(), r->engine.c_str(), r->direct ? "O_DIRECT" : "buffered: O_DIRECT refused", (unsigned long long)(r->file_bytes >> 20),
+                r->seq_bytes_per_s / kGB, r->rand1m_bytes_per_s / kGB, r->rand4k_bytes_per_s / kGB, r->rand4k_iops());
+    drive_total += r->rand1m_bytes_per_s;  // expert reads are ~19 MB at scattered offsets
+  }
+
+  const Gpu g = probe_gpu();
+  if (g.present)
+    std::printf("gpu: %s, %d SMs, %.1f GiB HBM (%.1f GiB free), pinned H2D %.1f GB/s\n", g.name.c_str(), g.sms,
+                double(g.total_bytes) / memory::kGiB, double(g.free_bytes) / memory::kGiB, g.h2d_bytes_per_s / kGB);
+  else
+    std::printf("gpu: none found%s; the plan assumes an H200 (139 GiB usable, 4.3 TB/s HBM, 53 GB/s pinned H2D)\n",
+#ifdef FB_HAVE_CUDA
+                ""
+#else
+                " (built without CUDA)"
+#endif
+    );
+
+  std::string cfg_path = a.model.empty() ? std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json" : a.model;
+  if (fs::is_directory(cfg_path)) cfg_path += "/config.json";
+  auto cfg = model::Config::from_file(cfg_path);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "probe: %s\n", cfg.status().to_string().c_str());
+    return 2;
+  }
+  memory::PlanInputs in;
+  const uint64_t reserve = 2 * memory::kGiB;  // CUDA context, allocator slack
+  in.hbm_target_bytes = a.hbm_target_gib >= 0 ? uint64_t(a.hbm_target_gib * memory::kGiB)
+                        : g.present          ? (g.free_bytes > reserve ? g.free_bytes - reserve : 0)
+                                             : 139 * memory::kGiB - reserve;
+  in.host_target_bytes = a.host_target_gib >= 0 ? uint64_t(a.host_target_gib * memory::kGiB)
+                                                : uint64_t(std::max(0.0, std::min(ram_total * 0.75, ram_free - 4.0 * memory::kGiB)));
+  in.n_sessions = a.sessions;
+  in.context_tokens = a.context;
+  in.dspark = !a.no_dspark;
+  in.expert_slots = a.expert_slots;
+  in.host_experts = a.host_experts;
+  auto plan = memory::plan_memory(*cfg, in);
+  std::printf("plan for %s:\n", cfg_path.c_str());
+  if (!plan.ok()) {
+    std::printf("  %s\n", plan.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("%s", plan->to_string().c_str());
+
+  memory::TierRates rates;
+  rates.hbm_bytes_per_s = a.hbm_gbps > 0 ? a.hbm_gbps * kGB : 4.3e12;
+  rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
+  rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
+  const int layers = cfg->n_layers, n = cfg->n_routed_experts, k = cfg->n_activated_experts;
+  uint64_t dense = 0;  // per token: every backbone weight except routed experts, Engram tables and embedding
+  for (const memory::PlanItem& i : plan->items)
+    if (i.name.rfind("dense weights", 0) == 0) dense = i.bytes;
+  const double host_per_layer = double(plan->host_cache_experts) / std::max(1, plan->n_expert_layers);
+  std::printf("decode bound (HBM %.0f GB/s, H2D %.1f GB/s, drives %.2f GB/s; static placement by popularity):\n",
+              rates.hbm_bytes_per_s / kGB, rates.h2d_bytes_per_s / kGB, rates.drive_bytes_per_s / kGB);
+  for (double share : {0.3, 0.45, 0.6}) {
+    const double s = memory::zipf_exponent_for_top_share(n, 10, share);
+    memory::DecodeLoad l;
+    l.dense_bytes = double(dense);
+    l.expert_bytes = double(plan->expert_bytes);
+    l.experts_per_token = double(layers) * k;
+    l.hbm_hit = memory::zipf_top_share(n, plan->hbm_slots_per_layer, s);
+    l.host_hit = memory::zipf_top_share(n, std::min(n, plan->hbm_slots_per_layer + int(host_per_layer)), s) - l.hbm_hit;
+    const memory::DecodeBound b = memory::decode_bound(l, rates);
+    std::printf("  top-10 share %.0f%%: hits HBM %.1f%% host %.1f%% drive %.1f%% -> %.1f ms/token serial (%.1f tok/s floor), %.1f ms "
+                "overlapped (%.1f tok/s)\n",
+                share * 100, l.hbm_hit * 100, l.host_hit * 100, (1 - l.hbm_hit - l.host_hit) * 100, b.serial_s * 1e3,
+                b.floor_tok_per_s(), b.overlapped_s * 1e3, b.ceiling_tok_per_s());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_probe(CLI::App& app) {
+  auto a = std::make_shared<ProbeArgs>();
+  app.add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
+  app.add_option("--model", a->model, "snapshot folder or config.json (default: the released config)");
+  app.add_option("--seconds", a->seconds, "seconds per drive measurement");
+  app.add_option("--file-mib", a->file_mib, "size of the scratch file per drive");
+  app.add_option("--hbm-target-gib", a->hbm_target_gib, "override the HBM byte target");
+  app.add_option("--host-target-gib", a->host_target_gib, "override the pinned host RAM target");
+  app.add_option("--hbm-gbps", a->hbm_gbps, "override the HBM read rate");
+  app.add_option("--h2d-gbps", a->h2d_gbps, "override the pinned H2D rate");
+  app.add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
+  app.add_option("--expert-slots", a->expert_slots, "HBM expert slots per layer (default: from the remainder)");
+  app.add_option("--host-experts", a->host_experts, "host cache size in experts (default: from the remainder)");
+  app.add_option("--sessions", a->sessions, "sessions whose KV is mandatory");
+  app.add_option("--context", a->context, "context tokens per session");
+  app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
+  return [a] { return run_probe(*a); };
+}
+
+}  // namespace fb::cmd
