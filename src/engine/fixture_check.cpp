@@ -5,11 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mapped_file.h"
+#include "vision/fixture_image.h"
 
 namespace fb::engine {
 
@@ -83,8 +85,6 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   std::string steps_text = FB_TRY(read_file_bytes((fs::path(dir) / "steps.json").string()));
   json steps = json::parse(steps_text, nullptr, false);
   if (steps.is_discarded() || !steps.is_object()) return FB_ERROR(kCorrupt) << dir << "/steps.json is not a JSON object";
-  if (fs::exists(fs::path(dir) / "token_types.i32") || fs::exists(fs::path(dir) / "image.png"))
-    return FB_ERROR(kUnsupported) << dir << ": image fixtures need the vision tower, which this build does not run yet";
   auto prompt = FB_TRY(load_raw<int32_t>((fs::path(dir) / "prompt.i32").string()));
   auto logits = FB_TRY(load_raw<float>((fs::path(dir) / "logits.f32").string()));
   if (!steps.contains("greedy_ids") || !steps["greedy_ids"].is_array()) return FB_ERROR(kCorrupt) << "steps.json: no greedy_ids";
@@ -92,6 +92,13 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   for (auto& g : steps["greedy_ids"]) greedy.push_back(g.get<int32_t>());
   const int64_t n_steps = int64_t(greedy.size()) - 1;
   if (prompt.empty()) return FB_ERROR(kCorrupt) << "empty prompt";
+  // Image fixtures: our preprocessing, ViT and aligner against the fixture's stage files; the span
+  // rows then enter the prefill as rows with embeddings (spec/14 §6), decode steps are text.
+  std::optional<vision::ImageFixtureResult> image;
+  if (fs::exists(fs::path(dir) / "token_types.i32")) {
+    image = FB_TRY(vision::check_image_fixture(dir, int64_t(prompt.size())));
+    FB_LOG(kInfo) << "check-fixture " << rep.case_name << " " << image->line();
+  }
 
   auto ex_or = make_executor((fs::path(dir) / "checkpoint").string());
   if (!ex_or.ok()) return ex_or.status();
@@ -149,6 +156,12 @@ Result<FixtureReport> check_fixture(const std::string& dir,
       r.kind = model::RowKind::kPrefill;
       r.prefill_end = N;
       r.want_logits = p == N - 1;
+      if (image && image->embed_row[size_t(p)] >= 0) {
+        r.image = true;
+        r.embed_row = int32_t(st.embeddings.size() / size_t(c.dim));
+        const uint16_t* e = &image->embeddings[size_t(image->embed_row[size_t(p)]) * size_t(c.dim)];
+        st.embeddings.insert(st.embeddings.end(), e, e + c.dim);
+      }
       st.rows.push_back(r);
     }
     taps.after_block.clear();
@@ -284,7 +297,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   } else {
     rep.drafts = "absent";
   }
-  rep.pass = rep.max_dlogit <= 0.02 && rep.first_divergence < 0 && (rep.taps == "absent" || rep.taps.rfind("OK", 0) == 0) &&
+  rep.pass = rep.max_dlogit <= 0.02 && rep.first_divergence < 0 && (!image || image->ok()) && (rep.taps == "absent" || rep.taps.rfind("OK", 0) == 0) &&
              (rep.drafts == "absent" || rep.drafts.rfind("OK", 0) == 0);
   return rep;
 }
