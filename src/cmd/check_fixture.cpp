@@ -5,6 +5,9 @@
 
 #include "cmd/commands.h"
 #include "cpu/executor.h"
+#ifdef FB_HAVE_CUDA_EXECUTOR
+#include "cuda/executor.h"
+#endif
 #include "engine/fixture_check.h"
 #include "storage/tiered_experts.h"
 
@@ -18,6 +21,7 @@ struct Args {
   int64_t chunk = 0;
   int64_t expert_slots = 0;
   bool verbose = false;
+  bool compare_cpu = false;
   std::string dump, inject;
 };
 
@@ -39,7 +43,19 @@ int run(const Args& a) {
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
     if (a.expert_slots > 0) return FB_ERROR(kUnsupported) << "--expert-slots with --backend " << a.backend << " (tiers are wired for cpu only)";
+#ifdef FB_HAVE_CUDA_EXECUTOR
+    if (a.backend == "cuda") {
+      auto m = cuda::CudaExecutor::load(ckpt);
+      if (!m.ok()) return m.status();
+      return std::unique_ptr<model::Executor>(std::move(m.value()));
+    }
+#endif
     return FB_ERROR(kUnsupported) << "backend \"" << a.backend << "\" is not built into this binary";
+  };
+  auto make_cpu = [](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
+    auto m = cpu::CpuModel::load(ckpt);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<model::Executor>(std::move(m.value()));
   };
   int rc = 0;
   for (const std::string& dir : a.dirs) {
@@ -48,6 +64,7 @@ int run(const Args& a) {
     opt.verbose = a.verbose;
     opt.dump_dir = a.dump;
     opt.inject_dir = a.inject;
+    if (a.compare_cpu) opt.make_reference = make_cpu;
     auto rep = engine::check_fixture(dir, make, opt);
     if (!rep.ok()) {
       std::fprintf(stderr, "check-fixture %s: could not run: %s\n", dir.c_str(), rep.status().to_string().c_str());
@@ -55,6 +72,7 @@ int run(const Args& a) {
       continue;
     }
     if (!rep->pass) rc = std::max(rc, 1);
+    if (rep->reference.ran) std::printf("%s\n", rep->reference.line().c_str());
     std::printf("%s\n", rep->summary_line().c_str());
     std::fflush(stdout);
   }
@@ -71,6 +89,7 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_option("--chunk", a->chunk, "prefill chunk size in rows (0 = one shot)");
   app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
+  app.add_flag("--compare-cpu", a->compare_cpu, "also run the CPU reference in lockstep and compare logits, taps and drafts bit for bit");
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");
   app.add_option("--inject-taps", a->inject, "debug: replace each block's input with L<l>.x_in.f32 / L<l>.pre_in.f32 from this folder");
   return [a] { return run(*a); };

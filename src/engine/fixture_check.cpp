@@ -67,7 +67,31 @@ struct RowCompare {
   }
 };
 
+bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0; }
+
+double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) m = INFINITY;
+      continue;
+    }
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return m;
+}
+
 }  // namespace
+
+std::string ReferenceComparison::line() const {
+  std::ostringstream o;
+  o << "compare " << name << ": " << (identical() ? "IDENTICAL" : "DIFFERENT") << " ids=" << ids_same << "/" << rows
+    << " bitwise_rows=" << rows_bitwise << "/" << rows << " max_dlogit=" << max_dlogit << " taps_bitwise=" << tap_layers_bitwise << "/"
+    << tap_layers << " tap_max=" << tap_max << " draft_rows_bitwise=" << draft_rows_bitwise << "/" << draft_rows
+    << " draft_ids=" << draft_ids_same << "/" << draft_ids_total << " draft_max_dlogit=" << draft_max_dlogit
+    << " draft_max_dconf=" << draft_max_dconf;
+  return o.str();
+}
 
 std::string FixtureReport::summary_line() const {
   std::ostringstream o;
@@ -127,6 +151,26 @@ Result<FixtureReport> check_fixture(const std::string& dir,
 
   auto session = ex->new_session();
   std::vector<model::SessionState*> sess{session.get()};
+  // Optional lockstep reference (same steps, same teacher forcing).
+  std::unique_ptr<model::Executor> ref;
+  std::unique_ptr<model::SessionState> ref_session;
+  std::vector<model::SessionState*> ref_sess;
+  ReferenceComparison& cmp = rep.reference;
+  if (opt.make_reference) {
+    auto r = opt.make_reference((fs::path(dir) / "checkpoint").string());
+    if (!r.ok()) return r.status();
+    ref = std::move(r.value());
+    ref_session = ref->new_session();
+    ref_sess.push_back(ref_session.get());
+    cmp.ran = true;
+    cmp.name = std::string(ex->name()) + " vs " + ref->name();
+  }
+  auto compare_ref_logits = [&](const float* got, const float* want) {
+    ++cmp.rows;
+    cmp.rows_bitwise += same_bits(got, want, V);
+    cmp.ids_same += argmax(got, V) == argmax(want, V);
+    cmp.max_dlogit = std::max(cmp.max_dlogit, max_abs_diff(got, want, V));
+  };
   const int n_taps = int(c.dspark_target_layer_ids.size());
   const int64_t tap_w = int64_t(n_taps) * c.dim;
 
@@ -166,6 +210,23 @@ Result<FixtureReport> check_fixture(const std::string& dir,
     }
     taps.after_block.clear();
     model::StepOutput out = FB_TRY(ex->forward(st, sess, &taps));
+    if (ref) {
+      model::Taps rt;
+      rt.enabled = true;
+      model::StepOutput ro = FB_TRY(ref->forward(st, ref_sess, &rt));
+      if (!ro.logits.empty() && ro.logits.size() == out.logits.size()) compare_ref_logits(out.logits.data(), ro.logits.data());
+      if (taps.enabled)
+        for (int l = 0; l < c.n_layers; ++l) {
+          const auto& a = taps.after_block[size_t(l)];
+          const auto& b = rt.after_block[size_t(l)];
+          ++cmp.tap_layers;
+          cmp.tap_layers_bitwise += a.size() == b.size() && a == b;
+          for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+            cmp.tap_max = std::max(cmp.tap_max, std::fabs(double(bf16_to_f32(a[i])) - double(bf16_to_f32(b[i]))));
+        }
+      ++cmp.tap_layers;  // the DSpark tap rows count as one more tap set
+      cmp.tap_layers_bitwise += ro.taps == out.taps;
+    }
     if (taps.enabled)
       for (int l = 0; l < c.n_layers; ++l) tap_all[size_t(l)].insert(tap_all[size_t(l)].end(), taps.after_block[size_t(l)].begin(), taps.after_block[size_t(l)].end());
     dspark_taps.insert(dspark_taps.end(), out.taps.begin(), out.taps.end());
@@ -245,6 +306,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   if (have_drafts) {
     const int64_t first = std::max<int64_t>(0, N - W);
     FB_RETURN_IF_ERROR(ex->draft_commit(*session, first, &dspark_taps[size_t(first * tap_w)], N - first));
+    if (ref) FB_RETURN_IF_ERROR(ref->draft_commit(*ref_session, first, &dspark_taps[size_t(first * tap_w)], N - first));
   }
   double draft_max = 0;
   int draft_rows = 0, draft_id_match = 0, draft_id_total = 0;
@@ -259,6 +321,28 @@ Result<FixtureReport> check_fixture(const std::string& dir,
     st.rows.push_back(r);
     model::StepOutput out = FB_TRY(ex->forward(st, sess, nullptr));
     compare_row(k, out.logits.data());
+    if (ref) {
+      model::StepOutput ro = FB_TRY(ref->forward(st, ref_sess, nullptr));
+      compare_ref_logits(out.logits.data(), ro.logits.data());
+      if (have_drafts && size_t(k - 1) < draft_ids.size()) {
+        // Both drafts from the SAME tap row (ours), so the comparison isolates the draft pass.
+        model::DraftOutput a = FB_TRY(ex->draft(*session, greedy[size_t(k)], out.taps.data(), r.pos));
+        model::DraftOutput b = FB_TRY(ref->draft(*ref_session, greedy[size_t(k)], out.taps.data(), r.pos));
+        for (int j = 0; j < B; ++j) {
+          ++cmp.draft_rows;
+          cmp.draft_rows_bitwise += same_bits(&a.logits[size_t(j * V)], &b.logits[size_t(j * V)], V) &&
+                                    std::memcmp(&a.confidence[size_t(j)], &b.confidence[size_t(j)], sizeof(float)) == 0;
+          cmp.draft_max_dlogit = std::max(cmp.draft_max_dlogit, max_abs_diff(&a.logits[size_t(j * V)], &b.logits[size_t(j * V)], V));
+          cmp.draft_max_dconf = std::max(cmp.draft_max_dconf, double(std::fabs(a.confidence[size_t(j)] - b.confidence[size_t(j)])));
+        }
+        for (size_t j = 0; j < a.ids.size() && j < b.ids.size(); ++j) {
+          ++cmp.draft_ids_total;
+          cmp.draft_ids_same += a.ids[j] == b.ids[j];
+        }
+        // Re-run our draft for the fixture comparison below from the same state: draft() is
+        // idempotent for a given (anchor, tap row, p) because the ring write of p is the same.
+      }
+    }
     if (have_drafts && size_t(k - 1) < draft_ids.size()) {
       model::DraftOutput d = FB_TRY(ex->draft(*session, greedy[size_t(k)], out.taps.data(), r.pos));
       const auto& want_ids = draft_ids[size_t(k - 1)];

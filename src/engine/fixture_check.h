@@ -17,6 +17,26 @@ struct FixtureCheckOptions {
   bool verbose = false;
   std::string dump_dir;
   std::string inject_dir;     // read L<l>.x_in.f32 / L<l>.pre_in.f32 and inject them (debugging)       // write detailed prefill taps here as <name>.f32 (debugging)
+  // When set, a second executor (e.g. the CPU reference) runs the same teacher-forced protocol in
+  // lockstep and the report compares the two directly (CUDA vs CPU parity, docs/numerics.md).
+  std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)> make_reference;
+};
+
+// Direct comparison of the checked executor against a reference executor (--compare-cpu).
+struct ReferenceComparison {
+  bool ran = false;
+  std::string name;                  // reference executor's name
+  int rows = 0, ids_same = 0;        // logits rows compared, argmax identical
+  int rows_bitwise = 0;              // rows whose f32 logits are bit-identical
+  double max_dlogit = 0;             // max |logit - reference logit|, NaN mismatch = inf
+  int tap_layers = 0, tap_layers_bitwise = 0;
+  double tap_max = 0;                // max |d| over after-block taps (bf16 values)
+  int draft_rows = 0, draft_rows_bitwise = 0, draft_ids_same = 0, draft_ids_total = 0;
+  double draft_max_dlogit = 0, draft_max_dconf = 0;
+  bool identical() const {
+    return rows_bitwise == rows && tap_layers_bitwise == tap_layers && draft_rows_bitwise == draft_rows && draft_ids_same == draft_ids_total;
+  }
+  std::string line() const;
 };
 
 struct FixtureReport {
@@ -28,6 +48,7 @@ struct FixtureReport {
   double max_dlogit = 0, mean_dlogit = 0, max_rel = 0;
   std::string taps;                // "OK", "max_rel=..", "absent"
   std::string drafts;              // "OK", "...", "absent"
+  ReferenceComparison reference;   // filled when FixtureCheckOptions::make_reference is set
   std::string summary_line() const;
 };
 

@@ -1,0 +1,66 @@
+// Device memory and error plumbing of the CUDA executor: RAII buffers, CUDA errors as Status.
+// Host header (no kernels); every launcher in fb::cuda returns Status through FB_CUDA_TRY.
+// Invariant: a DeviceBuffer owns exactly one cudaMalloc allocation (or none).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "base/status.h"
+
+namespace fb::cuda {
+
+inline Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status();
+  const StatusCode code = e == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory : StatusCode::kInternal;
+  return Status(code, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace fb::cuda
+
+#define FB_CUDA_TRY(expr) FB_RETURN_IF_ERROR(::fb::cuda::cuda_status((expr), #expr))
+// After a launch: configuration errors show up here, not at the <<<>>> site.
+#define FB_CUDA_LAUNCHED(name) FB_RETURN_IF_ERROR(::fb::cuda::cuda_status(cudaGetLastError(), name))
+
+namespace fb::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  // Allocation failure is a Status the caller may act on (shrink a cache, fewer rows).
+  Status alloc(size_t bytes) {
+    reset();
+    if (bytes == 0) return Status();
+    FB_CUDA_TRY(cudaMalloc(&p_, bytes));
+    n_ = bytes;
+    return Status();
+  }
+  void reset() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  template <typename T = void>
+  T* get() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace fb::cuda

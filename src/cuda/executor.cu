@@ -1,0 +1,1076 @@
+// CudaExecutor: loading, sessions, and the step objects that run model/forward.h on the GPU.
+// Class for class the mirror of cpu/executor.cpp: CudaLayerOps (sublayer ops), CudaStep
+// (backbone rows of one or more sessions), CudaDraftStep (DSpark block). Host work is
+// bookkeeping only (positions, ring slots, key lists, Engram hashes); all arithmetic is on the
+// device in the kernels of ops.h. Errors stick in the step's Status and skip later ops.
+#include "cuda/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <map>
+
+#include "base/check.h"
+#include "cpu/session_cache.h"
+#include "loader/bind.h"
+#include "model/forward.h"
+
+namespace fb::cuda {
+
+using model::Config;
+using model::LayerRole;
+using model::Row;
+using model::RowKind;
+using model::Site;
+
+namespace {
+
+uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// Per-step device allocations, freed when the step ends (after the stream was synchronised).
+class Arena {
+ public:
+  explicit Arena(cudaStream_t st) : st_(st) {}
+  template <typename T>
+  T* alloc(int64_t n, Status& status) {
+    if (!status.ok()) return nullptr;
+    DeviceBuffer b;
+    status = b.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    if (!status.ok()) return nullptr;
+    T* p = b.get<T>();
+    bufs_.push_back(std::move(b));
+    return p;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v, Status& status) {
+    T* p = alloc<T>(int64_t(v.size()), status);
+    if (p && !v.empty()) status = cuda_status(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st_), "upload");
+    return status.ok() ? p : nullptr;
+  }
+
+ private:
+  cudaStream_t st_;
+  std::vector<DeviceBuffer> bufs_;
+};
+
+}  // namespace
+
+// ---- sessions ---------------------------------------------------------------------------------
+
+static Status init_ring(DevRing& r, int slots, int head_dim, cudaStream_t st) {
+  r.slots = slots;
+  r.row_bytes = head_dim + head_dim / 32;
+  r.pos.assign(size_t(slots), -1);
+  FB_RETURN_IF_ERROR(r.data.alloc(size_t(slots) * size_t(r.row_bytes)));
+  FB_CUDA_TRY(cudaMemsetAsync(r.data.get(), 0, r.data.bytes(), st));
+  return Status();
+}
+
+Status CudaSession::ensure_allocated(cudaStream_t st) {
+  if (allocated_) return Status();
+  const Config& c = *config_;
+  rings.resize(size_t(c.n_layers));
+  for (auto& r : rings) FB_RETURN_IF_ERROR(init_ring(r, c.window_size + cpu::kRingHeadroom, c.head_dim, st));
+  comp.resize(size_t(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& role = c.roles[size_t(l)];
+    if (!role.kv_source) continue;
+    DevCompressed& cc = comp[size_t(l)];
+    cc.ratio = role.ratio;
+    cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
+    cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
+    if (role.ratio == 2) {
+      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(2 * 2 * c.head_dim) * sizeof(float)));
+      FB_CUDA_TRY(cudaMemsetAsync(cc.tail.get(), 0, cc.tail.bytes(), st));
+    }
+  }
+  draft_rings.resize(size_t(c.n_mtp_layers));
+  for (auto& r : draft_rings) FB_RETURN_IF_ERROR(init_ring(r, c.window_size, c.head_dim, st));
+  allocated_ = true;
+  return Status();
+}
+
+Status CudaSession::reserve_compressed(int layer, int64_t entries, cudaStream_t st) {
+  DevCompressed& cc = comp[size_t(layer)];
+  if (entries <= cc.capacity) return Status();
+  const int64_t cap = std::max<int64_t>({entries, 2 * cc.capacity, 64});
+  DeviceBuffer kv, keys;
+  FB_RETURN_IF_ERROR(kv.alloc(size_t(cap) * size_t(cc.kv_bytes)));
+  FB_RETURN_IF_ERROR(keys.alloc(size_t(cap) * size_t(cc.key_bytes)));
+  if (cc.n_entries > 0) {
+    FB_CUDA_TRY(cudaMemcpyAsync(kv.get(), cc.kv.get(), size_t(cc.n_entries) * size_t(cc.kv_bytes), cudaMemcpyDeviceToDevice, st));
+    FB_CUDA_TRY(cudaMemcpyAsync(keys.get(), cc.keys.get(), size_t(cc.n_entries) * size_t(cc.key_bytes), cudaMemcpyDeviceToDevice, st));
+  }
+  FB_CUDA_TRY(cudaStreamSynchronize(st));  // the old buffers are freed below
+  cc.kv = std::move(kv);
+  cc.keys = std::move(keys);
+  cc.capacity = cap;
+  return Status();
+}
+
+// Same rule as cpu::SessionCache::rollback (positions are host bookkeeping; ratio-2 tails are
+// parity-addressed, so re-running a position rewrites its slot).
+Status CudaSession::rollback(int64_t p) {
+  if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
+  const Config& c = *config_;
+  for (const DevRing& r : rings)
+    for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
+      if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
+  next_pos = p;
+  tokens.resize(size_t(p));
+  image.resize(size_t(p));
+  for (DevCompressed& cc : comp)
+    if (cc.ratio) cc.n_entries = std::min(cc.n_entries, p / cc.ratio);
+  return Status();
+}
+
+Status DevRope::ensure(int64_t n, cudaStream_t st) {
+  if (n <= n_pos) return Status();
+  const int half = table.rope_dim / 2;
+  if (n > capacity) {
+    const int64_t cap = std::max<int64_t>(n, 2 * capacity);
+    DeviceBuffer c, s;
+    FB_RETURN_IF_ERROR(c.alloc(size_t(cap * half) * sizeof(float)));
+    FB_RETURN_IF_ERROR(s.alloc(size_t(cap * half) * sizeof(float)));
+    if (n_pos > 0) {
+      FB_CUDA_TRY(cudaMemcpyAsync(c.get(), cos.get(), size_t(n_pos * half) * sizeof(float), cudaMemcpyDeviceToDevice, st));
+      FB_CUDA_TRY(cudaMemcpyAsync(s.get(), sin.get(), size_t(n_pos * half) * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    }
+    FB_CUDA_TRY(cudaStreamSynchronize(st));
+    cos = std::move(c);
+    sin = std::move(s);
+    capacity = cap;
+  }
+  std::vector<float> hc(size_t((n - n_pos) * half)), hs(hc.size());
+  for (int64_t p = n_pos; p < n; ++p) table.at(p, &hc[size_t((p - n_pos) * half)], &hs[size_t((p - n_pos) * half)]);
+  FB_CUDA_TRY(cudaMemcpy(cos.get<float>() + n_pos * half, hc.data(), hc.size() * sizeof(float), cudaMemcpyHostToDevice));
+  FB_CUDA_TRY(cudaMemcpy(sin.get<float>() + n_pos * half, hs.data(), hs.size() * sizeof(float), cudaMemcpyHostToDevice));
+  n_pos = n;
+  return Status();
+}
+
+// ---- loading -------------------------------------------------------------------------------------
+
+CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
+    : snap_(std::move(snap)), cfg_(snap_->config()), w_(loader::bind_weights(*snap_)), token_map_(std::move(token_map)) {
+  const Config& c = cfg_;
+  if (!c.engram_layer_ids.empty()) {
+    engram_ = model::engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_max_ngram, c.engram_n_heads,
+                                      c.engram_compressed_vocab);
+    pad_class_ = token_map_.at(size_t(c.engram_pad_id));
+  }
+  rope_plain_.table = cpu::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
+  rope_yarn_.table =
+      cpu::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return FB_ERROR(kUnsupported) << "no CUDA device is visible";
+  auto snap = FB_TRY(loader::Snapshot::open(dir));
+  loader::ValidationReport rep = snap->validate();
+  if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
+  const Config& c = snap->config();
+  if (token_map.empty()) token_map = snap->engram_token_map();
+  if (!c.engram_layer_ids.empty()) {
+    if (token_map.empty())
+      return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
+    FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
+  }
+  if (c.has_vision()) return FB_ERROR(kUnsupported) << dir << ": the CUDA executor does not run the vision tower yet";
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
+  FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
+  FB_RETURN_IF_ERROR(ex->upload_weights());
+  return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
+}
+
+template <typename T>
+Result<const T*> CudaExecutor::up(const TensorView& v) {
+  if (!v.valid()) return static_cast<const T*>(nullptr);
+  DeviceBuffer b;
+  FB_RETURN_IF_ERROR(b.alloc(v.nbytes()));
+  FB_CUDA_TRY(cudaMemcpy(b.get(), v.data, v.nbytes(), cudaMemcpyHostToDevice));
+  const T* p = b.get<T>();
+  owned_.push_back(std::move(b));
+  return p;
+}
+
+Result<Fp8W> CudaExecutor::up8(const model::Fp8Linear& l) {
+  Fp8W d;
+  if (!l.w.valid()) return d;
+  d.w = FB_TRY(up<uint8_t>(l.w));
+  d.s = FB_TRY(up<uint8_t>(l.scale));
+  d.N = l.w.dim(0);
+  d.K = l.w.dim(1);
+  return d;
+}
+
+// Routed experts of one layer into three contiguous [E, ...] buffers (+ scales).
+Status CudaExecutor::up_experts(int l, DevLayer& d) {
+  const int E = cfg_.roles[size_t(l)].n_experts;
+  if (E == 0) return Status();
+  loader::SnapshotExperts src(*snap_);
+  auto pack = [&](auto pick, Fp4W& out) -> Status {
+    const model::Fp4Linear first = pick(src.expert(l, 0));
+    const size_t wb = first.w.nbytes(), sb = first.scale.nbytes();
+    std::vector<uint8_t> w(wb * size_t(E)), s(sb * size_t(E));
+    for (int e = 0; e < E; ++e) {
+      const model::Fp4Linear x = pick(src.expert(l, e));
+      FB_CHECK(x.w.nbytes() == wb && x.scale.nbytes() == sb) << "expert shapes differ in layer " << l;
+      std::copy(x.w.data, x.w.data + wb, w.begin() + ptrdiff_t(wb * size_t(e)));
+      std::copy(x.scale.data, x.scale.data + sb, s.begin() + ptrdiff_t(sb * size_t(e)));
+    }
+    DeviceBuffer bw, bs;
+    FB_RETURN_IF_ERROR(bw.alloc(w.size()));
+    FB_RETURN_IF_ERROR(bs.alloc(s.size()));
+    FB_CUDA_TRY(cudaMemcpy(bw.get(), w.data(), w.size(), cudaMemcpyHostToDevice));
+    FB_CUDA_TRY(cudaMemcpy(bs.get(), s.data(), s.size(), cudaMemcpyHostToDevice));
+    out.w = bw.get<uint8_t>();
+    out.s = bs.get<uint8_t>();
+    out.N = first.w.dim(0);
+    out.K = first.w.dim(1) * 2;
+    out.w_stride = int64_t(wb);
+    out.s_stride = int64_t(sb);
+    owned_.push_back(std::move(bw));
+    owned_.push_back(std::move(bs));
+    return Status();
+  };
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w1; }, d.w1));
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w2; }, d.w2));
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w3; }, d.w3));
+  return Status();
+}
+
+Status CudaExecutor::upload_weights() {
+  embed_ = FB_TRY(up<uint16_t>(w_.embed));
+  norm_ = FB_TRY(up<uint16_t>(w_.norm));
+  head_ = FB_TRY(up<uint16_t>(w_.head));
+  layers_.resize(size_t(cfg_.n_total_layers()));
+  for (int l = 0; l < cfg_.n_total_layers(); ++l) {
+    const model::LayerWeights& w = w_.layers[size_t(l)];
+    DevLayer& d = layers_[size_t(l)];
+    d.hc_attn_fn = FB_TRY(up<float>(w.hc_attn_fn));
+    d.hc_attn_base = FB_TRY(up<float>(w.hc_attn_base));
+    d.hc_attn_scale = FB_TRY(up<float>(w.hc_attn_scale));
+    d.hc_ffn_fn = FB_TRY(up<float>(w.hc_ffn_fn));
+    d.hc_ffn_base = FB_TRY(up<float>(w.hc_ffn_base));
+    d.hc_ffn_scale = FB_TRY(up<float>(w.hc_ffn_scale));
+    d.attn_norm = FB_TRY(up<uint16_t>(w.attn_norm));
+    d.ffn_norm = FB_TRY(up<uint16_t>(w.ffn_norm));
+    d.q_norm = FB_TRY(up<uint16_t>(w.q_norm));
+    d.kv_norm = FB_TRY(up<uint16_t>(w.kv_norm));
+    d.attn_sink = FB_TRY(up<float>(w.attn_sink));
+    d.wq_a = FB_TRY(up8(w.wq_a));
+    d.wq_b = FB_TRY(up8(w.wq_b));
+    d.wkv = FB_TRY(up8(w.wkv));
+    d.wo_b = FB_TRY(up8(w.wo_b));
+    {
+      // The reference dequantises wo_a to BF16 at load; so do we (exact).
+      std::vector<uint16_t> wa = cpu::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
+      TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
+      d.wo_a = FB_TRY(up<uint16_t>(v));
+    }
+    d.comp_wkv = FB_TRY(up<uint16_t>(w.comp_wkv));
+    d.comp_wgate = FB_TRY(up<uint16_t>(w.comp_wgate));
+    d.comp_norm = FB_TRY(up<uint16_t>(w.comp_norm));
+    d.idx_wk = FB_TRY(up<uint16_t>(w.idx_wk));
+    d.idx_k_norm = FB_TRY(up<uint16_t>(w.idx_k_norm));
+    d.idx_wq_b = FB_TRY(up8(w.idx_wq_b));
+    d.idx_weights_proj = FB_TRY(up<uint16_t>(w.idx_weights_proj));
+    d.gate_w = FB_TRY(up<uint16_t>(w.gate_w));
+    d.gate_bias = FB_TRY(up<float>(w.gate_bias));
+    d.gate_bias_vl = FB_TRY(up<float>(w.gate_bias_vl));
+    d.sh_w1 = FB_TRY(up8(w.sh_w1));
+    d.sh_w2 = FB_TRY(up8(w.sh_w2));
+    d.sh_w3 = FB_TRY(up8(w.sh_w3));
+    d.engram_table = FB_TRY(up<uint8_t>(w.engram_table));
+    d.engram_table_scale = FB_TRY(up<uint8_t>(w.engram_table_scale));
+    d.engram_wkv = FB_TRY(up8(w.engram_wkv));
+    d.engram_q = FB_TRY(up<uint16_t>(w.engram_q));
+    d.engram_k = FB_TRY(up<uint16_t>(w.engram_k));
+    FB_RETURN_IF_ERROR(up_experts(l, d));
+  }
+  if (cfg_.n_mtp_layers > 0) {
+    draft_.main_proj = FB_TRY(up8(w_.draft.main_proj));
+    draft_.main_norm = FB_TRY(up<uint16_t>(w_.draft.main_norm));
+    draft_.norm = FB_TRY(up<uint16_t>(w_.draft.norm));
+    draft_.markov_embed = FB_TRY(up<uint16_t>(w_.draft.markov_embed));
+    draft_.markov_head = FB_TRY(up<uint16_t>(w_.draft.markov_head));
+    draft_.confidence = FB_TRY(up<uint16_t>(w_.draft.confidence));
+  }
+  return Status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sublayer ops shared by the backbone and the draft (cpu::CpuLayerOps). Activations are device
+// arrays [rows, ...]; each row carries its position.
+class CudaLayerOps {
+ public:
+  CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_) {
+    const int64_t D = c_.dim, hc = c_.hc_mult;
+    X_ = alloc<uint16_t>(T_ * hc * D);
+    residual_ = alloc<uint16_t>(T_ * hc * D);
+    pre_ = alloc<float>(T_ * hc);
+    mix_a_ = alloc<HcMix>(T_);
+    mix_f_ = alloc<HcMix>(T_);
+    u_ = alloc<uint16_t>(T_ * D);
+    y_ = alloc<uint16_t>(T_ * D);
+    h_ = alloc<uint16_t>(T_ * D);
+    qr_ = alloc<uint16_t>(T_ * c_.q_lora_rank);
+    q_ = alloc<uint16_t>(T_ * c_.q_dim());
+    kv_ = alloc<uint16_t>(T_ * c_.head_dim);
+    kv_codes_ = alloc<uint8_t>(T_ * row_bytes());
+    o_ = alloc<uint16_t>(T_ * c_.q_dim());
+    // act_quant scratch: the widest GEMM input of any op, times the rows that feed it.
+    int64_t k_max = std::max<int64_t>({D, c_.q_lora_rank, int64_t(c_.o_groups) * c_.o_lora_rank, c_.moe_inter_dim, c_.head_dim,
+                                       int64_t(c_.engram_cat_dim()), int64_t(c_.dspark_target_layer_ids.size()) * D});
+    int max_active = 1;
+    for (const LayerRole& r : c_.roles) max_active = std::max(max_active, r.n_active);
+    q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
+    q_buf_.codes = alloc<uint8_t>(q_buf_.capacity);
+    q_buf_.scales = alloc<float>(q_buf_.capacity / 32 + 1);
+  }
+
+  Status status() const { return status_; }
+
+  void hc_mixes(int l, Site site) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const bool a = site == Site::kAttn;
+    step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
+    if (a) copy_d2d(residual_, X_, T_ * c_.hc_mult * c_.dim * 2);  // R of spec/11 §3
+  }
+
+  // u = RMSNorm(hc_pre(X, pre), norm): the attention site collapses with the carried pre, the
+  // FFN site with the attention site's pre.
+  void hc_collapse_norm(int l, Site site) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const int hc = c_.hc_mult;
+    if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
+    const float* pre = site == Site::kAttn ? pre_ : reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre));
+    const int64_t stride = site == Site::kAttn ? hc : int64_t(sizeof(HcMix) / sizeof(float));
+    step(cuda::hc_pre(X_, T_, nullptr, hc, c_.dim, pre, stride, h_, st_));
+    step(rms_norm(h_, T_, c_.dim, site == Site::kAttn ? w.attn_norm : w.ffn_norm, c_.norm_eps, u_, st_));
+  }
+
+  void attn_q(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
+    step(fp8_gemm(u_, T_, w.wq_a, a, q_buf_, st_));
+    step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
+    step(fp8_gemm(qr_, T_, w.wq_b, q_, q_buf_, st_));
+    step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+  }
+
+  // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
+  void attn_kv(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    const int64_t hd = c_.head_dim;
+    uint16_t* a = alloc<uint16_t>(T_ * hd);
+    step(fp8_gemm(u_, T_, w.wkv, a, q_buf_, st_));
+    step(rms_norm(a, T_, hd, w.kv_norm, c_.norm_eps, kv_, st_));
+    step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+    step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st_));
+  }
+
+  // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
+  void attn_output(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
+    step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
+    uint16_t* z = alloc<uint16_t>(T_ * G * OR);
+    if (!ok()) return;
+    step(bf16_gemm(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, st_));
+    step(fp8_gemm(z, T_, w.wo_b, y_, q_buf_, st_));
+  }
+
+  void hc_expand(int l, Site site) {
+    if (!ok()) return;
+    step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
+    if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
+  }
+
+  // MoE (spec/11 §5): route, routed experts (weight before the down projection), shared expert,
+  // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
+  void moe(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active;
+    int32_t* experts = alloc<int32_t>(T_ * K);
+    float* weights = alloc<float>(T_ * K);
+    uint16_t* a = alloc<uint16_t>(T_ * K * I);
+    uint16_t* b = alloc<uint16_t>(T_ * K * I);
+    uint16_t* h = alloc<uint16_t>(T_ * K * I);
+    uint16_t* ye = alloc<uint16_t>(T_ * K * D);
+    uint16_t* ys = alloc<uint16_t>(T_ * D);
+    if (!ok()) return;
+    step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+               experts, weights, st_));
+    step(act_quant(u_, T_, D, q_buf_, st_));
+    step(fp4_gemm_q(q_buf_, T_ * K, K, w.w1, experts, a, st_));
+    step(fp4_gemm_q(q_buf_, T_ * K, K, w.w3, experts, b, st_));
+    step(swiglu(a, b, T_ * K, I, c_.swiglu_limit, weights, h, st_));
+    step(act_quant(h, T_ * K, I, q_buf_, st_));
+    step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
+    step(fp8_gemm(u_, T_, w.sh_w1, a, q_buf_, st_));
+    step(fp8_gemm(u_, T_, w.sh_w3, b, q_buf_, st_));
+    step(swiglu(a, b, T_, I, c_.swiglu_limit, nullptr, h, st_));
+    step(fp8_gemm(h, T_, w.sh_w2, ys, q_buf_, st_));
+    step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
+  }
+
+ protected:
+  bool ok() const { return status_.ok(); }
+  void step(Status s) {
+    if (status_.ok() && !s.ok()) status_ = std::move(s);
+  }
+  template <typename T>
+  T* alloc(int64_t n) {
+    return arena_.alloc<T>(n, status_);
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v) {
+    return arena_.upload<T>(v, status_);
+  }
+  void copy_d2d(void* dst, const void* src, int64_t bytes) {
+    if (ok()) step(cuda_status(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, st_), "copy"));
+  }
+  template <typename T>
+  void download(std::vector<T>& out, const T* src, int64_t n) {
+    out.resize(size_t(n));
+    if (ok() && n > 0) step(cuda_status(cudaMemcpyAsync(out.data(), src, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost, st_), "download"));
+  }
+  void sync() {
+    if (ok()) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
+  }
+  int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
+  void set_rows(const std::vector<int64_t>& pos, const std::vector<uint8_t>& image) {
+    pos_ = upload(pos);
+    image_ = upload(image);
+  }
+  void embed_tokens(const std::vector<uint64_t>& src) {
+    if (!ok()) return;
+    step(embed_rows(upload(src), T_, c_.hc_mult, c_.dim, X_, pre_, st_));
+  }
+  // logits (f32) = f32(RMSNorm(hc_pre(X, pre), norm_w)) . f32(head)^T for the listed rows.
+  void head_rows(const std::vector<int32_t>& rows, const uint16_t* norm_w, float* logits, uint16_t* collapsed) {
+    const int64_t n = int64_t(rows.size()), D = c_.dim;
+    if (!ok() || n == 0) return;
+    uint16_t* hrows = collapsed ? collapsed : alloc<uint16_t>(n * D);
+    uint16_t* nrm = alloc<uint16_t>(n * D);
+    if (!ok()) return;
+    step(cuda::hc_pre(X_, n, upload(rows), c_.hc_mult, D, pre_, c_.hc_mult, hrows, st_));
+    step(rms_norm(hrows, n, D, norm_w, c_.norm_eps, nrm, st_));
+    step(bf16_gemm(nrm, n, D, D, m_.head_, c_.vocab_size, logits, c_.vocab_size, GemmOut::kF32, 1, 0, 0, 0, st_));
+  }
+
+  const CudaExecutor& m_;
+  const Config& c_;
+  int64_t T_;
+  cudaStream_t st_;
+  Status status_;
+  Arena arena_;
+  uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
+           *o_ = nullptr;
+  uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows
+  float* pre_ = nullptr;
+  HcMix *mix_a_ = nullptr, *mix_f_ = nullptr;
+  int64_t* pos_ = nullptr;
+  uint8_t* image_ = nullptr;
+  QuantBuf q_buf_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Backbone step over rows of one or more sessions (cpu::CpuStep).
+class CudaStep : public CudaLayerOps {
+ public:
+  CudaStep(const CudaExecutor& m, const model::Step& step, const std::vector<CudaSession*>& sessions, model::Taps* taps)
+      : CudaLayerOps(m, int64_t(step.rows.size())), step_(step), sessions_(sessions), taps_(taps) {
+    std::vector<int64_t> pos(static_cast<size_t>(T_));
+    std::vector<uint8_t> image(static_cast<size_t>(T_));
+    for (int64_t t = 0; t < T_; ++t) {
+      pos[size_t(t)] = step.rows[size_t(t)].pos;
+      image[size_t(t)] = step.rows[size_t(t)].image;
+    }
+    set_rows(pos, image);
+    first_row_.assign(sessions.size(), -1);
+    start_.assign(sessions.size(), 0);
+    for (size_t s = 0; s < sessions.size(); ++s) start_[s] = sessions[s]->next_pos;
+    for (int64_t t = 0; t < T_; ++t) {
+      const int s = step.rows[size_t(t)].session;
+      if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
+    }
+    n_taps_ = int(c_.dspark_target_layer_ids.size());
+    taps_dev_ = alloc<uint16_t>(T_ * n_taps_ * c_.dim);
+    if (taps_dev_ && n_taps_ > 0) step_status(cudaMemsetAsync(taps_dev_, 0, size_t(T_ * n_taps_ * c_.dim) * 2, st_));
+    for (int64_t t = 0; t < T_; ++t) {
+      CudaSession* s = sessions_[size_t(step.rows[size_t(t)].session)];
+      s->tokens.push_back(step.rows[size_t(t)].token);
+      s->image.push_back(step.rows[size_t(t)].image ? 1 : 0);
+    }
+  }
+
+  model::StepOutput take_output() {
+    sync();
+    return std::move(out_);
+  }
+
+  void embed() {
+    if (!ok()) return;
+    const uint16_t* given = step_.embeddings.empty() ? nullptr : upload(step_.embeddings);
+    std::vector<uint64_t> src;
+    for (const Row& r : step_.rows)
+      src.push_back(r.embed_row >= 0 ? addr(given + int64_t(r.embed_row) * c_.dim) : addr(m_.embed_ + int64_t(r.token) * c_.dim));
+    embed_tokens(src);
+  }
+
+  // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
+  void engram_hash() {
+    if (!ok() || m_.engram_.empty()) return;
+    const int n_tab = int(m_.engram_.size()), n_ord = c_.engram_max_ngram - 1, H = c_.engram_n_heads;
+    std::vector<int64_t> hashes(size_t(T_ * n_tab * n_ord * H), 0);
+    for (int64_t t = 0; t < T_; ++t) {
+      const Row& r = step_.rows[size_t(t)];
+      const CudaSession* s = sessions_[size_t(r.session)];
+      auto cls = [&](int64_t p) -> int64_t {
+        if (s->image[size_t(p)]) return -1;
+        return m_.token_map_.at(size_t(s->tokens[size_t(p)]));
+      };
+      for (int tab = 0; tab < n_tab; ++tab) {
+        const auto& k = m_.engram_[size_t(tab)];
+        std::vector<int64_t> pi(size_t(c_.engram_max_ngram));
+        bool blocked = false;
+        for (int sidx = 0; sidx < c_.engram_max_ngram; ++sidx) {
+          const int64_t p = r.pos - sidx;
+          const int64_t cl = p >= 0 ? cls(p) : -1;
+          blocked = blocked || p < 0 || cl < 0;
+          const int64_t u = blocked ? m_.pad_class_ : cl;
+          pi[size_t(sidx)] = int64_t(uint64_t(u) * uint64_t(k.multipliers[size_t(sidx)]));
+        }
+        int64_t x = pi[0];
+        for (int n = 0; n < n_ord; ++n) {
+          x ^= pi[size_t(n + 1)];
+          for (int h = 0; h < H; ++h) {
+            const size_t col = size_t(n * H + h);
+            hashes[size_t(((t * n_tab + tab) * n_ord) * H) + col] = x % k.primes[col] + k.offsets[col];
+          }
+        }
+      }
+    }
+    hashes_ = upload(hashes);
+  }
+
+  // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
+  void engram(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
+    const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
+    const int64_t D = c_.dim;
+    uint16_t* E = alloc<uint16_t>(T_ * n_cols * hd);
+    uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
+    if (!ok()) return;
+    step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E, st_));
+    step(fp8_gemm(E, T_, w.engram_wkv, kv, q_buf_, st_));
+    step(engram_gate(X_, kv, w.engram_q, w.engram_k, T_, hc, D, c_.norm_eps, float(1.0 / std::sqrt(double(D))), image_, st_));
+  }
+
+  void dspark_tap(int tap) {
+    if (!ok()) return;
+    step(stream_mean(X_, T_, c_.hc_mult, c_.dim, taps_dev_ + int64_t(tap) * c_.dim, int64_t(n_taps_) * c_.dim, st_));
+  }
+
+  // Compressor of a KV source (spec/11 §4.4-4.6, §4.9b): latents of completed groups, appended
+  // compressed entries and index keys BEFORE any scoring of this step.
+  void compress(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const int ratio = c_.roles[size_t(l)].ratio;
+    const int64_t D = c_.dim, hd = c_.head_dim, ihd = c_.index_head_dim;
+    const DevRope& rp = m_.rope_for(l);
+    float* kg = nullptr;  // ratio 2: [T, k | g] f32
+    uint16_t* lat1 = nullptr;
+    if (ratio == 2) {
+      kg = alloc<float>(T_ * 2 * hd);
+      if (!ok()) return;
+      step(bf16_gemm(u_, T_, D, D, w.comp_wkv, hd, kg, 2 * hd, GemmOut::kF32, 1, 0, 0, 0, st_));
+      step(bf16_gemm(u_, T_, D, D, w.comp_wgate, hd, kg + hd, 2 * hd, GemmOut::kF32, 1, 0, 0, 0, st_));
+    } else {
+      lat1 = alloc<uint16_t>(T_ * hd);
+      if (!ok()) return;
+      step(bf16_gemm(u_, T_, D, D, w.comp_wkv, hd, lat1, hd, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    }
+    // Host walk in row order (CpuStep::compress): which rows emit which entry, where sources and
+    // destinations live.
+    std::vector<uint64_t> even, odd, tail_src, tail_dst;
+    std::vector<int64_t> gpos;
+    std::vector<int32_t> emit_rows;
+    std::vector<std::pair<int, int64_t>> dst;  // (session, entry)
+    std::vector<int64_t> added(sessions_.size(), 0);
+    std::vector<int64_t> last_even(sessions_.size(), -1), last_odd(sessions_.size(), -1);
+    for (int64_t t = 0; t < T_; ++t) {
+      const int s = step_.rows[size_t(t)].session;
+      const int64_t p = step_.rows[size_t(t)].pos;
+      DevCompressed& cc = sessions_[size_t(s)]->comp[size_t(l)];
+      if (ratio == 2) {
+        (p % 2 == 0 ? last_even : last_odd)[size_t(s)] = t;
+        if (p % 2 == 0) continue;
+        const bool prev_here = t > 0 && step_.rows[size_t(t - 1)].session == s && step_.rows[size_t(t - 1)].pos == p - 1;
+        even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>()));
+        odd.push_back(addr(kg + t * 2 * hd));
+      }
+      const int64_t j = p / ratio;
+      if (cc.n_entries + added[size_t(s)] != j) {
+        step(FB_ERROR(kInternal) << "compressed cache of layer " << l << " out of step: entry " << j << " after "
+                                 << cc.n_entries + added[size_t(s)]);
+        return;
+      }
+      ++added[size_t(s)];
+      gpos.push_back(j * ratio);
+      emit_rows.push_back(int32_t(t));
+      dst.push_back({s, j});
+    }
+    const int64_t E = int64_t(gpos.size());
+    for (size_t s = 0; s < sessions_.size(); ++s)
+      if (added[s]) step(sessions_[s]->reserve_compressed(l, sessions_[s]->comp[size_t(l)].n_entries + added[s], st_));
+    if (E > 0 && ok()) {
+      uint16_t* latent = alloc<uint16_t>(E * hd);
+      uint16_t* tmp = alloc<uint16_t>(E * ihd);
+      uint16_t* key = alloc<uint16_t>(E * ihd);
+      const int64_t kvb = hd / 2 + hd / 16, keyb = ihd / 2 + ihd / 32;
+      uint8_t* kv_stage = alloc<uint8_t>(E * kvb);
+      uint8_t* key_stage = alloc<uint8_t>(E * keyb);
+      const int64_t* gpos_d = upload(gpos);
+      if (!ok()) return;
+      if (ratio == 2) {
+        uint16_t* pooled = alloc<uint16_t>(E * hd);
+        if (!ok()) return;
+        step(ratio2_pool(upload(even), upload(odd), E, hd, pooled, st_));
+        step(rms_norm(pooled, E, hd, w.comp_norm, c_.norm_eps, latent, st_));
+      } else {
+        step(rms_norm(lat1, E, hd, w.comp_norm, c_.norm_eps, latent, st_));  // every row emits, in row order
+      }
+      // index key from the PRE-RoPE latent
+      step(bf16_gemm(latent, E, hd, hd, w.idx_wk, ihd, tmp, ihd, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      step(rms_norm(tmp, E, ihd, w.idx_k_norm, c_.norm_eps, key, st_));
+      step(rope(key, E, 1, ihd, c_.rope_head_dim, gpos_d, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+      step(fp4_e8m0_qdq(key, E, ihd, key_stage, keyb, nullptr, st_));
+      step(rope(latent, E, 1, hd, c_.rope_head_dim, gpos_d, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+      step(fp4_e4m3_qdq(latent, E, hd, kv_stage, kvb, nullptr, st_));
+      std::vector<uint64_t> s_kv, d_kv, s_key, d_key;
+      for (int64_t i = 0; i < E; ++i) {
+        DevCompressed& cc = sessions_[size_t(dst[size_t(i)].first)]->comp[size_t(l)];
+        const int64_t j = dst[size_t(i)].second;
+        s_kv.push_back(addr(kv_stage + i * kvb));
+        d_kv.push_back(addr(cc.kv.get<uint8_t>() + j * cc.kv_bytes));
+        s_key.push_back(addr(key_stage + i * keyb));
+        d_key.push_back(addr(cc.keys.get<uint8_t>() + j * cc.key_bytes));
+      }
+      step(copy_rows(upload(s_kv), upload(d_kv), E, kvb, st_));
+      step(copy_rows(upload(s_key), upload(d_key), E, keyb, st_));
+    }
+    // Tails (ratio 2): the newest row of each parity, written after the pooling read them.
+    if (ratio == 2) {
+      for (size_t s = 0; s < sessions_.size(); ++s) {
+        float* tail = sessions_[s]->comp[size_t(l)].tail.get<float>();
+        if (last_even[s] >= 0) {
+          tail_src.push_back(addr(kg + last_even[s] * 2 * hd));
+          tail_dst.push_back(addr(tail));
+        }
+        if (last_odd[s] >= 0) {
+          tail_src.push_back(addr(kg + last_odd[s] * 2 * hd));
+          tail_dst.push_back(addr(tail + 2 * hd));
+        }
+      }
+      step(copy_rows(upload(tail_src), upload(tail_dst), int64_t(tail_src.size()), 2 * hd * int64_t(sizeof(float)), st_));
+    }
+    for (size_t s = 0; s < sessions_.size(); ++s) sessions_[s]->comp[size_t(l)].n_entries += added[s];
+  }
+
+  // Indexer (spec/11 §4.7-4.9): bf16 score chain, candidate pool, top-k selection per row.
+  void index_select(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int ratio = r.ratio, IH = c_.index_n_heads, ihd = c_.index_head_dim;
+    const int64_t D = c_.dim;
+    const DevRope& rp = m_.rope_for(l);
+    const float wscale = float(1.0 / std::sqrt(double(ihd)) / std::sqrt(double(IH)));
+    std::vector<int64_t> n_vis(static_cast<size_t>(T_)), n_scored(static_cast<size_t>(T_));
+    std::vector<uint64_t> keys_base(static_cast<size_t>(T_));
+    int64_t ld = 1;
+    for (int64_t t = 0; t < T_; ++t) {
+      const Row& row = step_.rows[size_t(t)];
+      n_vis[size_t(t)] = (row.pos + 1) / ratio;
+      n_scored[size_t(t)] = row.kind == RowKind::kPrefill ? row.prefill_end / ratio : n_vis[size_t(t)];
+      ld = std::max(ld, n_scored[size_t(t)]);
+      const DevCompressed& cc = sessions_[size_t(row.session)]->comp[size_t(r.kv_layer)];
+      if (cc.n_entries < n_vis[size_t(t)]) {
+        step(FB_ERROR(kInternal) << "layer " << l << ": " << cc.n_entries << " index keys, row needs " << n_vis[size_t(t)]);
+        return;
+      }
+      keys_base[size_t(t)] = addr(cc.keys.get());
+    }
+    uint16_t* iq = alloc<uint16_t>(T_ * IH * ihd);
+    uint16_t* wts = alloc<uint16_t>(T_ * IH);
+    float* I = alloc<float>(T_ * ld);
+    const int64_t* nv = upload(n_vis);
+    const int64_t* ns = upload(n_scored);
+    const uint64_t* kb = upload(keys_base);
+    Selection& sel = selections_[l];
+    sel.ld = c_.index_topk;
+    sel.ids = alloc<int32_t>(T_ * sel.ld);
+    sel.count = alloc<int32_t>(T_);
+    if (!ok()) return;
+    step(fp8_gemm(qr_, T_, w.idx_wq_b, iq, q_buf_, st_));
+    step(rope(iq, T_, IH, ihd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+    step(fp4_e8m0_qdq(iq, T_ * IH, ihd, nullptr, 0, iq, st_));
+    step(bf16_gemm(u_, T_, D, D, w.idx_weights_proj, IH, wts, IH, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    step(scale_bf16(wts, T_ * IH, wscale, st_));
+    step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_));
+    if (r.candidate_source) {
+      pool_mask_ = alloc<uint8_t>(T_ * ld);
+      pool_ld_ = ld;
+      pool_len_ = ns;
+      if (!ok()) return;
+      step(candidate_pool(I, T_, ld, ns, nv, c_.candidate_block_size, c_.candidate_topk_blocks, pool_mask_, st_));
+    }
+    const uint8_t* mask = r.pool_restricted ? pool_mask_ : nullptr;
+    if (r.pool_restricted && !mask) {
+      step(FB_ERROR(kInternal) << "layer " << l << " is pool-restricted but no candidate pool was published");
+      return;
+    }
+    step(topk_select(I, T_, ld, ns, nv, mask, pool_ld_, pool_len_, sel.ld, sel.ids, sel.count, st_));
+  }
+
+  void attention(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t hd = c_.head_dim, W = c_.window_size;
+    const float scale = float(1.0 / std::sqrt(double(hd)));
+    std::vector<uint64_t> win;
+    std::vector<int32_t> off{0};
+    std::vector<uint64_t> comp_base(static_cast<size_t>(T_), 0);
+    for (int64_t t = 0; t < T_; ++t) {
+      const Row& row = step_.rows[size_t(t)];
+      const int s = row.session;
+      const int64_t p = row.pos, start = start_[size_t(s)], t0 = first_row_[size_t(s)];
+      const DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
+      bool missing = false;
+      auto window_key = [&](int64_t q) -> uint64_t {
+        if (q >= start) return addr(kv_codes_ + (t0 + (q - start)) * row_bytes());
+        const uint8_t* b = ring.find(q);
+        if (!b) missing = true;
+        return addr(b);
+      };
+      const int64_t lo = std::max<int64_t>(0, p - W + 1);
+      const size_t n0 = win.size();
+      if (row.kind == RowKind::kPrefill) {
+        const int64_t width = std::min<int64_t>(row.prefill_end, W);
+        for (int64_t q = lo; q <= p; ++q) win.push_back(window_key(q));
+        while (int64_t(win.size() - n0) < width) win.push_back(0);
+      } else {
+        for (int64_t i = 0; i < W - 1 - p; ++i) win.push_back(0);
+        for (int64_t q = lo; q <= p; ++q) win.push_back(window_key(q));
+      }
+      if (missing) {
+        step(FB_ERROR(kInternal) << "window row missing at layer " << l << " for position " << p);
+        return;
+      }
+      off.push_back(int32_t(win.size()));
+      if (r.ratio > 0) comp_base[size_t(t)] = addr(sessions_[size_t(s)]->comp[size_t(r.kv_layer)].kv.get());
+    }
+    AttnKeys keys;
+    keys.win = upload(win);
+    keys.win_off = upload(off);
+    if (r.ratio > 0) {
+      auto it = selections_.find(r.index_layer);
+      if (it == selections_.end()) {
+        step(FB_ERROR(kInternal) << "layer " << l << " reads the selection of layer " << r.index_layer << ", which did not run");
+        return;
+      }
+      keys.sel = it->second.ids;
+      keys.sel_count = it->second.count;
+      keys.sel_ld = it->second.ld;
+      keys.comp_base = upload(comp_base);
+    }
+    if (!ok()) return;
+    step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
+  }
+
+  void end_layer(int l) {
+    if (!ok()) return;
+    // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
+    std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
+    for (int64_t t = 0; t < T_; ++t) {
+      const int s = step_.rows[size_t(t)].session;
+      DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
+      const int64_t p = step_.rows[size_t(t)].pos;
+      writes[(int64_t(s) << 40) + p % ring.slots] = {addr(kv_codes_ + t * row_bytes()), addr(ring.slot(p))};
+      ring.pos[size_t(p % ring.slots)] = p;
+    }
+    std::vector<uint64_t> src, dst;
+    for (auto& [k, v] : writes) {
+      src.push_back(v.first);
+      dst.push_back(v.second);
+    }
+    step(copy_rows(upload(src), upload(dst), int64_t(src.size()), row_bytes(), st_));
+    if (taps_ && taps_->enabled) {
+      if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
+      download(taps_->after_block[size_t(l)], X_, T_ * c_.hc_mult * c_.dim);
+      sync();
+    }
+  }
+
+  void head() {
+    if (!ok()) return;
+    std::vector<int32_t> rows;
+    for (int64_t t = 0; t < T_; ++t)
+      if (step_.rows[size_t(t)].want_logits) {
+        out_.logit_rows.push_back(int(t));
+        rows.push_back(int32_t(t));
+      }
+    float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
+    head_rows(rows, m_.norm_, logits, nullptr);
+    download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
+    download(out_.taps, taps_dev_, T_ * n_taps_ * c_.dim);
+    sync();
+    if (!ok()) return;
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      int64_t n = 0;
+      for (const Row& r : step_.rows) n += r.session == int(s);
+      sessions_[s]->next_pos += n;
+    }
+  }
+
+ private:
+  struct Selection {
+    int32_t* ids = nullptr;    // [T, ld] ascending, -1 = empty
+    int32_t* count = nullptr;  // [T]
+    int64_t ld = 0;
+  };
+  void step_status(cudaError_t e) { step(cuda_status(e, "step")); }
+
+  const model::Step& step_;
+  const std::vector<CudaSession*>& sessions_;
+  model::Taps* taps_;
+  model::StepOutput out_;
+  std::vector<int64_t> first_row_, start_;
+  int n_taps_ = 0;
+  uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
+  int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]
+  std::map<int, Selection> selections_;
+  uint8_t* pool_mask_ = nullptr;
+  int64_t pool_ld_ = 0;
+  const int64_t* pool_len_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// DSpark draft block (cpu::CpuDraftStep): B rows at p+1..p+B, keys = the stage's ring in SLOT
+// order, then the block rows.
+class CudaDraftStep : public CudaLayerOps {
+ public:
+  CudaDraftStep(const CudaExecutor& m, CudaSession& s, int32_t anchor, int64_t p)
+      : CudaLayerOps(m, m.cfg_.dspark_block_size), s_(s), anchor_(anchor), p_(p) {
+    std::vector<int64_t> pos(static_cast<size_t>(T_));
+    for (int64_t k = 0; k < T_; ++k) pos[size_t(k)] = p + 1 + k;
+    set_rows(pos, std::vector<uint8_t>(size_t(T_), 0));
+  }
+
+  void embed() {
+    std::vector<uint64_t> src;
+    for (int64_t k = 0; k < T_; ++k) src.push_back(addr(m_.embed_ + int64_t(k == 0 ? anchor_ : c_.dspark_noise_token_id) * c_.dim));
+    embed_tokens(src);
+  }
+
+  void attention(int l) {
+    if (!ok()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const int64_t hd = c_.head_dim;
+    const DevRing& ring = s_.draft_rings[size_t(l - c_.n_layers)];
+    const int64_t n = std::min<int64_t>(c_.window_size, p_ + 1);
+    std::vector<uint64_t> win;
+    std::vector<int32_t> off{0};
+    for (int64_t t = 0; t < T_; ++t) {
+      for (int64_t slot = 0; slot < n; ++slot) win.push_back(addr(ring.data.get<uint8_t>() + slot * ring.row_bytes));
+      for (int64_t k = 0; k < T_; ++k) win.push_back(addr(kv_codes_ + k * row_bytes()));
+      off.push_back(int32_t(win.size()));
+    }
+    AttnKeys keys;
+    keys.win = upload(win);
+    keys.win_off = upload(off);
+    if (!ok()) return;
+    step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))), o_, st_));
+  }
+
+  void head() {
+    if (!ok()) return;
+    hH_ = alloc<uint16_t>(T_ * c_.dim);
+    U_ = alloc<float>(T_ * c_.vocab_size);
+    std::vector<int32_t> rows;
+    for (int64_t k = 0; k < T_; ++k) rows.push_back(int32_t(k));
+    head_rows(rows, m_.draft_.norm, U_, hH_);
+  }
+
+  // spec/13 §4.6-4.7: sequential Markov bias over the full vocabulary, greedy draws (on the
+  // device, so the chain never waits for the host), raw confidence logits.
+  void markov_chain() {
+    if (!ok()) return;
+    const int64_t V = c_.vocab_size, D = c_.dim;
+    const int r = c_.dspark_markov_rank;
+    int32_t* ids = upload(std::vector<int32_t>(size_t(T_ + 1), anchor_));
+    float* conf = alloc<float>(T_);
+    if (!ok()) return;
+    for (int64_t k = 1; k <= T_; ++k) {
+      float* lk = U_ + (k - 1) * V;
+      step(markov_bias(lk, V, r, m_.draft_.markov_embed, m_.draft_.markov_head, ids + k - 1, st_));
+      step(argmax(lk, V, ids + k, st_));
+      step(confidence(hH_ + (k - 1) * D, D, m_.draft_.markov_embed, r, ids + k - 1, m_.draft_.confidence, conf + k - 1, st_));
+    }
+    download(out_.ids, ids, T_ + 1);
+    download(out_.confidence, conf, T_);
+    download(out_.logits, U_, T_ * V);
+    sync();
+  }
+
+  model::DraftOutput take_output() { return std::move(out_); }
+
+ private:
+  CudaSession& s_;
+  int32_t anchor_;
+  int64_t p_;
+  uint16_t* hH_ = nullptr;
+  float* U_ = nullptr;
+  model::DraftOutput out_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, model::Taps* taps) {
+  std::vector<CudaSession*> ss;
+  for (auto* p : sessions) {
+    auto* s = dynamic_cast<CudaSession*>(p);
+    if (!s) return FB_ERROR(kInvalidArgument) << "session was not made by the CUDA executor";
+    FB_RETURN_IF_ERROR(s->ensure_allocated(stream_));
+    ss.push_back(s);
+  }
+  std::vector<int64_t> next(ss.size());
+  for (size_t s = 0; s < ss.size(); ++s) next[s] = ss[s]->next_pos;
+  int64_t max_pos = 0;
+  for (const Row& r : step.rows) {
+    if (r.session < 0 || size_t(r.session) >= ss.size()) return FB_ERROR(kInvalidArgument) << "row names session " << r.session;
+    if (r.pos != next[size_t(r.session)])
+      return FB_ERROR(kInvalidArgument) << "row position " << r.pos << " but session " << r.session << " expects " << next[size_t(r.session)];
+    if (r.token < 0 || r.token >= cfg_.vocab_size) return FB_ERROR(kInvalidArgument) << "token id " << r.token << " outside the vocabulary";
+    if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
+      return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
+    if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
+    ++next[size_t(r.session)];
+    max_pos = std::max(max_pos, r.pos);
+  }
+  if (step.rows.empty()) return model::StepOutput{};
+  FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
+  FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
+  model::StepOutput out;
+  {
+    CudaStep ex(*this, step, ss, taps);
+    FB_RETURN_IF_ERROR(ex.status());
+    model::run_backbone(ex, cfg_);
+    FB_RETURN_IF_ERROR(ex.status());
+    out = ex.take_output();
+    FB_RETURN_IF_ERROR(ex.status());
+  }
+  return out;
+}
+
+// Batched over the n positions (rows are independent); ring slots shared by several positions
+// keep the last, as the CPU's sequential loop does.
+Status CudaExecutor::draft_commit(model::SessionState& state, int64_t first_pos, const uint16_t* tap_rows, int64_t n) {
+  auto* s = dynamic_cast<CudaSession*>(&state);
+  if (!s) return FB_ERROR(kInvalidArgument) << "session was not made by the CUDA executor";
+  FB_RETURN_IF_ERROR(s->ensure_allocated(stream_));
+  if (n <= 0 || cfg_.n_mtp_layers == 0) return Status();
+  const Config& c = cfg_;
+  const int64_t D = c.dim, hd = c.head_dim, G = int64_t(c.dspark_target_layer_ids.size()) * D, rb = hd + hd / 32;
+  FB_RETURN_IF_ERROR(rope_plain_.ensure(first_pos + n, stream_));
+  Status st;
+  Arena arena(stream_);
+  std::vector<uint16_t> taps(tap_rows, tap_rows + n * G);
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = first_pos + i;
+  const uint16_t* x = arena.upload(taps, st);
+  const int64_t* pos_d = arena.upload(pos, st);
+  uint16_t* a = arena.alloc<uint16_t>(n * D, st);
+  uint16_t* mx = arena.alloc<uint16_t>(n * D, st);
+  uint16_t* t = arena.alloc<uint16_t>(n * hd, st);
+  uint16_t* kv = arena.alloc<uint16_t>(n * hd, st);
+  uint8_t* codes = arena.alloc<uint8_t>(n * rb, st);
+  QuantBuf q;
+  q.capacity = n * std::max(G, D);
+  q.codes = arena.alloc<uint8_t>(q.capacity, st);
+  q.scales = arena.alloc<float>(q.capacity / 32 + 1, st);
+  FB_RETURN_IF_ERROR(st);
+  FB_RETURN_IF_ERROR(fp8_gemm(x, n, draft_.main_proj, a, q, stream_));
+  FB_RETURN_IF_ERROR(rms_norm(a, n, D, draft_.main_norm, c.norm_eps, mx, stream_));
+  for (int stage = 0; stage < c.n_mtp_layers; ++stage) {
+    const DevLayer& lw = layers_[size_t(c.n_layers + stage)];
+    DevRing& ring = s->draft_rings[size_t(stage)];
+    FB_RETURN_IF_ERROR(fp8_gemm(mx, n, lw.wkv, t, q, stream_));
+    FB_RETURN_IF_ERROR(rms_norm(t, n, hd, lw.kv_norm, c.norm_eps, kv, stream_));
+    FB_RETURN_IF_ERROR(rope(kv, n, 1, hd, c.rope_head_dim, pos_d, rope_plain_.cos.get<float>(), rope_plain_.sin.get<float>(), false, stream_));
+    FB_RETURN_IF_ERROR(fp8_qdq(kv, n, hd, codes, rb, nullptr, stream_));
+    std::map<int64_t, int64_t> last;  // slot -> row
+    for (int64_t i = 0; i < n; ++i) {
+      last[(first_pos + i) % ring.slots] = i;
+      ring.pos[size_t((first_pos + i) % ring.slots)] = first_pos + i;
+    }
+    std::vector<uint64_t> src, dst;
+    for (auto [slot, i] : last) {
+      src.push_back(addr(codes + i * rb));
+      dst.push_back(addr(ring.data.get<uint8_t>() + slot * ring.row_bytes));
+    }
+    const uint64_t* src_d = arena.upload(src, st);
+    const uint64_t* dst_d = arena.upload(dst, st);
+    FB_RETURN_IF_ERROR(st);
+    FB_RETURN_IF_ERROR(copy_rows(src_d, dst_d, int64_t(src.size()), rb, stream_));
+  }
+  FB_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+Result<model::DraftOutput> CudaExecutor::draft(model::SessionState& state, int32_t anchor, const uint16_t* tap_row, int64_t p) {
+  auto* s = dynamic_cast<CudaSession*>(&state);
+  if (!s) return FB_ERROR(kInvalidArgument) << "session was not made by the CUDA executor";
+  if (cfg_.n_mtp_layers == 0) return FB_ERROR(kUnsupported) << "this model has no DSpark stages";
+  FB_RETURN_IF_ERROR(draft_commit(*s, p, tap_row, 1));
+  FB_RETURN_IF_ERROR(rope_plain_.ensure(p + cfg_.dspark_block_size + 1, stream_));
+  FB_RETURN_IF_ERROR(rope_yarn_.ensure(p + cfg_.dspark_block_size + 1, stream_));
+  model::DraftOutput out;
+  {
+    CudaDraftStep ex(*this, *s, anchor, p);
+    FB_RETURN_IF_ERROR(ex.status());
+    model::run_draft(ex, cfg_);
+    FB_RETURN_IF_ERROR(ex.status());
+    out = ex.take_output();
+  }
+  return out;
+}
+
+}  // namespace fb::cuda

@@ -1,0 +1,144 @@
+// CudaExecutor: the whole forward pass on the GPU (backbone and DSpark draft), weights resident
+// in HBM in their stored formats, per-session compact caches on the device. It mirrors
+// cpu/executor.{h,cpp} class for class (CudaLayerOps / CudaStep / CudaDraftStep in
+// executor.cu) and must reproduce CpuModel's logits bit for bit (docs/numerics.md).
+// Never includes engine/server code; host bookkeeping (positions, ring slots, hashes) only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "cuda/device.h"
+#include "cuda/ops.h"
+#include "loader/snapshot.h"
+#include "model/config.h"
+#include "model/engram_constants.h"
+#include "model/executor.h"
+#include "model/weights.h"
+
+namespace fb::cuda {
+
+// A device ring of FP8 window rows (cpu::Ring): slot = pos % slots; positions kept on the host.
+struct DevRing {
+  int slots = 0;
+  int row_bytes = 0;
+  DeviceBuffer data;          // [slots, row_bytes]
+  std::vector<int64_t> pos;   // position held by each slot, -1 = never written
+  uint8_t* slot(int64_t p) const { return data.get<uint8_t>() + size_t(p % slots) * size_t(row_bytes); }
+  const uint8_t* find(int64_t p) const { return p >= 0 && pos[size_t(p % slots)] == p ? slot(p) : nullptr; }
+};
+
+// Compressed KV + index keys of a KV-source layer (cpu::CompressedCache), grown on demand.
+struct DevCompressed {
+  int ratio = 0;
+  int kv_bytes = 0, key_bytes = 0;
+  int64_t n_entries = 0, capacity = 0;
+  DeviceBuffer kv, keys;      // [capacity, kv_bytes], [capacity, key_bytes]
+  DeviceBuffer tail;          // ratio 2: f32 [2 slots (parity)][k, g][head_dim]
+};
+
+class CudaSession final : public model::SessionState {
+ public:
+  explicit CudaSession(const model::Config& c) : config_(&c) {}
+  // Device buffers are made on first use so an allocation failure travels as a Status.
+  Status ensure_allocated(cudaStream_t st);
+  Status reserve_compressed(int layer, int64_t entries, cudaStream_t st);
+  Status rollback(int64_t p) override;
+  int64_t n_pos() const override { return next_pos; }
+
+  int64_t next_pos = 0;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> image;
+  std::vector<DevRing> rings;          // per backbone layer, window + cpu::kRingHeadroom slots
+  std::vector<DevCompressed> comp;     // per backbone layer
+  std::vector<DevRing> draft_rings;    // per draft stage, window slots
+
+ private:
+  const model::Config* config_;
+  bool allocated_ = false;
+};
+
+// Device copies of one layer's weights (model::LayerWeights), stored formats kept.
+struct DevLayer {
+  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;
+  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  const uint16_t *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
+  const float* attn_sink = nullptr;
+  Fp8W wq_a, wq_b, wkv, wo_b;
+  const uint16_t* wo_a = nullptr;  // bf16 [o_groups * o_lora_rank, o_group_in]: the reference holds BF16
+  const uint16_t *comp_wkv = nullptr, *comp_wgate = nullptr, *comp_norm = nullptr;
+  const uint16_t *idx_wk = nullptr, *idx_k_norm = nullptr, *idx_weights_proj = nullptr;
+  Fp8W idx_wq_b;
+  const uint16_t* gate_w = nullptr;
+  const float *gate_bias = nullptr, *gate_bias_vl = nullptr;
+  Fp8W sh_w1, sh_w2, sh_w3;
+  Fp4W w1, w2, w3;  // every routed expert of the layer, contiguous
+  const uint8_t *engram_table = nullptr, *engram_table_scale = nullptr;
+  Fp8W engram_wkv;
+  const uint16_t *engram_q = nullptr, *engram_k = nullptr;
+};
+
+struct DevDraft {
+  Fp8W main_proj;
+  const uint16_t *main_norm = nullptr, *norm = nullptr, *markov_embed = nullptr, *markov_head = nullptr, *confidence = nullptr;
+};
+
+// cos/sin of cpu::RopeTable for positions [0, n_pos), grown on demand (host std::cos/sin).
+struct DevRope {
+  cpu::RopeTable table;
+  int64_t n_pos = 0;
+  DeviceBuffer cos, sin;  // f32 [capacity, rope_dim / 2]
+  int64_t capacity = 0;
+  Status ensure(int64_t n, cudaStream_t st);
+};
+
+class CudaExecutor final : public model::Executor {
+ public:
+  // Same contract as cpu::CpuModel::load: validates the snapshot, then uploads every weight.
+  static Result<std::unique_ptr<CudaExecutor>> load(const std::string& dir, std::vector<int32_t> token_map = {});
+  ~CudaExecutor() override;
+
+  const model::Config& config() const override { return cfg_; }
+  const char* name() const override { return "cuda"; }
+  std::unique_ptr<model::SessionState> new_session() const override { return std::make_unique<CudaSession>(cfg_); }
+  Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
+                                    model::Taps* taps = nullptr) override;
+  Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override;
+  Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override;
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  friend class CudaLayerOps;
+  friend class CudaStep;
+  friend class CudaDraftStep;
+  CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map);
+  Status upload_weights();
+  template <typename T>
+  Result<const T*> up(const TensorView& v);
+  Result<Fp8W> up8(const model::Fp8Linear& l);
+  Status up_experts(int layer, DevLayer& d);
+  const DevRope& rope_for(int l) const { return cfg_.roles[size_t(l)].yarn() ? rope_yarn_ : rope_plain_; }
+
+  std::unique_ptr<loader::Snapshot> snap_;
+  model::Config cfg_;
+  model::ModelWeights w_;
+  std::vector<int32_t> token_map_;
+  int32_t pad_class_ = 0;
+  std::vector<model::EngramTableConstants> engram_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<DeviceBuffer> owned_;  // every weight buffer
+  const uint16_t *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
+  std::vector<DevLayer> layers_;
+  DevDraft draft_;
+  DevRope rope_plain_, rope_yarn_;
+};
+
+// The name the engine's executor factory uses.
+using CudaModel = CudaExecutor;
+
+}  // namespace fb::cuda

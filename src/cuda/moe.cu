@@ -1,0 +1,271 @@
+// MoE, Engram, the ratio-2 compressor pooling and the DSpark draft head of the CUDA executor.
+// Mirrors cpu::route / swiglu_row, the f32 fold of CpuLayerOps::moe, CpuStep::engram,
+// CpuStep::compress (pooling) and CpuDraftStep::markov_chain.
+#include "base/check.h"
+#include "cuda/device.h"
+#include "cuda/numerics.cuh"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+using namespace dev;
+
+namespace {
+
+inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
+constexpr int kMaxTopK = 32;
+
+// Block per row (8 warps): scores of every expert, rank-based top-k (ties toward the lower id).
+__global__ void route_kernel(const uint16_t* u, int64_t D, const uint16_t* W, int E, const float* bias, const float* bias_vl,
+                             const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts,
+                             float* weights) {
+  extern __shared__ float sm[];
+  float* score = sm;
+  float* biased = sm + E;
+  __shared__ int32_t pick[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  const uint16_t* ur = u + t * D;
+  const float* b = (image && image[t] && bias_vl) ? bias_vl : bias;
+  for (int e = int(threadIdx.x / 32); e < E; e += int(blockDim.x / 32)) {
+    const uint16_t* wr = W + int64_t(e) * D;
+    float z = warp_lanes32(D, [&](int64_t k) { return fm::mul(bf(ur[k]), bf(wr[k])); });
+    z = fm::div(z, gate_temp);
+    const float s = fm::sqrt_rn(fm::softplus(z));
+    if ((threadIdx.x & 31) == 0) {
+      score[e] = s;
+      biased[e] = fm::add(s, b[e]);
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int rank = 0;
+    for (int i = 0; i < E; ++i) rank += biased[i] > biased[e] || (biased[i] == biased[e] && i < e);
+    if (rank < top_k) pick[rank] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float w[kMaxTopK];
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; ++k) {
+    w[k] = score[pick[k]];
+    sum = fm::add(sum, w[k]);
+  }
+  if (norm_topk && top_k > 1)
+    for (int k = 0; k < top_k; ++k) w[k] = fm::div(w[k], fm::add(sum, 1e-20f));
+  for (int k = 0; k < top_k; ++k) w[k] = fm::mul(w[k], route_scale);
+  int32_t ids[kMaxTopK];
+  for (int k = 0; k < top_k; ++k) ids[k] = pick[k];
+  // ascending expert id: the order of the f32 fold
+  for (int i = 1; i < top_k; ++i)
+    for (int j = i; j > 0 && ids[j - 1] > ids[j]; --j) {
+      const int32_t ti = ids[j];
+      ids[j] = ids[j - 1];
+      ids[j - 1] = ti;
+      const float tw = w[j];
+      w[j] = w[j - 1];
+      w[j - 1] = tw;
+    }
+  for (int k = 0; k < top_k; ++k) {
+    experts[t * top_k + k] = ids[k];
+    weights[t * top_k + k] = w[k];
+  }
+}
+
+__global__ void swiglu_kernel(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint16_t* h) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * n) return;
+  float av = bf(a[i]), bv = bf(b[i]);
+  if (limit > 0.0f) {
+    bv = smin(smax(bv, -limit), limit);
+    av = smin(av, limit);
+  }
+  float v = fm::mul(fm::silu(av), bv);
+  if (weight) v = fm::mul(v, weight[i / n]);
+  h[i] = to_bf(v);
+}
+
+__global__ void moe_combine_kernel(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * D) return;
+  const int64_t t = i / D, d = i % D;
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) acc = fm::add(acc, bf(ye[(t * K + k) * D + d]));
+  y[i] = to_bf(fm::add(acc, bf(ys[i])));
+}
+
+__global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* table_scale, const int64_t* hashes, int64_t ld_hash, int64_t T,
+                                     int n_cols, int hd, uint16_t* E) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * n_cols * hd) return;
+  const int64_t t = i / (int64_t(n_cols) * hd), col = (i / hd) % n_cols, k = i % hd;
+  const int64_t row = hashes[t * ld_hash + col];
+  E[i] = to_bf(fm::mul(e4m3_val(table[row * hd + k]), e8m0_val(table_scale[row * (hd / 32) + k / 32])));
+}
+
+// Block per (row, stream): three lanes32 sums (warps 0-2), then the gated update.
+__global__ void engram_gate_kernel(uint16_t* X, const uint16_t* kv, const uint16_t* q_w, const uint16_t* k_w, int hc, int64_t D, float eps,
+                                   float inv_sqrt_d, const uint8_t* image) {
+  __shared__ float sums[3];
+  const int64_t t = blockIdx.x / hc;
+  const int i = int(blockIdx.x % hc);
+  uint16_t* xi = X + (t * hc + i) * D;
+  const uint16_t* K = kv + t * (1 + hc) * D + int64_t(i) * D;
+  const uint16_t* V = kv + t * (1 + hc) * D + int64_t(hc) * D;
+  const uint16_t* qw = q_w + int64_t(i) * D;
+  const uint16_t* kw = k_w + int64_t(i) * D;
+  const int warp = int(threadIdx.x / 32);
+  float v = 0.0f;
+  if (warp == 0) v = warp_lanes32(D, [&](int64_t d) { return fm::mul(bf(xi[d]), bf(xi[d])); });
+  if (warp == 1) v = warp_lanes32(D, [&](int64_t d) { return fm::mul(bf(K[d]), bf(K[d])); });
+  if (warp == 2)
+    v = warp_lanes32(D, [&](int64_t d) {
+      const float omega = fm::mul(bf(qw[d]), bf(kw[d]));
+      return fm::mul(fm::mul(bf(xi[d]), omega), bf(K[d]));
+    });
+  if (warp < 3 && (threadIdx.x & 31) == 0) sums[warp] = v;
+  __syncthreads();
+  const float hh = sums[0], kk = sums[1];
+  float dot = sums[2];
+  const float rho = fm::mul(fm::rsqrt(fm::add(fm::div(hh, float(D)), eps)), fm::rsqrt(fm::add(fm::div(kk, float(D)), eps)));
+  dot = fm::mul(fm::mul(dot, rho), inv_sqrt_d);
+  float g = fm::sigmoid(copysignf(fm::sqrt_rn(smax(fabsf(dot), 1e-6f)), dot));
+  if (image && image[t]) g = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) xi[d] = to_bf(fm::add(bf(xi[d]), fm::mul(g, bf(V[d]))));
+}
+
+__global__ void ratio2_pool_kernel(const uint64_t* even, const uint64_t* odd, int64_t n, int64_t hd, uint16_t* pooled) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * hd) return;
+  const int64_t r = i / hd, k = i % hd;
+  const float* s0 = reinterpret_cast<const float*>(even[r]);
+  const float* s1 = reinterpret_cast<const float*>(odd[r]);
+  const float k0 = s0[k], g0 = s0[hd + k], k1 = s1[k], g1 = s1[hd + k];
+  const float mx = smax(g0, g1);
+  const float ea = fm::exp(fm::add(g0, -mx)), eb = fm::exp(fm::add(g1, -mx));
+  const float sum = fm::add(ea, eb);
+  pooled[i] = to_bf(fm::add(fm::mul(k0, fm::div(ea, sum)), fm::mul(k1, fm::div(eb, sum))));
+}
+
+__global__ void markov_bias_kernel(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id) {
+  const int64_t v = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (v >= V) return;
+  const uint16_t* e = EM + int64_t(*prev_id) * r;
+  const uint16_t* hm = HM + v * r;
+  const float b = warp_lanes32(r, [&](int64_t j) { return fm::mul(bf(e[j]), bf(hm[j])); });
+  if ((threadIdx.x & 31) == 0) lk[v] = fm::add(lk[v], b);
+}
+
+// First index of the maximum (the CPU's `if (x[v] > x[best])` scan from best = 0).
+__global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  __shared__ float bv[1024];
+  __shared__ int64_t bi[1024];
+  float v = 0.0f;
+  int64_t idx = -1;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float xi = x[i];
+    if (xi != xi) continue;
+    if (idx < 0 || xi > v) {
+      v = xi;
+      idx = i;
+    }
+  }
+  bv[threadIdx.x] = v;
+  bi[threadIdx.x] = idx;
+  __syncthreads();
+  for (int off = int(blockDim.x) / 2; off > 0; off >>= 1) {
+    if (int(threadIdx.x) < off) {
+      const float ov = bv[threadIdx.x + off];
+      const int64_t oi = bi[threadIdx.x + off];
+      const int64_t mi = bi[threadIdx.x];
+      if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < mi))) {
+        bv[threadIdx.x] = ov;
+        bi[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = (n == 0 || x[0] != x[0] || bi[0] < 0) ? 0 : int32_t(bi[0]);
+}
+
+__global__ void confidence_kernel(const uint16_t* hH, int64_t D, const uint16_t* EM, int r, const int32_t* prev_id, const uint16_t* wc,
+                                  float* out) {
+  const uint16_t* e = EM + int64_t(*prev_id) * r;
+  const float z = warp_lanes32(D + r, [&](int64_t i) {
+    const float a = i < D ? bf(hH[i]) : bf(e[i - D]);
+    return fm::mul(a, bf(wc[i]));
+  });
+  if (threadIdx.x == 0) *out = z;
+}
+
+}  // namespace
+
+Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
+             const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights,
+             cudaStream_t st) {
+  FB_CHECK(top_k >= 1 && top_k <= kMaxTopK && top_k <= E) << "top_k " << top_k << " of " << E;
+  if (T == 0) return Status();
+  route_kernel<<<unsigned(T), 256, size_t(2 * E) * sizeof(float), st>>>(u, D, gate_w, E, bias, bias_vl, image, top_k, gate_temp, norm_topk,
+                                                                        route_scale, experts, weights);
+  FB_CUDA_LAUNCHED("route_kernel");
+  return Status();
+}
+
+Status swiglu(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint16_t* h, cudaStream_t st) {
+  if (M * n == 0) return Status();
+  swiglu_kernel<<<blocks_for(M * n, 256), 256, 0, st>>>(a, b, M, n, limit, weight, h);
+  FB_CUDA_LAUNCHED("swiglu_kernel");
+  return Status();
+}
+
+Status moe_combine(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y, cudaStream_t st) {
+  if (T == 0) return Status();
+  moe_combine_kernel<<<blocks_for(T * D, 256), 256, 0, st>>>(ye, K, ys, T, D, y);
+  FB_CUDA_LAUNCHED("moe_combine_kernel");
+  return Status();
+}
+
+Status engram_gather(const uint8_t* table, const uint8_t* table_scale, const int64_t* hashes, int64_t ld_hash, int64_t T, int n_cols, int hd,
+                     uint16_t* E, cudaStream_t st) {
+  FB_CHECK(hd % 32 == 0);
+  if (T == 0) return Status();
+  engram_gather_kernel<<<blocks_for(T * n_cols * hd, 256), 256, 0, st>>>(table, table_scale, hashes, ld_hash, T, n_cols, hd, E);
+  FB_CUDA_LAUNCHED("engram_gather_kernel");
+  return Status();
+}
+
+Status engram_gate(uint16_t* X, const uint16_t* kv, const uint16_t* q_w, const uint16_t* k_w, int64_t T, int hc, int64_t D, float eps,
+                   float inv_sqrt_d, const uint8_t* image, cudaStream_t st) {
+  if (T == 0) return Status();
+  engram_gate_kernel<<<unsigned(T * hc), 128, 0, st>>>(X, kv, q_w, k_w, hc, D, eps, inv_sqrt_d, image);
+  FB_CUDA_LAUNCHED("engram_gate_kernel");
+  return Status();
+}
+
+Status ratio2_pool(const uint64_t* even, const uint64_t* odd, int64_t n, int64_t hd, uint16_t* pooled, cudaStream_t st) {
+  if (n == 0) return Status();
+  ratio2_pool_kernel<<<blocks_for(n * hd, 256), 256, 0, st>>>(even, odd, n, hd, pooled);
+  FB_CUDA_LAUNCHED("ratio2_pool_kernel");
+  return Status();
+}
+
+Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, cudaStream_t st) {
+  if (V == 0) return Status();
+  markov_bias_kernel<<<blocks_for(V, 8), 256, 0, st>>>(lk, V, r, EM, HM, prev_id);
+  FB_CUDA_LAUNCHED("markov_bias_kernel");
+  return Status();
+}
+
+Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st) {
+  argmax_kernel<<<1, 1024, 0, st>>>(x, n, out);
+  FB_CUDA_LAUNCHED("argmax_kernel");
+  return Status();
+}
+
+Status confidence(const uint16_t* hH, int64_t D, const uint16_t* EM, int r, const int32_t* prev_id, const uint16_t* wc, float* out,
+                  cudaStream_t st) {
+  confidence_kernel<<<1, 32, 0, st>>>(hH, D, EM, r, prev_id, wc, out);
+  FB_CUDA_LAUNCHED("confidence_kernel");
+  return Status();
+}
+
+}  // namespace fb::cuda

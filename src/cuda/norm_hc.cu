@@ -1,0 +1,233 @@
+// RMSNorm, RoPE, mHC (mixes + Sinkhorn, collapse, expand), embedding and row plumbing of the
+// CUDA executor. Mirrors cpu/ops.cpp rms_norm / apply_rope / hc_* and the row loops of
+// cpu/executor.cpp; lanes32 order for every long sum, per-element formulas copied verbatim.
+#include "base/check.h"
+#include "cuda/device.h"
+#include "cuda/numerics.cuh"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+using namespace dev;
+
+namespace {
+
+inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
+
+__global__ void rms_norm_kernel(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y) {
+  const int64_t m = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (m >= M) return;
+  const uint16_t* xr = x + m * n;
+  const float ss = warp_lanes32(n, [&](int64_t i) { return fm::mul(bf(xr[i]), bf(xr[i])); });
+  const float r = fm::rsqrt(fm::add(fm::div(ss, float(n)), eps));
+  for (int64_t i = threadIdx.x & 31; i < n; i += 32) y[m * n + i] = to_bf(fm::mul(bf(w[i]), fm::mul(bf(xr[i]), r)));
+}
+
+__global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, int half, const int64_t* pos, const float* cos_t,
+                            const float* sin_t, bool inverse) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * heads * half) return;
+  const int64_t m = i / (int64_t(heads) * half);
+  const int h = int((i / half) % heads), k = int(i % half);
+  uint16_t* r = x + (m * heads + h) * width + (width - 2 * half);
+  const float c = cos_t[pos[m] * half + k], s = sin_t[pos[m] * half + k];
+  const float a = bf(r[2 * k]), b = bf(r[2 * k + 1]);
+  if (!inverse) {
+    r[2 * k] = to_bf(fm::add(fm::mul(a, c), -fm::mul(b, s)));
+    r[2 * k + 1] = to_bf(fm::add(fm::mul(a, s), fm::mul(b, c)));
+  } else {
+    r[2 * k] = to_bf(fm::add(fm::mul(a, c), fm::mul(b, s)));
+    r[2 * k + 1] = to_bf(fm::add(fm::mul(b, c), -fm::mul(a, s)));
+  }
+}
+
+// cpu::hc_split_sinkhorn, one thread per row.
+__device__ void split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
+  for (int i = 0; i < hc; ++i) {
+    out->pre[i] = fm::add(fm::sigmoid(fm::add(fm::mul(m[i], sc[0]), base[i])), eps);
+    out->post[i] = fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m[hc + i], sc[1]), base[hc + i])));
+  }
+  float* C = out->comb;
+  for (int a = 0; a < hc; ++a) {
+    float mx = -INFINITY;
+    for (int b = 0; b < hc; ++b) {
+      C[a * hc + b] = fm::add(fm::mul(m[2 * hc + a * hc + b], sc[2]), base[2 * hc + a * hc + b]);
+      mx = smax(mx, C[a * hc + b]);
+    }
+    float sum = 0.0f;
+    for (int b = 0; b < hc; ++b) {
+      C[a * hc + b] = fm::exp(fm::add(C[a * hc + b], -mx));
+      sum = fm::add(sum, C[a * hc + b]);
+    }
+    for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::add(fm::div(C[a * hc + b], sum), eps);
+  }
+  auto col_norm = [&] {
+    for (int b = 0; b < hc; ++b) {
+      float s = 0.0f;
+      for (int a = 0; a < hc; ++a) s = fm::add(s, C[a * hc + b]);
+      for (int a = 0; a < hc; ++a) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
+    }
+  };
+  auto row_norm = [&] {
+    for (int a = 0; a < hc; ++a) {
+      float s = 0.0f;
+      for (int b = 0; b < hc; ++b) s = fm::add(s, C[a * hc + b]);
+      for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+// Block per row, 8 warps: task 0 = sum of squares, task 1 + j = raw mix j (cpu::hc_mixes_raw).
+__global__ void hc_mixes_kernel(const uint16_t* x, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
+                                int iters, float eps, HcMix* out) {
+  __shared__ float dots[1 + 18 * 16];
+  const int64_t t = blockIdx.x, n = int64_t(hc) * dim;
+  const int n_mix = (2 + hc) * hc, warp = int(threadIdx.x / 32);
+  const uint16_t* xr = x + t * n;
+  for (int task = warp; task < 1 + n_mix; task += int(blockDim.x / 32)) {
+    float v;
+    if (task == 0) {
+      v = warp_lanes32(n, [&](int64_t c) { return fm::mul(bf(xr[c]), bf(xr[c])); });
+    } else {
+      const float* f = fn + int64_t(task - 1) * n;
+      v = warp_lanes32(n, [&](int64_t c) { return fm::mul(f[c], bf(xr[c])); });
+    }
+    if ((threadIdx.x & 31) == 0) dots[task] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float rho = fm::rsqrt(fm::add(fm::div(dots[0], float(n)), norm_eps));
+  float m[18 * 16];
+  for (int j = 0; j < n_mix; ++j) m[j] = fm::mul(dots[1 + j], rho);
+  HcMix mix;
+  split_sinkhorn(m, hc, scale, base, iters, eps, &mix);
+  out[t] = mix;
+}
+
+__global__ void hc_pre_kernel(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride,
+                              uint16_t* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * dim) return;
+  const int64_t r = i / dim, d = i % dim, t = rows ? rows[r] : r;
+  const uint16_t* xr = x + t * hc * dim;
+  const float* p = pre + t * pre_stride;
+  float s = 0.0f;
+  for (int a = 0; a < hc; ++a) s = fm::add(s, fm::mul(p[a], bf(xr[a * dim + d])));
+  y[i] = to_bf(s);
+}
+
+__global__ void hc_post_kernel(const uint16_t* y, const uint16_t* x, int64_t T, int hc, int64_t dim, const HcMix* mix, uint16_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * hc * dim) return;
+  const int64_t t = i / (hc * dim), b = (i / dim) % hc, d = i % dim;
+  const HcMix& mx = mix[t];
+  const uint16_t* xr = x + t * hc * dim;
+  float s = 0.0f;
+  for (int a = 0; a < hc; ++a) s = fm::add(s, fm::mul(mx.comb[a * hc + b], bf(xr[a * dim + d])));
+  out[i] = to_bf(fm::add(fm::mul(mx.post[b], bf(y[t * dim + d])), s));
+}
+
+__global__ void hc_take_pre_kernel(const HcMix* mix, int64_t T, int hc, float* pre) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < T * hc) pre[i] = mix[i / hc].pre[i % hc];
+}
+
+__global__ void embed_rows_kernel(const uint64_t* src, int64_t T, int hc, int64_t D, uint16_t* X, float* pre) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * hc * D) return;
+  const int64_t t = i / (hc * D), s = (i / D) % hc, d = i % D;
+  X[i] = reinterpret_cast<const uint16_t*>(src[t])[d];
+  if (d == 0) pre[t * hc + s] = s == 0 ? 1.0f : 0.0f;
+}
+
+__global__ void stream_mean_kernel(const uint16_t* X, int64_t T, int hc, int64_t D, uint16_t* out, int64_t ld) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * D) return;
+  const int64_t t = i / D, d = i % D;
+  float s = 0.0f;
+  for (int a = 0; a < hc; ++a) s = fm::add(s, bf(X[(t * hc + a) * D + d]));
+  out[t * ld + d] = to_bf(fm::div(s, float(hc)));
+}
+
+__global__ void copy_rows_kernel(const uint64_t* src, const uint64_t* dst, int64_t row_bytes) {
+  const uint8_t* s = reinterpret_cast<const uint8_t*>(src[blockIdx.x]);
+  uint8_t* d = reinterpret_cast<uint8_t*>(dst[blockIdx.x]);
+  for (int64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) d[k] = s[k];
+}
+
+}  // namespace
+
+Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, cudaStream_t st) {
+  if (M == 0) return Status();
+  rms_norm_kernel<<<blocks_for(M, 4), 128, 0, st>>>(x, M, n, w, eps, y);
+  FB_CUDA_LAUNCHED("rms_norm_kernel");
+  return Status();
+}
+
+Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, const int64_t* pos, const float* cos_t, const float* sin_t,
+            bool inverse, cudaStream_t st) {
+  const int half = rope_dim / 2;
+  if (M == 0 || half == 0) return Status();
+  rope_kernel<<<blocks_for(M * heads * half, 256), 256, 0, st>>>(x, M, heads, width, half, pos, cos_t, sin_t, inverse);
+  FB_CUDA_LAUNCHED("rope_kernel");
+  return Status();
+}
+
+Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
+                int iters, float eps, HcMix* out, cudaStream_t st) {
+  FB_CHECK(hc >= 1 && hc <= 16) << "hc_mult " << hc;
+  if (T == 0) return Status();
+  hc_mixes_kernel<<<unsigned(T), 256, 0, st>>>(x, hc, dim, fn, norm_eps, scale, base, iters, eps, out);
+  FB_CUDA_LAUNCHED("hc_mixes_kernel");
+  return Status();
+}
+
+Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride, uint16_t* y,
+              cudaStream_t st) {
+  if (n == 0) return Status();
+  hc_pre_kernel<<<blocks_for(n * dim, 256), 256, 0, st>>>(x, n, rows, hc, dim, pre, pre_stride, y);
+  FB_CUDA_LAUNCHED("hc_pre_kernel");
+  return Status();
+}
+
+Status hc_post(const uint16_t* y, const uint16_t* x, int64_t T, int hc, int64_t dim, const HcMix* mix, uint16_t* out, cudaStream_t st) {
+  if (T == 0) return Status();
+  hc_post_kernel<<<blocks_for(T * hc * dim, 256), 256, 0, st>>>(y, x, T, hc, dim, mix, out);
+  FB_CUDA_LAUNCHED("hc_post_kernel");
+  return Status();
+}
+
+Status hc_take_pre(const HcMix* mix, int64_t T, int hc, float* pre, cudaStream_t st) {
+  if (T == 0) return Status();
+  hc_take_pre_kernel<<<blocks_for(T * hc, 128), 128, 0, st>>>(mix, T, hc, pre);
+  FB_CUDA_LAUNCHED("hc_take_pre_kernel");
+  return Status();
+}
+
+Status embed_rows(const uint64_t* src, int64_t T, int hc, int64_t D, uint16_t* X, float* pre, cudaStream_t st) {
+  if (T == 0) return Status();
+  embed_rows_kernel<<<blocks_for(T * hc * D, 256), 256, 0, st>>>(src, T, hc, D, X, pre);
+  FB_CUDA_LAUNCHED("embed_rows_kernel");
+  return Status();
+}
+
+Status stream_mean(const uint16_t* X, int64_t T, int hc, int64_t D, uint16_t* out, int64_t ld, cudaStream_t st) {
+  if (T == 0) return Status();
+  stream_mean_kernel<<<blocks_for(T * D, 256), 256, 0, st>>>(X, T, hc, D, out, ld);
+  FB_CUDA_LAUNCHED("stream_mean_kernel");
+  return Status();
+}
+
+Status copy_rows(const uint64_t* src, const uint64_t* dst, int64_t n, int64_t row_bytes, cudaStream_t st) {
+  if (n == 0) return Status();
+  copy_rows_kernel<<<unsigned(n), 128, 0, st>>>(src, dst, row_bytes);
+  FB_CUDA_LAUNCHED("copy_rows_kernel");
+  return Status();
+}
+
+}  // namespace fb::cuda

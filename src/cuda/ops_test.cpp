@@ -1,0 +1,605 @@
+// Op-level parity, CPU reference vs CUDA, at the released shapes (hidden 5120, 64 heads x 512,
+// 384 experts, expert width 2304, index 32 x 128) and edge shapes (1 row, ragged rows and key
+// lists, long key lists). Tolerance: none — every output must be bit-identical (NaN masks
+// compared first), because the CUDA kernels reproduce the CPU's rounding points and orders
+// (docs/numerics.md). Outputs are poisoned (0xFF bytes) before each run. Label: gpu.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/fmath.h"
+#include "cpu/ops.h"
+#include "cuda/device.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+namespace {
+
+using bf16_t = uint16_t;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define NEED_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct Dev {
+  DeviceBuffer buf;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_TRUE(buf.alloc(std::max<size_t>(count, 1) * sizeof(T)).ok());
+    cudaMemset(buf.get(), 0xFF, std::max<size_t>(count, 1) * sizeof(T));  // poison
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  T* p() const { return buf.get<T>(); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(v.data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+bool isnan_bits(uint16_t b) { return (b & 0x7FFF) > 0x7F80; }
+bool isnan_bits(float f) { return std::isnan(f); }
+bool isnan_bits(uint8_t) { return false; }
+bool isnan_bits(int32_t) { return false; }
+
+// NaN masks first, then every other element bit for bit.
+template <typename T>
+void expect_same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t nan_diff = 0, bit_diff = 0, first = size_t(-1);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (isnan_bits(got[i]) != isnan_bits(want[i])) {
+      ++nan_diff;
+      if (first == size_t(-1)) first = i;
+    } else if (!isnan_bits(got[i]) && std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ++bit_diff;
+      if (first == size_t(-1)) first = i;
+    }
+  }
+  EXPECT_EQ(nan_diff, 0u) << what << ": NaN masks differ, first at " << first;
+  EXPECT_EQ(bit_diff, 0u) << what << ": " << bit_diff << " of " << got.size() << " elements differ, first at " << first;
+}
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t seed) : g(seed) {}
+  float normal(float s = 1.0f) { return std::normal_distribution<float>(0.0f, s)(g); }
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }
+  // bf16 activations with varied block magnitudes: normal, sub-floor, exact powers, ties.
+  std::vector<bf16_t> act(int64_t n, float s = 1.0f) {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; b += 32) {
+      const int kind = uniform(0, 9);
+      for (int64_t i = b; i < std::min(n, b + 32); ++i) {
+        float x = normal(s);
+        if (kind == 0) x *= 1e-7f;                                      // below the 1e-4 amax floor
+        if (kind == 1) x = std::ldexp(1.0f, uniform(-8, 8)) * (uniform(0, 1) ? 1.f : -1.f);  // exact powers
+        if (kind == 2) x = float(uniform(-8, 8)) * 0.5f;                // many ties
+        v[size_t(i)] = bf16_bits_from_f32(x);
+      }
+    }
+    return v;
+  }
+  std::vector<uint8_t> e4m3_codes(int64_t n) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& c : v) {
+      do c = uint8_t(uniform(0, 255));
+      while ((c & 0x7F) == 0x7F);
+    }
+    return v;
+  }
+  std::vector<uint8_t> bytes(int64_t n, int lo = 0, int hi = 255) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& c : v) c = uint8_t(uniform(lo, hi));
+    return v;
+  }
+  std::vector<float> f32(int64_t n, float s = 1.0f) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = normal(s);
+    return v;
+  }
+};
+
+TensorView view(DType t, std::vector<int64_t> shape, const void* p) { return TensorView{t, std::move(shape), static_cast<const uint8_t*>(p)}; }
+
+// ---- quantisers and GEMMs --------------------------------------------------------------------
+
+TEST(CudaOps, Fp8GemmReleasedAndRagged) {
+  NEED_GPU();
+  Rng rng(1);
+  struct Case { int64_t M, K, N; };
+  for (Case cs : {Case{1, 5120, 1536}, Case{5, 5120, 544}, Case{3, 1024, 5120}, Case{2, 8192, 96}}) {
+    const int64_t KB = cs.K / 32;
+    auto x = rng.act(cs.M * cs.K);
+    auto w = rng.e4m3_codes(cs.N * cs.K);
+    auto ws = rng.bytes(((cs.N + 31) / 32) * KB, 118, 132);
+    std::vector<bf16_t> want(static_cast<size_t>(cs.M * cs.N));
+    cpu::fp8_gemm(x.data(), cs.M, view(DType::kF8E4M3, {cs.N, cs.K}, w.data()), view(DType::kF8E8M0, {(cs.N + 31) / 32, KB}, ws.data()),
+                  want.data());
+    Dev<bf16_t> dx(x), dy(want.size());
+    Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(cs.M * cs.K));
+    Dev<float> qs(static_cast<size_t>(cs.M * KB));
+    QuantBuf q{qc.p(), qs.p(), cs.M * cs.K};
+    ASSERT_TRUE(fp8_gemm(dx.p(), cs.M, Fp8W{dw.p(), dws.p(), cs.N, cs.K}, dy.p(), q, nullptr).ok());
+    expect_same(dy.get(), want, "fp8_gemm");
+    // act_quant itself
+    std::vector<uint8_t> codes(static_cast<size_t>(cs.M * cs.K));
+    std::vector<float> scales(static_cast<size_t>(cs.M * KB));
+    for (int64_t m = 0; m < cs.M; ++m) cpu::act_quant_row(&x[size_t(m * cs.K)], cs.K, &codes[size_t(m * cs.K)], &scales[size_t(m * KB)]);
+    expect_same(qc.get(), codes, "act_quant codes");
+    expect_same(qs.get(), scales, "act_quant scales");
+  }
+}
+
+TEST(CudaOps, Fp4ExpertGemm) {
+  NEED_GPU();
+  Rng rng(2);
+  struct Case { int64_t T, K, N; int E, topk; };
+  for (Case cs : {Case{1, 5120, 2304, 3, 2}, Case{3, 2304, 5120, 4, 3}}) {
+    const int64_t KB = cs.K / 32, M = cs.T * cs.topk;
+    auto x = rng.act(cs.T * cs.K);
+    const int64_t wb = cs.N * cs.K / 2, sb = cs.N * KB;
+    auto w = rng.bytes(wb * cs.E);
+    auto ws = rng.bytes(sb * cs.E, 118, 130);
+    std::vector<int32_t> ex(static_cast<size_t>(M));
+    for (auto& e : ex) e = rng.uniform(0, cs.E - 1);
+    std::vector<bf16_t> want(static_cast<size_t>(M * cs.N));
+    for (int64_t m = 0; m < M; ++m) {
+      const int e = ex[size_t(m)];
+      cpu::fp4_gemm(&x[size_t((m / cs.topk) * cs.K)], 1, view(DType::kI8, {cs.N, cs.K / 2}, &w[size_t(e * wb)]),
+                    view(DType::kF8E8M0, {cs.N, KB}, &ws[size_t(e * sb)]), &want[size_t(m * cs.N)]);
+    }
+    Dev<bf16_t> dx(x), dy(want.size());
+    Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(cs.T * cs.K));
+    Dev<float> qs(static_cast<size_t>(cs.T * KB));
+    Dev<int32_t> dex(ex);
+    QuantBuf q{qc.p(), qs.p(), cs.T * cs.K};
+    ASSERT_TRUE(act_quant(dx.p(), cs.T, cs.K, q, nullptr).ok());
+    ASSERT_TRUE(fp4_gemm_q(q, M, cs.topk, Fp4W{dw.p(), dws.p(), cs.N, cs.K, wb, sb}, dex.p(), dy.p(), nullptr).ok());
+    expect_same(dy.get(), want, "fp4_gemm");
+  }
+}
+
+TEST(CudaOps, Bf16GemmGroupedAndF32) {
+  NEED_GPU();
+  Rng rng(3);
+  // grouped wo_a: 64 heads x 512 = 32768 wide o, 16 groups of 2048 -> 1024 each
+  const int64_t M = 2, G = 16, GI = 2048, OR = 1024, QD = G * GI;
+  auto o = rng.act(M * QD, 0.5f);
+  auto w = rng.act(G * OR * GI, 0.02f);
+  std::vector<bf16_t> want(static_cast<size_t>(M * G * OR));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) cpu::bf16_gemm(&o[size_t(m * QD + g * GI)], 1, GI, &w[size_t(g * OR * GI)], OR, &want[size_t(m * G * OR + g * OR)]);
+  Dev<bf16_t> dx(o), dw(w), dy(want.size());
+  ASSERT_TRUE(bf16_gemm(dx.p(), M, GI, QD, dw.p(), OR, dy.p(), G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, nullptr).ok());
+  expect_same(dy.get(), want, "bf16_gemm grouped");
+  // f32 output (compressor projections, head): x bf16 promoted exactly, as cpu::f32_gemm_bf16w
+  const int64_t D = 5120, N = 700;
+  auto u = rng.act(3 * D);
+  auto wh = rng.act(N * D, 0.02f);
+  std::vector<float> uf(u.size()), wantf(static_cast<size_t>(3 * N));
+  for (size_t i = 0; i < u.size(); ++i) uf[i] = bf16_to_f32(u[i]);
+  cpu::f32_gemm_bf16w(uf.data(), 3, D, wh.data(), N, wantf.data());
+  Dev<bf16_t> du(u), dwh(wh);
+  Dev<float> dyf(wantf.size());
+  ASSERT_TRUE(bf16_gemm(du.p(), 3, D, D, dwh.p(), N, dyf.p(), N, GemmOut::kF32, 1, 0, 0, 0, nullptr).ok());
+  expect_same(dyf.get(), wantf, "bf16_gemm f32");
+}
+
+TEST(CudaOps, Quantisers) {
+  NEED_GPU();
+  Rng rng(4);
+  const int64_t M = 7;
+  {  // FP8 window QDQ, head_dim 512
+    const int64_t K = 512, rb = K + K / 32;
+    auto x = rng.act(M * K);
+    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
+    std::vector<bf16_t> want(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      cpu::fp8_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K)], &want[size_t(m * K)]);
+    Dev<bf16_t> dx(x), dy(want.size());
+    Dev<uint8_t> dc(want_c.size());
+    ASSERT_TRUE(fp8_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
+    expect_same(dc.get(), want_c, "fp8_qdq compact");
+    expect_same(dy.get(), want, "fp8_qdq value");
+  }
+  {  // FP4 e8m0 (index keys / queries), 128
+    const int64_t K = 128, rb = K / 2 + K / 32;
+    auto x = rng.act(M * K);
+    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
+    std::vector<bf16_t> want(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      cpu::fp4_e8m0_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K / 2)], &want[size_t(m * K)]);
+    Dev<bf16_t> dx(x), dy(want.size());
+    Dev<uint8_t> dc(want_c.size());
+    ASSERT_TRUE(fp4_e8m0_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
+    expect_same(dc.get(), want_c, "fp4_e8m0 compact");
+    expect_same(dy.get(), want, "fp4_e8m0 value");
+  }
+  {  // FP4 e4m3/16 (compressed KV), 512
+    const int64_t K = 512, rb = K / 2 + K / 16;
+    auto x = rng.act(M * K);
+    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
+    std::vector<bf16_t> want(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      cpu::fp4_e4m3_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K / 2)], &want[size_t(m * K)]);
+    Dev<bf16_t> dx(x), dy(want.size());
+    Dev<uint8_t> dc(want_c.size());
+    ASSERT_TRUE(fp4_e4m3_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
+    expect_same(dc.get(), want_c, "fp4_e4m3 compact");
+    expect_same(dy.get(), want, "fp4_e4m3 value");
+  }
+}
+
+// ---- norms, RoPE, mHC -------------------------------------------------------------------------
+
+TEST(CudaOps, RmsNormAndRope) {
+  NEED_GPU();
+  Rng rng(5);
+  for (int64_t n : {5120, 1536, 512, 96}) {
+    const int64_t M = 3;
+    auto x = rng.act(M * n);
+    auto w = rng.act(n);
+    std::vector<bf16_t> want(static_cast<size_t>(M * n));
+    for (int64_t m = 0; m < M; ++m) cpu::rms_norm(&x[size_t(m * n)], n, w.data(), 1e-6f, &want[size_t(m * n)]);
+    Dev<bf16_t> dx(x), dw(w), dy(want.size());
+    ASSERT_TRUE(rms_norm(dx.p(), M, n, dw.p(), 1e-6f, dy.p(), nullptr).ok());
+    expect_same(dy.get(), want, "rms_norm");
+  }
+  // RoPE on 64 heads x 512 (rope 64) at far positions, both tables, forward and inverse.
+  const std::vector<int64_t> pos{0, 1, 4095, 65537, 1048575};
+  const int64_t M = int64_t(pos.size()), H = 64, W = 512;
+  const int rd = 64, half = rd / 2;
+  for (bool yarn : {false, true})
+    for (bool inverse : {false, true}) {
+      const cpu::RopeTable t = cpu::make_rope_table(rd, yarn ? 160000.0 : 10000.0, yarn, 16.0, 65536, 32.0, 1.0);
+      std::vector<float> ct(static_cast<size_t>(M * half)), stt(static_cast<size_t>(M * half));
+      std::vector<int64_t> idx(static_cast<size_t>(M));
+      for (int64_t m = 0; m < M; ++m) {
+        t.at(pos[size_t(m)], &ct[size_t(m * half)], &stt[size_t(m * half)]);
+        idx[size_t(m)] = m;  // table row m holds position pos[m]
+      }
+      auto x = rng.act(M * H * W);
+      auto want = x;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t h = 0; h < H; ++h) cpu::apply_rope(&want[size_t((m * H + h) * W)], W, t, pos[size_t(m)], inverse);
+      Dev<bf16_t> dx(x);
+      Dev<float> dc(ct), ds(stt);
+      Dev<int64_t> dp(idx);
+      ASSERT_TRUE(rope(dx.p(), M, int(H), W, rd, dp.p(), dc.p(), ds.p(), inverse, nullptr).ok());
+      expect_same(dx.get(), want, "rope");
+    }
+}
+
+TEST(CudaOps, HcMixesSinkhornPrePost) {
+  NEED_GPU();
+  Rng rng(6);
+  const int hc = 4;
+  const int64_t D = 5120, T = 3, n = hc * D, n_mix = (2 + hc) * hc;
+  auto x = rng.act(T * n);
+  auto fn = rng.f32(n_mix * n, 0.01f);
+  auto sc = rng.f32(3, 0.5f);
+  auto base = rng.f32(n_mix, 0.5f);
+  std::vector<HcMix> want(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    float m[24];
+    cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
+    cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
+  }
+  Dev<bf16_t> dx(x);
+  Dev<float> dfn(fn), dsc(sc), dbase(base);
+  Dev<HcMix> dmix(static_cast<size_t>(T));
+  ASSERT_TRUE(hc_mixes(dx.p(), T, hc, D, dfn.p(), 1e-6f, dsc.p(), dbase.p(), 20, 1e-6f, dmix.p(), nullptr).ok());
+  auto got = dmix.get();
+  std::vector<float> g, w;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int i = 0; i < hc; ++i) {
+      g.push_back(got[size_t(t)].pre[i]), w.push_back(want[size_t(t)].pre[i]);
+      g.push_back(got[size_t(t)].post[i]), w.push_back(want[size_t(t)].post[i]);
+    }
+    for (int i = 0; i < hc * hc; ++i) g.push_back(got[size_t(t)].comb[i]), w.push_back(want[size_t(t)].comb[i]);
+  }
+  expect_same(g, w, "hc mixes + sinkhorn");
+  // collapse and expand with the CPU's mixes
+  std::vector<bf16_t> want_pre(static_cast<size_t>(T * D)), y = rng.act(T * D), want_post(static_cast<size_t>(T * n));
+  std::vector<float> pre_flat;
+  for (int64_t t = 0; t < T; ++t) {
+    cpu::hc_pre(&x[size_t(t * n)], hc, D, want[size_t(t)].pre, &want_pre[size_t(t * D)]);
+    cpu::hc_post(&y[size_t(t * D)], &x[size_t(t * n)], hc, D, want[size_t(t)], &want_post[size_t(t * n)]);
+    for (int i = 0; i < hc; ++i) pre_flat.push_back(want[size_t(t)].pre[i]);
+  }
+  Dev<float> dpre(pre_flat);
+  Dev<bf16_t> dh(static_cast<size_t>(T * D)), dy(y), dout(static_cast<size_t>(T * n));
+  Dev<HcMix> dwant(want);
+  ASSERT_TRUE(hc_pre(dx.p(), T, nullptr, hc, D, dpre.p(), hc, dh.p(), nullptr).ok());
+  ASSERT_TRUE(hc_post(dy.p(), dx.p(), T, hc, D, dwant.p(), dout.p(), nullptr).ok());
+  expect_same(dh.get(), want_pre, "hc_pre");
+  expect_same(dout.get(), want_post, "hc_post");
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+// Key lists per row: window FP8 rows (some empty), then selected FP4 entries (some -1).
+void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<int>& n_sel, int64_t n_comp) {
+  const int H = 64, d = 512;
+  const int64_t T = int64_t(n_win.size()), rb8 = d + d / 32, rb4 = d / 2 + d / 16;
+  const int total_win = std::accumulate(n_win.begin(), n_win.end(), 0);
+  // FP8 rows from real QDQ of random latents; FP4 rows likewise.
+  std::vector<uint8_t> win_rows(static_cast<size_t>(total_win) * size_t(rb8)), comp(static_cast<size_t>(n_comp * rb4));
+  std::vector<bf16_t> win_val(static_cast<size_t>(total_win) * d), comp_val(static_cast<size_t>(n_comp * d));
+  auto lat = rng.act(int64_t(total_win) * d, 2.0f);
+  for (int i = 0; i < total_win; ++i)
+    cpu::fp8_qdq_row(&lat[size_t(i) * d], d, &win_rows[size_t(i) * size_t(rb8)], &win_rows[size_t(i) * size_t(rb8) + d], &win_val[size_t(i) * d]);
+  auto clat = rng.act(n_comp * d, 2.0f);
+  for (int64_t i = 0; i < n_comp; ++i)
+    cpu::fp4_e4m3_qdq_row(&clat[size_t(i * d)], d, &comp[size_t(i * rb4)], &comp[size_t(i * rb4 + d / 2)], &comp_val[size_t(i * d)]);
+  auto q = rng.act(T * H * d, 1.0f);
+  auto sinks = rng.f32(H, 1.0f);
+  const int64_t sel_ld = *std::max_element(n_sel.begin(), n_sel.end()) + 1;
+  std::vector<int32_t> sel(static_cast<size_t>(T * sel_ld), -1), cnt(static_cast<size_t>(T));
+  Dev<uint8_t> dwin(win_rows), dcomp(comp);
+  std::vector<uint64_t> win_ptr;
+  std::vector<int32_t> off{0};
+  std::vector<uint64_t> comp_base(static_cast<size_t>(T), reinterpret_cast<uint64_t>(dcomp.p()));
+  std::vector<bf16_t> want(static_cast<size_t>(T * H * d));
+  int w0 = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<const bf16_t*> keys;
+    for (int i = 0; i < n_win[size_t(t)]; ++i) {
+      const bool empty = rng.uniform(0, 9) == 0;
+      const int r = w0 + i;
+      win_ptr.push_back(empty ? 0 : reinterpret_cast<uint64_t>(dwin.p() + size_t(r) * size_t(rb8)));
+      keys.push_back(empty ? nullptr : &win_val[size_t(r) * d]);
+    }
+    w0 += n_win[size_t(t)];
+    off.push_back(int32_t(win_ptr.size()));
+    cnt[size_t(t)] = n_sel[size_t(t)];
+    for (int i = 0; i < n_sel[size_t(t)]; ++i) {
+      const int32_t id = rng.uniform(0, 7) == 0 ? -1 : rng.uniform(0, int(n_comp) - 1);
+      sel[size_t(t * sel_ld + i)] = id;
+      keys.push_back(id < 0 ? nullptr : &comp_val[size_t(id) * d]);
+    }
+    cpu::sparse_attention(&q[size_t(t * H * d)], H, d, keys, sinks.data(), 1.0f / std::sqrt(float(d)), &want[size_t(t * H * d)]);
+  }
+  Dev<uint64_t> dwp(win_ptr), dcb(comp_base);
+  Dev<int32_t> doff(off), dsel(sel), dcnt(cnt);
+  Dev<bf16_t> dq(q), dout(want.size());
+  Dev<float> dsink(sinks);
+  AttnKeys k{dwp.p(), doff.p(), dsel.p(), dcnt.p(), sel_ld, dcb.p()};
+  ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout.p(), nullptr).ok());
+  expect_same(dout.get(), want, "sparse_attention");
+}
+
+TEST(CudaOps, SparseAttentionReleased) {
+  NEED_GPU();
+  Rng rng(7);
+  attention_case(rng, {128}, {512}, 2048);            // one decode row: window 128 + top-512
+  attention_case(rng, {5, 128, 77}, {0, 512, 33}, 600);  // ragged rows
+}
+
+TEST(CudaOps, SparseAttentionLongList) {
+  NEED_GPU();
+  Rng rng(8);
+  attention_case(rng, {4096}, {1024}, 8192);
+}
+
+// ---- router, SwiGLU ----------------------------------------------------------------------------
+
+TEST(CudaOps, Route384) {
+  NEED_GPU();
+  Rng rng(9);
+  const int E = 384, K = 6;
+  const int64_t D = 5120, T = 4;
+  auto u = rng.act(T * D);
+  auto gw = rng.act(E * D, 0.02f);
+  // an exact tie: experts 17 and 200 share weights and bias -> the lower id first
+  std::copy(gw.begin() + 17 * D, gw.begin() + 18 * D, gw.begin() + 200 * D);
+  auto bias = rng.f32(E, 0.01f);
+  bias[200] = bias[17] = 5.0f;
+  std::vector<int32_t> want_e;
+  std::vector<float> want_w;
+  for (int64_t t = 0; t < T; ++t) {
+    cpu::Routing r = cpu::route(&u[size_t(t * D)], D, view(DType::kBF16, {E, D}, gw.data()), bias.data(), K, 1.0f, true, 2.5f);
+    std::vector<std::pair<int, float>> picks;
+    for (int k = 0; k < K; ++k) picks.push_back({r.experts[size_t(k)], r.weights[size_t(k)]});
+    std::sort(picks.begin(), picks.end());
+    for (auto [e, w] : picks) want_e.push_back(e), want_w.push_back(w);
+  }
+  Dev<bf16_t> du(u), dgw(gw);
+  Dev<float> db(bias), dw(static_cast<size_t>(T * K));
+  Dev<int32_t> de(static_cast<size_t>(T * K));
+  ASSERT_TRUE(route(du.p(), T, D, dgw.p(), E, db.p(), nullptr, nullptr, K, 1.0f, true, 2.5f, de.p(), dw.p(), nullptr).ok());
+  expect_same(de.get(), want_e, "route experts");
+  expect_same(dw.get(), want_w, "route weights");
+}
+
+TEST(CudaOps, SwiGlu) {
+  NEED_GPU();
+  Rng rng(10);
+  const int64_t M = 3, n = 2304;
+  auto a = rng.act(M * n, 6.0f), b = rng.act(M * n, 6.0f);
+  std::vector<float> wt{0.25f, 1.5f, 0.7f};
+  for (bool weighted : {false, true}) {
+    std::vector<bf16_t> want(static_cast<size_t>(M * n));
+    for (int64_t m = 0; m < M; ++m)
+      cpu::swiglu_row(&a[size_t(m * n)], &b[size_t(m * n)], n, 10.0f, wt[size_t(m)], weighted, &want[size_t(m * n)]);
+    Dev<bf16_t> da(a), dbb(b), dh(want.size());
+    Dev<float> dwt(wt);
+    ASSERT_TRUE(swiglu(da.p(), dbb.p(), M, n, 10.0f, weighted ? dwt.p() : nullptr, dh.p(), nullptr).ok());
+    expect_same(dh.get(), want, "swiglu");
+  }
+}
+
+// ---- indexer ------------------------------------------------------------------------------------
+
+// The CPU's score chain, candidate pool and top-k (copied from cpu::CpuStep::index_select, whose
+// loops are private to the step).
+struct IndexRef {
+  static std::vector<float> scores(const bf16_t* iq, const bf16_t* wts, int IH, int ihd, const std::vector<bf16_t>& keys, int64_t n_vis,
+                                   int64_t n_scored) {
+    std::vector<float> I(static_cast<size_t>(n_scored), -INFINITY);
+    for (int64_t j = 0; j < n_vis; ++j) {
+      const bf16_t* kj = &keys[size_t(j * ihd)];
+      float tot = 0.0f;
+      for (int h = 0; h < IH; ++h) {
+        const float d = fm::lanes32_sum(ihd, [&](int64_t i) { return fm::mul(bf16_to_f32(iq[h * ihd + i]), bf16_to_f32(kj[i])); });
+        const float db = std::max(round_bf16(d), 0.0f);
+        tot = fm::add(tot, round_bf16(fm::mul(db, bf16_to_f32(wts[h]))));
+      }
+      I[size_t(j)] = round_bf16(tot);
+    }
+    return I;
+  }
+  static std::vector<uint8_t> pool(const std::vector<float>& I, int64_t n_vis, int64_t bs, int64_t keep_cfg) {
+    const int64_t n = int64_t(I.size()), nb = (n + bs - 1) / bs;
+    std::vector<float> score(static_cast<size_t>(nb), -INFINITY);
+    for (int64_t j = 0; j < n; ++j) score[size_t(j / bs)] = std::max(score[size_t(j / bs)], I[size_t(j)]);
+    if (n_vis > 0) score[size_t((n_vis - 1) / bs)] = INFINITY;
+    std::vector<int64_t> order(static_cast<size_t>(nb));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t keep = std::min<int64_t>(keep_cfg, nb);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
+      if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
+      return a < b;
+    });
+    std::vector<uint8_t> mask(static_cast<size_t>(n), 0);
+    for (int64_t i = 0; i < keep; ++i) {
+      const int64_t b = order[size_t(i)];
+      if (score[size_t(b)] == -INFINITY) continue;
+      for (int64_t j = b * bs; j < std::min(n, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
+    }
+    return mask;
+  }
+  static std::vector<int32_t> topk(std::vector<float> I, const std::vector<uint8_t>* mask, int64_t n_vis, int64_t topk) {
+    const int64_t n = int64_t(I.size());
+    if (mask)
+      for (int64_t j = 0; j < n; ++j)
+        if (j >= int64_t(mask->size()) || !(*mask)[size_t(j)]) I[size_t(j)] = -INFINITY;
+    const int64_t k = std::min<int64_t>(topk, n);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      if (I[size_t(a)] != I[size_t(b)]) return I[size_t(a)] > I[size_t(b)];
+      return a < b;
+    });
+    ids.resize(size_t(k));
+    std::sort(ids.begin(), ids.end());
+    for (int32_t& id : ids)
+      if (id >= n_vis) id = -1;
+    return ids;
+  }
+};
+
+void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector<int64_t>& n_scored, bool with_pool) {
+  const int IH = 32, ihd = 128;
+  const int64_t T = int64_t(n_vis.size()), kb = ihd / 2 + ihd / 32, topk = 512, bs = 64, keep = 8;
+  const int64_t n_keys = *std::max_element(n_vis.begin(), n_vis.end()) + 1;
+  const int64_t ld = *std::max_element(n_scored.begin(), n_scored.end());
+  std::vector<uint8_t> keys(static_cast<size_t>(n_keys * kb));
+  std::vector<bf16_t> key_val(static_cast<size_t>(n_keys * ihd));
+  auto raw = rng.act(n_keys * ihd);
+  for (int64_t j = 0; j < n_keys; ++j)
+    cpu::fp4_e8m0_qdq_row(&raw[size_t(j * ihd)], ihd, &keys[size_t(j * kb)], &keys[size_t(j * kb + ihd / 2)], &key_val[size_t(j * ihd)]);
+  auto iq = rng.act(T * IH * ihd);
+  for (int64_t r = 0; r < T * IH; ++r) {  // the queries are FP4-QDQ'd too
+    std::vector<uint8_t> pk(ihd / 2), ps(ihd / 32);
+    cpu::fp4_e8m0_qdq_row(&iq[size_t(r * ihd)], ihd, pk.data(), ps.data(), &iq[size_t(r * ihd)]);
+  }
+  auto wts = rng.act(T * IH, 0.3f);
+  std::vector<int32_t> want_sel(static_cast<size_t>(T * topk), 0), want_cnt(static_cast<size_t>(T));
+  std::vector<float> want_I;
+  for (int64_t t = 0; t < T; ++t) {
+    auto I = IndexRef::scores(&iq[size_t(t * IH * ihd)], &wts[size_t(t * IH)], IH, ihd, key_val, n_vis[size_t(t)], n_scored[size_t(t)]);
+    std::vector<uint8_t> mask;
+    if (with_pool) mask = IndexRef::pool(I, n_vis[size_t(t)], bs, keep);
+    auto ids = IndexRef::topk(I, with_pool ? &mask : nullptr, n_vis[size_t(t)], topk);
+    want_cnt[size_t(t)] = int32_t(ids.size());
+    std::copy(ids.begin(), ids.end(), want_sel.begin() + t * topk);
+    want_I.insert(want_I.end(), I.begin(), I.end());
+  }
+  Dev<uint8_t> dkeys(keys), dmask(static_cast<size_t>(T * ld));
+  std::vector<uint64_t> base(static_cast<size_t>(T), reinterpret_cast<uint64_t>(dkeys.p()));
+  Dev<uint64_t> dbase(base);
+  Dev<bf16_t> diq(iq), dwts(wts);
+  Dev<int64_t> dnv(n_vis), dns(n_scored);
+  Dev<float> dI(static_cast<size_t>(T * ld));
+  Dev<int32_t> dsel(static_cast<size_t>(T * topk)), dcnt(static_cast<size_t>(T));
+  ASSERT_TRUE(index_scores(diq.p(), dwts.p(), T, IH, ihd, dbase.p(), kb, dnv.p(), dns.p(), dI.p(), ld, nullptr).ok());
+  {
+    auto I = dI.get();
+    std::vector<float> got;
+    for (int64_t t = 0; t < T; ++t) got.insert(got.end(), I.begin() + t * ld, I.begin() + t * ld + n_scored[size_t(t)]);
+    expect_same(got, want_I, "index scores");
+  }
+  if (with_pool) ASSERT_TRUE(candidate_pool(dI.p(), T, ld, dns.p(), dnv.p(), bs, keep, dmask.p(), nullptr).ok());
+  ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), with_pool ? dmask.p() : nullptr, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
+  auto sel = dsel.get();
+  auto cnt = dcnt.get();
+  expect_same(cnt, want_cnt, "top-k count");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = cnt[size_t(t)]; i < topk; ++i) sel[size_t(t * topk + i)] = 0;
+  expect_same(sel, want_sel, "top-k ids");
+}
+
+TEST(CudaOps, IndexerScoresPoolTopK) {
+  NEED_GPU();
+  Rng rng(11);
+  indexer_case(rng, {1}, {1}, false);                         // one entry
+  indexer_case(rng, {300, 700, 40}, {300, 900, 40}, false);   // ragged, prefill row scoring past n_vis
+  indexer_case(rng, {700, 1200}, {700, 1200}, true);          // candidate pool restriction
+  indexer_case(rng, {8192}, {8192}, true);                    // long context
+}
+
+// ---- DSpark head ----------------------------------------------------------------------------------
+
+TEST(CudaOps, MarkovArgmaxConfidence) {
+  NEED_GPU();
+  Rng rng(12);
+  const int64_t V = 129280, D = 5120;
+  const int r = 32;
+  auto lk = rng.f32(V, 1.0f);
+  auto em = rng.act(V * r, 0.1f), hm = rng.act(V * r, 0.1f), hH = rng.act(D), wc = rng.act(D + r, 0.05f);
+  const int32_t prev = 4242;
+  auto want = lk;
+  for (int64_t v = 0; v < V; ++v)
+    want[size_t(v)] = fm::add(want[size_t(v)], fm::lanes32_sum(r, [&](int64_t j) {
+                                return fm::mul(bf16_to_f32(em[size_t(prev * r + j)]), bf16_to_f32(hm[size_t(v * r + j)]));
+                              }));
+  want[777] = want[90000] = 1e9f;  // exact tie: the first index wins
+  int32_t best = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (want[size_t(v)] > want[size_t(best)]) best = int32_t(v);
+  const float conf = fm::lanes32_sum(D + r, [&](int64_t i) {
+    const float a = i < D ? bf16_to_f32(hH[size_t(i)]) : bf16_to_f32(em[size_t(prev * r + i - D)]);
+    return fm::mul(a, bf16_to_f32(wc[size_t(i)]));
+  });
+  lk[777] = lk[90000] = 1e9f;  // survives the bias add (1e9 + small = 1e9 in f32)
+  Dev<float> dlk(lk), dconf(1);
+  Dev<bf16_t> dem(em), dhm(hm), dhH(hH), dwc(wc);
+  Dev<int32_t> dprev(std::vector<int32_t>{prev}), dbest(1);
+  ASSERT_TRUE(markov_bias(dlk.p(), V, r, dem.p(), dhm.p(), dprev.p(), nullptr).ok());
+  ASSERT_TRUE(argmax(dlk.p(), V, dbest.p(), nullptr).ok());
+  ASSERT_TRUE(confidence(dhH.p(), D, dem.p(), r, dprev.p(), dwc.p(), dconf.p(), nullptr).ok());
+  auto got = dlk.get();
+  got[777] = got[90000] = 1e9f;
+  expect_same(got, want, "markov bias");
+  EXPECT_EQ(dbest.get()[0], best);
+  expect_same(dconf.get(), std::vector<float>{conf}, "confidence");
+}
+
+}  // namespace
+}  // namespace fb::cuda

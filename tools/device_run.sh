@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call for the CUDA executor (issue 5): configure with the `device` preset, build the
+# executor, its GPU tests and the CLI, run `ctest -L gpu` and the fixture checks with
+# `--backend cuda --compare-cpu`, and print a short table LAST (the device reply keeps the tail).
+# Usage, in the repo root on the GPU machine:  tools/device_run.sh [FIXTURES_DIR]
+# FIXTURES_DIR (default .fixtures) holds tiny-s0/ and tiny-s1-long/ copied from ../shared/fixtures
+# (../shared does not travel to the device; carry the folder). Logs go to $OUT (or /tmp/fb_out).
+set -u
+FIX=${1:-.fixtures}
+LOG=${OUT:-/tmp/fb_out}
+mkdir -p "$LOG"
+BUILD=build/device
+row() { printf '%-34s %s\n' "$1" "$2" >>"$LOG/table.txt"; }
+: >"$LOG/table.txt"
+nvidia-smi -L 2>&1 | head -2
+
+t0=$(date +%s)
+cmake --preset device >"$LOG/configure.log" 2>&1
+cfg=$?
+row "configure (device preset)" "rc=$cfg"
+t1=$(date +%s)
+cmake --build "$BUILD" -j16 --target cuda_ops_test cuda_fixture_parity_test >"$LOG/build_tests.log" 2>&1
+bt=$?
+t2=$(date +%s)
+cmake --build "$BUILD" -j16 --target flashbox >"$LOG/build_cli.log" 2>&1
+bc=$?
+t3=$(date +%s)
+row "build fb_cuda + gpu tests" "rc=$bt $((t2 - t1))s"
+row "build flashbox" "rc=$bc $((t3 - t2))s"
+[ $bt -ne 0 ] && grep -E "error|Error" "$LOG/build_tests.log" | head -20
+[ $bc -ne 0 ] && grep -E "error|Error" "$LOG/build_cli.log" | head -10
+
+if [ $bt -eq 0 ]; then
+  FB_FIXTURES_DIR="$PWD/$FIX" timeout 420 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 400 >"$LOG/ctest.log" 2>&1
+  ct=$?
+  grep -E "Failure|differ|Expected|Which is|Value of|^\[  FAILED|compare |check-fixture " "$LOG/ctest.log" | head -60
+  row "ctest -L gpu" "rc=$ct $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)"
+  for t in $(grep -oE '^\[  FAILED  \] [A-Za-z0-9_./]+' "$LOG/ctest.log" | awk '{print $4}' | sort -u); do row "  FAILED" "$t"; done
+fi
+if [ $bc -eq 0 ]; then
+  for c in tiny-s0 tiny-s1-long; do
+    timeout 300 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_$c.log" 2>&1
+    rc=$?
+    row "check-fixture $c (cuda)" "rc=$rc"
+    tail -2 "$LOG/fixture_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
+  done
+fi
+row "total" "$(($(date +%s) - t0))s"
+echo "==================== device_run summary ===================="
+cat "$LOG/table.txt"
