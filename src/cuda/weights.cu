@@ -1,0 +1,174 @@
+// CudaExecutor loading: validation (as cpu::CpuModel::load), then every weight uploaded to HBM in
+// its stored format; routed experts of a layer packed into contiguous [E, ...] buffers.
+#include <algorithm>
+#include <cmath>
+
+#include "base/check.h"
+#include "cpu/session_cache.h"
+#include "cuda/executor.h"
+#include "loader/bind.h"
+
+namespace fb::cuda {
+
+using model::Config;
+
+// ---- loading -------------------------------------------------------------------------------------
+
+CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
+    : snap_(std::move(snap)), cfg_(snap_->config()), w_(loader::bind_weights(*snap_)), token_map_(std::move(token_map)) {
+  const Config& c = cfg_;
+  if (!c.engram_layer_ids.empty()) {
+    engram_ = model::engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_max_ngram, c.engram_n_heads,
+                                      c.engram_compressed_vocab);
+    pad_class_ = token_map_.at(size_t(c.engram_pad_id));
+  }
+  rope_plain_.table = cpu::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
+  rope_yarn_.table =
+      cpu::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return FB_ERROR(kUnsupported) << "no CUDA device is visible";
+  auto snap = FB_TRY(loader::Snapshot::open(dir));
+  loader::ValidationReport rep = snap->validate();
+  if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
+  const Config& c = snap->config();
+  if (token_map.empty()) token_map = snap->engram_token_map();
+  if (!c.engram_layer_ids.empty()) {
+    if (token_map.empty())
+      return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
+    FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
+  }
+  if (c.has_vision()) return FB_ERROR(kUnsupported) << dir << ": the CUDA executor does not run the vision tower yet";
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
+  FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
+  FB_RETURN_IF_ERROR(ex->upload_weights());
+  return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
+}
+
+template <typename T>
+Result<const T*> CudaExecutor::up(const TensorView& v) {
+  if (!v.valid()) return static_cast<const T*>(nullptr);
+  DeviceBuffer b;
+  FB_RETURN_IF_ERROR(b.alloc(v.nbytes()));
+  FB_CUDA_TRY(cudaMemcpy(b.get(), v.data, v.nbytes(), cudaMemcpyHostToDevice));
+  const T* p = b.get<T>();
+  owned_.push_back(std::move(b));
+  return p;
+}
+
+Result<Fp8W> CudaExecutor::up8(const model::Fp8Linear& l) {
+  Fp8W d;
+  if (!l.w.valid()) return d;
+  d.w = FB_TRY(up<uint8_t>(l.w));
+  d.s = FB_TRY(up<uint8_t>(l.scale));
+  d.N = l.w.dim(0);
+  d.K = l.w.dim(1);
+  return d;
+}
+
+// Routed experts of one layer into three contiguous [E, ...] buffers (+ scales).
+Status CudaExecutor::up_experts(int l, DevLayer& d) {
+  const int E = cfg_.roles[size_t(l)].n_experts;
+  if (E == 0) return Status();
+  loader::SnapshotExperts src(*snap_);
+  auto pack = [&](auto pick, Fp4W& out) -> Status {
+    const model::Fp4Linear first = pick(src.expert(l, 0));
+    const size_t wb = first.w.nbytes(), sb = first.scale.nbytes();
+    std::vector<uint8_t> w(wb * size_t(E)), s(sb * size_t(E));
+    for (int e = 0; e < E; ++e) {
+      const model::Fp4Linear x = pick(src.expert(l, e));
+      FB_CHECK(x.w.nbytes() == wb && x.scale.nbytes() == sb) << "expert shapes differ in layer " << l;
+      std::copy(x.w.data, x.w.data + wb, w.begin() + ptrdiff_t(wb * size_t(e)));
+      std::copy(x.scale.data, x.scale.data + sb, s.begin() + ptrdiff_t(sb * size_t(e)));
+    }
+    DeviceBuffer bw, bs;
+    FB_RETURN_IF_ERROR(bw.alloc(w.size()));
+    FB_RETURN_IF_ERROR(bs.alloc(s.size()));
+    FB_CUDA_TRY(cudaMemcpy(bw.get(), w.data(), w.size(), cudaMemcpyHostToDevice));
+    FB_CUDA_TRY(cudaMemcpy(bs.get(), s.data(), s.size(), cudaMemcpyHostToDevice));
+    out.w = bw.get<uint8_t>();
+    out.s = bs.get<uint8_t>();
+    out.N = first.w.dim(0);
+    out.K = first.w.dim(1) * 2;
+    out.w_stride = int64_t(wb);
+    out.s_stride = int64_t(sb);
+    owned_.push_back(std::move(bw));
+    owned_.push_back(std::move(bs));
+    return Status();
+  };
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w1; }, d.w1));
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w2; }, d.w2));
+  FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w3; }, d.w3));
+  return Status();
+}
+
+Status CudaExecutor::upload_weights() {
+  embed_ = FB_TRY(up<uint16_t>(w_.embed));
+  norm_ = FB_TRY(up<uint16_t>(w_.norm));
+  head_ = FB_TRY(up<uint16_t>(w_.head));
+  layers_.resize(size_t(cfg_.n_total_layers()));
+  for (int l = 0; l < cfg_.n_total_layers(); ++l) {
+    const model::LayerWeights& w = w_.layers[size_t(l)];
+    DevLayer& d = layers_[size_t(l)];
+    d.hc_attn_fn = FB_TRY(up<float>(w.hc_attn_fn));
+    d.hc_attn_base = FB_TRY(up<float>(w.hc_attn_base));
+    d.hc_attn_scale = FB_TRY(up<float>(w.hc_attn_scale));
+    d.hc_ffn_fn = FB_TRY(up<float>(w.hc_ffn_fn));
+    d.hc_ffn_base = FB_TRY(up<float>(w.hc_ffn_base));
+    d.hc_ffn_scale = FB_TRY(up<float>(w.hc_ffn_scale));
+    d.attn_norm = FB_TRY(up<uint16_t>(w.attn_norm));
+    d.ffn_norm = FB_TRY(up<uint16_t>(w.ffn_norm));
+    d.q_norm = FB_TRY(up<uint16_t>(w.q_norm));
+    d.kv_norm = FB_TRY(up<uint16_t>(w.kv_norm));
+    d.attn_sink = FB_TRY(up<float>(w.attn_sink));
+    d.wq_a = FB_TRY(up8(w.wq_a));
+    d.wq_b = FB_TRY(up8(w.wq_b));
+    d.wkv = FB_TRY(up8(w.wkv));
+    d.wo_b = FB_TRY(up8(w.wo_b));
+    {
+      // The reference dequantises wo_a to BF16 at load; so do we (exact).
+      std::vector<uint16_t> wa = cpu::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
+      TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
+      d.wo_a = FB_TRY(up<uint16_t>(v));
+    }
+    d.comp_wkv = FB_TRY(up<uint16_t>(w.comp_wkv));
+    d.comp_wgate = FB_TRY(up<uint16_t>(w.comp_wgate));
+    d.comp_norm = FB_TRY(up<uint16_t>(w.comp_norm));
+    d.idx_wk = FB_TRY(up<uint16_t>(w.idx_wk));
+    d.idx_k_norm = FB_TRY(up<uint16_t>(w.idx_k_norm));
+    d.idx_wq_b = FB_TRY(up8(w.idx_wq_b));
+    d.idx_weights_proj = FB_TRY(up<uint16_t>(w.idx_weights_proj));
+    d.gate_w = FB_TRY(up<uint16_t>(w.gate_w));
+    d.gate_bias = FB_TRY(up<float>(w.gate_bias));
+    d.gate_bias_vl = FB_TRY(up<float>(w.gate_bias_vl));
+    d.sh_w1 = FB_TRY(up8(w.sh_w1));
+    d.sh_w2 = FB_TRY(up8(w.sh_w2));
+    d.sh_w3 = FB_TRY(up8(w.sh_w3));
+    d.engram_table = FB_TRY(up<uint8_t>(w.engram_table));
+    d.engram_table_scale = FB_TRY(up<uint8_t>(w.engram_table_scale));
+    d.engram_wkv = FB_TRY(up8(w.engram_wkv));
+    d.engram_q = FB_TRY(up<uint16_t>(w.engram_q));
+    d.engram_k = FB_TRY(up<uint16_t>(w.engram_k));
+    FB_RETURN_IF_ERROR(up_experts(l, d));
+  }
+  if (cfg_.n_mtp_layers > 0) {
+    draft_.main_proj = FB_TRY(up8(w_.draft.main_proj));
+    draft_.main_norm = FB_TRY(up<uint16_t>(w_.draft.main_norm));
+    draft_.norm = FB_TRY(up<uint16_t>(w_.draft.norm));
+    draft_.markov_embed = FB_TRY(up<uint16_t>(w_.draft.markov_embed));
+    draft_.markov_head = FB_TRY(up<uint16_t>(w_.draft.markov_head));
+    draft_.confidence = FB_TRY(up<uint16_t>(w_.draft.confidence));
+  }
+  return Status();
+}
+
+}  // namespace fb::cuda
