@@ -98,6 +98,17 @@ Result<std::unique_ptr<Snapshot>> Snapshot::open(const std::string& dir) {
   return snap;
 }
 
+std::unique_ptr<Snapshot> Snapshot::in_memory(model::Config config, std::map<std::string, TensorView> tensors,
+                                              std::vector<std::vector<uint8_t>> storage, std::vector<int32_t> engram_map) {
+  auto snap = std::unique_ptr<Snapshot>(new Snapshot());
+  snap->dir_ = "(in memory)";
+  snap->config_ = std::move(config);
+  for (auto& [name, view] : tensors) snap->tensors_[name] = Entry{view, "(memory)", 0};
+  snap->storage_ = std::move(storage);
+  snap->engram_map_ = std::move(engram_map);
+  return snap;
+}
+
 const TensorView& Snapshot::get(const std::string& name) const {
   auto it = tensors_.find(name);
   FB_CHECK(it != tensors_.end()) << "tensor " << name << " is not in the snapshot";

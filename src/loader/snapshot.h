@@ -36,6 +36,10 @@ class Snapshot {
   // Opens DIR: parses config.json and the index, maps every shard and parses its header (any
   // container-level corruption is an error here). Schema validation is separate (validate()).
   static Result<std::unique_ptr<Snapshot>> open(const std::string& dir);
+  // A snapshot whose tensors live in memory (synthetic benchmark models); `storage` keeps the
+  // bytes the views point into alive. The engram map is given explicitly.
+  static std::unique_ptr<Snapshot> in_memory(model::Config config, std::map<std::string, TensorView> tensors,
+                                             std::vector<std::vector<uint8_t>> storage, std::vector<int32_t> engram_map);
 
   const std::string& dir() const { return dir_; }
   const model::Config& config() const { return config_; }
@@ -66,6 +70,7 @@ class Snapshot {
   std::map<std::string, Entry> tensors_;
   std::vector<std::string> index_problems_;
   std::vector<int32_t> engram_map_;
+  std::vector<std::vector<uint8_t>> storage_;  // in_memory() snapshots own their bytes
 };
 
 // Checks a token map against the config: length = vocab, every class in [0, classes), and the

@@ -1,0 +1,142 @@
+#include "loader/synthetic.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "base/dtype.h"
+#include "model/schema.h"
+
+namespace fb::loader {
+
+namespace {
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Approximately normal from the sum of four uniforms (variance matched), fast and deterministic.
+float gauss(uint64_t key) {
+  uint64_t r = mix(key);
+  float s = 0;
+  for (int i = 0; i < 4; ++i) s += float((r >> (16 * i)) & 0xFFFF) * (1.0f / 65535.0f);
+  return (s - 2.0f) * 1.7320508f;  // var(sum of 4 U(0,1)) = 1/3
+}
+
+float norm_mean(const std::string& n) {
+  if (n.find("attn_norm") != std::string::npos) return 0.025f;
+  if (n.find("ffn_norm") != std::string::npos) return 0.2f;
+  if (n.find("q_norm") != std::string::npos) return 0.97f;
+  if (n.find("kv_norm") != std::string::npos) return 0.4f;
+  if (n.find("compressor.norm") != std::string::npos) return 0.6f;
+  if (n.find("k_norm") != std::string::npos) return 0.5f;
+  return 1.0f;
+}
+float gain(const std::string& n) {
+  static const std::pair<const char*, float> k[] = {{".wq_a.", 1.6f}, {".wq_b.", 0.95f}, {".wkv.", 1.8f}, {".wo_a.", 1.6f},
+                                                    {".wo_b.", 1.9f}, {".gate.", 2.9f},  {".w1.", 1.5f},  {".w3.", 1.5f},
+                                                    {".w2.", 1.05f}};
+  for (auto& [s, g] : k)
+    if (n.find(s) != std::string::npos) return g;
+  return 1.0f;
+}
+
+void parallel_fill(std::vector<uint8_t>& buf, const std::function<void(size_t, size_t)>& fill) {
+  const unsigned n = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  const size_t chunk = (buf.size() + n - 1) / n;
+  for (unsigned i = 0; i < n; ++i) th.emplace_back([&, i] { fill(i * chunk, std::min(buf.size(), (i + 1) * chunk)); });
+  for (auto& t : th) t.join();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed) {
+  model::Config c = FB_TRY(model::Config::from_hf_json(config_json));
+  const auto specs = model::expected_tensors(c);
+  int64_t max_code_bytes = 0;
+  for (const auto& s : specs)
+    if (s.dtype == DType::kF8E4M3 || s.dtype == DType::kI8) max_code_bytes = std::max(max_code_bytes, s.nbytes());
+  std::vector<std::vector<uint8_t>> storage;
+  storage.reserve(specs.size() + 1);
+  // Shared pool of FP8 codes / packed FP4 nibbles. e4m3 codes avoid NaN (0x7F/0xFF) and keep
+  // |v| <= 8 (biased exponent <= 10); the resulting code RMS is ~2.2 (FP4 nibbles ~3.2).
+  storage.emplace_back(size_t(max_code_bytes));
+  parallel_fill(storage.back(), [&](size_t a, size_t b) {
+    for (size_t i = a; i < b; ++i) {
+      uint8_t v = uint8_t(mix(seed * 0x9E37ull + i));
+      const uint8_t e = (v >> 3) & 0xF;
+      if (e > 10) v = uint8_t((v & 0x87) | (uint8_t(e - 5) << 3));
+      storage.back()[i] = v;
+    }
+  });
+  const uint8_t* pool = storage.back().data();
+  std::map<std::string, TensorView> views;
+  uint64_t key = seed << 40;
+  for (const auto& s : specs) {
+    TensorView v{s.dtype, s.shape, nullptr};
+    const std::string& n = s.name;
+    const bool is_scale = n.size() > 6 && n.compare(n.size() - 6, 6, ".scale") == 0;
+    if (s.dtype == DType::kF8E4M3 || s.dtype == DType::kI8) {
+      v.data = pool;
+    } else if (s.dtype == DType::kF8E8M0 && is_scale) {
+      // Power-of-two scales bring code RMS (~2.2 e4m3, ~3.2 e2m1) to gain / sqrt(fan_in).
+      const std::string weight = n.substr(0, n.size() - 5) + "weight";
+      int64_t fan_in = 0;
+      bool fp4 = false;
+      for (const auto& t : specs)
+        if (t.name == weight) {
+          fp4 = t.dtype == DType::kI8;
+          fan_in = fp4 ? t.shape[1] * 2 : t.shape[1];
+        }
+      const bool table = n.find("engram.embed") != std::string::npos;
+      const double target = table ? 1.0 : gain(n) / std::sqrt(double(fan_in));
+      const int e = int(std::lround(std::log2(target / (fp4 ? 3.2 : 2.2))));
+      storage.emplace_back(size_t(s.nbytes()));
+      auto& buf = storage.back();
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t(127 + e + int(mix(key++) % 3) - 1);
+      v.data = buf.data();
+    } else {
+      storage.emplace_back(size_t(s.nbytes()));
+      auto& buf = storage.back();
+      const int64_t count = s.nbytes() / int64_t(dtype_size(s.dtype));
+      const bool is_norm = n.find("norm") != std::string::npos && n.find(".weight") != std::string::npos;
+      float mean = 0, sd;
+      if (n == "embed.weight" || n.find("markov_head.embed") != std::string::npos) {
+        sd = 0.12f;
+      } else if (is_norm) {
+        mean = norm_mean(n);
+        sd = 0.1f * mean;
+      } else if (s.shape.size() >= 2) {
+        sd = gain(n) / std::sqrt(float(s.shape.back()));
+      } else {
+        sd = 0.5f;
+      }
+      const uint64_t base = key;
+      key += uint64_t(count);
+      parallel_fill(buf, [&](size_t a, size_t b) {
+        const size_t es = dtype_size(s.dtype);
+        for (size_t i = a / es; i < b / es; ++i) {
+          const float x = mean + sd * gauss(base + i);
+          if (s.dtype == DType::kBF16) {
+            const uint16_t h = bf16_bits_from_f32(x);
+            std::memcpy(&buf[i * 2], &h, 2);
+          } else {
+            std::memcpy(&buf[i * 4], &x, 4);
+          }
+        }
+      });
+      v.data = buf.data();
+    }
+    views[n] = v;
+  }
+  // Engram token map: every class used (vocab >= classes).
+  std::vector<int32_t> map(size_t(c.vocab_size));
+  for (size_t t = 0; t < map.size(); ++t) map[t] = int32_t(t % size_t(std::max<int64_t>(1, c.engram_compressed_vocab)));
+  return Snapshot::in_memory(std::move(c), std::move(views), std::move(storage), std::move(map));
+}
+
+}  // namespace fb::loader

@@ -1,0 +1,18 @@
+// Synthetic in-memory checkpoints for benchmarks at the released dimensions (issue 6): every
+// tensor of the schema with realistic statistics (norm means, fan-in scaled projections with
+// the release's gains, embedding RMS 0.12) without writing multi-GB files. The big FP8/FP4
+// payloads share one pool of random codes (scales are per tensor), so host memory stays a few
+// GB while the executor uploads a full-size model. For speed measurements only: the weights are
+// random, so outputs are noise.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loader/snapshot.h"
+
+namespace fb::loader {
+
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed);
+
+}  // namespace fb::loader
