@@ -41,9 +41,10 @@ if [ $bt -eq 0 ]; then
 fi
 if [ $bc -eq 0 ]; then
   for c in tiny-s0 tiny-s1-long; do
+    s0=$(date +%s)
     timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_$c.log" 2>&1
     rc=$?
-    row "check-fixture $c (cuda)" "rc=$rc"
+    row "check-fixture $c (cuda+cpu)" "rc=$rc $(($(date +%s) - s0))s (rc 1 = oracle gate, see docs/numerics.md)"
     tail -2 "$LOG/fixture_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
   done
   # chunked prefill (rows of one prompt over several steps: ring reads, ratio-2 tails, key lists)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -53,6 +54,60 @@ TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureParity, ::testing::Values("tiny-s0", "tiny-s1-long"));
+
+model::Row make_row(int s, int64_t pos, int32_t tok, model::RowKind kind, int64_t prefill_end, bool logits) {
+  model::Row r;
+  r.session = s;
+  r.pos = pos;
+  r.token = tok;
+  r.kind = kind;
+  r.prefill_end = prefill_end;
+  r.want_logits = logits;
+  return r;
+}
+
+// Ragged multi-session steps and a rollback: two sessions' prefill rows in one step, then decode
+// and verify-style rows of both sessions together, then a rejected row rolled back and re-run.
+TEST(FixtureParity, MultiSessionStepsAndRollback) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = fixtures_dir() + "/tiny-s1-long";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  auto cu = make_cuda(dir + "/checkpoint");
+  auto cp = make_cpu(dir + "/checkpoint");
+  ASSERT_TRUE(cu.ok() && cp.ok());
+  model::Executor* ex[2] = {cu.value().get(), cp.value().get()};
+  std::unique_ptr<model::SessionState> s[2][2];
+  std::vector<model::SessionState*> ss[2];
+  for (int e = 0; e < 2; ++e) {
+    for (int i = 0; i < 2; ++i) s[e][i] = ex[e]->new_session();
+    ss[e] = {s[e][0].get(), s[e][1].get()};
+  }
+  const int V = 512;
+  auto tok = [&](int64_t i) { return int32_t((i * 37 + 11) % V); };
+  using model::RowKind;
+  std::vector<model::Step> steps(4);
+  for (int64_t p = 0; p < 20; ++p) steps[0].rows.push_back(make_row(0, p, tok(p), RowKind::kPrefill, 20, p == 19));
+  for (int64_t p = 0; p < 45; ++p) steps[0].rows.push_back(make_row(1, p, tok(p + 3), RowKind::kPrefill, 45, p >= 43));
+  steps[1].rows = {make_row(0, 20, tok(20), RowKind::kDecode, 0, true), make_row(1, 45, tok(45), RowKind::kDecode, 0, true),
+                   make_row(1, 46, tok(46), RowKind::kDecode, 0, true), make_row(1, 47, tok(47), RowKind::kDecode, 0, true)};
+  // after rolling session 1 back to 46: a different token at 46
+  steps[2].rows = {make_row(0, 21, tok(21), RowKind::kDecode, 0, true), make_row(1, 46, tok(99), RowKind::kDecode, 0, true)};
+  steps[3].rows = {make_row(1, 47, tok(100), RowKind::kDecode, 0, true), make_row(0, 22, tok(22), RowKind::kDecode, 0, true)};
+  // step 3 lists session 1 first: rows of a session are contiguous, sessions in any order
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (k == 2)
+      for (int e = 0; e < 2; ++e) ASSERT_TRUE(s[e][1]->rollback(46).ok());
+    auto a = ex[0]->forward(steps[k], ss[0]);
+    auto b = ex[1]->forward(steps[k], ss[1]);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    ASSERT_EQ(a->logits.size(), b->logits.size());
+    EXPECT_EQ(a->logit_rows, b->logit_rows);
+    EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), a->logits.size() * sizeof(float)), 0) << "step " << k << " logits differ";
+    EXPECT_EQ(a->taps, b->taps) << "step " << k << " DSpark tap rows differ";
+  }
+}
 
 }  // namespace
 }  // namespace fb::cuda
