@@ -657,8 +657,8 @@ class CpuStep : public CpuLayerOps {
 // keys = the stage's ring in SLOT order, then the block rows.
 class CpuDraftStep : public CpuLayerOps {
  public:
-  CpuDraftStep(const CpuModel& m, SessionCache& s, int32_t anchor, int64_t p)
-      : CpuLayerOps(m, m.cfg_.dspark_block_size), s_(s), anchor_(anchor), p_(p) {
+  CpuDraftStep(const CpuModel& m, SessionCache& s, int32_t anchor, int64_t p, const model::DraftPicker* pick)
+      : CpuLayerOps(m, m.cfg_.dspark_block_size), s_(s), anchor_(anchor), p_(p), pick_(pick) {
     for (int64_t k = 0; k < T_; ++k) pos_[size_t(k)] = p + 1 + k;
   }
 
@@ -693,8 +693,8 @@ class CpuDraftStep : public CpuLayerOps {
     for (int64_t k = 0; k < T_; ++k) head_row(k, m_.w_.draft.norm, &U_[size_t(k * c_.vocab_size)], &hH_[size_t(k * c_.dim)]);
   }
 
-  // spec/13 §4.6-4.7: sequential Markov bias over the full vocabulary, greedy draws, raw
-  // confidence logits.
+  // spec/13 §4.6-4.7: sequential Markov bias over the full vocabulary, draws (argmax, first
+  // index on ties, unless a picker draws), raw confidence logits.
   void markov_chain() {
     const int64_t V = c_.vocab_size, r = c_.dspark_markov_rank, D = c_.dim;
     const bf16_t* EM = bfp(m_.w_.draft.markov_embed);
@@ -712,8 +712,13 @@ class CpuDraftStep : public CpuLayerOps {
         }
       });
       int32_t best = 0;
-      for (int64_t v = 1; v < V; ++v)
-        if (lk[v] > lk[best]) best = int32_t(v);
+      if (pick_) {
+        best = (*pick_)(k, lk);
+        FB_CHECK(best >= 0 && best < V) << "draft picker chose " << best;
+      } else {
+        for (int64_t v = 1; v < V; ++v)
+          if (lk[v] > lk[best]) best = int32_t(v);
+      }
       // f32([hH | e]) . w_c over the concatenated D + r vector
       const float z = fm::lanes32_sum(D + r, [&](int64_t i) {
         const float a = i < D ? bf(hH_[size_t((k - 1) * D + i)]) : bf(e[i - D]);
@@ -732,6 +737,7 @@ class CpuDraftStep : public CpuLayerOps {
   SessionCache& s_;
   int32_t anchor_;
   int64_t p_;
+  const model::DraftPicker* pick_;  // nullptr: greedy chain
   std::vector<bf16_t> hH_;
   std::vector<float> U_;
   DraftOutput out_;
@@ -786,9 +792,10 @@ void CpuModel::draft_commit_cpu(SessionCache& s, int64_t first_pos, const uint16
   }
 }
 
-DraftOutput CpuModel::draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const {
+DraftOutput CpuModel::draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p,
+                                const model::DraftPicker* pick) const {
   draft_commit_cpu(s, p, tap_row, 1);
-  CpuDraftStep ex(*this, s, anchor, p);
+  CpuDraftStep ex(*this, s, anchor, p, pick);
   model::run_draft(ex, cfg_);
   return ex.take_output();
 }

@@ -40,6 +40,10 @@ class CpuModel final : public model::Executor {
   Result<DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override {
     return draft_cpu(static_cast<SessionCache&>(s), anchor, tap_row, p);
   }
+  Result<DraftOutput> draft_sampled(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p,
+                                    const model::DraftPicker& pick) override {
+    return draft_cpu(static_cast<SessionCache&>(s), anchor, tap_row, p, &pick);
+  }
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }
@@ -54,8 +58,10 @@ class CpuModel final : public model::Executor {
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
   void draft_commit_cpu(SessionCache& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) const;
-  // The reference's forward_spec(anchor, g(p), p): writes ring slot p from tap_row, then drafts.
-  DraftOutput draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p) const;
+  // The reference's forward_spec(anchor, g(p), p): writes ring slot p from tap_row, then drafts;
+  // `pick` (optional) draws the chain tokens instead of argmax (sampled drafts, spec/13 §4.6).
+  DraftOutput draft_cpu(SessionCache& s, int32_t anchor, const uint16_t* tap_row, int64_t p,
+                        const model::DraftPicker* pick = nullptr) const;
 
  private:
   friend class CpuLayerOps;

@@ -299,16 +299,7 @@ void Engine::run(Job& job) {
     stats_.generated_tokens += done.usage.completion_tokens;
     stats_.prefill_s += t1 - t0;
     stats_.decode_s += t2 - t1;
-    const DsparkCounters& c = gen.counters();
-    stats_.dspark.steps += c.steps - before.steps;
-    stats_.dspark.proposals += c.proposals - before.proposals;
-    stats_.dspark.accepted += c.accepted - before.accepted;
-    stats_.dspark.verify_rows += c.verify_rows - before.verify_rows;
-    stats_.dspark.replay_rows += c.replay_rows - before.replay_rows;
-    stats_.dspark.draft_s += c.draft_s - before.draft_s;
-    stats_.dspark.verify_s += c.verify_s - before.verify_s;
-    for (size_t i = 0; i < c.accepted_hist.size() && i < stats_.dspark.accepted_hist.size(); ++i)
-      stats_.dspark.accepted_hist[i] += c.accepted_hist[i] - before.accepted_hist[i];
+    stats_.dspark.add_since(gen.counters(), before);
     if (reason == FinishReason::kCancelled) ++stats_.requests_cancelled;
   }
   send(done);

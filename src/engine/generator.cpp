@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -24,7 +27,27 @@ Generator::Generator(model::Executor& ex, GeneratorOptions opt) : ex_(&ex), opt_
   if (opt.max_context > 0) max_context_ = std::min(max_context_, opt.max_context);
   if (opt_.prefill_chunk <= 0) opt_.prefill_chunk = 256;
   counters_.accepted_hist.assign(size_t(std::max(block_, 0) + 1), 0);
+  counters_.verify_hist.assign(size_t(std::max(block_, 0) + 1), 0);
+  cost_.steps_per_s = opt_.dspark_verify_sps;
   reset();
+}
+
+void DsparkCounters::add_since(const DsparkCounters& now, const DsparkCounters& before) {
+  steps += now.steps - before.steps;
+  proposals += now.proposals - before.proposals;
+  accepted += now.accepted - before.accepted;
+  verify_rows += now.verify_rows - before.verify_rows;
+  sampled_steps += now.sampled_steps - before.sampled_steps;
+  residual_draws += now.residual_draws - before.residual_draws;
+  auto hist = [](std::vector<int64_t>& h, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    if (h.size() < a.size()) h.resize(a.size(), 0);
+    for (size_t i = 0; i < a.size(); ++i) h[i] += a[i] - (i < b.size() ? b[i] : 0);
+  };
+  hist(accepted_hist, now.accepted_hist, before.accepted_hist);
+  hist(verify_hist, now.verify_hist, before.verify_hist);
+  draft_s += now.draft_s - before.draft_s;
+  verify_s += now.verify_s - before.verify_s;
+  calibrate_s += now.calibrate_s - before.calibrate_s;
 }
 
 void Generator::reset() {
@@ -152,7 +175,7 @@ Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>*
   const int64_t H = int64_t(history_.size());
   if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
   // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
-  if (sp.greedy() && dspark_ok_ && H >= 2 && H + 2 < max_context_) return dspark_step(out, lp, top_n);
+  if (dspark_ok_ && H >= 2 && H + 2 < max_context_) return dspark_step(sp, rng, out, lp, top_n);
   return plain_step(sp, rng, out, lp, top_n);
 }
 
@@ -178,20 +201,80 @@ Status Generator::plain_step(const SamplingParams& sp, Rng& rng, std::vector<int
   return emit_from_logits(sp, rng, out, lp, top_n);
 }
 
-Status Generator::dspark_step(std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
+Status Generator::calibrate_verify_cost() {
+  FB_CHECK(pending_) << "calibrate_verify_cost needs an emitted token not yet fed";
+  const int64_t H = int64_t(history_.size()), rows_max = block_ + 1;
+  if (H + rows_max >= max_context_) {
+    cost_ = VerifyCostTable::flat(rows_max);
+    return Status();
+  }
+  const double t0 = now_s();
+  std::vector<double> best(size_t(rows_max), std::numeric_limits<double>::infinity());
+  const int reps = std::max(1, opt_.dspark_calibrate_reps);
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up (lazy allocations, caches)
+    for (int64_t n = 1; n <= rows_max; ++n) {
+      model::Step st;
+      for (int64_t i = 0; i < n; ++i) {
+        model::Row r;
+        r.pos = H + i;
+        r.token = pending_token_;
+        r.kind = model::RowKind::kDecode;
+        r.want_logits = true;
+        st.rows.push_back(r);
+      }
+      model::StepOutput o;
+      const double a = now_s();
+      FB_RETURN_IF_ERROR(forward_rows(st, &o));
+      const double dt = now_s() - a;
+      FB_RETURN_IF_ERROR(session_->rollback(H));
+      if (rep >= 0) best[size_t(n - 1)] = std::min(best[size_t(n - 1)], dt);
+    }
+  }
+  cost_.steps_per_s.resize(size_t(rows_max));
+  for (int64_t n = 0; n < rows_max; ++n) cost_.steps_per_s[size_t(n)] = 1.0 / std::max(best[size_t(n)], 1e-9);
+  counters_.calibrate_s += now_s() - t0;
+  return Status();
+}
+
+int64_t Generator::verify_len(const model::DraftOutput& d, bool greedy) const {
+  const int64_t drafted = std::min<int64_t>(int64_t(d.ids.size()) - 1, block_);
+  if (opt_.dspark_verify >= 0) return std::min<int64_t>(opt_.dspark_verify, drafted);
+  // Missing confidences count as c = 1 (full block).
+  std::vector<float> z(size_t(std::max<int64_t>(drafted, 0)), NAN);
+  std::copy_n(d.confidence.begin(), std::min(z.size(), d.confidence.size()), z.begin());
+  const std::vector<double> S = dspark_survival(z, opt_.dspark_sts_temps);
+  return choose_verify_len(S, cost_, int(drafted), greedy ? ScheduleRule::kArgmax : ScheduleRule::kEarlyStop);
+}
+
+Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
+                              int top_n) {
+  if (opt_.dspark_verify < 0 && cost_.empty()) FB_RETURN_IF_ERROR(calibrate_verify_cost());
+  const bool greedy = sp.greedy();
   const int64_t H = int64_t(history_.size()), p = H - 1;
   const int32_t anchor = pending_token_;
   double t0 = now_s();
-  // DRAFT (spec/13 §4): ring write of p from g(p), then a block [anchor, d1..dB].
-  auto dr = ex_->draft(*session_, anchor, tap_.data(), p);
+  // DRAFT (spec/13 §4): ring write of p from g(p), then a block [anchor, d1..dB]. Sampled
+  // requests draw the chain from q_k = their own transform of the corrected rows (§4.6, §6.3).
+  std::vector<Candidates> q;
+  Result<model::DraftOutput> dr = [&] {
+    if (greedy) return ex_->draft(*session_, anchor, tap_.data(), p);
+    Rng draws = rng.stream(p + 1, kRngDraftDraw);
+    const model::DraftPicker pick = [&](int64_t k, const float* row) {
+      FB_CHECK_EQ(k, int64_t(q.size()) + 1);
+      q.push_back(sampling_distribution(row, vocab_, sp));
+      return draw(q.back(), draws.uniform());
+    };
+    return ex_->draft_sampled(*session_, anchor, tap_.data(), p, pick);
+  }();
   if (!dr.ok()) return dr.status();
   const model::DraftOutput& d = dr.value();
   double t1 = now_s();
-  // SCHEDULE (spec/13 §7): fixed verify length for now; rows p+1..p+1+L must fit the context.
-  int64_t L = opt_.dspark_verify >= 0 ? std::min(opt_.dspark_verify, block_) : block_;
-  L = std::min<int64_t>(L, int64_t(d.ids.size()) - 1);
+  // SCHEDULE (spec/13 §7): from the confidences and the cost table only, before any acceptance
+  // draw; rows p+1..p+1+L must fit the context.
+  int64_t L = verify_len(d, greedy);
   L = std::min<int64_t>(L, max_context_ - (p + 2) - 1);
   L = std::max<int64_t>(L, 0);
+  if (!greedy) FB_CHECK_GE(int64_t(q.size()), L);
   // VERIFY: one target step over [anchor, d1..dL], decode rows (same arithmetic as plain decode).
   model::Step st;
   for (int64_t i = 0; i <= L; ++i) {
@@ -206,30 +289,31 @@ Status Generator::dspark_step(std::vector<int32_t>* out, std::vector<TokenLogpro
   FB_RETURN_IF_ERROR(forward_rows(st, &o));
   double t2 = now_s();
   FB_CHECK_EQ(int64_t(o.logits.size()), (L + 1) * vocab_);
-  // ACCEPT (spec/13 §6.1): prefix of drafts equal to the target's argmax, then one more token.
+  // ACCEPT (spec/13 §6): greedy = prefix of drafts equal to the target's argmax, then one more
+  // token; sampled = rejection sampling against the processed target rows pi_i.
   int64_t a = 0;
-  while (a < L && d.ids[size_t(a + 1)] == argmax(&o.logits[size_t(a * vocab_)], vocab_)) ++a;
-  const float* last = &o.logits[size_t(a * vocab_)];
-  const int32_t t_next = argmax(last, vocab_);
-  // COMMIT: keep positions p+1..p+1+a, roll back the rest, feed the kept taps to the rings.
-  if (a < L) FB_RETURN_IF_ERROR(session_->rollback(p + 2 + a));
-  if (L - a >= 2) {
-    // The CPU session cache addresses the ratio-2 compressor's pending tail by position parity,
-    // so the second rejected row overwrote the tail of the last kept row (p+1+a). Re-run that
-    // row alone: decode arithmetic is row-exact, so its logits and taps are unchanged and the
-    // tail is rewritten. Remove when SessionCache snapshots tails (spec/13 §6.5).
-    FB_RETURN_IF_ERROR(session_->rollback(p + 1 + a));
-    model::Step rs;
-    model::Row r;
-    r.pos = p + 1 + a;
-    r.token = a == 0 ? anchor : d.ids[size_t(a)];
-    r.kind = model::RowKind::kDecode;
-    r.want_logits = false;
-    rs.rows.push_back(r);
-    model::StepOutput ro;
-    FB_RETURN_IF_ERROR(forward_rows(rs, &ro));
-    ++counters_.replay_rows;
+  int32_t t_next = 0;
+  if (greedy) {
+    while (a < L && d.ids[size_t(a + 1)] == argmax(&o.logits[size_t(a * vocab_)], vocab_)) ++a;
+    t_next = argmax(&o.logits[size_t(a * vocab_)], vocab_);
+  } else {
+    std::vector<std::optional<Candidates>> pi(size_t(L + 1));
+    auto target = [&](int64_t i) -> const Candidates& {
+      if (!pi[size_t(i)]) pi[size_t(i)] = sampling_distribution(&o.logits[size_t(i * vocab_)], vocab_, sp);
+      return *pi[size_t(i)];
+    };
+    const std::vector<int32_t> drafts(d.ids.begin() + 1, d.ids.begin() + 1 + L);
+    Rng accept = rng.stream(p + 1, kRngAcceptTest), final_draw = rng.stream(p + 1, kRngFinalDraw);
+    const SpecVerdict v = speculative_accept(L, target, q, drafts, accept, final_draw);
+    a = v.accepted;
+    t_next = v.next;
+    ++counters_.sampled_steps;
+    counters_.residual_draws += v.residual;
   }
+  const float* last = &o.logits[size_t(a * vocab_)];
+  // COMMIT: keep positions p+1..p+1+a, roll back the rest (exact for the <= B rejected rows,
+  // spec/13 §6.5), feed the kept taps to the rings.
+  if (a < L) FB_RETURN_IF_ERROR(session_->rollback(p + 2 + a));
   history_.push_back(anchor);
   for (int64_t i = 1; i <= a; ++i) history_.push_back(d.ids[size_t(i)]);
   FB_RETURN_IF_ERROR(commit_taps(p + 1, o.taps.data(), a + 1));
@@ -248,6 +332,7 @@ Status Generator::dspark_step(std::vector<int32_t>* out, std::vector<TokenLogpro
   counters_.accepted += a;
   counters_.verify_rows += L + 1;
   ++counters_.accepted_hist[size_t(a)];
+  ++counters_.verify_hist[size_t(L)];
   counters_.draft_s += t1 - t0;
   counters_.verify_s += t2 - t1;
   return Status();

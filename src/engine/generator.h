@@ -1,9 +1,11 @@
 // Generator: token-level generation for one sequence on a model::Executor: chunked prefill (with
-// prefix reuse of the session's cache), plain decode, and the DSpark greedy loop of spec/13
-// §5-6.1 (draft a block, verify anchor + drafts in ONE step of kDecode rows, accept the prefix,
-// roll the target back, commit accepted tap rows to the draft rings). No tokenizer, no threads:
-// the Engine drives it. Invariant: with greedy sampling the emitted ids are the same with DSpark
-// on or off (verify rows use decode arithmetic; acceptance uses argmax with lowest-id ties).
+// prefix reuse of the session's cache), plain decode, and the DSpark loop of spec/13 §5-7 (draft
+// a block, schedule the verify length, verify anchor + drafts in ONE step of kDecode rows, accept
+// (greedy prefix match, or exact rejection sampling when temperature > 0), roll the target back,
+// commit accepted tap rows to the draft rings). No tokenizer, no threads: the Engine drives it.
+// Invariants: greedy output is the same with DSpark on or off (verify rows use decode
+// arithmetic; acceptance uses argmax with lowest-id ties); sampled output has the distribution
+// of plain sampling (spec/13 §6.2; the verify length never looks at acceptance draws).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/dspark_schedule.h"
 #include "engine/sampler.h"
 #include "model/executor.h"
 
@@ -20,8 +23,13 @@ namespace fb::engine {
 
 struct GeneratorOptions {
   int prefill_chunk = 256;  // rows per prefill step
-  bool dspark = true;       // use the draft loop for greedy requests when the model has DSpark
-  int dspark_verify = -1;   // drafted rows verified per step (-1 = the block size)
+  bool dspark = true;       // use the draft loop (greedy and sampled) when the model has DSpark
+  int dspark_verify = -1;   // forced drafted rows verified per round (0..B); -1 = the scheduler
+  // Verify cost table for the scheduler (spec/13 §7): steps/s of a verify step with 1..B+1 rows.
+  // Empty: measured on the live session at the first DSpark round (calibrate_verify_cost).
+  std::vector<double> dspark_verify_sps;
+  int dspark_calibrate_reps = 2;         // timed repetitions per row count (min taken)
+  std::vector<double> dspark_sts_temps;  // confidence temperatures T_1..T_B (spec/13 §4.8); empty: 1
   int64_t max_context = 0;  // 0 = the model's max_position_embeddings
 };
 
@@ -30,9 +38,14 @@ struct DsparkCounters {
   int64_t proposals = 0;      // drafted tokens offered to verification
   int64_t accepted = 0;       // drafted tokens accepted
   int64_t verify_rows = 0;    // target rows run by verification (anchor included)
-  int64_t replay_rows = 0;    // kept rows re-run after a rollback (CPU cache workaround)
+  int64_t sampled_steps = 0;  // rounds decided by rejection sampling (temperature > 0)
+  int64_t residual_draws = 0; // sampled rounds that ended in a rejection (residual draw)
   std::vector<int64_t> accepted_hist;  // [B + 1] rounds that accepted a drafts
-  double draft_s = 0, verify_s = 0;
+  std::vector<int64_t> verify_hist;    // [B + 1] rounds that verified L drafts (the schedule)
+  double draft_s = 0, verify_s = 0;    // time drafting (chain draws included) / verifying
+  double calibrate_s = 0;              // time measuring the verify cost table
+  // this += now - before (per-request deltas of a generator's running counters).
+  void add_since(const DsparkCounters& now, const DsparkCounters& before);
 };
 
 class Generator {
@@ -59,6 +72,12 @@ class Generator {
   int64_t reusable_prefix(std::span<const int32_t> prompt) const;
   const DsparkCounters& counters() const { return counters_; }
   bool dspark_available() const { return dspark_ok_; }
+  // The scheduler's verify cost table (empty until given or measured).
+  const VerifyCostTable& verify_cost() const { return cost_; }
+  // Times target verify steps of 1..B+1 decode rows at the session's next position (after a
+  // prefill or emission; each step is rolled back) and keeps the table; a flat table when the
+  // context has no room. Runs by itself at the first scheduled round when no table was given.
+  Status calibrate_verify_cost();
 
  private:
   Status forward_rows(const model::Step& st, model::StepOutput* out);
@@ -67,7 +86,9 @@ class Generator {
   Status commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
   void remember_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
   Status plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
-  Status dspark_step(std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  Status dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  // Drafted rows to verify this round (forced, or the scheduler over the confidences).
+  int64_t verify_len(const model::DraftOutput& d, bool greedy) const;
   Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
 
   model::Executor* ex_;
@@ -89,6 +110,7 @@ class Generator {
   std::vector<int64_t> tap_hist_pos_;  // position held by each slot, -1 none
   int64_t reused_ = 0;
   DsparkCounters counters_;
+  VerifyCostTable cost_;
 };
 
 }  // namespace fb::engine

@@ -1,15 +1,19 @@
 // Generator on the official fixture checkpoints (skipped when ../shared is absent): greedy with
-// DSpark equals greedy without it (spec/13 §6.1, issue 11), chunked prefill equals one-shot,
-// prefix reuse equals a fresh session, oracle drafts (forced acceptance) stay exact.
+// DSpark (scheduled, measured cost table) equals greedy without it (spec/13 §6.1, issue 11),
+// chunked prefill equals one-shot, prefix reuse equals a fresh session, oracle drafts and forced
+// rejections (rollback only, no replay) stay exact; sampled DSpark runs and reproduces by seed.
 #include "engine/generator.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <unistd.h>
 
 #include "base/mapped_file.h"
 #include "cpu/executor.h"
+#include "engine/dspark_harness.h"
+#include "loader/tiny_model.h"
 
 namespace fb::engine {
 namespace {
@@ -58,23 +62,34 @@ TEST_P(GeneratorFixture, DsparkGreedyEqualsPlainGreedy) {
   auto ex = cpu::CpuModel::load(dir + "/checkpoint");
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
   const auto prompt = load_prompt(dir);
-  const int n = 48;
+  const int n = 48, B = (*ex)->config().dspark_block_size;
   GeneratorOptions off;
   off.dspark = false;
-  GeneratorOptions on;
-  on.dspark = true;
   const auto plain = run(**ex, prompt, n, off);
-  DsparkCounters cnt;
-  const auto spec = run(**ex, prompt, n, on, &cnt);
-  EXPECT_EQ(plain, spec);
-  EXPECT_GT(cnt.steps, 0);
-  EXPECT_EQ(cnt.verify_rows, cnt.proposals + cnt.steps);
-  std::printf("%s: dspark rounds=%lld proposals=%lld accepted=%lld hist=", GetParam(), (long long)cnt.steps,
-              (long long)cnt.proposals, (long long)cnt.accepted);
-  for (auto h : cnt.accepted_hist) std::printf("%lld ", (long long)h);
-  std::printf("\n");
+  // spec/13 §10 item 3: forced L = 1..B, then the scheduler on a cost table measured here.
+  for (int L = 1; L <= B + 1; ++L) {
+    GeneratorOptions on;
+    on.dspark_verify = L <= B ? L : -1;
+    DsparkCounters cnt;
+    const auto spec = run(**ex, prompt, n, on, &cnt);
+    EXPECT_EQ(plain, spec) << "verify " << on.dspark_verify;
+    EXPECT_GT(cnt.steps, 0);
+    EXPECT_EQ(cnt.verify_rows, cnt.proposals + cnt.steps);
+    if (L <= B) {
+      EXPECT_EQ(cnt.verify_hist[size_t(L)], cnt.steps);
+    }
+    std::printf("%s L=%d: dspark rounds=%lld proposals=%lld accepted=%lld hist=", GetParam(), on.dspark_verify,
+                (long long)cnt.steps, (long long)cnt.proposals, (long long)cnt.accepted);
+    for (auto h : cnt.accepted_hist) std::printf("%lld ", (long long)h);
+    if (L > B) {
+      std::printf("calibrate_s=%.3f verify lengths=", cnt.calibrate_s);
+      for (auto h : cnt.verify_hist) std::printf("%lld ", (long long)h);
+    }
+    std::printf("\n");
+  }
   // Chunked prefill (7 rows) reproduces the one-shot prefill's continuation.
-  GeneratorOptions chunked = on;
+  GeneratorOptions chunked;
+  chunked.dspark_verify = B;
   chunked.prefill_chunk = 7;
   EXPECT_EQ(run(**ex, prompt, 16, chunked), std::vector<int32_t>(plain.begin(), plain.begin() + 16));
 }
@@ -142,13 +157,106 @@ TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
   full.insert(full.end(), plain.begin(), plain.end());
   OracleDrafts oracle(**ex, full);
   DsparkCounters cnt;
-  EXPECT_EQ(run(oracle, prompt, 44, GeneratorOptions{}, &cnt), plain);
+  GeneratorOptions on;
+  on.dspark_verify = (*ex)->config().dspark_block_size;
+  EXPECT_EQ(run(oracle, prompt, 44, on, &cnt), plain);
   EXPECT_GT(cnt.accepted, 0);
   int shapes = 0;
   for (auto h : cnt.accepted_hist) shapes += h > 0;
   EXPECT_GE(shapes, 2) << "want rounds with different accepted counts";
-  std::printf("%s oracle: rounds=%lld proposals=%lld accepted=%lld replayed=%lld\n", GetParam(), (long long)cnt.steps,
-              (long long)cnt.proposals, (long long)cnt.accepted, (long long)cnt.replay_rows);
+  std::printf("%s oracle: rounds=%lld proposals=%lld accepted=%lld\n", GetParam(), (long long)cnt.steps,
+              (long long)cnt.proposals, (long long)cnt.accepted);
+}
+
+// Rollback is the only undo (spec/13 §6.5): forced acceptance p = 0.3 / 0.7 with full blocks
+// rejects 2..5 rows in most rounds, at every position parity and ring slot; the output must
+// still equal plain greedy decoding.
+TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  GeneratorOptions opt;
+  opt.dspark_verify = (*ex)->config().dspark_block_size;
+  const std::vector<double> ps = {0.3, 0.7};
+  auto r = run_forced_acceptance(**ex, prompt, 40, ps, opt, 11);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& x : *r) {
+    EXPECT_TRUE(x.matches_plain) << "p=" << x.p;
+    int64_t multi = 0;  // rounds that rejected >= 2 rows
+    for (size_t a = 0; a + 2 < x.accepted_hist.size(); ++a) multi += x.accepted_hist[a];
+    EXPECT_GT(multi, 0);
+    std::printf("%s p=%.1f: rounds=%lld tokens/round=%.2f (model %.2f), rounds rejecting >= 2 rows: %lld\n", GetParam(), x.p,
+                (long long)x.rounds, x.tokens_per_round, x.expected_tokens_per_round, (long long)multi);
+  }
+}
+
+// Sampled requests run the DSpark loop with rejection sampling on the real draft (sampled
+// Markov chain of the CPU executor); a seed reproduces its transcript.
+TEST_P(GeneratorFixture, SampledDsparkRunsAndReproduces) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  auto gen = [&](uint64_t seed, DsparkCounters* cnt) {
+    GeneratorOptions opt;
+    opt.dspark_verify_sps = {1.0, 1.0, 1.0, 1.0, 1.0, 1.0};
+    Generator g(**ex, opt);
+    EXPECT_TRUE(g.prefill(prompt).ok());
+    SamplingParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.95f;
+    Rng rng(seed);
+    std::vector<int32_t> out;
+    while (out.size() < 24) EXPECT_TRUE(g.next(sp, rng, &out).ok());
+    out.resize(24);
+    *cnt = g.counters();
+    return out;
+  };
+  DsparkCounters a, b;
+  const auto x = gen(5, &a), y = gen(5, &b);
+  EXPECT_EQ(x, y);
+  EXPECT_GT(a.sampled_steps, 0);
+  EXPECT_EQ(a.sampled_steps, a.steps);
+  std::printf("%s sampled: rounds=%lld proposals=%lld accepted=%lld residual=%lld\n", GetParam(), (long long)a.steps,
+              (long long)a.proposals, (long long)a.accepted, (long long)a.residual_draws);
+}
+
+// A fresh tiny model (every structural feature, B = 5, window 32, ratio-2 and ratio-1 sources;
+// a small vocabulary keeps it quick): forced acceptance with full blocks rejects 1..5 rows per
+// round across ring wrap-around and ratio-2 pair boundaries, and greedy output stays exactly
+// plain greedy output (rollback only, spec/13 §6.5, §10 item 5).
+TEST(GeneratorTinyWrite, ManyRejectionsOfFullBlocksStayExact) {
+  const std::string dir = (fs::temp_directory_path() / ("fb_gen_tiny_" + std::to_string(::getpid()))).string();
+  loader::TinyModelOptions to;
+  to.out_dir = dir;
+  to.seed = 3;
+  to.vocab_size = 2048;
+  to.engram_compressed_vocab = 1500;
+  ASSERT_TRUE(loader::write_tiny_model(to).ok());
+  std::vector<int32_t> token_map(size_t(to.vocab_size));  // any map into the Engram classes
+  for (size_t i = 0; i < token_map.size(); ++i) token_map[i] = int32_t(i * 7 % size_t(to.engram_compressed_vocab));
+  auto ex = cpu::CpuModel::load(dir, token_map);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const int B = (*ex)->config().dspark_block_size;
+  ASSERT_EQ(B, 5);
+  const std::vector<int32_t> prompt = {0, 17, 300, 4, 1999, 52, 7, 7, 810, 33, 1024, 5};
+  GeneratorOptions opt;
+  opt.dspark_verify = B;
+  const std::vector<double> ps = {0.3, 0.6, 0.85};
+  auto r = run_forced_acceptance(**ex, prompt, 120, ps, opt, 21);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<int64_t> rejected(size_t(B + 1), 0);  // rounds by rejected rows
+  for (const auto& x : *r) {
+    EXPECT_TRUE(x.matches_plain) << "p=" << x.p;
+    for (int a = 0; a <= B; ++a) rejected[size_t(B - a)] += x.accepted_hist[size_t(a)];
+    std::printf("tiny p=%.2f: rounds=%lld tokens/round=%.2f (model %.2f)\n", x.p, (long long)x.rounds, x.tokens_per_round,
+                x.expected_tokens_per_round);
+  }
+  for (int k = 0; k <= B; ++k) EXPECT_GT(rejected[size_t(k)], 0) << "no round rejected " << k << " rows";
+  fs::remove_all(dir);
 }
 
 // The built-in tiny model (real V4.1 vocabulary, all structural features): set FB_TINY_MODEL to

@@ -26,9 +26,19 @@ struct ByValueDesc {
 };
 }  // namespace
 
-Rng::Rng(uint64_t seed) {
+Rng::Rng(uint64_t seed) : seed_(seed) {
   uint64_t x = seed;
   for (auto& s : s_) s = splitmix64(x);
+}
+
+Rng Rng::stream(int64_t position, uint32_t purpose) const {
+  // Chain the key parts through splitmix64 so nearby (position, purpose) pairs land far apart.
+  uint64_t x = seed_ ^ 0x6A09E667F3BCC909ull;
+  uint64_t k = splitmix64(x);
+  x = k ^ uint64_t(position);
+  k = splitmix64(x);
+  x = k ^ (uint64_t(purpose) << 32 | 0x5bd1e995u);
+  return Rng(splitmix64(x));
 }
 
 uint64_t Rng::next_u64() {
@@ -137,16 +147,70 @@ Candidates sampling_distribution(const float* logits, int64_t n, const SamplingP
   return c;
 }
 
-int32_t sample(const float* logits, int64_t n, const SamplingParams& p, Rng& rng) {
-  if (p.greedy()) return argmax(logits, n);
-  const Candidates c = sampling_distribution(logits, n, p);
-  const double u = rng.uniform();
+int32_t draw(const Candidates& c, double u) {
   double acc = 0;
   for (size_t i = 0; i < c.ids.size(); ++i) {
     acc += c.probs[i];
     if (u < acc) return c.ids[i];
   }
-  return c.ids.back();  // rounding left u above the last partial sum
+  // Rounding left u above the last partial sum: the last id with mass.
+  for (size_t i = c.ids.size(); i-- > 0;)
+    if (c.probs[i] > 0) return c.ids[i];
+  return c.ids.back();
+}
+
+int32_t sample(const float* logits, int64_t n, const SamplingParams& p, Rng& rng) {
+  if (p.greedy()) return argmax(logits, n);
+  return draw(sampling_distribution(logits, n, p), rng.uniform());
+}
+
+double prob_of(const Candidates& c, int32_t id) {
+  for (size_t i = 0; i < c.ids.size(); ++i)
+    if (c.ids[i] == id) return c.probs[i];
+  return 0.0;
+}
+
+Candidates residual_distribution(const Candidates& pi, const Candidates& q) {
+  // q by id for lookups (ids are in id order unless a truncation sorted them by probability).
+  std::vector<std::pair<int32_t, double>> qs(q.ids.size());
+  for (size_t i = 0; i < q.ids.size(); ++i) qs[i] = {q.ids[i], q.probs[i]};
+  if (!std::is_sorted(qs.begin(), qs.end())) std::sort(qs.begin(), qs.end());
+  Candidates r;
+  double sum = 0;
+  for (size_t i = 0; i < pi.ids.size(); ++i) {
+    auto it = std::lower_bound(qs.begin(), qs.end(), std::pair<int32_t, double>(pi.ids[i], -1.0));
+    const double qv = it != qs.end() && it->first == pi.ids[i] ? it->second : 0.0;
+    const double d = pi.probs[i] - qv;
+    if (d > 0) {
+      r.ids.push_back(pi.ids[i]);
+      r.probs.push_back(d);
+      sum += d;
+    }
+  }
+  if (!(sum > 0)) return pi;  // pi == q: rejection had probability 0 in exact arithmetic
+  for (double& v : r.probs) v /= sum;
+  return r;
+}
+
+SpecVerdict speculative_accept(int64_t L, const std::function<const Candidates&(int64_t i)>& target,
+                               const std::vector<Candidates>& draft, const std::vector<int32_t>& drafts, Rng& accept,
+                               Rng& final_draw) {
+  SpecVerdict v;
+  while (v.accepted < L) {
+    const int64_t k = v.accepted + 1;
+    const int32_t d = drafts[size_t(k - 1)];
+    const double u = accept.uniform();
+    // Accept w.p. min(1, pi/q): u * q < pi (q(d) > 0 because d was drawn from q).
+    if (!(u * prob_of(draft[size_t(k - 1)], d) < prob_of(target(k - 1), d))) break;
+    v.accepted = k;
+  }
+  if (v.accepted == L) {
+    v.next = draw(target(L), final_draw.uniform());
+  } else {
+    v.residual = true;
+    v.next = draw(residual_distribution(target(v.accepted), draft[size_t(v.accepted)]), final_draw.uniform());
+  }
+  return v;
 }
 
 TokenLogprob token_logprob(const float* logits, int64_t n, int32_t id, int top_n) {

@@ -1,10 +1,11 @@
 // Sampler: the per-position sampling pipeline of spec/16 §2 (temperature, top-k, softmax, top-p,
-// min-p, seeded draw) and raw logprobs (spec/16 §4). Pure functions over one fp32 logits row;
-// no model or tokenizer knowledge. Invariant: greedy = argmax with ties to the lowest id, the
+// min-p, seeded draw), raw logprobs (spec/16 §4) and the exact speculative acceptance rule of
+// spec/13 §6.2. Pure functions over fp32 logits rows; no model or tokenizer knowledge. Invariant: greedy = argmax with ties to the lowest id, the
 // rule the DSpark verifier shares so speculative greedy output equals plain greedy output.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,10 +28,18 @@ class Rng {
   explicit Rng(uint64_t seed = 0x9E3779B97F4A7C15ull);
   uint64_t next_u64();
   double uniform();  // [0, 1), 53 random bits
+  // An independent stream keyed by (this generator's seed, position, purpose), whatever has been
+  // drawn from this one: speculative sampling draws from one stream per purpose and round
+  // (spec/13 §6.2), so a seeded transcript reproduces.
+  Rng stream(int64_t position, uint32_t purpose) const;
 
  private:
+  uint64_t seed_;
   uint64_t s_[4];
 };
+
+// Stream purposes of a DSpark round (spec/13 §6.2), keyed by the round's anchor position.
+enum RngPurpose : uint32_t { kRngDraftDraw = 1, kRngAcceptTest = 2, kRngFinalDraw = 3 };
 
 // Index of the largest logit; ties go to the lowest id. NaN never wins.
 int32_t argmax(const float* logits, int64_t n);
@@ -46,6 +55,30 @@ Candidates sampling_distribution(const float* logits, int64_t n, const SamplingP
 
 // One draw from sampling_distribution (argmax when greedy; no random number consumed then).
 int32_t sample(const float* logits, int64_t n, const SamplingParams& p, Rng& rng);
+
+// Inverse-CDF draw from a distribution with the uniform u in [0, 1) (walks ids in stored order).
+int32_t draw(const Candidates& c, double u);
+// Probability of `id` under c (0 when not kept).
+double prob_of(const Candidates& c, int32_t id);
+
+// Exact speculative (rejection) sampling over one verified block (spec/13 §6.2). target[i] =
+// pi_i, the processed target distribution of verify row i (i = 0..L; row i judges draft i+1);
+// draft[k-1] = q_k, the distribution d_k = drafts[k-1] was drawn from (one-hot = deterministic
+// proposal). Accept d_k while u_k * q_k(d_k) < pi_{k-1}(d_k) (u_k from `accept`); then the bonus
+// token ~ pi_L if all L were accepted, else the residual max(0, pi_a - q_{a+1}) renormalised
+// (pi_a if it is empty), drawn with one uniform from `final_draw`. The emitted tokens are
+// distributed exactly as plain sampling from pi. `target` rows past the rejection are not read,
+// so a caller may fill them lazily (get_target).
+struct SpecVerdict {
+  int64_t accepted = 0;     // a: drafts d_1..d_a kept
+  int32_t next = 0;         // the token after them (bonus or residual draw)
+  bool residual = false;    // next came from the residual of a rejection
+};
+SpecVerdict speculative_accept(int64_t L, const std::function<const Candidates&(int64_t i)>& target,
+                               const std::vector<Candidates>& draft, const std::vector<int32_t>& drafts, Rng& accept,
+                               Rng& final_draw);
+// The residual distribution max(0, pi - q) renormalised, or pi when it is empty (spec/13 §6.2).
+Candidates residual_distribution(const Candidates& pi, const Candidates& q);
 
 // Raw model log-softmax (before temperature and truncation; spec/16 §4 default "raw").
 struct TokenLogprob {

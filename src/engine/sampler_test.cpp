@@ -1,9 +1,13 @@
 // Sampling pipeline (spec/16 §2): greedy ties, temperature, top-k, top-p, min-p, seeded
-// reproducibility, empirical frequencies against the processed distribution; stop strings.
+// reproducibility, empirical frequencies against the processed distribution; the speculative
+// acceptance rule (spec/13 §6.2) against its target distributions and the analytical acceptance
+// rate; stop strings. Statistical tests use fixed seeds: deterministic, they cannot flake.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <vector>
 
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
@@ -105,6 +109,165 @@ TEST(Sampler, RawLogprobs) {
   ASSERT_EQ(t.top.size(), 2u);
   EXPECT_EQ(t.top[0].first, 1);
   EXPECT_EQ(t.top[1].first, 0);
+}
+
+// Upper 1e-3 quantile of chi-square with df degrees of freedom (Wilson-Hilferty).
+double chi2_crit(int df) {
+  const double z = 3.090, k = double(df);
+  const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
+  return k * t * t * t;
+}
+
+// Pearson statistic of counts against a distribution over ids 0..V-1; returns df via *df.
+double chi2_of(const std::vector<int64_t>& counts, const std::vector<double>& probs, int* df) {
+  int64_t n = 0;
+  for (auto c : counts) n += c;
+  double x = 0;
+  *df = -1;
+  for (size_t v = 0; v < probs.size(); ++v) {
+    const double e = probs[v] * double(n);
+    if (e == 0) {
+      EXPECT_EQ(counts[v], 0) << "drew id " << v << " of probability 0";
+      continue;
+    }
+    x += (double(counts[v]) - e) * (double(counts[v]) - e) / e;
+    ++*df;
+  }
+  return x;
+}
+
+std::vector<double> dense(const Candidates& c, int64_t V) {
+  std::vector<double> d(size_t(V), 0.0);
+  for (size_t i = 0; i < c.ids.size(); ++i) d[size_t(c.ids[i])] = c.probs[i];
+  return d;
+}
+
+Candidates dist_of(const std::vector<float>& z, const SamplingParams& sp) { return sampling_distribution(z.data(), int64_t(z.size()), sp); }
+
+// A block of L = 3 verify rows with fixed (position-independent) target rows pi_0..pi_3 and
+// draft rows q_1..q_3 over 7 ids, processed with temperature, top-k and top-p like a request.
+struct Block {
+  static constexpr int64_t V = 7, L = 3;
+  SamplingParams sp;
+  std::vector<Candidates> pi, q;
+  Block() {
+    sp.temperature = 0.9f;
+    sp.top_k = 6;
+    sp.top_p = 0.97f;
+    const std::vector<std::vector<float>> zt = {{1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.0f, 0.7f},
+                                                {0.1f, 1.5f, 0.3f, -0.2f, 0.9f, -2.0f, 0.0f},
+                                                {-1.0f, 0.0f, 2.2f, 0.4f, 0.4f, 1.0f, -0.3f},
+                                                {0.5f, 0.5f, 0.5f, 1.5f, -1.0f, 0.0f, 0.2f}};
+    const std::vector<std::vector<float>> zd = {{0.6f, 0.9f, -0.5f, 1.2f, 0.4f, 0.3f, 0.0f},
+                                                {0.0f, 1.9f, -0.4f, 0.2f, 0.2f, 0.1f, 1.0f},
+                                                {-0.5f, 0.5f, 1.0f, 1.4f, 0.0f, 0.8f, -1.0f}};
+    for (auto& z : zt) pi.push_back(dist_of(z, sp));
+    for (auto& z : zd) q.push_back(dist_of(z, sp));
+  }
+  double overlap(int64_t k) const {  // sum_v min(pi_{k-1}(v), q_k(v))
+    const auto a = dense(pi[size_t(k - 1)], V), b = dense(q[size_t(k - 1)], V);
+    double s = 0;
+    for (int64_t v = 0; v < V; ++v) s += std::min(a[size_t(v)], b[size_t(v)]);
+    return s;
+  }
+};
+
+// Runs n blocks; slot[j] counts the j-th emitted token (j = 0..L) where it exists.
+struct BlockStats {
+  std::vector<std::vector<int64_t>> slot;
+  std::vector<int64_t> reached;  // blocks with a >= k, k = 0..L
+};
+template <class Rule>
+BlockStats run_blocks(const Block& b, int n, Rule rule) {
+  BlockStats st;
+  st.slot.assign(size_t(Block::L + 1), std::vector<int64_t>(size_t(Block::V), 0));
+  st.reached.assign(size_t(Block::L + 1), 0);
+  const Rng root(2024);
+  for (int t = 0; t < n; ++t) {
+    Rng dr = root.stream(t, kRngDraftDraw), ar = root.stream(t, kRngAcceptTest), fr = root.stream(t, kRngFinalDraw);
+    std::vector<int32_t> d;
+    for (int64_t k = 0; k < Block::L; ++k) d.push_back(draw(b.q[size_t(k)], dr.uniform()));
+    const SpecVerdict v = rule(d, ar, fr);
+    for (int64_t j = 0; j < v.accepted; ++j) ++st.slot[size_t(j)][size_t(d[size_t(j)])];
+    ++st.slot[size_t(v.accepted)][size_t(v.next)];
+    for (int64_t k = 0; k <= v.accepted; ++k) ++st.reached[size_t(k)];
+  }
+  return st;
+}
+
+TEST(SpeculativeSampling, EmittedTokensFollowTheTarget) {
+  const Block b;
+  const int n = 200000;
+  const BlockStats st = run_blocks(b, n, [&](const std::vector<int32_t>& d, Rng& ar, Rng& fr) {
+    return speculative_accept(Block::L, [&](int64_t i) -> const Candidates& { return b.pi[size_t(i)]; }, b.q, d, ar, fr);
+  });
+  // Slot j exists when the first j drafts were accepted; given that, it is distributed as pi_j
+  // (the rows are independent of the drafts here).
+  for (int64_t j = 0; j <= Block::L; ++j) {
+    int df = 0;
+    const double x = chi2_of(st.slot[size_t(j)], dense(b.pi[size_t(j)], Block::V), &df);
+    std::printf("slot %lld: n=%lld chi2=%.2f df=%d crit=%.2f\n", (long long)j, (long long)st.reached[size_t(j)], x, df, chi2_crit(df));
+    EXPECT_LT(x, chi2_crit(df)) << "slot " << j;
+  }
+  // Acceptance: P(d_k accepted | d_1..d_{k-1} accepted) = sum_v min(pi_{k-1}(v), q_k(v)).
+  for (int64_t k = 1; k <= Block::L; ++k) {
+    const double m = double(st.reached[size_t(k - 1)]), got = double(st.reached[size_t(k)]) / m, want = b.overlap(k);
+    std::printf("accept %lld: rate %.5f analytical %.5f (n=%.0f)\n", (long long)k, got, want, m);
+    EXPECT_NEAR(got, want, 4.5 * std::sqrt(want * (1 - want) / m)) << "draft " << k;
+  }
+}
+
+TEST(SpeculativeSampling, TheChiSquareTestHasPower) {
+  // Accepting with probability pi(d) (forgetting q) is a classic bug: the test must catch it.
+  const Block b;
+  const BlockStats st = run_blocks(b, 200000, [&](const std::vector<int32_t>& d, Rng& ar, Rng& fr) {
+    SpecVerdict v;
+    while (v.accepted < Block::L && ar.uniform() < prob_of(b.pi[size_t(v.accepted)], d[size_t(v.accepted)])) ++v.accepted;
+    v.next = v.accepted == Block::L ? draw(b.pi[size_t(Block::L)], fr.uniform())
+                                    : draw(residual_distribution(b.pi[size_t(v.accepted)], b.q[size_t(v.accepted)]), fr.uniform());
+    return v;
+  });
+  int df = 0;
+  const double x = chi2_of(st.slot[0], dense(b.pi[0], Block::V), &df);
+  EXPECT_GT(x, 10 * chi2_crit(df));
+}
+
+TEST(SpeculativeSampling, DeterministicProposalIsExact) {
+  // Greedy drafts under a sampled request (spec/13 §6.2): q one-hot at d, accept w.p. pi(d), on
+  // rejection draw from pi without d.
+  Block b;
+  for (int64_t k = 0; k < Block::L; ++k) {
+    const int32_t top = b.q[size_t(k)].ids[0];
+    b.q[size_t(k)] = Candidates{{top}, {1.0}};
+  }
+  const BlockStats st = run_blocks(b, 100000, [&](const std::vector<int32_t>& d, Rng& ar, Rng& fr) {
+    return speculative_accept(Block::L, [&](int64_t i) -> const Candidates& { return b.pi[size_t(i)]; }, b.q, d, ar, fr);
+  });
+  for (int64_t j = 0; j <= Block::L; ++j) {
+    int df = 0;
+    const double x = chi2_of(st.slot[size_t(j)], dense(b.pi[size_t(j)], Block::V), &df);
+    EXPECT_LT(x, chi2_crit(df)) << "slot " << j;
+  }
+  EXPECT_NEAR(double(st.reached[1]) / 100000, b.overlap(1), 0.01);
+}
+
+TEST(SpeculativeSampling, ResidualEdgeCasesAndStreams) {
+  const Candidates pi{{0, 2, 5}, {0.5, 0.3, 0.2}};
+  const Candidates same{{5, 0, 2}, {0.2, 0.5, 0.3}};  // equal to pi, another order
+  Candidates r = residual_distribution(pi, same);
+  EXPECT_EQ(r.ids, pi.ids);  // empty residual: fall back to pi
+  const Candidates q{{2, 7}, {0.9, 0.1}};
+  r = residual_distribution(pi, q);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 5}));
+  EXPECT_NEAR(r.probs[0], 0.5 / 0.7, 1e-12);
+  // Streams: reproducible, and distinct across positions and purposes.
+  const Rng a(9), b(9);
+  EXPECT_EQ(a.stream(100, kRngAcceptTest).stream(0, 0).next_u64(), b.stream(100, kRngAcceptTest).stream(0, 0).next_u64());
+  Rng x = a.stream(100, kRngAcceptTest), y = a.stream(101, kRngAcceptTest), z = a.stream(100, kRngFinalDraw), w = Rng(10).stream(100, kRngAcceptTest);
+  const uint64_t vx = x.next_u64();
+  EXPECT_NE(vx, y.next_u64());
+  EXPECT_NE(vx, z.next_u64());
+  EXPECT_NE(vx, w.next_u64());
 }
 
 TEST(StopStrings, MatchAcrossChunks) {

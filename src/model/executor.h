@@ -2,6 +2,7 @@
 // reference and the CUDA executor implement it; callers never know which one runs.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,6 +42,10 @@ struct DraftOutput {
   std::vector<float> confidence;  // f32 [B], raw confidence logits
 };
 
+// Chooses chain token x_k (k = 1..B) from the Markov-corrected draft row l_k (f32 [vocab]): the
+// `draw` of spec/13 §4.6. Sampled requests draw from their own transform of the row.
+using DraftPicker = std::function<int32_t(int64_t k, const float* logits_row)>;
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -53,6 +58,32 @@ class Executor {
   virtual Status draft_commit(SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) = 0;
   // forward_spec(anchor, g(p), p): ring write of p, then one draft block.
   virtual Result<DraftOutput> draft(SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) = 0;
+  // draft() with the chain drawn by `pick` instead of argmax: row k's Markov bias (and
+  // confidence) uses the token picked for row k-1 (spec/13 §4.6-4.7). The default runs the
+  // greedy draft() and keeps its rows while the picks agree with its chain; the block ends at
+  // the first pick that differs (later rows were biased by the greedy token), so ids may hold
+  // fewer than B proposals. That is still exact for speculative sampling: the cut depends only
+  // on drafts already drawn. Executors that own the chain override it to draw all B rows.
+  virtual Result<DraftOutput> draft_sampled(SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p,
+                                            const DraftPicker& pick) {
+    auto r = draft(s, anchor, tap_row, p);
+    if (!r.ok()) return r;
+    DraftOutput& d = r.value();
+    const int64_t B = int64_t(d.ids.size()) - 1;
+    if (B <= 0) return r;
+    const int64_t V = int64_t(d.logits.size()) / B;
+    int64_t keep = 0;
+    while (keep < B) {
+      const int32_t x = pick(keep + 1, &d.logits[size_t(keep * V)]);
+      const bool agrees = x == d.ids[size_t(keep + 1)];
+      d.ids[size_t(++keep)] = x;
+      if (!agrees) break;
+    }
+    d.ids.resize(size_t(keep + 1));
+    d.logits.resize(size_t(keep * V));
+    if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
+    return r;
+  }
 };
 
 }  // namespace fb::model
