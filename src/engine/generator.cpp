@@ -211,8 +211,8 @@ Status Generator::calibrate_verify_cost() {
   const double t0 = now_s();
   std::vector<double> best(size_t(rows_max), std::numeric_limits<double>::infinity());
   const int reps = std::max(1, opt_.dspark_calibrate_reps);
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up (lazy allocations, caches)
-    for (int64_t n = 1; n <= rows_max; ++n) {
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: one untimed row warms up (lazy allocations, caches)
+    for (int64_t n = 1; n <= (rep < 0 ? 1 : rows_max); ++n) {
       model::Step st;
       for (int64_t i = 0; i < n; ++i) {
         model::Row r;
