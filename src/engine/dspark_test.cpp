@@ -396,6 +396,53 @@ TEST(DsparkSampling, GreedyStillEqualsPlain) {
   EXPECT_EQ(gen(on), gen(off));
 }
 
+// Why sampled rounds use the early-stop rule: with a non-monotone cost table and confidences that
+// depend on the previous draft, the arg-max rule verifies d_1 only for some values of d_1 (through
+// S_2), which biases the first emitted token; the early-stop rule never looks past d_{j-1}.
+TEST(DsparkSampling, ArgmaxLengthWouldBiasSampling) {
+  MarkovExecutor ex;
+  ex.C_ = {2.0f, -4.0f, 0.5f, -4.0f, 1.0f, 3.0f};  // d_1 in {1, 3} makes S_2 tiny
+  const VerifyCostTable cost{{1.0, 0.3, 0.5, 0.5, 0.5}};
+  const SamplingParams sp = request_params();
+  std::vector<Candidates> pi, q;
+  for (int64_t v = 0; v < kV; ++v) {
+    pi.push_back(sampling_distribution(ex.T_[size_t(v)].data(), kV, sp));
+    q.push_back(sampling_distribution(ex.D_[size_t(v)].data(), kV, sp));
+  }
+  auto first_token_chi2 = [&](ScheduleRule rule, int* df) {
+    const int32_t anchor = 0;
+    std::map<int64_t, int64_t> obs;
+    const Rng root(77);
+    const int n = 100000;
+    for (int t = 0; t < n; ++t) {
+      Rng dr = root.stream(t, kRngDraftDraw), ar = root.stream(t, kRngAcceptTest), fr = root.stream(t, kRngFinalDraw);
+      std::vector<int32_t> chain = {anchor};
+      std::vector<Candidates> qs;
+      std::vector<float> z;
+      for (int k = 1; k <= kB; ++k) {
+        z.push_back(ex.C_[size_t(chain.back())]);
+        qs.push_back(q[size_t(chain.back())]);
+        chain.push_back(draw(qs.back(), dr.uniform()));
+      }
+      const int L = choose_verify_len(dspark_survival(z), cost, kB, rule);
+      const std::vector<int32_t> drafts(chain.begin() + 1, chain.begin() + 1 + L);
+      // pi_i judges draft i+1 and follows the token at row i (anchor, then the drafts).
+      const SpecVerdict v = speculative_accept(L, [&](int64_t i) -> const Candidates& { return pi[size_t(chain[size_t(i)])]; }, qs,
+                                               drafts, ar, fr);
+      ++obs[v.accepted > 0 ? drafts[0] : v.next];
+    }
+    std::map<int64_t, double> prob;
+    for (int64_t v = 0; v < kV; ++v) prob[v] = prob_of(pi[size_t(anchor)], int32_t(v));
+    return chi2(obs, prob, n, df);
+  };
+  int df = 0;
+  const double biased = first_token_chi2(ScheduleRule::kArgmax, &df);
+  EXPECT_GT(biased, 10 * chi2_crit(df));
+  const double exact = first_token_chi2(ScheduleRule::kEarlyStop, &df);
+  EXPECT_LT(exact, chi2_crit(df));
+  std::printf("first token chi2: arg-max rule %.0f, early stop %.1f (df %d, crit %.1f)\n", biased, exact, df, chi2_crit(df));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forced acceptance: tokens per round follow the speed model 1 + sum_{j<=L} p^j.
 
