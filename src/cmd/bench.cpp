@@ -1,21 +1,75 @@
 // flashbox bench: benchmark rows as CSV with commit, GPU, driver and clocks, each next to the
-// physical limit measured in the same run. `--limits` measures the ceilings alone.
+// physical limit measured in the same run (HBM copy bandwidth, tensor-core GEMM rate, H2D).
+//   --limits                          the ceilings alone
+//   --synthetic [--experts N] [--contexts 4096,32768,...]   released-dimension model in HBM,
+//                                     batch-1 decode / verify (1..6 rows) / draft at each context
+//   --model DIR [--prompt-len N]      a real checkpoint (e.g. a fixture), prefill then decode
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <sstream>
 
+#include "bench/decode_bench.h"
+#include "bench/fake_context.h"
 #include "bench/limits.h"
 #include "cmd/commands.h"
+#include "cuda/executor.h"
+#include "loader/synthetic.h"
+#include "loader/tiny_model.h"
 
 namespace fb::cmd {
 
 namespace {
 
 struct Args {
-  bool limits = true;
+  bool limits = false;
+  bool synthetic = false;
+  std::string model;
   std::string csv;
   int reps = 10;
+  int steps = 10;
+  int experts = 16;
+  int draft_experts = 16;
+  int64_t engram_vocab = 100000;
+  std::vector<int64_t> contexts = {4096, 32768, 131072};
+  int64_t prompt_len = 64;
+  int verify_rows = 6;
 };
+
+class Csv {
+ public:
+  Csv(FILE* f, const bench::DeviceInfo& d) : f_(f), d_(d) {
+    std::fprintf(f_, "commit,gpu,driver,runtime,sm_clock_mhz,mem_clock_mhz,row,context,value,unit,limit_share\n");
+  }
+  void row(const std::string& name, int64_t ctx, double v, const char* unit, double share = -1) {
+    std::fprintf(f_, "%s,%s,%d,%d,%d,%d,%s,%lld,%.4f,%s,", FB_GIT_COMMIT, d_.name.c_str(), d_.driver_version, d_.runtime_version,
+                 d_.sm_clock_mhz, d_.mem_clock_mhz, name.c_str(), (long long)ctx, v, unit);
+    if (share >= 0) std::fprintf(f_, "%.3f", share);
+    std::fprintf(f_, "\n");
+    std::fflush(f_);
+  }
+
+ private:
+  FILE* f_;
+  bench::DeviceInfo d_;
+};
+
+void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::DecodeTiming& t, double d2d_gbps) {
+  const bench::StepCost k = bench::decode_step_cost(c, L, /*wo_a_bf16=*/true);
+  const double bytes = k.weight_bytes + k.cache_bytes;
+  const double gbps = bytes / (t.decode_ms * 1e-3) / 1e9;
+  csv.row("decode_ms", L, t.decode_ms, "ms/token");
+  csv.row("decode_tok_s", L, 1000.0 / t.decode_ms, "tok/s");
+  csv.row("decode_bytes", L, bytes / 1e9, "GB/token (weights + cache)");
+  csv.row("decode_gflop", L, k.flops / 1e9, "GFLOP/token");
+  csv.row("decode_hbm_gbps", L, gbps, "GB/s", d2d_gbps > 0 ? gbps / d2d_gbps : -1);
+  csv.row("decode_roofline_ms", L, bytes / (d2d_gbps * 1e9) * 1e3, "ms/token at the measured copy rate");
+  for (size_t r = 0; r < t.verify_ms.size(); ++r) {
+    csv.row("verify_rows_" + std::to_string(r + 1) + "_ms", L, t.verify_ms[r], "ms/step");
+    csv.row("verify_rows_" + std::to_string(r + 1) + "_ratio", L, t.verify_ms[r] / t.verify_ms[0], "x one row");
+  }
+  if (t.draft_ms > 0) csv.row("draft_ms", L, t.draft_ms, "ms/draft block");
+}
 
 int run(const Args& a) {
   auto dev = bench::device_info();
@@ -23,26 +77,83 @@ int run(const Args& a) {
     std::fprintf(stderr, "bench: no usable GPU: %s\n", dev.status().to_string().c_str());
     return 2;
   }
-  auto lim = bench::measure_limits(a.reps);
-  if (!lim.ok()) {
-    std::fprintf(stderr, "bench: %s\n", lim.status().to_string().c_str());
-    return 1;
-  }
   FILE* out = a.csv.empty() ? stdout : std::fopen(a.csv.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "bench: cannot write %s\n", a.csv.c_str());
     return 1;
   }
-  std::fprintf(out, "commit,gpu,driver,runtime,sm_clock_mhz,mem_clock_mhz,row,value,unit\n");
-  auto row = [&](const char* name, double v, const char* unit) {
-    std::fprintf(out, "%s,%s,%d,%d,%d,%d,%s,%.3f,%s\n", FB_GIT_COMMIT, dev->name.c_str(), dev->driver_version, dev->runtime_version,
-                 dev->sm_clock_mhz, dev->mem_clock_mhz, name, v, unit);
-  };
-  row("hbm_d2d_copy", lim->d2d_gbps, "GB/s (read+write)");
-  row("h2d_pinned", lim->h2d_pinned_gbps, "GB/s");
-  row("h2d_pageable", lim->h2d_pageable_gbps, "GB/s");
-  row("gemm_bf16_8192", lim->bf16_tflops, "TFLOP/s");
-  row("gemm_fp8_8192", lim->fp8_tflops, "TFLOP/s");
+  Csv csv(out, *dev);
+  auto lim = bench::measure_limits(a.reps);
+  if (!lim.ok()) {
+    std::fprintf(stderr, "bench: %s\n", lim.status().to_string().c_str());
+    return 1;
+  }
+  csv.row("hbm_d2d_copy", 0, lim->d2d_gbps, "GB/s (read+write)");
+  csv.row("h2d_pinned", 0, lim->h2d_pinned_gbps, "GB/s");
+  csv.row("h2d_pageable", 0, lim->h2d_pageable_gbps, "GB/s");
+  csv.row("gemm_bf16_8192", 0, lim->bf16_tflops, "TFLOP/s");
+  csv.row("gemm_fp8_8192", 0, lim->fp8_tflops, "TFLOP/s");
+  if (a.synthetic) {
+    const std::string cfg = loader::released_synthetic_config_json(a.experts, a.draft_experts, a.engram_vocab);
+    const auto t0 = std::clock();
+    auto snap = loader::synthetic_snapshot(cfg, 1);
+    if (!snap.ok()) {
+      std::fprintf(stderr, "bench: %s\n", snap.status().to_string().c_str());
+      return 1;
+    }
+    auto map = (*snap)->engram_token_map();
+    auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map);
+    if (!ex.ok()) {
+      std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer) resident, %.1f s CPU\n", a.experts,
+                 double(std::clock() - t0) / CLOCKS_PER_SEC);
+    for (int64_t L : a.contexts) {
+      auto s = (*ex)->new_session();
+      Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
+      if (!st.ok()) {
+        std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
+        return 1;
+      }
+      auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
+      if (!t.ok()) {
+        std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, t.status().to_string().c_str());
+        return 1;
+      }
+      report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps);
+    }
+  }
+  if (!a.model.empty()) {
+    auto ex = cuda::CudaExecutor::load(a.model);
+    if (!ex.ok()) {
+      std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
+      return 1;
+    }
+    auto s = (*ex)->new_session();
+    std::vector<model::SessionState*> ss{s.get()};
+    model::Step st;
+    for (int64_t p = 0; p < a.prompt_len; ++p) {
+      model::Row r;
+      r.pos = p;
+      r.token = int32_t((p * 7919 + 3) % (*ex)->config().vocab_size);
+      r.kind = model::RowKind::kPrefill;
+      r.prefill_end = a.prompt_len;
+      r.want_logits = p == a.prompt_len - 1;
+      st.rows.push_back(r);
+    }
+    if (auto o = (*ex)->forward(st, ss); !o.ok()) {
+      std::fprintf(stderr, "bench: prefill: %s\n", o.status().to_string().c_str());
+      return 1;
+    }
+    auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
+    if (!t.ok()) {
+      std::fprintf(stderr, "bench: %s\n", t.status().to_string().c_str());
+      return 1;
+    }
+    csv.row("model_decode_ms", a.prompt_len, t->decode_ms, "ms/token");
+    csv.row("model_decode_tok_s", a.prompt_len, 1000.0 / t->decode_ms, "tok/s");
+  }
   if (out != stdout) std::fclose(out);
   return 0;
 }
@@ -51,9 +162,18 @@ int run(const Args& a) {
 
 Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
-  app.add_flag("--limits", a->limits, "measure the physical limits (HBM copy, tensor-core GEMM, H2D)");
+  app.add_flag("--limits", a->limits, "only the physical limits (always measured)");
+  app.add_flag("--synthetic", a->synthetic, "released-dimension synthetic model in HBM: decode, verify curve, draft");
+  app.add_option("--model", a->model, "a checkpoint folder: prefill --prompt-len random tokens, then decode");
+  app.add_option("--prompt-len", a->prompt_len, "prompt tokens for --model");
+  app.add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
+  app.add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
+  app.add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
+  app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
+  app.add_option("--steps", a->steps, "timed repetitions per row (median)");
+  app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
-  app.add_option("--reps", a->reps, "timed repetitions per measurement (median reported)");
+  app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
   return [a] { return run(*a); };
 }
 

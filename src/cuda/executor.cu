@@ -11,6 +11,7 @@
 #include <map>
 
 #include "base/check.h"
+#include "cpu/session_cache.h"
 #include "model/forward.h"
 
 namespace fb::cuda {
@@ -368,16 +369,16 @@ class CudaStep : public CudaLayerOps {
     std::vector<int32_t> emit_rows;
     std::vector<std::pair<int, int64_t>> dst;  // (session, entry)
     std::vector<int64_t> added(sessions_.size(), 0);
-    std::vector<int64_t> last_even(sessions_.size(), -1), last_odd(sessions_.size(), -1);
+    std::map<std::pair<int, int64_t>, int64_t> tail_writer;  // (session, slot) -> newest row
     for (int64_t t = 0; t < T_; ++t) {
       const int s = step_.rows[size_t(t)].session;
       const int64_t p = step_.rows[size_t(t)].pos;
       DevCompressed& cc = sessions_[size_t(s)]->comp[size_t(l)];
       if (ratio == 2) {
-        (p % 2 == 0 ? last_even : last_odd)[size_t(s)] = t;
+        tail_writer[{s, p % cpu::kTailSlots}] = t;
         if (p % 2 == 0) continue;
         const bool prev_here = t > 0 && step_.rows[size_t(t - 1)].session == s && step_.rows[size_t(t - 1)].pos == p - 1;
-        even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>()));
+        even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>() + ((p - 1) % cpu::kTailSlots) * 2 * hd));
         odd.push_back(addr(kg + t * 2 * hd));
       }
       const int64_t j = p / ratio;
@@ -430,18 +431,13 @@ class CudaStep : public CudaLayerOps {
       step(copy_rows(upload(s_kv), upload(d_kv), E, kvb, st_));
       step(copy_rows(upload(s_key), upload(d_key), E, keyb, st_));
     }
-    // Tails (ratio 2): the newest row of each parity, written after the pooling read them.
+    // Tails (ratio 2): every row's (k, g) into its position slot (newest row per slot), written
+    // after the pooling read them (cpu::CpuStep::compress, cpu::kTailSlots).
     if (ratio == 2) {
-      for (size_t s = 0; s < sessions_.size(); ++s) {
-        float* tail = sessions_[s]->comp[size_t(l)].tail.get<float>();
-        if (last_even[s] >= 0) {
-          tail_src.push_back(addr(kg + last_even[s] * 2 * hd));
-          tail_dst.push_back(addr(tail));
-        }
-        if (last_odd[s] >= 0) {
-          tail_src.push_back(addr(kg + last_odd[s] * 2 * hd));
-          tail_dst.push_back(addr(tail + 2 * hd));
-        }
+      for (const auto& [key, t] : tail_writer) {
+        float* tail = sessions_[size_t(key.first)]->comp[size_t(l)].tail.get<float>();
+        tail_src.push_back(addr(kg + t * 2 * hd));
+        tail_dst.push_back(addr(tail + key.second * 2 * hd));
       }
       step(copy_rows(upload(tail_src), upload(tail_dst), int64_t(tail_src.size()), 2 * hd * int64_t(sizeof(float)), st_));
     }

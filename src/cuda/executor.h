@@ -38,7 +38,7 @@ struct DevCompressed {
   int kv_bytes = 0, key_bytes = 0;
   int64_t n_entries = 0, capacity = 0;
   DeviceBuffer kv, keys;      // [capacity, kv_bytes], [capacity, key_bytes]
-  DeviceBuffer tail;          // ratio 2: f32 [2 slots (parity)][k, g][head_dim]
+  DeviceBuffer tail;          // ratio 2: f32 [cpu::kTailSlots (pos % slots)][k, g][head_dim]
 };
 
 class CudaSession final : public model::SessionState {
@@ -100,6 +100,8 @@ class CudaExecutor final : public model::Executor {
  public:
   // Same contract as cpu::CpuModel::load: validates the snapshot, then uploads every weight.
   static Result<std::unique_ptr<CudaExecutor>> load(const std::string& dir, std::vector<int32_t> token_map = {});
+  // The same from an opened (possibly in-memory, synthetic) snapshot.
+  static Result<std::unique_ptr<CudaExecutor>> from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map = {});
   ~CudaExecutor() override;
 
   const model::Config& config() const override { return cfg_; }

@@ -89,15 +89,16 @@ TEST(FixtureParity, MultiSessionStepsAndRollback) {
   std::vector<model::Step> steps(4);
   for (int64_t p = 0; p < 20; ++p) steps[0].rows.push_back(make_row(0, p, tok(p), RowKind::kPrefill, 20, p == 19));
   for (int64_t p = 0; p < 45; ++p) steps[0].rows.push_back(make_row(1, p, tok(p + 3), RowKind::kPrefill, 45, p >= 43));
-  steps[1].rows = {make_row(0, 20, tok(20), RowKind::kDecode, 0, true), make_row(1, 45, tok(45), RowKind::kDecode, 0, true),
-                   make_row(1, 46, tok(46), RowKind::kDecode, 0, true), make_row(1, 47, tok(47), RowKind::kDecode, 0, true)};
-  // after rolling session 1 back to 46: a different token at 46
-  steps[2].rows = {make_row(0, 21, tok(21), RowKind::kDecode, 0, true), make_row(1, 46, tok(99), RowKind::kDecode, 0, true)};
-  steps[3].rows = {make_row(1, 47, tok(100), RowKind::kDecode, 0, true), make_row(0, 22, tok(22), RowKind::kDecode, 0, true)};
+  steps[1].rows = {make_row(0, 20, tok(20), RowKind::kDecode, 0, true)};
+  for (int64_t p = 45; p < 50; ++p) steps[1].rows.push_back(make_row(1, p, tok(p), RowKind::kDecode, 0, true));
+  // after rolling session 1 back to 47 (three rejected rows, the even 48 among them, so the
+  // ratio-2 tail of 46 must survive for the re-run of the odd 47): a different token at 47
+  steps[2].rows = {make_row(0, 21, tok(21), RowKind::kDecode, 0, true), make_row(1, 47, tok(99), RowKind::kDecode, 0, true)};
+  steps[3].rows = {make_row(1, 48, tok(100), RowKind::kDecode, 0, true), make_row(0, 22, tok(22), RowKind::kDecode, 0, true)};
   // step 3 lists session 1 first: rows of a session are contiguous, sessions in any order
   for (size_t k = 0; k < steps.size(); ++k) {
     if (k == 2)
-      for (int e = 0; e < 2; ++e) ASSERT_TRUE(s[e][1]->rollback(46).ok());
+      for (int e = 0; e < 2; ++e) ASSERT_TRUE(s[e][1]->rollback(47).ok());
     auto a = ex[0]->forward(steps[k], ss[0]);
     auto b = ex[1]->forward(steps[k], ss[1]);
     ASSERT_TRUE(a.ok()) << a.status().to_string();

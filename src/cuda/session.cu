@@ -37,7 +37,7 @@ Status CudaSession::ensure_allocated(cudaStream_t st) {
     cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
     cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
     if (role.ratio == 2) {
-      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(2 * 2 * c.head_dim) * sizeof(float)));
+      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(cpu::kTailSlots * 2 * c.head_dim) * sizeof(float)));
       FB_CUDA_TRY(cudaMemsetAsync(cc.tail.get(), 0, cc.tail.bytes(), st));
     }
   }
@@ -65,8 +65,9 @@ Status CudaSession::reserve_compressed(int layer, int64_t entries, cudaStream_t 
   return Status();
 }
 
-// Same rule as cpu::SessionCache::rollback (positions are host bookkeeping; ratio-2 tails are
-// parity-addressed, so re-running a position rewrites its slot).
+// Same rule as cpu::SessionCache::rollback (positions are host bookkeeping; ratio-2 tails live in
+// a position ring of cpu::kTailSlots, so re-running a position rewrites its slot and rejected
+// rows never overwrite the tail a kept odd position still needs).
 Status CudaSession::rollback(int64_t p) {
   if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
   const Config& c = *config_;

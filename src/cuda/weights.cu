@@ -35,9 +35,14 @@ CudaExecutor::~CudaExecutor() {
 }
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map) {
+  auto snap = FB_TRY(loader::Snapshot::open(dir));
+  return from_snapshot(std::move(snap), std::move(token_map));
+}
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return FB_ERROR(kUnsupported) << "no CUDA device is visible";
-  auto snap = FB_TRY(loader::Snapshot::open(dir));
+  const std::string dir = snap->dir();
   loader::ValidationReport rep = snap->validate();
   if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
   const Config& c = snap->config();
