@@ -21,6 +21,7 @@ enum class StatusCode : int {
   kResourceExhausted,// context overflow, queue full
   kCancelled,
   kInternal,
+  kUnavailable,      // busy right now (request queue full): retry later (HTTP 429)
 };
 
 const char* status_code_name(StatusCode c);

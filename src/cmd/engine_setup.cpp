@@ -18,6 +18,7 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_flag("--no-dspark", no_dspark, "disable DSpark speculative decoding");
   app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill step");
   app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");
+  app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }
 
@@ -58,6 +59,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
     le.model_name = "scripted";
   } else {
     ex = FB_TRY(engine::make_executor(s.backend, dir));
+    le.model_dir = dir;
     le.model_name = fs::path(dir).filename().string();
     if (le.model_name.empty()) le.model_name = fs::path(dir).parent_path().filename().string();
     if (ex->config().vocab_size < le.tok->vocab_size())
@@ -68,6 +70,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   eo.generator.dspark = !s.no_dspark;
   eo.generator.prefill_chunk = s.prefill_chunk;
   eo.generator.max_context = s.max_context;
+  eo.max_queue = s.max_queue;
   le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);
   return le;
 }

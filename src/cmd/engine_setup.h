@@ -17,6 +17,7 @@ struct EngineSetup {
   bool no_dspark = false;
   int prefill_chunk = 256;
   int64_t max_context = 0;
+  int max_queue = 64;             // waiting requests before new ones get 429
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
   void add_flags(CLI::App& app);
 };
@@ -25,6 +26,7 @@ struct LoadedEngine {
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::unique_ptr<engine::Engine> engine;
   std::string model_name;
+  std::string model_dir;          // resolved model folder (empty for the scripted executor)
 };
 
 // Errors carry a message telling the user what to do (e.g. run make-tiny).

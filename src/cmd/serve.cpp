@@ -2,6 +2,7 @@
 #include "cmd/commands.h"
 #include "cmd/engine_setup.h"
 #include "server/server.h"
+#include "vision/pipeline.h"
 
 namespace fb::cmd {
 
@@ -14,11 +15,26 @@ Runner add_serve(CLI::App& app) {
   app.add_option("--api-key", opt->api_key, "require this key (Authorization: Bearer KEY or x-api-key)");
   app.add_option("--served-model-name", opt->model_name, "model id reported by /v1/models");
   app.add_option("--max-body-bytes", opt->max_body_bytes, "larger request bodies get 413");
+  app.add_flag("--allow-local-images", opt->allow_local_images, "accept file:// paths in image parts (never network URLs)");
+  app.add_option("--max-images", opt->max_images, "images per request");
+  app.add_option("--sse-keepalive-ms", opt->keepalive_ms, "SSE keep-alive comment / Anthropic ping interval while nothing is sent");
   return [setup, opt] {
     auto le = load_engine(*setup);
     if (!le.ok()) {
       std::fprintf(stderr, "flashbox serve: %s\n", le.status().message().c_str());
       return 2;
+    }
+    // The vision tower (issue 10): image parts are decoded, preprocessed and embedded on the
+    // HTTP threads; a model without one answers image requests with 400.
+    std::unique_ptr<vision::ImagePipeline> vis;
+    if (!le->model_dir.empty() && le->engine->config().has_vision()) {
+      auto v = vision::ImagePipeline::open(le->model_dir);
+      if (!v.ok()) {
+        std::fprintf(stderr, "flashbox serve: loading the vision tower: %s\n", v.status().message().c_str());
+        return 2;
+      }
+      vis = std::move(v).value();
+      opt->vision = vis.get();
     }
     Status s = server::serve(*le->engine, *opt);
     if (!s.ok()) {

@@ -79,18 +79,54 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
   if (req.sampling.top_p <= 0 || req.sampling.top_p > 1) return FB_ERROR(kInvalidArgument) << "top_p must be in (0, 1]";
   if (req.sampling.min_p < 0 || req.sampling.min_p > 1) return FB_ERROR(kInvalidArgument) << "min_p must be in [0, 1]";
   if (req.sampling.top_k < 0) return FB_ERROR(kInvalidArgument) << "top_k must be >= 0";
+  // Image spans -> per-position embedding rows and content keys (spec/14 §6).
+  PromptEmbeddings embeds;
+  int64_t image_rows = 0;
+  if (!req.images.empty()) {
+    const model::Config& c = ex_->config();
+    if (!c.has_vision()) return FB_ERROR(kUnsupported) << "model has no vision tower";
+    const int64_t N = int64_t(req.prompt.size()), dim = c.dim;
+    embeds.row.assign(size_t(N), -1);
+    embeds.key.assign(size_t(N), 0);
+    int64_t end = 0;
+    for (size_t i = 0; i < req.images.size(); ++i) {
+      ImageInput& im = req.images[i];
+      const int64_t L = int64_t(im.types.size());
+      if (L == 0 || im.pos < end || im.pos + L > N)
+        return FB_ERROR(kInvalidArgument) << "image " << i << ": span [" << im.pos << ", " << im.pos + L << ") is outside the prompt or overlaps";
+      if (int64_t(im.embeddings.size()) != L * dim)
+        return FB_ERROR(kInvalidArgument) << "image " << i << ": " << im.embeddings.size() << " embedding values for a span of " << L << " rows";
+      for (int64_t k = 0; k < L; ++k) {
+        const size_t p = size_t(im.pos + k);
+        if (req.prompt[p] != c.image_token_id)
+          return FB_ERROR(kInvalidArgument) << "image " << i << ": prompt position " << p << " is not the image token";
+        embeds.row[p] = int32_t(image_rows + k);
+        uint64_t key = (im.hash ^ (uint64_t(k + 1) * 0x9e3779b97f4a7c15ull)) * 0xbf58476d1ce4e5b9ull;
+        embeds.key[p] = key ? key : 1;
+      }
+      embeds.data.insert(embeds.data.end(), im.embeddings.begin(), im.embeddings.end());
+      image_rows += L;
+      end = im.pos + L;
+    }
+  }
+  const int64_t n_images = int64_t(req.images.size());
+  req.images.clear();  // the rows now live in `embeds`
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return FB_ERROR(kCancelled) << "the engine is shutting down";
-  if (int64_t(queue_.size()) >= opt_.max_queue) return FB_ERROR(kResourceExhausted) << "request queue is full (" << opt_.max_queue << ")";
+  if (int64_t(queue_.size()) >= opt_.max_queue)
+    return FB_ERROR(kUnavailable) << "the server is busy: the request queue is full (" << opt_.max_queue << " waiting); retry later";
   Job j;
   j.id = next_id_++;
   j.req = std::move(req);
+  j.embeds = std::move(embeds);
   j.sink = std::move(sink);
   j.cancelled = std::make_shared<std::atomic<bool>>(false);
   live_[j.id] = j.cancelled;
   const uint64_t id = j.id;
   queue_.push_back(std::move(j));
   ++stats_.requests_total;
+  stats_.images += n_images;
+  stats_.image_rows += image_rows;
   stats_.queue_depth = int64_t(queue_.size());
   cv_.notify_one();
   return id;
@@ -126,11 +162,11 @@ void Engine::loop() {
   }
 }
 
-Generator& Engine::pick_generator(const std::vector<int32_t>& prompt) {
+Generator& Engine::pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds) {
   size_t best = 0;
   int64_t best_len = -1;
   for (size_t i = 0; i < gens_.size(); ++i) {
-    const int64_t c = gens_[i]->reusable_prefix(prompt);
+    const int64_t c = gens_[i]->reusable_prefix(prompt, embeds);
     if (c > best_len) {
       best_len = c;
       best = i;
@@ -169,7 +205,8 @@ void Engine::run(Job& job) {
   };
   if (job.cancelled->load()) return finish_cancelled();
 
-  Generator& gen = pick_generator(req.prompt);
+  const PromptEmbeddings* embeds = job.embeds.row.empty() ? nullptr : &job.embeds;
+  Generator& gen = pick_generator(req.prompt, embeds);
   const DsparkCounters before = gen.counters();
   const double t0 = now_s();
   Status s = gen.prefill(req.prompt, [&](int64_t d, int64_t t) {
@@ -179,7 +216,7 @@ void Engine::run(Job& job) {
     e.total = t;
     send(std::move(e));
     return !job.cancelled->load();
-  });
+  }, embeds);
   const double t1 = now_s();
   if (s.code() == StatusCode::kCancelled) return finish_cancelled();
   if (!s.ok()) return fail(s);
@@ -296,6 +333,7 @@ void Engine::run(Job& job) {
     std::lock_guard<std::mutex> l(mu_);
     stats_.prompt_tokens += done.usage.prompt_tokens;
     stats_.cached_tokens += done.usage.cached_tokens;
+    stats_.prefill_tokens += done.usage.prompt_tokens - done.usage.cached_tokens;
     stats_.generated_tokens += done.usage.completion_tokens;
     stats_.prefill_s += t1 - t0;
     stats_.decode_s += t2 - t1;

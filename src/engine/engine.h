@@ -26,13 +26,23 @@
 
 namespace fb::engine {
 
+// One image of the prompt (spec/14 §6): the rows of its span enter the forward pass with
+// embeddings instead of the token's (every span id is the config's image_token_id).
+struct ImageInput {
+  int64_t pos = 0;                   // first prompt position of the span
+  std::vector<int32_t> types;        // span types: 0 start, 1 image, 2 newline, 3 end
+  std::vector<uint16_t> embeddings;  // bf16 [types.size(), dim]
+  uint64_t hash = 0;                 // content hash (bytes + preprocessing): keys prefix reuse
+};
+
 struct Request {
-  std::vector<int32_t> prompt;       // rendered and tokenized by the caller
+  std::vector<int32_t> prompt;       // rendered and tokenized by the caller (image spans expanded)
   SamplingParams sampling;
   int64_t max_tokens = 8192;         // generated tokens (reasoning + answer + calls)
   std::vector<std::string> stop;     // stop strings, matched on answer text
   int logprobs = -1;                 // -1 off; n >= 0: raw logprob of each token plus top n
   bool thinking = false;             // the prompt ends in <think>: output starts as reasoning
+  std::vector<ImageInput> images;    // in prompt order, non-overlapping
 };
 
 enum class FinishReason { kStop, kStopString, kLength, kToolCalls, kCancelled };
@@ -72,13 +82,15 @@ using EventSink = std::function<void(const Event&)>;
 struct EngineOptions {
   GeneratorOptions generator;
   int max_sessions = 2;   // cached sessions (prefix reuse); each holds a full KV cache
-  int max_queue = 64;     // waiting requests before submit() refuses (kResourceExhausted)
+  int max_queue = 64;     // waiting requests before submit() refuses (kUnavailable)
 };
 
 struct EngineStats {
   int64_t requests_total = 0, requests_failed = 0, requests_cancelled = 0;
   int64_t queue_depth = 0, active = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
+  int64_t prefill_tokens = 0;        // prompt rows run through prefill (prompt - cached)
+  int64_t images = 0, image_rows = 0;  // images in accepted requests / their span rows
   double prefill_s = 0, decode_s = 0;
   DsparkCounters dspark;
 };
@@ -106,12 +118,13 @@ class Engine {
   struct Job {
     uint64_t id = 0;
     Request req;
+    PromptEmbeddings embeds;  // from req.images (row empty: text only)
     EventSink sink;
     std::shared_ptr<std::atomic<bool>> cancelled;
   };
   void loop();
   void run(Job& job);
-  Generator& pick_generator(const std::vector<int32_t>& prompt);
+  Generator& pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds);
 
   std::unique_ptr<model::Executor> ex_;
   const tokenizer::Tokenizer* tok_;

@@ -54,16 +54,20 @@ void Generator::reset() {
   session_ = ex_->new_session();
   sess_ = {session_.get()};
   history_.clear();
+  hist_key_.clear();
   have_logits_ = pending_ = false;
   tap_hist_.assign(dspark_ok_ ? size_t((window_ + kTapHistoryExtra) * tap_w_) : 0, 0);
   tap_hist_pos_.assign(dspark_ok_ ? size_t(window_ + kTapHistoryExtra) : 0, -1);
   reused_ = 0;
 }
 
-int64_t Generator::reusable_prefix(std::span<const int32_t> prompt) const {
+int64_t Generator::reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds) const {
   int64_t c = 0;
   const int64_t n = std::min<int64_t>(int64_t(history_.size()), int64_t(prompt.size()) - 1);
-  while (c < n && history_[size_t(c)] == prompt[size_t(c)]) ++c;
+  const bool keyed = embeds && embeds->key.size() == prompt.size();
+  auto cached_key = [&](int64_t p) { return size_t(p) < hist_key_.size() ? hist_key_[size_t(p)] : uint64_t(0); };
+  auto prompt_key = [&](int64_t p) { return keyed ? embeds->key[size_t(p)] : uint64_t(0); };
+  while (c < n && history_[size_t(c)] == prompt[size_t(c)] && cached_key(c) == prompt_key(c)) ++c;
   return c;
 }
 
@@ -92,9 +96,17 @@ Status Generator::commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n
   return ex_->draft_commit(*session_, first_pos + skip, rows + skip * tap_w_, n - skip);
 }
 
-Status Generator::prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress) {
+Status Generator::prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress,
+                          const PromptEmbeddings* embeds) {
   const int64_t N = int64_t(prompt.size());
   if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
+  const int64_t dim = ex_->config().dim;
+  if (embeds && (embeds->row.size() != prompt.size() || embeds->key.size() != prompt.size()))
+    return FB_ERROR(kInvalidArgument) << "prompt embeddings cover " << embeds->row.size() << " positions, the prompt has " << N;
+  if (embeds)
+    for (int32_t r : embeds->row)
+      if (r >= 0 && int64_t(r + 1) * dim > int64_t(embeds->data.size()))
+        return FB_ERROR(kInvalidArgument) << "prompt embedding row " << r << " is outside the embeddings";
   for (int32_t id : prompt)
     if (id < 0 || id >= vocab_)
       return FB_ERROR(kInvalidArgument) << "prompt token id " << id << " is outside the model's vocabulary of " << vocab_
@@ -103,7 +115,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     return FB_ERROR(kResourceExhausted) << "the prompt has " << N << " tokens; the context holds " << max_context_
                                         << " (prompt + at least one generated token)";
   // Prefix reuse: keep what the cache already holds when it can roll back to the divergence.
-  int64_t c = reusable_prefix(prompt);
+  int64_t c = reusable_prefix(prompt, embeds);
   if (c < int64_t(history_.size())) {
     if (c == 0 || !session_->rollback(c).ok()) {
       reset();
@@ -121,6 +133,8 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     }
   }
   reused_ = c;
+  if (embeds) hist_key_ = embeds->key;
+  else hist_key_.clear();
   have_logits_ = pending_ = false;
   const int64_t chunk = opt_.prefill_chunk;
   for (int64_t s0 = c; s0 < N; s0 += chunk) {
@@ -133,6 +147,12 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
       r.kind = model::RowKind::kPrefill;
       r.prefill_end = N;
       r.want_logits = p == N - 1;
+      if (embeds && embeds->row[size_t(p)] >= 0) {  // an image row (spec/14 §6)
+        r.image = true;
+        r.embed_row = int32_t(st.embeddings.size() / size_t(dim));
+        const auto* e = &embeds->data[size_t(embeds->row[size_t(p)]) * size_t(dim)];
+        st.embeddings.insert(st.embeddings.end(), e, e + dim);
+      }
       st.rows.push_back(r);
     }
     model::StepOutput out;

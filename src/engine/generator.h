@@ -33,6 +33,15 @@ struct GeneratorOptions {
   int64_t max_context = 0;  // 0 = the model's max_position_embeddings
 };
 
+// Prompt positions that enter the forward pass with an embedding instead of their token's
+// (image spans, spec/14 §6). Every span id is the same image_token_id, so `key` tells cached
+// positions apart: prefix reuse needs equal ids AND equal keys (different images never share KV).
+struct PromptEmbeddings {
+  std::vector<int32_t> row;    // [prompt len] row of `data`, -1 = a text position
+  std::vector<uint64_t> key;   // [prompt len] 0 = text, else a content key (image hash and slot)
+  std::vector<uint16_t> data;  // bf16 [rows, dim]
+};
+
 struct DsparkCounters {
   int64_t steps = 0;          // draft + verify rounds
   int64_t proposals = 0;      // drafted tokens offered to verification
@@ -55,7 +64,9 @@ class Generator {
   // Prepares the session for `prompt`: keeps the longest common prefix the cache can roll back
   // to, prefills the rest in chunks. progress(done, total) after each chunk; returning false
   // cancels (kCancelled). Errors: empty prompt, id outside the vocabulary, context overflow.
-  Status prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress = {});
+  // `embeds` (optional): image rows of the prompt; they may fall in any chunk.
+  Status prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress = {},
+                 const PromptEmbeddings* embeds = nullptr);
   // Emits the next tokens (1 for plain decode, 1..B+1 for a DSpark round) into *out, with raw
   // logprobs into *logprobs when top_n >= 0. At the context limit returns kResourceExhausted.
   Status next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* logprobs = nullptr,
@@ -69,7 +80,7 @@ class Generator {
   void reset();
   // Common prefix of the cached history and `prompt` that prefill() would keep (a hint for
   // choosing among several generators).
-  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  int64_t reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds = nullptr) const;
   const DsparkCounters& counters() const { return counters_; }
   bool dspark_available() const { return dspark_ok_; }
   // The scheduler's verify cost table (empty until given or measured).
@@ -99,6 +110,7 @@ class Generator {
   int block_ = 0;
   bool dspark_ok_ = false;       // the model has draft stages and the option is on
   std::vector<int32_t> history_; // token at every cached position
+  std::vector<uint64_t> hist_key_;  // PromptEmbeddings::key of the cached prompt (shorter: the rest is text)
   // After prefill: logits_ predict position history_.size(). After an emission: pending_ holds
   // the last emitted token, not yet fed; tap_ is the tap row of the last cached position.
   std::vector<float> logits_;

@@ -10,8 +10,10 @@ HttpError http_error_for(StatusCode code) {
     case StatusCode::kInvalidArgument: return {400, "invalid_request_error", "invalid_request_error"};
     case StatusCode::kUnsupported: return {400, "invalid_request_error", "invalid_request_error"};
     case StatusCode::kNotFound: return {404, "not_found_error", "not_found_error"};
-    // Context overflow and a full queue: the request cannot be served as sent.
+    // Context overflow: the request cannot be served as sent.
     case StatusCode::kResourceExhausted: return {400, "invalid_request_error", "invalid_request_error"};
+    // A full queue: retry later (the SDKs retry 429 with backoff).
+    case StatusCode::kUnavailable: return {429, "rate_limit_exceeded", "overloaded_error"};
     case StatusCode::kCancelled: return {499, "request_cancelled", "api_error"};
     case StatusCode::kOutOfMemory: return {503, "server_error", "overloaded_error"};
     case StatusCode::kCorrupt:
@@ -28,6 +30,7 @@ HttpError http_error_for_http(int http) {
     case 404: return {404, "not_found_error", "not_found_error"};
     case 405: return {405, "invalid_request_error", "invalid_request_error"};
     case 413: return {413, "invalid_request_error", "request_too_large"};
+    case 429: return {429, "rate_limit_exceeded", "overloaded_error"};
     default: return {http, http < 500 ? "invalid_request_error" : "server_error", http < 500 ? "invalid_request_error" : "api_error"};
   }
 }

@@ -240,6 +240,10 @@ Result<ojson> anthropic_messages(const ojson& b) {
     if (!c.is_array()) return FB_ERROR(kInvalidArgument) << "messages[" << i << "].content must be a string or a list of blocks";
     if (role == "user") {
       std::string text;
+      // With an image the message keeps its blocks in order (text and image parts, joined with
+      // "\n\n" by the encoder, spec/15 §6.3 step 1); without, the texts are joined here.
+      ojson parts = ojson::array();
+      bool has_image = false;
       for (const auto& blk : c) {
         if (!blk.is_object() || !blk.contains("type") || !blk["type"].is_string())
           return FB_ERROR(kInvalidArgument) << "messages[" << i << "].content blocks need a type";
@@ -247,15 +251,30 @@ Result<ojson> anthropic_messages(const ojson& b) {
         if (ty == "text") {
           if (!blk.contains("text") || !blk["text"].is_string()) return FB_ERROR(kInvalidArgument) << "text blocks need a string 'text'";
           text += (text.empty() ? "" : "\n\n") + blk["text"].get<std::string>();
+          parts.push_back({{"type", "text"}, {"text", blk["text"]}});
         } else if (ty == "tool_result") {
-          std::string content = blk.contains("content") ? text_of_blocks(blk["content"], "text") : "";
+          const ojson rc = blk.contains("content") ? blk["content"] : ojson("");
+          const bool rc_image = rc.is_array() && std::any_of(rc.begin(), rc.end(), [](const ojson& x) {
+            return x.is_object() && x.value("type", "") == "image";
+          });
+          if (rc_image) {  // text and image parts stay in order inside the tool result
+            ojson rparts = ojson::array();
+            if (blk.value("is_error", false)) rparts.push_back({{"type", "text"}, {"text", "Error: "}});
+            for (const auto& x : rc)
+              if (x.is_object() && (x.value("type", "") == "image" || x.value("type", "") == "text")) rparts.push_back(x);
+            msgs.push_back({{"role", "tool"}, {"tool_call_id", blk.value("tool_use_id", "")}, {"content", rparts}});
+            continue;
+          }
+          std::string content = text_of_blocks(rc, "text");
           if (blk.value("is_error", false)) content = "Error: " + content;
           msgs.push_back({{"role", "tool"}, {"tool_call_id", blk.value("tool_use_id", "")}, {"content", content}});
         } else if (ty == "image") {
-          return FB_ERROR(kUnsupported) << "image input needs the vision tower, which this server does not run yet";
+          has_image = true;
+          parts.push_back(blk);
         }
       }
-      if (!text.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
+      if (has_image) msgs.push_back({{"role", "user"}, {"content", parts}});
+      else if (!text.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
     } else {
       ojson a = {{"role", "assistant"}, {"content", ""}};
       std::string text, thinking;
@@ -306,6 +325,18 @@ Result<ojson> responses_messages(const ojson& b) {
       const ojson& c = it.contains("content") ? it["content"] : ojson("");
       if (!c.is_string() && !c.is_array()) return FB_ERROR(kInvalidArgument) << "input[" << i << "].content must be a string or a list";
       ojson m = {{"role", role}, {"content", text_of_blocks(c, "text")}};
+      if (c.is_array() && std::any_of(c.begin(), c.end(), [](const ojson& x) { return x.is_object() && x.value("type", "") == "input_image"; })) {
+        ojson parts = ojson::array();  // text and images in order (spec/15 §6.3 step 1)
+        for (const auto& x : c) {
+          if (!x.is_object()) continue;
+          if (x.value("type", "") == "input_image") {
+            parts.push_back({{"type", "image_url"}, {"image_url", x.contains("image_url") ? x["image_url"] : ojson("")}});
+          } else if (x.contains("text") && x["text"].is_string()) {
+            parts.push_back({{"type", "text"}, {"text", x["text"]}});
+          }
+        }
+        m["content"] = parts;
+      }
       if (role == "assistant" && !pending_reasoning.empty()) m["reasoning_content"] = std::exchange(pending_reasoning, "");
       msgs.push_back(m);
     } else if (ty == "function_call") {
@@ -347,6 +378,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   FB_RETURN_IF_ERROR(parse_sampling(b, ep, &pr));
   Thinking th;
   std::string text;
+  std::vector<ojson> image_parts;
   if (ep == Endpoint::kCompletions) {
     th.on = false;
     if (!b.contains("prompt")) return FB_ERROR(kInvalidArgument) << "'prompt' is required";
@@ -380,6 +412,9 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
       msgs = FB_TRY(responses_messages(b));
     }
     if (msgs.empty()) return FB_ERROR(kInvalidArgument) << "no messages";
+    image_parts = collect_image_parts(msgs);
+    if (!image_parts.empty() && !ctx.images.vision)
+      return FB_ERROR(kInvalidArgument) << "model has no vision tower: image input is not available";
     std::vector<tokenizer::Message> messages = FB_TRY(tokenizer::messages_from_json(msgs));
     // Request-level tools and response_format go on the first system message (spec/15 §6.4).
     ojson tools;
@@ -410,9 +445,11 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
     po.tools_template = ctx.tools_template;
     const bool ends_with_user = messages.back().role != "assistant";
     auto rendered = FB_TRY(tokenizer::render_prompt(std::move(messages), po));
-    if (rendered.n_images > 0) return FB_ERROR(kUnsupported) << "image input needs the vision tower, which this server does not run yet";
+    if (rendered.n_images != int(image_parts.size()))
+      return FB_ERROR(kInvalidArgument) << "found " << image_parts.size() << " images but the prompt has " << rendered.n_images << " placeholders";
     text = std::move(rendered.text);
     pr.req.prompt = ctx.tok->encode(text);
+    FB_RETURN_IF_ERROR(expand_images(image_parts, ctx.images, ctx.image_token_id, &pr.req));
     if (!ends_with_user) th.on = false;  // continuing an assistant turn: no reasoning header was opened
   }
   pr.prompt_text = std::move(text);

@@ -8,6 +8,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "server/image_input.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fb::server {
@@ -20,6 +21,8 @@ struct ParseContext {
   const tokenizer::Tokenizer* tok = nullptr;
   int64_t max_context = 0;
   std::string tools_template;  // official Tools-block text when the snapshot has it
+  ImagePolicy images;          // image content parts (vision null: the model has none)
+  int32_t image_token_id = 129264;
 };
 
 struct ParsedRequest {

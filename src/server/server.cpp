@@ -2,17 +2,23 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/log.h"
 #include "server/http_status.h"
+#include "server/peer_socket.h"
 #include "server/request_parse.h"
 #include "server/responder.h"
 
 namespace fb::server {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+int64_t ms_since(Clock::time_point t) { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count(); }
+constexpr int kDisconnectPollMs = 200;  // how often a waiting request checks its client
 
 Api api_of(Endpoint ep) { return ep == Endpoint::kMessages ? Api::kAnthropic : Api::kOpenAi; }
 
@@ -40,7 +46,11 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_requests_active", "gauge", "requests being generated", double(s.active));
   m("flashbox_prompt_tokens_total", "counter", "prompt tokens", double(s.prompt_tokens));
   m("flashbox_prompt_cached_tokens_total", "counter", "prompt tokens reused from a cached session", double(s.cached_tokens));
+  m("flashbox_prefill_tokens_total", "counter", "prompt rows run through prefill (prompt minus cached)", double(s.prefill_tokens));
   m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
+  m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
+  m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));
+  m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
   m("flashbox_prefill_seconds_total", "counter", "time in prefill", s.prefill_s);
   m("flashbox_decode_seconds_total", "counter", "time in decode", s.decode_s);
   m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
@@ -60,17 +70,38 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep,
   if (!authorized(req, opt)) return send_error(res, api, http_error_for_http(401), "invalid or missing API key");
   ojson body = ojson::parse(req.body, nullptr, false);
   if (body.is_discarded()) return send_error(res, api, http_error_for_http(400), "the request body is not valid JSON");
-  ParseContext ctx{&eng.tokenizer(), eng.max_context(), opt.tools_template};
+  ParseContext ctx;
+  ctx.tok = &eng.tokenizer();
+  ctx.max_context = eng.max_context();
+  ctx.tools_template = opt.tools_template;
+  ctx.images.vision = opt.vision;
+  ctx.images.allow_local = opt.allow_local_images;
+  ctx.images.max_images = opt.max_images;
+  ctx.image_token_id = int32_t(eng.config().image_token_id);
   auto parsed = parse_request(ep, body, ctx);
   if (!parsed.ok()) return send_error(res, api, http_error_for(parsed.status().code()), parsed.status().message());
   auto responder = std::make_shared<Responder>(parsed.value(), opt.model_name);
   engine::EventQueue q;
   auto id = eng.submit(parsed->req, q.sink());
   if (!id.ok()) return send_error(res, api, http_error_for(id.status().code()), id.status().message());
+  const uint64_t rid = *id;
+  // The client's socket, polled while the request waits: a disconnect cancels it (streaming
+  // or not), freeing the engine for the next request.
+  const PeerSocket peer(req.remote_addr, req.remote_port);
   if (!parsed->stream) {
     engine::Event e;
+    auto checked = Clock::now();
     for (;;) {
-      if (!q.pop(&e, 1000)) continue;
+      const bool got = q.pop(&e, kDisconnectPollMs);
+      if (!got || ms_since(checked) >= kDisconnectPollMs) {
+        checked = Clock::now();
+        if (peer.closed()) {
+          eng.cancel(rid);
+          FB_LOG(kInfo) << "request " << rid << ": client disconnected, cancelled";
+          return;  // nobody reads the response; the engine ends the request with Done(kCancelled)
+        }
+      }
+      if (!got) continue;
       if (e.kind == engine::Event::Kind::kError) return send_error(res, api, http_error_for(e.status.code()), e.status.message());
       if (e.kind == engine::Event::Kind::kDone) break;
       responder->on_event(e);
@@ -78,21 +109,32 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep,
     res.set_content(responder->body(e), "application/json");
     return;
   }
-  const uint64_t rid = *id;
-  const int keepalive = opt.keepalive_ms;
+  const int keepalive = std::max(1, opt.keepalive_ms);
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [&eng, q, responder, rid, keepalive, api](size_t, httplib::DataSink& sink) mutable {
-    auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+  res.set_chunked_content_provider("text/event-stream", [&eng, q, responder, rid, keepalive, api, peer](size_t, httplib::DataSink& sink) mutable {
+    auto last_write = Clock::now();
+    auto write = [&](const std::string& s) {
+      if (s.empty()) return true;
+      last_write = Clock::now();
+      return sink.write(s.data(), s.size());
+    };
     if (!write(responder->stream_start())) {
       eng.cancel(rid);
       return false;
     }
     engine::Event e;
     for (;;) {
-      if (!q.pop(&e, keepalive)) {
-        // A comment line keeps proxies and clients from timing out during long prefills, and
-        // finds disconnected clients (the write fails).
-        if (!write(api == Api::kAnthropic ? "event: ping\ndata: {\"type\": \"ping\"}\n\n" : ": keep-alive\n\n")) {
+      const bool got = q.pop(&e, std::min(keepalive, kDisconnectPollMs));
+      if (!got || e.kind == engine::Event::Kind::kPrefill) {
+        // Nothing to send (waiting in the queue, or prefilling, spec/16 §7): a comment line /
+        // Anthropic ping every keepalive_ms keeps proxies and clients from timing out; the
+        // socket poll finds a client that left without waiting for a failed write.
+        if (peer.closed()) {
+          eng.cancel(rid);
+          return false;
+        }
+        if (ms_since(last_write) >= keepalive &&
+            !write(api == Api::kAnthropic ? "event: ping\ndata: {\"type\": \"ping\"}\n\n" : ": keep-alive\n\n")) {
           eng.cancel(rid);
           return false;
         }
@@ -111,7 +153,6 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep,
         sink.done();
         return true;
       }
-      if (e.kind == engine::Event::Kind::kPrefill) continue;
       if (!write(responder->on_event(e))) {
         eng.cancel(rid);
         return false;

@@ -9,7 +9,12 @@
 namespace fb::server {
 namespace {
 
-ParseContext ctx() { return {&tokenizer::v41_tokenizer(), 4096, ""}; }
+ParseContext ctx() {
+  ParseContext c;
+  c.tok = &tokenizer::v41_tokenizer();
+  c.max_context = 4096;
+  return c;
+}
 Result<ParsedRequest> parse(Endpoint ep, const char* body) { return parse_request(ep, ojson::parse(body), ctx()); }
 
 TEST(HttpStatus, Table) {

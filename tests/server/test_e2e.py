@@ -5,9 +5,13 @@ Part 1 (scripted executor, a test double that emits given text through the real 
 decode, DSML parse and SSE path): tool-call round trips, thinking on/off, chat/responses/messages
 streamed and not. Part 2 (the built-in tiny model, random weights): real generation through every
 API. Part 3: 100 malformed/oversized requests all get 4xx and the server keeps serving.
+Part 4 (issue 10, `make-tiny --vision`): images through the OpenAI and Anthropic SDKs (generated
+PNG data URLs / base64 blocks), bad images and network URLs -> 400, prefix reuse keyed on the
+image; plus a full queue -> 429, a client disconnect cancelling a non-streaming request, SSE
+keep-alives / pings during prefill and the /metrics token counters.
 Exits 0 with "SKIP: ..." when the SDKs are not importable.
 """
-import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request, urllib.error
+import argparse, base64, json, os, re, socket, struct, subprocess, sys, tempfile, time, urllib.request, urllib.error, zlib
 
 try:
     import openai, anthropic
@@ -51,6 +55,43 @@ class Server:
 
     def an(self):
         return anthropic.Anthropic(base_url=self.base, api_key="k", max_retries=0, timeout=120)
+
+
+def make_png(w, h, seed):
+    """A small RGB PNG (no imaging library needed)."""
+    rows = b"".join(b"\x00" + bytes(((x * 7 + y * 13 + seed * 101 + c * 50) % 256) for x in range(w) for c in range(3)) for y in range(h))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def data_url(png):
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def metric(srv, name):
+    text = urllib.request.urlopen(srv.base + "/metrics", timeout=10).read().decode()
+    m = re.search(r"^" + name + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def raw_post(srv, path, body, read=True):
+    """POST over a plain socket; returns the socket (read=False) or the whole raw response."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
+    data = json.dumps(body).encode()
+    s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer k\r\n"
+               f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data)
+    if not read:
+        return s
+    out = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+    s.close()
+    return out.decode("utf-8", "replace")
 
 
 def check(cond, msg):
@@ -136,7 +177,40 @@ def scripted_tests(binary):
         r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "count"}], stop=["END"], max_tokens=50,
                                        extra_body={"thinking": {"type": "disabled"}})
         check(r.choices[0].message.content == "one two three " and r.choices[0].finish_reason == "stop", "chat: stop string")
+        # Images on a model without a vision tower: 400 with that message, in both formats.
+        img = {"type": "image_url", "image_url": {"url": data_url(make_png(8, 8, 0))}}
+        try:
+            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "?"}, img]}], max_tokens=5)
+            check(False, "image without a vision tower must fail")
+        except openai.BadRequestError as e:
+            check("model has no vision tower" in str(e), "chat: image on a text-only model -> 400 'model has no vision tower'")
+        try:
+            an.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(make_png(8, 8, 0)).decode()}}]}])
+            check(False, "anthropic image without a vision tower must fail")
+        except anthropic.BadRequestError as e:
+            check("model has no vision tower" in str(e), "messages: image on a text-only model -> 400")
         robustness(srv)
+    finally:
+        srv.close()
+    # A full queue: 429 (OpenAI RateLimitError, Anthropic overloaded_error), not 400.
+    srv = Server(binary, ["--scripted-output", f.name, "--max-queue", "0"])
+    try:
+        try:
+            srv.oa().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+            check(False, "queue full must fail")
+        except openai.RateLimitError as e:
+            check(e.status_code == 429, "chat: full queue -> 429")
+        try:
+            srv.an().messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+            check(False, "queue full must fail (anthropic)")
+        except anthropic.RateLimitError as e:
+            check(e.status_code == 429 and "overloaded_error" in str(e.body), "messages: full queue -> 429 overloaded_error")
+        try:
+            srv.oa().chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 70000}], max_tokens=5)
+            check(False, "context overflow must fail")
+        except openai.BadRequestError:
+            check(True, "context overflow stays 400 with a full queue")
     finally:
         srv.close()
 
@@ -198,6 +272,82 @@ def tiny_model_tests(binary, model):
             check(st.get_final_message().usage.output_tokens >= 1, "tiny: messages stream")
         c = oa.completions.create(model="m", prompt="The sky is", max_tokens=3, logprobs=2)
         check(len(c.choices[0].logprobs.tokens) >= 1, "tiny: completions with logprobs")
+        # A client that disconnects from a NON-streaming request cancels it.
+        before = metric(srv, "flashbox_requests_cancelled_total")
+        s = raw_post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a long story"}],
+                                                    "max_tokens": 100000, "temperature": 1.0, "seed": 1}, read=False)
+        time.sleep(1.0)
+        s.close()
+        cancelled = False
+        for _ in range(100):
+            if metric(srv, "flashbox_requests_cancelled_total") > before:
+                cancelled = True
+                break
+            time.sleep(0.1)
+        check(cancelled, "tiny: client disconnect cancels a non-streaming request")
+        r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=2)
+        check(r.usage.completion_tokens >= 1, "tiny: serving after the cancelled request")
+        check(metric(srv, "flashbox_prefill_tokens_total") > 0 and metric(srv, "flashbox_decode_tokens_total") > 0,
+              "metrics: prefill/decode token counters")
+    finally:
+        srv.close()
+
+
+def vision_tests(binary, model):
+    srv = Server(binary, ["--model", model, "--prefill-chunk", "16", "--sse-keepalive-ms", "1"])
+    try:
+        oa, an = srv.oa(), srv.an()
+        png_a, png_b = make_png(40, 30, 1), make_png(40, 30, 2)
+        def ask(png, text="What is in this image?", **kw):
+            return oa.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+                {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": data_url(png)}}]}],
+                max_tokens=3, temperature=0, extra_body={"thinking": {"type": "disabled"}}, **kw)
+        plain = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is in this image?"}], max_tokens=1,
+                                           temperature=0, extra_body={"thinking": {"type": "disabled"}})
+        r = ask(png_a)
+        check(r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("length", "stop"), "vision: OpenAI SDK chat with an image data URL")
+        check(r.usage.prompt_tokens > plain.usage.prompt_tokens + 5, f"vision: the image span is in the prompt ({r.usage.prompt_tokens} vs {plain.usage.prompt_tokens} text-only)")
+        r2 = ask(png_a)
+        check(r2.usage.prompt_tokens_details.cached_tokens == r2.usage.prompt_tokens - 1, "vision: same image again reuses the whole prefix")
+        r3 = ask(png_b)
+        check(r3.usage.prompt_tokens == r.usage.prompt_tokens and r3.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens - 5,
+              f"vision: a different image (same ids) does not reuse the image's KV (cached {r3.usage.prompt_tokens_details.cached_tokens})")
+        n = sum(1 for _ in oa.chat.completions.create(model="m", stream=True, max_tokens=3, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(png_b)}}, {"type": "text", "text": "Describe"}]}]))
+        check(n >= 2, "vision: streamed chat with an image")
+        a = an.messages.create(model="m", max_tokens=3, thinking={"type": "disabled"}, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png_a).decode()}},
+            {"type": "text", "text": "What is in this image?"}]}])
+        check(a.usage.input_tokens > plain.usage.prompt_tokens + 5 and a.usage.output_tokens >= 1, "vision: Anthropic image block")
+        rr = oa.responses.create(model="m", max_output_tokens=3, reasoning={"effort": "none"}, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": data_url(png_a)}]}])
+        check(rr.usage.input_tokens > plain.usage.prompt_tokens + 5, "vision: Responses input_image")
+        for bad, what in [(b"definitely not an image", "garbage bytes"), (png_a[:len(png_a) // 2], "truncated PNG")]:
+            try:
+                ask(bad)
+                check(False, "bad image must fail")
+            except openai.BadRequestError as e:
+                check(e.status_code == 400 and "image 0" in str(e), f"vision: bad image ({what}) -> 400")
+        try:
+            an.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}}]}])
+            check(False, "bad anthropic image must fail")
+        except anthropic.BadRequestError as e:
+            check(e.status_code == 400 and e.body["error"]["type"] == "invalid_request_error", "vision: bad Anthropic image -> 400 invalid_request_error")
+        for url, what in [("https://example.com/cat.png", "network URL"), ("file:///etc/hostname", "local file without --allow-local-images")]:
+            try:
+                oa.chat.completions.create(model="m", max_tokens=3, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+                check(False, what + " must fail")
+            except openai.BadRequestError as e:
+                check(e.status_code == 400, f"vision: {what} -> 400")
+        # SSE keep-alives during the prefill (--sse-keepalive-ms 1, 16-row chunks).
+        raw = raw_post(srv, "/v1/chat/completions", {"stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(make_png(60, 50, 3))}}]}]})
+        check(": keep-alive" in raw and "data: [DONE]" in raw, "vision: SSE keep-alive comments while prefilling")
+        raw = raw_post(srv, "/v1/messages", {"stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(make_png(60, 50, 4)).decode()}}]}]})
+        check("event: ping" in raw and "event: message_stop" in raw, "vision: Anthropic ping events while prefilling")
+        check(metric(srv, "flashbox_images_total") >= 6, "metrics: images counted")
     finally:
         srv.close()
 
@@ -214,6 +364,10 @@ def main():
         if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
             print("SKIP tiny-model part: make-tiny failed"); return
     tiny_model_tests(a.bin, model)
+    vmodel = os.path.join(tempfile.mkdtemp(), "tiny-vision")
+    if subprocess.run([a.bin, "make-tiny", "--vision", "--out", vmodel], capture_output=True).returncode != 0:
+        print("SKIP vision part: make-tiny --vision failed"); return
+    vision_tests(a.bin, vmodel)
     print("PASS")
 
 

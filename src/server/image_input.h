@@ -1,0 +1,44 @@
+// Image content parts of a request (issue 10, API half; spec/15 §6.3 step 1, spec/14 §6.1):
+// finds them in prompt order, turns each into bytes by the server's policy (base64 data URLs and
+// Anthropic base64 sources always; local files only with --allow-local-images; never the
+// network), runs decode + preprocessing + the vision tower, and expands every placeholder id
+// of the tokenized prompt into its span of image rows. Every bad image is kInvalidArgument (400)
+// naming the image.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "vision/image.h"
+
+namespace fb::vision {
+class ImagePipeline;
+}
+
+namespace fb::server {
+
+struct ImagePolicy {
+  const vision::ImagePipeline* vision = nullptr;  // null: the model has no vision tower
+  bool allow_local = false;                       // file:// URLs and plain paths
+  int max_images = 64;                            // per request
+  size_t max_bytes = 32u << 20;                   // encoded bytes per image (DeepSeek API: 32 MiB)
+  vision::DecodeLimits limits{16384, 178956970};  // decoded side / pixels
+};
+
+// Image parts of OpenAI-style messages (content parts of type image_url / image, also inside
+// tool_result parts), in the order the prompt encoder numbers its placeholders.
+std::vector<nlohmann::ordered_json> collect_image_parts(const nlohmann::ordered_json& messages);
+
+// One image part -> encoded image bytes, by the policy.
+Result<std::string> image_part_bytes(const nlohmann::ordered_json& part, const ImagePolicy& policy);
+
+// Replaces the i-th `image_token_id` of req->prompt with the span of image i and fills
+// req->images. The placeholder count must equal parts.size().
+Status expand_images(const std::vector<nlohmann::ordered_json>& parts, const ImagePolicy& policy, int32_t image_token_id,
+                     engine::Request* req);
+
+}  // namespace fb::server
