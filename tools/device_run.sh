@@ -16,7 +16,8 @@ nvidia-smi -L 2>&1 | head -2
 
 t0=$(date +%s)
 # -include cstdint: gcc 13 no longer pulls <cstdint> in transitively; guards against a header that forgot it.
-cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" >"$LOG/configure.log" 2>&1
+# FB_GIT_COMMIT (env) names the commit of an exported tree in the bench CSVs.
+cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB_GIT_COMMIT=$FB_GIT_COMMIT} >"$LOG/configure.log" 2>&1
 cfg=$?
 row "configure (device preset)" "rc=$cfg"
 t1=$(date +%s)

@@ -20,6 +20,9 @@ struct DecodeTiming {
 // Runs on a session already at its context (prefilled or filled). `steps` timed repetitions.
 Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, int steps, int max_verify_rows);
 
+// `steps` one-row decode steps at the session's context, each rolled back (for profiling).
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps);
+
 // Bytes one batch-1 decode step must read at context L (weights in their executor formats +
 // cache rows), and its FLOPs. wo_a_bf16: the executor holds wo_a as BF16 (twice the FP8 bytes).
 struct StepCost {

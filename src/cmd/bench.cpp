@@ -4,6 +4,10 @@
 //   --synthetic [--experts N] [--contexts 4096,32768,...]   released-dimension model in HBM,
 //                                     batch-1 decode / verify (1..6 rows) / draft at each context
 //   --model DIR [--prompt-len N]      a real checkpoint (e.g. a fixture), prefill then decode
+//   --profile                         per-op GPU ms of a one-row decode step (CUDA events, summed
+//                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
+//                                     shows the host overhead
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -34,6 +38,7 @@ struct Args {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prompt_len = 64;
   int verify_rows = 6;
+  bool profile = false;
 };
 
 class Csv {
@@ -122,6 +127,26 @@ int run(const Args& a) {
         return 1;
       }
       report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps);
+      if (a.profile) {
+        cuda::CudaExecutor& cx = **ex;
+        cx.clear_profile();
+        cx.set_profile(true);
+        st = bench::run_decode_steps(cx, *s, a.steps);
+        cx.set_profile(false);
+        if (!st.ok()) {
+          std::fprintf(stderr, "bench: profile at %lld: %s\n", (long long)L, st.to_string().c_str());
+          return 1;
+        }
+        std::vector<std::pair<double, std::string>> rows;
+        for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms / a.steps, name});
+        std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+        std::fprintf(stderr, "bench: profile at context %lld (ms per decode step, summed over layers):\n", (long long)L);
+        for (const auto& [ms, name] : rows) {
+          std::fprintf(stderr, "  %-18s %9.3f ms  (%lld calls/step)\n", name.c_str(), ms,
+                       (long long)(cx.profile().at(name).calls / a.steps));
+          csv.row("profile_" + name + "_ms", L, ms, "ms/step (CUDA events)");
+        }
+      }
     }
   }
   if (!a.model.empty()) {
@@ -172,6 +197,7 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
   app.add_option("--steps", a->steps, "timed repetitions per row (median)");
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
+  app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
   return [a] { return run(*a); };

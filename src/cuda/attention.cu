@@ -30,8 +30,8 @@ __global__ void sparse_attention_kernel(const uint16_t* q, int n_heads, int d, A
   float* qf = sm;        // [d]
   float* acc = sm + d;   // [d]
   __shared__ KeyRef kr[64];
-  __shared__ float z[64], pr[64];
-  __shared__ float s_m, s_l, s_alpha;
+  __shared__ float z[64], pr[64], pf[64];
+  __shared__ float s_m, s_l, s_alpha, s_m2;
   const int64_t t = blockIdx.x / n_heads;
   const int h = int(blockIdx.x % n_heads);
   const uint16_t* qh = q + (t * n_heads + h) * int64_t(d);
@@ -70,21 +70,28 @@ __global__ void sparse_attention_kernel(const uint16_t* q, int n_heads, int d, A
       if ((threadIdx.x & 31) == 0) z[j] = v;
     }
     __syncthreads();
+    // The CPU's update sequence; the exps run one per thread, the sums stay sequential in j.
     if (threadIdx.x == 0) {
       float bmax = -INFINITY;
       for (int j = 0; j < nb; ++j)
         if (kr[j].p) bmax = smax(bmax, z[j]);
       const float m2 = smax(s_m, bmax);
-      const float alpha = fm::exp(fm::add(s_m, -m2));
+      s_alpha = fm::exp(fm::add(s_m, -m2));
+      s_m2 = m2;
+    }
+    __syncthreads();
+    if (threadIdx.x < nb) {
+      const int j = int(threadIdx.x);
+      const float p = kr[j].p ? fm::exp(fm::add(z[j], -s_m2)) : 0.0f;
+      pf[j] = p;
+      pr[j] = round_bf16(p);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
       float psum = 0.0f;
-      for (int j = 0; j < nb; ++j) {
-        const float p = kr[j].p ? fm::exp(fm::add(z[j], -m2)) : 0.0f;
-        psum = fm::add(psum, p);
-        pr[j] = round_bf16(p);
-      }
-      s_l = fm::add(fm::mul(s_l, alpha), psum);
-      s_alpha = alpha;
-      s_m = m2;
+      for (int j = 0; j < nb; ++j) psum = fm::add(psum, pf[j]);
+      s_l = fm::add(fm::mul(s_l, s_alpha), psum);
+      s_m = s_m2;
     }
     __syncthreads();
     const float alpha = s_alpha;

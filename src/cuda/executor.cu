@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <map>
 
 #include "base/check.h"
@@ -26,15 +28,49 @@ namespace {
 
 uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-// Per-step device allocations, freed when the step ends (after the stream was synchronised).
+// Per-step device allocations: bump-allocated from the executor's StepWorkspace (no cudaMalloc
+// once warmed up; uploads staged through its pinned buffer), with plain cudaMalloc as the
+// fallback when it is too small or already in use. The destructor synchronises the stream (the
+// step is over, so the next step may reuse the memory) and grows the workspace to this step's
+// high-water mark.
 class Arena {
  public:
-  explicit Arena(cudaStream_t st) : st_(st) {}
+  Arena(cudaStream_t st, StepWorkspace* ws) : st_(st), ws_(ws && !ws->busy ? ws : nullptr) {
+    if (ws_) ws_->busy = true;
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    if (!ws_) return;
+    cudaStreamSynchronize(st_);
+    ws_->dev_high = std::max(ws_->dev_high, dev_need_);
+    ws_->pin_high = std::max(ws_->pin_high, pin_need_);
+    if (ws_->dev_high > ws_->dev.bytes()) {
+      ws_->dev.reset();
+      if (!ws_->dev.alloc(ws_->dev_high + ws_->dev_high / 4).ok()) ws_->dev.reset();
+    }
+    constexpr size_t kPinMax = size_t(256) << 20;
+    if (ws_->pin_high > ws_->pin_cap && ws_->pin_high <= kPinMax) {
+      if (ws_->pinned) cudaFreeHost(ws_->pinned);
+      ws_->pinned = nullptr;
+      ws_->pin_cap = 0;
+      const size_t want = std::max<size_t>(ws_->pin_high + ws_->pin_high / 4, size_t(1) << 20);
+      if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
+      else ws_->pinned = nullptr;
+    }
+    ws_->busy = false;
+  }
   template <typename T>
   T* alloc(int64_t n, Status& status) {
     if (!status.ok()) return nullptr;
+    const size_t bytes = round_up(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    if (ws_) {
+      const size_t off = dev_need_;
+      dev_need_ += bytes;
+      if (dev_need_ <= ws_->dev.bytes()) return reinterpret_cast<T*>(ws_->dev.get<uint8_t>() + off);
+    }
     DeviceBuffer b;
-    status = b.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    status = b.alloc(bytes);
     if (!status.ok()) return nullptr;
     T* p = b.get<T>();
     bufs_.push_back(std::move(b));
@@ -43,12 +79,27 @@ class Arena {
   template <typename T>
   T* upload(const std::vector<T>& v, Status& status) {
     T* p = alloc<T>(int64_t(v.size()), status);
-    if (p && !v.empty()) status = cuda_status(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st_), "upload");
+    if (!p || v.empty()) return status.ok() ? p : nullptr;
+    const size_t bytes = v.size() * sizeof(T);
+    const void* src = v.data();
+    if (ws_) {
+      const size_t off = pin_need_;
+      pin_need_ += round_up(bytes);
+      if (pin_need_ <= ws_->pin_cap) {
+        void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
+        std::memcpy(stage, v.data(), bytes);
+        src = stage;
+      }
+    }
+    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
     return status.ok() ? p : nullptr;
   }
 
  private:
+  static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
   cudaStream_t st_;
+  StepWorkspace* ws_;
+  size_t dev_need_ = 0, pin_need_ = 0;
   std::vector<DeviceBuffer> bufs_;
 };
 
@@ -59,7 +110,8 @@ class Arena {
 // arrays [rows, ...]; each row carries its position.
 class CudaLayerOps {
  public:
-  CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_) {
+  CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_, &m.ws_) {
+    if (m_.profile_) prof_begin_ = event();
     const int64_t D = c_.dim, hc = c_.hc_mult;
     X_ = alloc<uint16_t>(T_ * hc * D);
     residual_ = alloc<uint16_t>(T_ * hc * D);
@@ -85,8 +137,52 @@ class CudaLayerOps {
   }
 
   Status status() const { return status_; }
+  ~CudaLayerOps() {
+    for (auto& e : prof_) {
+      cudaEventDestroy(e.a);
+      cudaEventDestroy(e.b);
+    }
+    if (prof_begin_) cudaEventDestroy(prof_begin_);
+  }
+
+  // Profiling scope: events around one op on the stream (no-op unless the executor profiles).
+  struct ProfScope {
+    CudaLayerOps* o;
+    size_t i;
+    ProfScope(CudaLayerOps* ops, const char* name) : o(ops), i(ops->prof_open(name)) {}
+    ~ProfScope() { o->prof_close(i); }
+  };
+  // After the stream was synchronised: op times into the executor's profile.
+  size_t prof_open(const char* name) {
+    if (!m_.profile_) return ~size_t(0);
+    prof_.push_back({name, event(), nullptr});
+    return prof_.size() - 1;
+  }
+  void prof_close(size_t i) {
+    if (i != ~size_t(0)) prof_[i].b = event();
+  }
+  void flush_profile() {
+    if (!m_.profile_ || !prof_begin_) return;
+    cudaEvent_t last = prof_begin_;
+    for (auto& e : prof_) {
+      float ms = 0;
+      if (e.a && e.b && cudaEventElapsedTime(&ms, e.a, e.b) == cudaSuccess) {
+        OpProfile& p = m_.prof_[e.name];
+        p.ms += ms;
+        ++p.calls;
+      }
+      if (e.b) last = e.b;
+    }
+    float total = 0;
+    if (last != prof_begin_ && cudaEventElapsedTime(&total, prof_begin_, last) == cudaSuccess) {
+      OpProfile& p = m_.prof_["step.gpu"];
+      p.ms += total;
+      ++p.calls;
+    }
+  }
 
   void hc_mixes(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_mixes");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
@@ -98,6 +194,7 @@ class CudaLayerOps {
   // u = RMSNorm(hc_pre(X, pre), norm): the attention site collapses with the carried pre, the
   // FFN site with the attention site's pre.
   void hc_collapse_norm(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_collapse_norm");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int hc = c_.hc_mult;
@@ -109,6 +206,7 @@ class CudaLayerOps {
   }
 
   void attn_q(int l) {
+    ProfScope prof_scope_(this, "attn_q");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
@@ -121,6 +219,7 @@ class CudaLayerOps {
 
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
   void attn_kv(int l) {
+    ProfScope prof_scope_(this, "attn_kv");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
@@ -134,6 +233,7 @@ class CudaLayerOps {
 
   // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
   void attn_output(int l) {
+    ProfScope prof_scope_(this, "attn_output");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
@@ -146,6 +246,7 @@ class CudaLayerOps {
   }
 
   void hc_expand(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_expand");
     if (!ok()) return;
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
     if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
@@ -154,6 +255,7 @@ class CudaLayerOps {
   // MoE (spec/11 §5): route, routed experts (weight before the down projection), shared expert,
   // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
   void moe(int l) {
+    ProfScope prof_scope_(this, "moe");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
@@ -182,6 +284,16 @@ class CudaLayerOps {
   }
 
  protected:
+  struct ProfEvent {
+    const char* name;
+    cudaEvent_t a, b;
+  };
+  cudaEvent_t event() {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return nullptr;
+    cudaEventRecord(e, st_);
+    return e;
+  }
   bool ok() const { return status_.ok(); }
   void step(Status s) {
     if (status_.ok() && !s.ok()) status_ = std::move(s);
@@ -240,6 +352,8 @@ class CudaLayerOps {
   int64_t* pos_ = nullptr;
   uint8_t* image_ = nullptr;
   QuantBuf q_buf_;
+  std::vector<ProfEvent> prof_;
+  cudaEvent_t prof_begin_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -274,10 +388,12 @@ class CudaStep : public CudaLayerOps {
 
   model::StepOutput take_output() {
     sync();
+    flush_profile();
     return std::move(out_);
   }
 
   void embed() {
+    ProfScope prof_scope_(this, "embed");
     if (!ok()) return;
     const uint16_t* given = step_.embeddings.empty() ? nullptr : upload(step_.embeddings);
     std::vector<uint64_t> src;
@@ -288,6 +404,7 @@ class CudaStep : public CudaLayerOps {
 
   // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
   void engram_hash() {
+    ProfScope prof_scope_(this, "engram_hash");
     if (!ok() || m_.engram_.empty()) return;
     const int n_tab = int(m_.engram_.size()), n_ord = c_.engram_max_ngram - 1, H = c_.engram_n_heads;
     std::vector<int64_t> hashes(size_t(T_ * n_tab * n_ord * H), 0);
@@ -324,6 +441,7 @@ class CudaStep : public CudaLayerOps {
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
   void engram(int l) {
+    ProfScope prof_scope_(this, "engram");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
@@ -338,6 +456,7 @@ class CudaStep : public CudaLayerOps {
   }
 
   void dspark_tap(int tap) {
+    ProfScope prof_scope_(this, "dspark_tap");
     if (!ok()) return;
     step(stream_mean(X_, T_, c_.hc_mult, c_.dim, taps_dev_ + int64_t(tap) * c_.dim, int64_t(n_taps_) * c_.dim, st_));
   }
@@ -345,6 +464,7 @@ class CudaStep : public CudaLayerOps {
   // Compressor of a KV source (spec/11 §4.4-4.6, §4.9b): latents of completed groups, appended
   // compressed entries and index keys BEFORE any scoring of this step.
   void compress(int l) {
+    ProfScope prof_scope_(this, "compress");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int ratio = c_.roles[size_t(l)].ratio;
@@ -446,6 +566,7 @@ class CudaStep : public CudaLayerOps {
 
   // Indexer (spec/11 §4.7-4.9): bf16 score chain, candidate pool, top-k selection per row.
   void index_select(int l) {
+    ProfScope prof_scope_(this, "index_select");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
@@ -484,7 +605,11 @@ class CudaStep : public CudaLayerOps {
     step(fp4_e8m0_qdq(iq, T_ * IH, ihd, nullptr, 0, iq, st_));
     step(bf16_gemm(u_, T_, D, D, w.idx_weights_proj, IH, wts, IH, GemmOut::kBf16, 1, 0, 0, 0, st_));
     step(scale_bf16(wts, T_ * IH, wscale, st_));
-    step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_));
+    // Rows restricted to an earlier layer's pool score only the pool's entries (the rest are
+    // -inf either way); the candidate source itself scores everything.
+    const bool skip_unpooled = r.pool_restricted && !r.candidate_source && pool_mask_;
+    step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
+                      pool_ld_, pool_len_));
     if (r.candidate_source) {
       pool_mask_ = alloc<uint8_t>(T_ * ld);
       pool_ld_ = ld;
@@ -501,6 +626,7 @@ class CudaStep : public CudaLayerOps {
   }
 
   void attention(int l) {
+    ProfScope prof_scope_(this, "attention");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
@@ -557,6 +683,7 @@ class CudaStep : public CudaLayerOps {
   }
 
   void end_layer(int l) {
+    ProfScope prof_scope_(this, "end_layer");
     if (!ok()) return;
     // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
     std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
@@ -581,6 +708,7 @@ class CudaStep : public CudaLayerOps {
   }
 
   void head() {
+    ProfScope prof_scope_(this, "head");
     if (!ok()) return;
     std::vector<int32_t> rows;
     for (int64_t t = 0; t < T_; ++t)
@@ -636,12 +764,14 @@ class CudaDraftStep : public CudaLayerOps {
   }
 
   void embed() {
+    ProfScope prof_scope_(this, "embed");
     std::vector<uint64_t> src;
     for (int64_t k = 0; k < T_; ++k) src.push_back(addr(m_.embed_ + int64_t(k == 0 ? anchor_ : c_.dspark_noise_token_id) * c_.dim));
     embed_tokens(src);
   }
 
   void attention(int l) {
+    ProfScope prof_scope_(this, "attention");
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int64_t hd = c_.head_dim;
@@ -662,6 +792,7 @@ class CudaDraftStep : public CudaLayerOps {
   }
 
   void head() {
+    ProfScope prof_scope_(this, "head");
     if (!ok()) return;
     hH_ = alloc<uint16_t>(T_ * c_.dim);
     U_ = alloc<float>(T_ * c_.vocab_size);
@@ -673,6 +804,7 @@ class CudaDraftStep : public CudaLayerOps {
   // spec/13 §4.6-4.7: sequential Markov bias over the full vocabulary, greedy draws (on the
   // device, so the chain never waits for the host), raw confidence logits.
   void markov_chain() {
+    ProfScope prof_scope_(this, "markov_chain");
     if (!ok()) return;
     const int64_t V = c_.vocab_size, D = c_.dim;
     const int r = c_.dspark_markov_rank;
@@ -691,7 +823,10 @@ class CudaDraftStep : public CudaLayerOps {
     sync();
   }
 
-  model::DraftOutput take_output() { return std::move(out_); }
+  model::DraftOutput take_output() {
+    flush_profile();
+    return std::move(out_);
+  }
 
  private:
   CudaSession& s_;
@@ -730,6 +865,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;
+  const auto wall0 = std::chrono::steady_clock::now();
   {
     CudaStep ex(*this, step, ss, taps);
     FB_RETURN_IF_ERROR(ex.status());
@@ -737,6 +873,11 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     FB_RETURN_IF_ERROR(ex.status());
     out = ex.take_output();
     FB_RETURN_IF_ERROR(ex.status());
+  }
+  if (profile_) {
+    OpProfile& p = prof_["step.wall"];
+    p.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+    ++p.calls;
   }
   return out;
 }
@@ -752,7 +893,7 @@ Status CudaExecutor::draft_commit(model::SessionState& state, int64_t first_pos,
   const int64_t D = c.dim, hd = c.head_dim, G = int64_t(c.dspark_target_layer_ids.size()) * D, rb = hd + hd / 32;
   FB_RETURN_IF_ERROR(rope_plain_.ensure(first_pos + n, stream_));
   Status st;
-  Arena arena(stream_);
+  Arena arena(stream_, &ws_);
   std::vector<uint16_t> taps(tap_rows, tap_rows + n * G);
   std::vector<int64_t> pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = first_pos + i;

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,30 @@ struct DevRope {
   Status ensure(int64_t n, cudaStream_t st);
 };
 
+// Per-step scratch reused from step to step: a device buffer and a pinned host staging buffer,
+// bump-allocated by one step at a time (cuda/executor.cu Arena) and grown between steps to the
+// high-water mark, so a warmed-up decode step makes no cudaMalloc/cudaFree and its small index
+// uploads are truly asynchronous.
+struct StepWorkspace {
+  DeviceBuffer dev;
+  size_t dev_high = 0;
+  void* pinned = nullptr;
+  size_t pin_cap = 0, pin_high = 0;
+  bool busy = false;
+  StepWorkspace() = default;
+  StepWorkspace(const StepWorkspace&) = delete;
+  StepWorkspace& operator=(const StepWorkspace&) = delete;
+  ~StepWorkspace() {
+    if (pinned) cudaFreeHost(pinned);
+  }
+};
+
+// Per-op GPU time (CUDA events around each sublayer op of a step), for `flashbox bench --profile`.
+struct OpProfile {
+  double ms = 0;
+  int64_t calls = 0;
+};
+
 class CudaExecutor final : public model::Executor {
  public:
   // Same contract as cpu::CpuModel::load: validates the snapshot, then uploads every weight.
@@ -113,6 +138,11 @@ class CudaExecutor final : public model::Executor {
   Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override;
 
   cudaStream_t stream() const { return stream_; }
+  // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);
+  // entries "<op>" sum GPU ms over layers and steps, "step.gpu" / "step.wall" whole steps.
+  void set_profile(bool on) { profile_ = on; }
+  const std::map<std::string, OpProfile>& profile() const { return prof_; }
+  void clear_profile() { prof_.clear(); }
 
  private:
   friend class CudaLayerOps;
@@ -138,6 +168,9 @@ class CudaExecutor final : public model::Executor {
   std::vector<DevLayer> layers_;
   DevDraft draft_;
   DevRope rope_plain_, rope_yarn_;
+  mutable StepWorkspace ws_;
+  bool profile_ = false;
+  mutable std::map<std::string, OpProfile> prof_;
 };
 
 // The name the engine's executor factory uses.

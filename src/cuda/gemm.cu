@@ -1,6 +1,11 @@
 // Quantisers and GEMMs of the CUDA executor: act_quant, the FP8/FP4 QDQ of the caches, and the
-// block-scaled FP8 / MXFP4 / bf16 GEMMs (one warp per output element, GEMV-style: correctness
-// first). Mirrors cpu/ops.cpp; reduction orders blocks16 / lanes32 (base/fmath.h).
+// block-scaled FP8 / MXFP4 / bf16 GEMMs. The GEMMs are GEMV-shaped: one warp per output column
+// n, reading the weight row ONCE with 16-byte loads for up to 8 activation rows (M accumulators),
+// lane 2p+h owning half h of the blocks b = p (mod 16) exactly as blocks16 prescribes, so every
+// output keeps the per-element arithmetic order of cpu/ops.cpp (blocks16 / lanes32,
+// base/fmath.h). The scalar kernels remain for unaligned or odd shapes.
+#include <cuda_fp16.h>
+
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
@@ -118,6 +123,186 @@ __global__ void fp8_dequant_rows_kernel(const uint64_t* rows, int64_t n, int64_t
 
 // ---- GEMMs ---------------------------------------------------------------------------------------
 
+// ---- vectorised GEMV kernels (same per-output arithmetic as the scalar kernels below) ----------
+
+// Two e4m3 codes (low byte first) -> exact f32 values (e4m3 is a subset of f16; NaN stays NaN,
+// and every NaN becomes 0x7FC0 at the bf16 store like the host's).
+__device__ __forceinline__ void e4m3x2(uint32_t two, float& a, float& b) {
+  uint32_t h;
+  const uint16_t in = uint16_t(two & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(in));
+  a = __half2float(__ushort_as_half(uint16_t(h & 0xFFFFu)));
+  b = __half2float(__ushort_as_half(uint16_t(h >> 16)));
+}
+__device__ __forceinline__ void e4m3x16(const uint4& v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    e4m3x2(w[i], f[4 * i + 0], f[4 * i + 1]);
+    e4m3x2(w[i] >> 16, f[4 * i + 2], f[4 * i + 3]);
+  }
+}
+// e2m1 nibble -> f32, bit-identical to e2m1_val (sign copied onto zero too).
+__device__ __forceinline__ float e2m1_fast(uint32_t c) {
+  const uint32_t m = c & 7u, e = m >> 1, f = m & 1u;
+  const uint32_t bits = e ? (((e + 126u) << 23) | (f << 22)) : (f ? 0x3F000000u : 0u);
+  return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+// FP8 weight x act_quant rows, blocks16. Warp = (row tile of MR rows, output n); the chunk c of
+// lane L is bytes [c*512 + L*16, +16) of the row = half (L & 1) of block 16c + L/2.
+template <int MR>
+__global__ void __launch_bounds__(256) fp8_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
+                                                       const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K,
+                                                       uint16_t* __restrict__ y) {
+  const int64_t wid = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t tiles = (M + MR - 1) / MR;
+  if (wid >= N * tiles) return;  // whole warps leave together
+  const int64_t n = wid % N, m0 = (wid / N) * MR, KB = K / 32, chunks = (KB + 15) / 16;
+  const int lane = int(threadIdx.x & 31), p = lane >> 1;
+  const uint8_t* wr = W + n * K;
+  const uint8_t* sr = S + (n / 32) * KB;
+  float acc[MR];
+#pragma unroll
+  for (int r = 0; r < MR; ++r) acc[r] = 0.0f;
+  uint4 wv = make_uint4(0, 0, 0, 0);
+  if (p < KB) wv = __ldg(reinterpret_cast<const uint4*>(wr + lane * 16));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * 16 + p;
+    const bool live = b < KB;
+    uint4 wn = make_uint4(0, 0, 0, 0);
+    if (b + 16 < KB) wn = __ldg(reinterpret_cast<const uint4*>(wr + (c + 1) * 512 + lane * 16));
+    float wf[16];
+    e4m3x16(wv, wf);
+    const float ws = live ? e8m0_val(sr[b]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < MR; ++r) {
+      const int64_t m = m0 + r;
+      const bool on = live && m < M;
+      float half = 0.0f;
+      if (on) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xc + m * K + c * 512 + lane * 16));
+        float xf[16];
+        e4m3x16(xv, xf);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) half = fm::add(half, fm::mul(xf[i], wf[i]));
+      }
+      const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
+      if (on) acc[r] = fm::add(acc[r], fm::mul(dot, fm::mul(xs[m * KB + b], ws)));
+    }
+    wv = wn;
+  }
+#pragma unroll
+  for (int r = 0; r < MR; ++r) {
+    float a = acc[r];
+    for (int off = 16; off >= 2; off >>= 1) a = fm::add(a, __shfl_xor_sync(kFull, a, off));
+    if (lane == 0 && m0 + r < M) y[(m0 + r) * N + n] = to_bf(a);
+  }
+}
+
+// MXFP4 expert weight x act_quant rows, blocks16, warp per (row, output); lane L reads the 16
+// nibbles [c*512 + L*16, +16) = bytes [c*256 + L*8, +8) of its expert's row.
+__global__ void __launch_bounds__(256) fp4_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+                                                       const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K,
+                                                       int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert,
+                                                       uint16_t* __restrict__ y) {
+  const int64_t o = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (o >= M * N) return;
+  const int64_t m = o / N, n = o % N, KB = K / 32, xm = m / x_div, chunks = (KB + 15) / 16;
+  const int64_t e = expert ? expert[m] : 0;
+  const int lane = int(threadIdx.x & 31), p = lane >> 1;
+  const uint8_t* xr = xc + xm * K;
+  const float* xsr = xs + xm * KB;
+  const uint8_t* wr = W + e * w_stride + n * (K / 2);
+  const uint8_t* sr = S + e * s_stride + n * KB;
+  float acc = 0.0f;
+  uint2 wv = make_uint2(0, 0);
+  if (p < KB) wv = __ldg(reinterpret_cast<const uint2*>(wr + lane * 8));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * 16 + p;
+    const bool live = b < KB;
+    uint2 wn = make_uint2(0, 0);
+    if (b + 16 < KB) wn = __ldg(reinterpret_cast<const uint2*>(wr + (c + 1) * 256 + lane * 8));
+    float half = 0.0f;
+    if (live) {
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + c * 512 + lane * 16));
+      float xf[16];
+      e4m3x16(xv, xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t byte = ((i < 4 ? wv.x : wv.y) >> (8 * (i & 3))) & 0xFFu;
+        half = fm::add(half, fm::mul(xf[2 * i], e2m1_fast(byte & 0xFu)));
+        half = fm::add(half, fm::mul(xf[2 * i + 1], e2m1_fast(byte >> 4)));
+      }
+    }
+    const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
+    if (live) acc = fm::add(acc, fm::mul(dot, fm::mul(xsr[b], e8m0_val(sr[b]))));
+    wv = wn;
+  }
+  for (int off = 16; off >= 2; off >>= 1) acc = fm::add(acc, __shfl_xor_sync(kFull, acc, off));
+  if (lane == 0) y[o] = to_bf(acc);
+}
+
+// bf16 x bf16, lanes32: lane L owns k in [L*8 + 256c, +8), sequential in k, butterfly 16..1.
+// Warp = (row tile, group g, output n); the weight row is read once for MR rows.
+template <int MR>
+__global__ void __launch_bounds__(256) bf16_gemv_kernel(const uint16_t* __restrict__ x, int64_t M, int64_t K, int64_t ldx,
+                                                        const uint16_t* __restrict__ w, int64_t N, void* y, int64_t ldy, int mode, int64_t G,
+                                                        int64_t gx, int64_t gw, int64_t gy) {
+  const int64_t wid = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t tiles = (M + MR - 1) / MR;
+  if (wid >= tiles * G * N) return;
+  const int64_t n = wid % N, g = (wid / N) % G, m0 = (wid / (N * G)) * MR;
+  const int lane = int(threadIdx.x & 31);
+  const uint16_t* wr = w + g * gw + n * K;
+  float v[MR];
+#pragma unroll
+  for (int r = 0; r < MR; ++r) v[r] = 0.0f;
+  int64_t base = int64_t(lane) * 8;
+  uint4 wv = make_uint4(0, 0, 0, 0);
+  if (base < K) wv = __ldg(reinterpret_cast<const uint4*>(wr + base));
+  for (; base < K; base += 256) {
+    uint4 wn = make_uint4(0, 0, 0, 0);
+    if (base + 256 < K) wn = __ldg(reinterpret_cast<const uint4*>(wr + base + 256));
+    const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wf[2 * i] = __uint_as_float(ww[i] << 16);
+      wf[2 * i + 1] = __uint_as_float(ww[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int r = 0; r < MR; ++r) {
+      const int64_t m = m0 + r;
+      if (m < M) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + g * gx + m * ldx + base));
+        const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] << 16), wf[2 * i]));
+          v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] & 0xFFFF0000u), wf[2 * i + 1]));
+        }
+      }
+    }
+    wv = wn;
+  }
+#pragma unroll
+  for (int r = 0; r < MR; ++r) {
+    float a = v[r];
+    for (int off = 16; off >= 1; off >>= 1) a = fm::add(a, __shfl_xor_sync(kFull, a, off));
+    const int64_t m = m0 + r;
+    if (lane != 0 || m >= M) continue;
+    const int64_t at = g * gy + m * ldy + n;
+    if (mode == 0) static_cast<uint16_t*>(y)[at] = to_bf(a);
+    else if (mode == 1) static_cast<float*>(y)[at] = a;
+    else static_cast<float*>(y)[at] = fm::add(static_cast<float*>(y)[at], a);
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline int rows_per_warp(int64_t M) { return M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8; }
+
+
 __global__ void fp8_gemm_kernel(const uint8_t* xc, const float* xs, int64_t M, const uint8_t* W, const uint8_t* S, int64_t N, int64_t K,
                                 uint16_t* y) {
   const int64_t o = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -213,6 +398,17 @@ Status fp8_dequant_rows(const uint64_t* rows, int64_t n, int64_t K, uint16_t* ou
 Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && w.w && w.s) << "fp8 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
+  if (aligned16(q.codes) && aligned16(w.w)) {
+    const int mr = rows_per_warp(M);
+    const int64_t warps = w.N * ((M + mr - 1) / mr);
+    const unsigned grid = blocks_for(warps, kWarps);
+    if (mr == 1) fp8_gemv_kernel<1><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
+    else if (mr == 2) fp8_gemv_kernel<2><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
+    else if (mr == 4) fp8_gemv_kernel<4><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
+    else fp8_gemv_kernel<8><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
+    FB_CUDA_LAUNCHED("fp8_gemv_kernel");
+    return Status();
+  }
   fp8_gemm_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
   FB_CUDA_LAUNCHED("fp8_gemm_kernel");
   return Status();
@@ -226,6 +422,12 @@ Status fp8_gemm(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const 
 Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && x_div >= 1 && w.w && w.s) << "fp4 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
+  if (aligned16(q.codes) && (reinterpret_cast<uintptr_t>(w.w) & 7u) == 0 && w.w_stride % 8 == 0) {
+    fp4_gemv_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, w.N, w.K, w.w_stride,
+                                                                         w.s_stride, expert, y);
+    FB_CUDA_LAUNCHED("fp4_gemv_kernel");
+    return Status();
+  }
   fp4_gemm_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, w.N, w.K, w.w_stride,
                                                                        w.s_stride, expert, y);
   FB_CUDA_LAUNCHED("fp4_gemm_kernel");
@@ -235,6 +437,18 @@ Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, co
 Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                  int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st) {
   if (M == 0 || N == 0 || G == 0) return Status();
+  if (K % 8 == 0 && ldx % 8 == 0 && gx % 8 == 0 && gw % 8 == 0 && aligned16(x) && aligned16(w)) {
+    const int mr = rows_per_warp(M);
+    const int64_t warps = ((M + mr - 1) / mr) * G * N;
+    const unsigned grid = blocks_for(warps, kWarps);
+    const int mode = int(out);
+    if (mr == 1) bf16_gemv_kernel<1><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
+    else if (mr == 2) bf16_gemv_kernel<2><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
+    else if (mr == 4) bf16_gemv_kernel<4><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
+    else bf16_gemv_kernel<8><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
+    FB_CUDA_LAUNCHED("bf16_gemv_kernel");
+    return Status();
+  }
   bf16_gemm_kernel<<<blocks_for(M * G * N, kWarps), 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, int(out), G, gx, gw, gy);
   FB_CUDA_LAUNCHED("bf16_gemm_kernel");
   return Status();

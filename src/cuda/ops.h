@@ -97,9 +97,11 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
 
 // ---- indexer (cpu::CpuStep::index_select) -----------------------------------------------------------
 // I [T, ld] f32: bf16 score chain over entries j < n_vis[t] of keys_base[t] (FP4 e8m0 compact
-// rows, key_bytes each), -inf for n_vis <= j < n_scored.
+// rows, key_bytes each), -inf for n_vis <= j < n_scored. With a pool mask (as topk_select takes
+// it), entries outside the pool are not scored: -inf, the value the mask gives them anyway.
 Status index_scores(const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, int ihd, const uint64_t* keys_base, int64_t key_bytes,
-                    const int64_t* n_vis, const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st);
+                    const int64_t* n_vis, const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask = nullptr,
+                    int64_t mask_ld = 0, const int64_t* mask_len = nullptr);
 // Candidate pool mask [T, ld] (spec/11 §4.9): newest visible block pinned, top `keep` blocks.
 Status candidate_pool(const float* I, int64_t T, int64_t ld, const int64_t* n_scored, const int64_t* n_vis, int64_t block, int64_t keep,
                       uint8_t* mask, cudaStream_t st);

@@ -562,6 +562,8 @@ TEST(CudaOps, IndexerScoresPoolTopK) {
   indexer_case(rng, {300, 700, 40}, {300, 900, 40}, false);   // ragged, prefill row scoring past n_vis
   indexer_case(rng, {700, 1200}, {700, 1200}, true);          // candidate pool restriction
   indexer_case(rng, {8192}, {8192}, true);                    // long context
+  indexer_case(rng, {70000}, {70000}, false);                 // past the old 49,152-entry top-k limit
+  indexer_case(rng, {70000}, {70000}, true);                  // pool of a long row
 }
 
 // ---- DSpark head ----------------------------------------------------------------------------------
