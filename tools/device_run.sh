@@ -21,7 +21,7 @@ cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB
 cfg=$?
 row "configure (device preset)" "rc=$cfg"
 t1=$(date +%s)
-cmake --build "$BUILD" -j16 --target cuda_ops_test cuda_fixture_parity_test >"$LOG/build_tests.log" 2>&1
+cmake --build "$BUILD" -j16 --target cuda_ops_test cuda_fixture_parity_test cuda_dspark_test >"$LOG/build_tests.log" 2>&1
 bt=$?
 t2=$(date +%s)
 cmake --build "$BUILD" -j16 --target flashbox >"$LOG/build_cli.log" 2>&1
