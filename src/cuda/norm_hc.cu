@@ -23,6 +23,27 @@ __global__ void rms_norm_kernel(const uint16_t* x, int64_t M, int64_t n, const u
   for (int64_t i = threadIdx.x & 31; i < n; i += 32) y[m * n + i] = to_bf(fm::mul(bf(w[i]), fm::mul(bf(xr[i]), r)));
 }
 
+// Few rows (decode): a block per row. The row is staged in shared memory as f32 (coalesced), warp
+// 0 runs the 32 lane-sequential chains of the lanes32 sum over it, the whole block writes y.
+constexpr int kNormBlockThreads = 256;
+constexpr int64_t kNormBlockMaxN = 12288;  // 48 KB of f32
+constexpr int64_t kNormBlockMaxRows = 256;
+__global__ void __launch_bounds__(kNormBlockThreads) rms_norm_block_kernel(const uint16_t* x, int64_t n, const uint16_t* w, float eps, uint16_t* y) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ float s_r;
+  const int64_t m = blockIdx.x;
+  const uint16_t* xr = x + m * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = bf(xr[i]);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const float ss = warp_lanes32_smem(xs, n, [](float v) { return fm::mul(v, v); });
+    if (threadIdx.x == 0) s_r = fm::rsqrt(fm::add(fm::div(ss, float(n)), eps));
+  }
+  __syncthreads();
+  const float r = s_r;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[m * n + i] = to_bf(fm::mul(bf(w[i]), fm::mul(xs[i], r)));
+}
+
 __global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, int half, const int64_t* pos, const float* cos_t,
                             const float* sin_t, bool inverse) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -109,6 +130,99 @@ __global__ void hc_mixes_kernel(const uint16_t* x, int hc, int64_t dim, const fl
   out[t] = mix;
 }
 
+// hc_mixes for any T, spread out: block (row t, task) with task 0 = sum of squares, 1 + j = raw
+// mix j. The block forms the n products in shared memory (all threads, 16-byte loads), warp 0
+// sums them in the lanes32 order; the raw value goes to float slot `task` of out[t] (scratch,
+// overwritten by hc_sinkhorn_kernel). 1 + n_mix <= 288 floats of HcMix.
+constexpr int kHcDotThreads = 512;
+__global__ void __launch_bounds__(kHcDotThreads) hc_dots_kernel(const uint16_t* x, int64_t n, int n_task, const float* fn, HcMix* out) {
+  extern __shared__ __align__(16) float prod[];
+  const int64_t t = blockIdx.x / n_task;
+  const int task = int(blockIdx.x % n_task);
+  const uint16_t* xr = x + t * n;
+  const float* f = task == 0 ? nullptr : fn + int64_t(task - 1) * n;
+  const bool vec = (n & 3) == 0 && (reinterpret_cast<uintptr_t>(xr) & 7) == 0 && (!f || (reinterpret_cast<uintptr_t>(f) & 15) == 0);
+  if (vec) {
+    const int64_t n4 = n / 4;
+#pragma unroll 4
+    for (int64_t c = threadIdx.x; c < n4; c += blockDim.x) {
+      const uint2 xv = *reinterpret_cast<const uint2*>(xr + 4 * c);
+      const float x0 = bf(uint16_t(xv.x)), x1 = bf(uint16_t(xv.x >> 16)), x2 = bf(uint16_t(xv.y)), x3 = bf(uint16_t(xv.y >> 16));
+      float4 r;
+      if (!f) {
+        r = make_float4(fm::mul(x0, x0), fm::mul(x1, x1), fm::mul(x2, x2), fm::mul(x3, x3));
+      } else {
+        const float4 fv = *reinterpret_cast<const float4*>(f + 4 * c);
+        r = make_float4(fm::mul(fv.x, x0), fm::mul(fv.y, x1), fm::mul(fv.z, x2), fm::mul(fv.w, x3));
+      }
+      *reinterpret_cast<float4*>(prod + 4 * c) = r;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) prod[c] = f ? fm::mul(f[c], bf(xr[c])) : fm::mul(bf(xr[c]), bf(xr[c]));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const float v = warp_lanes32_smem(prod, n, [](float p) { return p; });
+    if (threadIdx.x == 0) reinterpret_cast<float*>(out + t)[task] = v;
+  }
+}
+
+// cpu::hc_split_sinkhorn on one warp per row, from the raw dots hc_dots_kernel left in out[t].
+// Every element of comb is owned by one lane; each lane recomputes the row/column sums and the
+// row max it needs in the CPU's order (same values as the serial loop), so no arithmetic moved.
+__global__ void hc_sinkhorn_kernel(HcMix* out, int hc, int64_t n, float norm_eps, const float* sc, const float* base, int iters, float eps) {
+  __shared__ float m[18 * 16];
+  __shared__ float C[16 * 16], E[16 * 16];
+  const int lane = int(threadIdx.x);
+  const int n_mix = (2 + hc) * hc, hh = hc * hc;
+  float* raw = reinterpret_cast<float*>(out + blockIdx.x);
+  const float rho = fm::rsqrt(fm::add(fm::div(raw[0], float(n)), norm_eps));
+  for (int j = lane; j < n_mix; j += 32) m[j] = fm::mul(raw[1 + j], rho);
+  __syncwarp();
+  for (int e = lane; e < hh; e += 32) C[e] = fm::add(fm::mul(m[2 * hc + e], sc[2]), base[2 * hc + e]);
+  __syncwarp();
+  for (int e = lane; e < hh; e += 32) {
+    const int a = e / hc;
+    float mx = -INFINITY;
+    for (int b = 0; b < hc; ++b) mx = smax(mx, C[a * hc + b]);
+    E[e] = fm::exp(fm::add(C[e], -mx));
+  }
+  __syncwarp();
+  for (int e = lane; e < hh; e += 32) {
+    const int a = e / hc;
+    float sum = 0.0f;
+    for (int b = 0; b < hc; ++b) sum = fm::add(sum, E[a * hc + b]);
+    C[e] = fm::add(fm::div(E[e], sum), eps);
+  }
+  __syncwarp();
+  // col_norm, then (row_norm, col_norm) x (iters - 1); E holds the new values between the
+  // reading and the writing half of each normalisation.
+  const int n_norm = iters > 1 ? 2 * iters - 1 : 1;
+  for (int it = 0; it < n_norm; ++it) {
+    const bool col = (it & 1) == 0;
+    for (int e = lane; e < hh; e += 32) {
+      const int a = e / hc, b = e % hc;
+      float s = 0.0f;
+      if (col) {
+        for (int a2 = 0; a2 < hc; ++a2) s = fm::add(s, C[a2 * hc + b]);
+      } else {
+        for (int b2 = 0; b2 < hc; ++b2) s = fm::add(s, C[a * hc + b2]);
+      }
+      E[e] = fm::div(C[e], fm::add(s, eps));
+    }
+    __syncwarp();
+    for (int e = lane; e < hh; e += 32) C[e] = E[e];
+    __syncwarp();
+  }
+  // All raw reads happened before the first __syncwarp; now the struct is overwritten whole.
+  HcMix* o = out + blockIdx.x;
+  for (int i = lane; i < 16; i += 32) {
+    o->pre[i] = i < hc ? fm::add(fm::sigmoid(fm::add(fm::mul(m[i], sc[0]), base[i])), eps) : 0.0f;
+    o->post[i] = i < hc ? fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m[hc + i], sc[1]), base[hc + i]))) : 0.0f;
+  }
+  for (int e = lane; e < 256; e += 32) o->comb[e] = e < hh ? C[e] : 0.0f;
+}
+
 __global__ void hc_pre_kernel(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride,
                               uint16_t* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -164,6 +278,11 @@ __global__ void copy_rows_kernel(const uint64_t* src, const uint64_t* dst, int64
 
 Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, cudaStream_t st) {
   if (M == 0) return Status();
+  if (M <= kNormBlockMaxRows && n <= kNormBlockMaxN) {
+    rms_norm_block_kernel<<<unsigned(M), kNormBlockThreads, size_t(n) * sizeof(float), st>>>(x, n, w, eps, y);
+    FB_CUDA_LAUNCHED("rms_norm_block_kernel");
+    return Status();
+  }
   rms_norm_kernel<<<blocks_for(M, 4), 128, 0, st>>>(x, M, n, w, eps, y);
   FB_CUDA_LAUNCHED("rms_norm_kernel");
   return Status();
@@ -182,6 +301,17 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
                 int iters, float eps, HcMix* out, cudaStream_t st) {
   FB_CHECK(hc >= 1 && hc <= 16) << "hc_mult " << hc;
   if (T == 0) return Status();
+  const int n_task = 1 + (2 + hc) * hc;
+  const int64_t n = int64_t(hc) * dim;
+  const size_t smem = size_t(n) * sizeof(float);
+  if (n_task <= int(sizeof(HcMix) / sizeof(float)) && smem <= 200 * 1024) {
+    if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    hc_dots_kernel<<<unsigned(T * n_task), kHcDotThreads, smem, st>>>(x, n, n_task, fn, out);
+    FB_CUDA_LAUNCHED("hc_dots_kernel");
+    hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+    FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
+    return Status();
+  }
   hc_mixes_kernel<<<unsigned(T), 256, 0, st>>>(x, hc, dim, fn, norm_eps, scale, base, iters, eps, out);
   FB_CUDA_LAUNCHED("hc_mixes_kernel");
   return Status();

@@ -119,6 +119,35 @@ __device__ __forceinline__ float warp_lanes32(int64_t n, F term) {
   for (int off = 16; off >= 1; off >>= 1) v = fm::add(v, __shfl_xor_sync(kFull, v, off));
   return v;
 }
+// lanes32 over n values staged in shared memory: term(k) = f(s[k]), one warp, the same lane
+// assignment and lane-sequential order as warp_lanes32. s must be 16-byte aligned.
+template <typename F>
+__device__ __forceinline__ float warp_lanes32_smem(const float* s, int64_t n, F f) {
+  const int lane = int(threadIdx.x & 31);
+  float v = 0.0f;
+  if ((n & 7) == 0) {
+#pragma unroll 4
+    for (int64_t base = int64_t(lane) * 8; base < n; base += 256) {
+      const float4 a = *reinterpret_cast<const float4*>(s + base);
+      const float4 b = *reinterpret_cast<const float4*>(s + base + 4);
+      v = fm::add(v, f(a.x));
+      v = fm::add(v, f(a.y));
+      v = fm::add(v, f(a.z));
+      v = fm::add(v, f(a.w));
+      v = fm::add(v, f(b.x));
+      v = fm::add(v, f(b.y));
+      v = fm::add(v, f(b.z));
+      v = fm::add(v, f(b.w));
+    }
+  } else {
+    for (int64_t base = int64_t(lane) * 8; base < n; base += 256) {
+      const int64_t end = base + 8 < n ? base + 8 : n;
+      for (int64_t k = base; k < end; ++k) v = fm::add(v, f(s[k]));
+    }
+  }
+  for (int off = 16; off >= 1; off >>= 1) v = fm::add(v, __shfl_xor_sync(kFull, v, off));
+  return v;
+}
 // blocks16: lanes 2p / 2p+1 sum the two 16-element halves of blocks b with b % 16 == p,
 // dot = h0 + h1, acc_p += dot * scale(b) in increasing b; butterfly over lane xor 16, 8, 4, 2.
 template <typename P, typename S>
