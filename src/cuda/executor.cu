@@ -271,8 +271,7 @@ class CudaLayerOps {
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, st_));
     step(act_quant(u_, T_, D, q_buf_, st_));
-    step(fp4_gemm_q(q_buf_, T_ * K, K, w.w1, experts, a, st_));
-    step(fp4_gemm_q(q_buf_, T_ * K, K, w.w3, experts, b, st_));
+    step(fp4_gemm2_q(q_buf_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
     step(swiglu(a, b, T_ * K, I, c_.swiglu_limit, weights, h, st_));
     step(act_quant(h, T_ * K, I, q_buf_, st_));
     step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));

@@ -18,6 +18,7 @@ using namespace dev;
 namespace {
 
 constexpr int kWarps = 8;  // warps per block for warp-per-output kernels
+constexpr int kRound = 4;  // GEMV chunks whose weight loads a lane issues before using the first
 
 inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
 
@@ -142,13 +143,6 @@ __device__ __forceinline__ void e4m3x16(const uint4& v, float* f) {
     e4m3x2(w[i] >> 16, f[4 * i + 2], f[4 * i + 3]);
   }
 }
-// e2m1 nibble -> f32, bit-identical to e2m1_val (sign copied onto zero too).
-__device__ __forceinline__ float e2m1_fast(uint32_t c) {
-  const uint32_t m = c & 7u, e = m >> 1, f = m & 1u;
-  const uint32_t bits = e ? (((e + 126u) << 23) | (f << 22)) : (f ? 0x3F000000u : 0u);
-  return __uint_as_float(bits | ((c & 8u) << 28));
-}
-
 // FP8 weight x act_quant rows, blocks16. Warp = (row tile of MR rows, output n); the chunk c of
 // lane L is bytes [c*512 + L*16, +16) of the row = half (L & 1) of block 16c + L/2.
 template <int MR>
@@ -165,32 +159,42 @@ __global__ void __launch_bounds__(256) fp8_gemv_kernel(const uint8_t* __restrict
   float acc[MR];
 #pragma unroll
   for (int r = 0; r < MR; ++r) acc[r] = 0.0f;
-  uint4 wv = make_uint4(0, 0, 0, 0);
-  if (p < KB) wv = __ldg(reinterpret_cast<const uint4*>(wr + lane * 16));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * 16 + p;
-    const bool live = b < KB;
-    uint4 wn = make_uint4(0, 0, 0, 0);
-    if (b + 16 < KB) wn = __ldg(reinterpret_cast<const uint4*>(wr + (c + 1) * 512 + lane * 16));
-    float wf[16];
-    e4m3x16(wv, wf);
-    const float ws = live ? e8m0_val(sr[b]) : 0.0f;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kRound) {
+    // every load of the round first (kRound x 16 bytes of weight per lane in flight), then use
+    uint4 wv[kRound];
+    float ws[kRound];
 #pragma unroll
-    for (int r = 0; r < MR; ++r) {
-      const int64_t m = m0 + r;
-      const bool on = live && m < M;
-      float half = 0.0f;
-      if (on) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xc + m * K + c * 512 + lane * 16));
-        float xf[16];
-        e4m3x16(xv, xf);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) half = fm::add(half, fm::mul(xf[i], wf[i]));
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t b = (c0 + q) * 16 + p;
+      wv[q] = make_uint4(0, 0, 0, 0);
+      ws[q] = 0.0f;
+      if (b < KB) {
+        wv[q] = __ldg(reinterpret_cast<const uint4*>(wr + (c0 + q) * 512 + lane * 16));
+        ws[q] = e8m0_val(sr[b]);
       }
-      const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
-      if (on) acc[r] = fm::add(acc[r], fm::mul(dot, fm::mul(xs[m * KB + b], ws)));
     }
-    wv = wn;
+#pragma unroll
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t c = c0 + q, b = c * 16 + p;
+      const bool live = b < KB;
+      float wf[16];
+      e4m3x16(wv[q], wf);
+#pragma unroll
+      for (int r = 0; r < MR; ++r) {
+        const int64_t m = m0 + r;
+        const bool on = live && m < M;
+        float half = 0.0f;
+        if (on) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xc + m * K + c * 512 + lane * 16));
+          float xf[16];
+          e4m3x16(xv, xf);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) half = fm::add(half, fm::mul(xf[i], wf[i]));
+        }
+        const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
+        if (on) acc[r] = fm::add(acc[r], fm::mul(dot, fm::mul(xs[m * KB + b], ws[q])));
+      }
+    }
   }
 #pragma unroll
   for (int r = 0; r < MR; ++r) {
@@ -200,47 +204,123 @@ __global__ void __launch_bounds__(256) fp8_gemv_kernel(const uint8_t* __restrict
   }
 }
 
-// MXFP4 expert weight x act_quant rows, blocks16, warp per (row, output); lane L reads the 16
-// nibbles [c*512 + L*16, +16) = bytes [c*256 + L*8, +8) of its expert's row.
-__global__ void __launch_bounds__(256) fp4_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
-                                                       const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K,
-                                                       int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert,
-                                                       uint16_t* __restrict__ y) {
-  const int64_t o = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= M * N) return;
-  const int64_t m = o / N, n = o % N, KB = K / 32, xm = m / x_div, chunks = (KB + 15) / 16;
-  const int64_t e = expert ? expert[m] : 0;
-  const int lane = int(threadIdx.x & 31), p = lane >> 1;
-  const uint8_t* xr = xc + xm * K;
-  const float* xsr = xs + xm * KB;
-  const uint8_t* wr = W + e * w_stride + n * (K / 2);
-  const uint8_t* sr = S + e * s_stride + n * KB;
-  float acc = 0.0f;
-  uint2 wv = make_uint2(0, 0);
-  if (p < KB) wv = __ldg(reinterpret_cast<const uint2*>(wr + lane * 8));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * 16 + p;
-    const bool live = b < KB;
-    uint2 wn = make_uint2(0, 0);
-    if (b + 16 < KB) wn = __ldg(reinterpret_cast<const uint2*>(wr + (c + 1) * 256 + lane * 8));
-    float half = 0.0f;
-    if (live) {
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + c * 512 + lane * 16));
-      float xf[16];
-      e4m3x16(xv, xf);
+// MXFP4 x act_quant, blocks16, products in f16. An e4m3 x e2m1 product has <= 6 significant
+// bits, |x * w| <= 448 * 6 and its lowest bit >= 2^-10, so x * (w * 2^-14) is EXACT in f16
+// (lowest bit >= 2^-24, the f16 subnormal step) and in f32 after conversion. Sums of products all
+// scaled by 2^-14 are the unscaled sums times 2^-14 bit for bit (no partial sum is an f32
+// subnormal: every nonzero one is a multiple of 2^-24), so dot = (half0' + half1') * 2^14 is the
+// CPU's half0 + half1 exactly and every later operation is the CPU's.
+__device__ __forceinline__ __half2 u32_half2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, sizeof(h));
+  return h;
+}
+// Nibbles at bits 0-3 and 16-19 of s -> f16x2 of their e2m1 values times 2^-14 (sign kept on 0):
+// magnitude em m to the f16 exponent/mantissa bits 9-11, sign to bit 15.
+__device__ __forceinline__ uint32_t e2m1x2_f16_scaled(uint32_t s) { return ((s << 9) & 0x0E000E00u) | ((s << 12) & 0x80008000u); }
+// The two 16-element half-block sums (scaled by 2^-14) of one lane for weights a and b sharing x.
+template <bool TWO>
+__device__ __forceinline__ void fp4_half_sums(const uint4& xv, const uint2& wa, const uint2& wb, float& ha, float& hb) {
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+  const uint32_t aw[2] = {wa.x, wa.y}, bw[2] = {wb.x, wb.y};
+  float pa[16], pb[16];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t byte = ((i < 4 ? wv.x : wv.y) >> (8 * (i & 3))) & 0xFFu;
-        half = fm::add(half, fm::mul(xf[2 * i], e2m1_fast(byte & 0xFu)));
-        half = fm::add(half, fm::mul(xf[2 * i + 1], e2m1_fast(byte >> 4)));
+  for (int g = 0; g < 2; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // elements 8g+j and 8g+j+4: x bytes j, j+4 of the 8-byte group; weight nibbles j, j+4 of word g
+      const uint32_t x2 = __byte_perm(xw[2 * g], xw[2 * g + 1], uint32_t(j | ((j + 4) << 4)));
+      uint32_t xh;
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(xh) : "h"(uint16_t(x2 & 0xFFFFu)));
+      const __half2 xp = u32_half2(xh);
+      const __half2 a = __hmul2_rn(xp, u32_half2(e2m1x2_f16_scaled(aw[g] >> (4 * j))));
+      pa[8 * g + j] = __low2float(a);
+      pa[8 * g + j + 4] = __high2float(a);
+      if (TWO) {
+        const __half2 b = __hmul2_rn(xp, u32_half2(e2m1x2_f16_scaled(bw[g] >> (4 * j))));
+        pb[8 * g + j] = __low2float(b);
+        pb[8 * g + j + 4] = __high2float(b);
       }
     }
-    const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
-    if (live) acc = fm::add(acc, fm::mul(dot, fm::mul(xsr[b], e8m0_val(sr[b]))));
-    wv = wn;
+  ha = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) ha = fm::add(ha, pa[i]);
+  if (TWO) {
+    hb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) hb = fm::add(hb, pb[i]);
   }
-  for (int off = 16; off >= 2; off >>= 1) acc = fm::add(acc, __shfl_xor_sync(kFull, acc, off));
-  if (lane == 0) y[o] = to_bf(acc);
+}
+
+// Warp per (row m, two outputs): rows n0 = 2j, n1 = 2j + 1 of W (Wb == nullptr), or row j of Wa
+// and row j of Wb (w1 and w3 of the same experts: one pass over x). Each lane issues the weight,
+// scale and x loads of kRound chunks before the first use; lane L owns half (L & 1) of block
+// 16c + L/2 exactly as fp4_gemv_kernel / blocks16.
+__global__ void __launch_bounds__(256) fp4_gemv2_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+                                                        const uint8_t* __restrict__ Wa, const uint8_t* __restrict__ Sa,
+                                                        const uint8_t* __restrict__ Wb, const uint8_t* __restrict__ Sb, int64_t N, int64_t K,
+                                                        int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert,
+                                                        uint16_t* __restrict__ ya, uint16_t* __restrict__ yb) {
+  const bool dual = Wb != nullptr;
+  const int64_t per_row = dual ? N : (N + 1) / 2;
+  const int64_t wid = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (wid >= M * per_row) return;  // whole warps leave together
+  const int64_t m = wid / per_row, j = wid % per_row;
+  const int64_t KB = K / 32, xm = m / x_div, chunks = (KB + 15) / 16;
+  const int64_t e = expert ? expert[m] : 0;
+  const int lane = int(threadIdx.x & 31), p = lane >> 1;
+  const int64_t n0 = dual ? j : 2 * j, n1 = dual ? j : 2 * j + 1;
+  const bool on1 = n1 < N;  // single mode, odd N: the second slot re-reads row n0 and is dropped
+  const uint8_t* w0 = Wa + e * w_stride + n0 * (K / 2);
+  const uint8_t* s0 = Sa + e * s_stride + n0 * KB;
+  const uint8_t* w1 = (dual ? Wb : Wa) + e * w_stride + (on1 ? n1 : n0) * (K / 2);
+  const uint8_t* s1 = (dual ? Sb : Sa) + e * s_stride + (on1 ? n1 : n0) * KB;
+  const uint8_t* xr = xc + xm * K;
+  const float* xsr = xs + xm * KB;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kRound) {
+    uint2 wa[kRound], wb[kRound];
+    uint4 xv[kRound];
+    float xsv[kRound];
+    uint8_t sa[kRound], sb[kRound];
+#pragma unroll
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t c = c0 + q, b = c * 16 + p;
+      wa[q] = wb[q] = make_uint2(0, 0);
+      xv[q] = make_uint4(0, 0, 0, 0);
+      xsv[q] = 0.0f;
+      sa[q] = sb[q] = 0;
+      if (b < KB) {
+        wa[q] = __ldg(reinterpret_cast<const uint2*>(w0 + c * 256 + lane * 8));
+        wb[q] = __ldg(reinterpret_cast<const uint2*>(w1 + c * 256 + lane * 8));
+        xv[q] = __ldg(reinterpret_cast<const uint4*>(xr + c * 512 + lane * 16));
+        xsv[q] = xsr[b];
+        sa[q] = s0[b];
+        sb[q] = s1[b];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t b = (c0 + q) * 16 + p;
+      const bool live = b < KB;
+      float h0 = 0.0f, h1 = 0.0f;
+      if (live) fp4_half_sums<true>(xv[q], wa[q], wb[q], h0, h1);
+      const float d0 = fm::mul(fm::add(h0, __shfl_xor_sync(kFull, h0, 1)), 16384.0f);
+      const float d1 = fm::mul(fm::add(h1, __shfl_xor_sync(kFull, h1, 1)), 16384.0f);
+      if (live) {
+        acc0 = fm::add(acc0, fm::mul(d0, fm::mul(xsv[q], e8m0_val(sa[q]))));
+        acc1 = fm::add(acc1, fm::mul(d1, fm::mul(xsv[q], e8m0_val(sb[q]))));
+      }
+    }
+  }
+  for (int off = 16; off >= 2; off >>= 1) {
+    acc0 = fm::add(acc0, __shfl_xor_sync(kFull, acc0, off));
+    acc1 = fm::add(acc1, __shfl_xor_sync(kFull, acc1, off));
+  }
+  if (lane != 0) return;
+  ya[m * N + n0] = to_bf(acc0);
+  if (dual) yb[m * N + n0] = to_bf(acc1);
+  else if (on1) ya[m * N + n1] = to_bf(acc1);
 }
 
 // bf16 x bf16, lanes32: lane L owns k in [L*8 + 256c, +8), sequential in k, butterfly 16..1.
@@ -258,33 +338,38 @@ __global__ void __launch_bounds__(256) bf16_gemv_kernel(const uint16_t* __restri
   float v[MR];
 #pragma unroll
   for (int r = 0; r < MR; ++r) v[r] = 0.0f;
-  int64_t base = int64_t(lane) * 8;
-  uint4 wv = make_uint4(0, 0, 0, 0);
-  if (base < K) wv = __ldg(reinterpret_cast<const uint4*>(wr + base));
-  for (; base < K; base += 256) {
-    uint4 wn = make_uint4(0, 0, 0, 0);
-    if (base + 256 < K) wn = __ldg(reinterpret_cast<const uint4*>(wr + base + 256));
-    const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
-    float wf[8];
+  for (int64_t base0 = int64_t(lane) * 8; base0 < K; base0 += 256 * kRound) {
+    uint4 wv[kRound];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wf[2 * i] = __uint_as_float(ww[i] << 16);
-      wf[2 * i + 1] = __uint_as_float(ww[i] & 0xFFFF0000u);
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t base = base0 + 256 * q;
+      wv[q] = base < K ? __ldg(reinterpret_cast<const uint4*>(wr + base)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int r = 0; r < MR; ++r) {
-      const int64_t m = m0 + r;
-      if (m < M) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + g * gx + m * ldx + base));
-        const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
+    for (int q = 0; q < kRound; ++q) {
+      const int64_t base = base0 + 256 * q;
+      if (base >= K) break;  // this lane's chunks are in increasing k: nothing after it either
+      const uint32_t ww[4] = {wv[q].x, wv[q].y, wv[q].z, wv[q].w};
+      float wf[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] << 16), wf[2 * i]));
-          v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] & 0xFFFF0000u), wf[2 * i + 1]));
+      for (int i = 0; i < 4; ++i) {
+        wf[2 * i] = __uint_as_float(ww[i] << 16);
+        wf[2 * i + 1] = __uint_as_float(ww[i] & 0xFFFF0000u);
+      }
+#pragma unroll
+      for (int r = 0; r < MR; ++r) {
+        const int64_t m = m0 + r;
+        if (m < M) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + g * gx + m * ldx + base));
+          const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] << 16), wf[2 * i]));
+            v[r] = fm::add(v[r], fm::mul(__uint_as_float(xx[i] & 0xFFFF0000u), wf[2 * i + 1]));
+          }
         }
       }
     }
-    wv = wn;
   }
 #pragma unroll
   for (int r = 0; r < MR; ++r) {
@@ -419,18 +504,39 @@ Status fp8_gemm(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const 
   return fp8_gemm_q(q, M, w, y, st);
 }
 
+namespace {
+bool fp4_vec_ok(const QuantBuf& q, const Fp4W& w) {
+  return aligned16(q.codes) && (reinterpret_cast<uintptr_t>(w.w) & 7u) == 0 && w.w_stride % 8 == 0;
+}
+}  // namespace
+
 Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && x_div >= 1 && w.w && w.s) << "fp4 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
-  if (aligned16(q.codes) && (reinterpret_cast<uintptr_t>(w.w) & 7u) == 0 && w.w_stride % 8 == 0) {
-    fp4_gemv_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, w.N, w.K, w.w_stride,
-                                                                         w.s_stride, expert, y);
-    FB_CUDA_LAUNCHED("fp4_gemv_kernel");
+  if (fp4_vec_ok(q, w)) {
+    fp4_gemv2_kernel<<<blocks_for(M * ((w.N + 1) / 2), kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, nullptr, nullptr,
+                                                                                    w.N, w.K, w.w_stride, w.s_stride, expert, y, nullptr);
+    FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
     return Status();
   }
   fp4_gemm_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, w.N, w.K, w.w_stride,
                                                                        w.s_stride, expert, y);
   FB_CUDA_LAUNCHED("fp4_gemm_kernel");
+  return Status();
+}
+
+Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
+                   uint16_t* yb, cudaStream_t st) {
+  const bool same = wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride;
+  if (!same || !fp4_vec_ok(q, wa) || !fp4_vec_ok(q, wb) || wa.K % 32 != 0 || x_div < 1 || !wb.w || !wb.s) {
+    FB_RETURN_IF_ERROR(fp4_gemm_q(q, M, x_div, wa, expert, ya, st));
+    return fp4_gemm_q(q, M, x_div, wb, expert, yb, st);
+  }
+  FB_CHECK(wa.w && wa.s) << "fp4 gemm2";
+  if (M == 0 || wa.N == 0) return Status();
+  fp4_gemv2_kernel<<<blocks_for(M * wa.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, wa.K,
+                                                                         wa.w_stride, wa.s_stride, expert, ya, yb);
+  FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
   return Status();
 }
 

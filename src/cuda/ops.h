@@ -52,6 +52,10 @@ Status fp8_gemm(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const 
 Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
 // y [M, N]: row m uses activation row m / x_div and expert expert[m] (nullptr: expert 0).
 Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st);
+// Two weights of the same shape over the same rows and experts (w1 and w3): ya = x . wa^T,
+// yb = x . wb^T in one pass over x, each output exactly as fp4_gemm_q computes it.
+Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
+                   uint16_t* yb, cudaStream_t st);
 // bf16 x bf16 in the lanes32 order, G groups: x + g*gx, w + g*gw, y + g*gy (elements).
 enum class GemmOut { kBf16, kF32, kF32Add };
 Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,

@@ -149,12 +149,14 @@ TEST(CudaOps, Fp4ExpertGemm) {
   NEED_GPU();
   Rng rng(2);
   struct Case { int64_t T, K, N; int E, topk; };
-  for (Case cs : {Case{1, 5120, 2304, 3, 2}, Case{3, 2304, 5120, 4, 3}}) {
+  for (Case cs : {Case{1, 5120, 2304, 3, 2}, Case{3, 2304, 5120, 4, 3}, Case{2, 2080, 77, 3, 2}}) {
     const int64_t KB = cs.K / 32, M = cs.T * cs.topk;
     auto x = rng.act(cs.T * cs.K);
     const int64_t wb = cs.N * cs.K / 2, sb = cs.N * KB;
     auto w = rng.bytes(wb * cs.E);
     auto ws = rng.bytes(sb * cs.E, 118, 130);
+    auto w3 = rng.bytes(wb * cs.E);
+    auto ws3 = rng.bytes(sb * cs.E, 118, 130);
     std::vector<int32_t> ex(static_cast<size_t>(M));
     for (auto& e : ex) e = rng.uniform(0, cs.E - 1);
     std::vector<bf16_t> want(static_cast<size_t>(M * cs.N));
@@ -171,6 +173,20 @@ TEST(CudaOps, Fp4ExpertGemm) {
     ASSERT_TRUE(act_quant(dx.p(), cs.T, cs.K, q, nullptr).ok());
     ASSERT_TRUE(fp4_gemm_q(q, M, cs.topk, Fp4W{dw.p(), dws.p(), cs.N, cs.K, wb, sb}, dex.p(), dy.p(), nullptr).ok());
     expect_same(dy.get(), want, "fp4_gemm");
+    // w1 and w3 in one pass (fp4_gemm2_q): each output as fp4_gemm_q
+    std::vector<bf16_t> want3(want.size());
+    for (int64_t m = 0; m < M; ++m) {
+      const int e = ex[size_t(m)];
+      cpu::fp4_gemm(&x[size_t((m / cs.topk) * cs.K)], 1, view(DType::kI8, {cs.N, cs.K / 2}, &w3[size_t(e * wb)]),
+                    view(DType::kF8E8M0, {cs.N, KB}, &ws3[size_t(e * sb)]), &want3[size_t(m * cs.N)]);
+    }
+    Dev<uint8_t> dw3(w3), dws3(ws3);
+    Dev<bf16_t> dya(want.size()), dyb(want.size());
+    ASSERT_TRUE(fp4_gemm2_q(q, M, cs.topk, Fp4W{dw.p(), dws.p(), cs.N, cs.K, wb, sb}, Fp4W{dw3.p(), dws3.p(), cs.N, cs.K, wb, sb}, dex.p(),
+                            dya.p(), dyb.p(), nullptr)
+                    .ok());
+    expect_same(dya.get(), want, "fp4_gemm2 a");
+    expect_same(dyb.get(), want3, "fp4_gemm2 b");
   }
 }
 
