@@ -1,5 +1,5 @@
 // Tokenizer unit tests: spec/15 §4 goldens, added tokens, decode and streaming decode,
-// invalid UTF-8 policy, Engram map (count and sha256 of spec/15 §5).
+// invalid UTF-8 policy, Engram map (count and sha256 of spec/15 §5), Unicode 15 pre-tokenizer classes.
 #include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,10 @@
 #include <chrono>
 #include <random>
 
+#include <unicode/uchar.h>
+
 #include "tokenizer/engram_map.h"
+#include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/test_assets.h"
 #include "tokenizer/utf8.h"
@@ -127,6 +130,160 @@ TEST(Tokenizer, LongRunsAreFast) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(t.decode(ids), s);
     EXPECT_LT(ms, 2000.0) << "unit '" << unit << "' took " << ms << " ms";
+  }
+}
+
+// Code points first assigned in Unicode 15.0-16.0 (PCRE2 10.42's tables: unassigned). Expected
+// ids are HF `tokenizers` 0.23.3 (Oniguruma, Unicode 16.0); the PCRE2-table build got all wrong.
+TEST(TokenizerUnicode15, MatchesHf) {
+  const Tokenizer& t = v41_tokenizer();
+  EXPECT_EQ(t.encode(" \U0001FAF8!"), (Ids{7351, 107, 119, 3}));  // U+1FAF8 So
+  EXPECT_EQ(t.encode("hi \U0001FA77 \U0001FAF8 ok"), (Ids{6366, 7351, 105, 118, 7351, 107, 119, 9109}));
+  EXPECT_EQ(t.encode("a \U00031350\U00031351"), (Ids{67, 86387, 112, 238, 241, 175, 112, 238, 242}));  // CJK ext. H
+  EXPECT_EQ(t.encode(" \U00011F04\U00011F00"), (Ids{86387, 242, 123, 229, 175, 242, 123, 225}));  // Kawi Lo, Mn
+  EXPECT_EQ(t.encode(" \U00011F43"), (Ids{86387, 242, 123888}));                                   // Kawi Po
+  EXPECT_EQ(t.encode(" \U0001E4D0\U0001E4D1"), (Ids{86387, 255, 244, 241, 175, 255, 244, 242}));  // Nag Mundari
+  EXPECT_EQ(t.encode("abc \U0001DF25"), (Ids{32372, 83689, 123, 101}));  // Latin ext. G, Ll
+  // HF's Oniguruma is Unicode 16.0: 15.1 (CJK ext. I, IDCs) and 16.0 additions come from the table.
+  EXPECT_EQ(t.encode(" \U0002EBF0\U0002EBF1"), (Ids{86387, 109, 110, 111, 175, 109, 110, 112}));
+  EXPECT_EQ(t.encode(" \u2FFC!"), (Ids{1327, 126, 123, 3}));
+  EXPECT_EQ(t.encode(" \U00010D4A"), (Ids{86387, 241, 116, 235}));  // Garay letter
+  // U+180E (Cf) is not \s for HF (it is for PCRE2).
+  EXPECT_EQ(t.encode(" \u180E"), (Ids{223, 115522, 239}));
+}
+
+std::vector<std::string> pieces(const PreTokenizer& p, std::string_view text) {
+  std::vector<std::string> out;
+  p.split(text, [&](std::string_view s) { out.emplace_back(s); });
+  return out;
+}
+
+TEST(TokenizerUnicode15, PreTokenizerClasses) {
+  auto p = PreTokenizer::create({"\\p{N}{1,3}", "[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|\\s+"});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  // Nag Mundari digits (Nd): runs of at most 3.
+  const std::string d = "\U0001E4F0";
+  EXPECT_EQ(pieces(*p, d + d + d + d), (std::vector<std::string>{d + d + d, d}));
+  // Kawi letter + sign (Lo, Mn) is one word with a leading space; U+1FAF8 (So) is punctuation-like.
+  EXPECT_EQ(pieces(*p, " \U00011F04\U00011F00 \U0001FAF8!x"),
+            (std::vector<std::string>{" \U00011F04\U00011F00", " \U0001FAF8!", "x"}));
+}
+
+TEST(TokenizerUnicode15, ExpandUnicodeProperties) {
+  using P = PreTokenizer;
+  const std::string_view F = "";  // full expansion
+  const std::string n = P::expand_unicode_properties("\\p{N}{1,3}", F);
+  EXPECT_EQ(n.front(), '[');
+  EXPECT_NE(n.find("\\x{30}-\\x{39}"), std::string::npos);
+  EXPECT_NE(n.find("\\x{1E4F0}-\\x{1E4F9}"), std::string::npos);  // Unicode 15
+  EXPECT_EQ(n.substr(n.size() - 6), "]{1,3}");
+  // \pN, \p{N} and \P{^N} are the same set; \P{N} and \p{^N} its complement.
+  EXPECT_EQ(P::expand_unicode_properties("\\pN", F), P::expand_unicode_properties("\\p{N}", F));
+  EXPECT_EQ(P::expand_unicode_properties("\\P{^N}", F), P::expand_unicode_properties("\\p{N}", F));
+  EXPECT_EQ(P::expand_unicode_properties("\\P{N}", F), P::expand_unicode_properties("\\p{^N}", F));
+  EXPECT_EQ(P::expand_unicode_properties("\\P{N}", F).rfind("[\\x{0}-\\x{2F}\\x{3A}-", 0), 0u);
+  // In a class the escapes of a run merge into one range list; other items stay as written.
+  const std::string c = P::expand_unicode_properties("[^\\r\\n\\p{L}\\p{M}x]", F);
+  EXPECT_EQ(c.rfind("[^\\r\\n\\x{41}-\\x{5A}", 0), 0u);
+  EXPECT_EQ(c.substr(c.size() - 2), "x]");
+  EXPECT_EQ(c.find("\\p"), std::string::npos);
+  // Left to PCRE2: non-category names, \d/\w/\s, escapes next to a range dash, literal text,
+  // POSIX classes, caseless patterns, surrogate-only categories.
+  for (const char* keep : {"\\p{Han}\\p{Xan}\\d\\w\\h\\v", "[a\\p{L}-z]", "[a-\\p{L}]", "[+-\\p{L}]", "\\Q\\p{L}\\E",
+                           "[[:alpha:]]", "(?i)\\p{Lu}", "\\p{Cs}", "[\\p{L}"})
+    EXPECT_EQ(P::expand_unicode_properties(keep, F), keep);
+  EXPECT_EQ(P::expand_unicode_properties("[\\]\\p{Zl}]", F), "[\\]\\x{2028}]");
+  const std::string lc = P::expand_unicode_properties("\\p{LC}", F);  // [...]
+  EXPECT_EQ(P::expand_unicode_properties("\\p{Zp}+[-\\p{L&}-]", F),
+            "[\\x{2029}]+[-" + lc.substr(1, lc.size() - 2) + "-]");
+  // Hybrid (what create() does): PCRE2's own \p{X} plus ICU's members newer than its tables.
+  EXPECT_EQ(P::engine_unicode_version().rfind("14.0", 0), 0u) << "Debian 12 PCRE2 10.42";
+  const std::string hn = P::expand_unicode_properties("\\p{N}{1,3}", "14.0.0");
+  EXPECT_EQ(hn.rfind("[\\p{N}\\x{", 0), 0u) << hn;
+  EXPECT_NE(hn.find("\\x{1E4F0}-\\x{1E4F9}"), std::string::npos);  // Unicode 15.0 (ICU)
+  EXPECT_NE(hn.find("\\x{1CCF0}-\\x{1CCF9}"), std::string::npos);  // Unicode 16.0 (table)
+  EXPECT_EQ(hn.find("\\x{30}"), std::string::npos);
+  EXPECT_EQ(P::expand_unicode_properties("\\P{N}", "14.0.0"), "[^" + hn.substr(1, hn.size() - 1 - 5));
+  const std::string hp = P::expand_unicode_properties("[\\p{P}\\p{Zs}]", "14.0.0");
+  EXPECT_EQ(hp.rfind("[\\p{P}\\p{Zs}\\x{", 0), 0u) << hp;
+  EXPECT_NE(hp.find("\\x{11F43}-\\x{11F4F}"), std::string::npos);
+  EXPECT_EQ(P::expand_unicode_properties("\\pZ", "14.0.0"), "\\p{Z}");  // nothing new
+  EXPECT_EQ(P::expand_unicode_properties("\\s+(?!\\S)", "14.0.0"),
+            "[\\x{9}-\\x{D}\\x{85}\\p{Z}]+(?![^\\x{9}-\\x{D}\\x{85}\\p{Z}])");
+  EXPECT_EQ(P::expand_unicode_properties("\\s", F).rfind("[\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-", 0),
+            0u);
+  EXPECT_EQ(P::expand_unicode_properties("[^\\P{N}]", "14.0.0"), P::expand_unicode_properties("[^\\P{N}]", F));
+  EXPECT_EQ(P::expand_unicode_properties("\\p{Cn}", "14.0.0"), P::expand_unicode_properties("\\p{Cn}", F));
+  // An engine newer than ICU: only the table is added.
+  const std::string h99 = P::expand_unicode_properties("\\p{L}", "99.0.0");
+  EXPECT_EQ(h99.rfind("[\\p{L}\\x{", 0), 0u);
+  EXPECT_NE(h99.find("\\x{2EBF0}-\\x{2EE5D}"), std::string::npos);
+  EXPECT_EQ(h99.find("\\x{31350}"), std::string::npos);
+  // The table only adds code points ICU does not know.
+  EXPECT_EQ(P::general_category_mask(0x2EBF0), uint32_t(U_GC_LO_MASK));  // CJK ext. I (15.1)
+  EXPECT_EQ(P::general_category_mask(0x1CCF0), uint32_t(U_GC_ND_MASK));  // Unicode 16.0
+  EXPECT_EQ(u_charType(0x2EBF0), U_UNASSIGNED);
+}
+
+// Every code point of planes 0-3 and 14 (but surrogates and '!'; planes 4-13 and the private-use
+// planes 15-16 sampled) against general_category_mask() (ICU + the Unicode 16.0 table), for the
+// categories of the DeepSeek patterns, a few more and \s; \p and \P (also inside a class),
+// hybrid (create()) and fully expanded; and split()'s fast path (pattern as written, subjects
+// below U+0800) for every code point it is used for.
+TEST(TokenizerUnicode15, ClassesMatchIcuForEveryCodePoint) {
+  std::string subject;
+  std::vector<UChar32> cps;
+  for (UChar32 c = 0; c <= 0x10FFFF; ++c) {
+    if ((c >= 0xD800 && c <= 0xDFFF) || c == '!') continue;
+    if ((c >= 0x40000 && c < 0xE0000) || c >= 0xF0000) {
+      if (c % 0x101 != 0 && (c & 0xFFFF) < 0xFFFD) continue;
+    }
+    cps.push_back(c);
+    utf8_append(&subject, char32_t(c));
+    subject += '!';
+  }
+  for (const char* name : {"L", "M", "N", "P", "S", "Lu", "Ll", "Nd", "L&", "Cn", "Co", "s"}) {
+    const bool space = std::string_view(name) == "s";  // \s: Z, \t-\r, U+0085
+    const int32_t mask = u_getPropertyValueEnum(UCHAR_GENERAL_CATEGORY_MASK,
+                                                space ? "Z" : std::string_view(name) == "L&" ? "LC" : name);
+    ASSERT_NE(mask, UCHAR_INVALID_CODE) << name;
+    for (const bool negate : {false, true}) {
+      const std::string esc = space ? (negate ? "\\S" : "\\s") : std::string(negate ? "\\P{" : "\\p{") + name + "}";
+      for (const bool full : {false, true}) {
+        for (const bool in_class : {false, true}) {
+          if (in_class && !negate) continue;  // [\P{X}]: the full-expansion branch for negations
+          // `X!` is one piece when X matches; otherwise X is a gap and '!' a piece of its own.
+          const std::string e = in_class ? "[" + esc + "]" : esc;
+          const std::string pattern = (full ? PreTokenizer::expand_unicode_properties(e, "") : e) + "!|!";
+          auto p = PreTokenizer::create({pattern});
+          ASSERT_TRUE(p.ok()) << p.status().to_string();
+          std::vector<bool> got;
+          p->split(subject, [&](std::string_view s) {
+            if (s != "!") got.push_back(s.back() == '!');
+          });
+          ASSERT_EQ(got.size(), cps.size()) << esc;
+          size_t bad = 0;
+          for (size_t k = 0; k < cps.size(); ++k) {
+            const bool want = ((PreTokenizer::general_category_mask(char32_t(cps[k])) & uint32_t(mask)) != 0 ||
+                               (space && ((cps[k] >= 9 && cps[k] <= 13) || cps[k] == 0x85))) != negate;
+            if (got[k] != want && ++bad <= 3)
+              ADD_FAILURE() << e << (full ? " full" : " hybrid") << " U+" << std::hex << cps[k];
+          }
+          // One code point below U+0800 per subject: split() takes the pattern as written there
+          // (PCRE2's own tables; no newer code point or U+180E can occur).
+          for (UChar32 c = 0; c < 0x800; ++c) {
+            if (c == '!') continue;
+            std::string one;
+            utf8_append(&one, char32_t(c));
+            std::vector<std::string> ps;
+            p->split(one + "!", [&](std::string_view s) { ps.emplace_back(s); });
+            const bool want = ((PreTokenizer::general_category_mask(char32_t(c)) & uint32_t(mask)) != 0 ||
+                               (space && ((c >= 9 && c <= 13) || c == 0x85))) != negate;
+            EXPECT_EQ(ps.size() == 1, want) << e << " U+" << std::hex << c;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -10,7 +10,6 @@ usage: make_corpus.py SEED N_DOCS > corpus.jsonl
 import json
 import random
 import sys
-import unicodedata
 
 PROSE = [
     "The quick brown fox jumps over the lazy dog. It's 3:45pm, isn't it?",
@@ -62,19 +61,29 @@ RANGES = [(0x20, 0x7e), (0xa0, 0x24f), (0x300, 0x36f), (0x370, 0x3ff), (0x400, 0
           (0x590, 0x6ff), (0x900, 0x97f), (0xe00, 0xe7f), (0x1100, 0x11ff), (0x2000, 0x206f),
           (0x2100, 0x22ff), (0x2500, 0x25ff), (0x3000, 0x30ff), (0x4e00, 0x9fff), (0xac00, 0xd7a3),
           (0xf900, 0xfaff), (0xfe00, 0xfe0f), (0xff00, 0xffef), (0x1d400, 0x1d7ff),
-          (0x1f300, 0x1faff), (0x20000, 0x2a6df), (0xe000, 0xe0ff), (0x0, 0x1f), (0x80, 0x9f)]
+          (0x1f300, 0x1faff), (0x20000, 0x2a6df), (0xe000, 0xe0ff), (0x0, 0x1f), (0x80, 0x9f),
+          # blocks with Unicode 15.0 / 15.1 / 16.0 additions (PCRE2 10.42's tables are 14.0)
+          (0x11f00, 0x11f5f), (0x1e4d0, 0x1e4ff), (0x31350, 0x323af), (0x2ebf0, 0x2ee5d),
+          (0x1cc00, 0x1ccff), (0x10d40, 0x10d8f), (0x1800, 0x18af)]
+# Code points first assigned in Unicode 15.0 (ICU 72 knows them), 15.1 and 16.0 (HF's
+# Oniguruma does, ICU 72 does not: pre_tokenizer.cpp's table), of every category, and U+180E
+# (whitespace for PCRE2, not for HF).
+NEW_CPS = ("\U0001FAF8\U0001FA77\U0001F6DC\U00031350\U000323AF\U00011F00\U00011F04\U00011F43"
+           "\U00011F50\U0001E4D0\U0001E4EC\U0001E4F0\U0001D2C0\U00011B00\U0001DF25\U0001E030"
+           "\U00010EFD\u0CF3\u0ECE\U0002EBF0\U0002EE5D\u2FFC\u31EF\U0001CCF0\U0001CC00"
+           "\U00010D4A\U00010D40\U00016D40\U0001E5D0\U00011380\u0897\u1B4E\U0001FA89\u180E")
 
 
 def random_chars(rng, n):
-    # Code points unassigned in this Python's Unicode (14.0 for 3.11) are skipped: Debian 12's
-    # PCRE2 10.42 knows Unicode 14 while HF's Oniguruma knows 15 (see docs/tokenizer.md).
+    # Any code point of the range, assigned or not (HF and we agree on every one: Unicode 16.0).
     lo, hi = rng.choice(RANGES)
-    out = []
-    while len(out) < n:
-        c = chr(rng.randint(lo, hi))
-        if unicodedata.category(c) != "Cn":
-            out.append(c)
-    return "".join(out)
+    return "".join(chr(rng.randint(lo, hi)) for _ in range(n))
+
+
+def new_code_points(rng):
+    # Each newer code point between letters, digits, spaces and punctuation.
+    glue = ["", " ", "a", "1", "!", "\n", "中", "\u0301"]
+    return "".join(rng.choice(glue) + rng.choice(NEW_CPS) for _ in range(rng.randint(1, 12))) + rng.choice(glue)
 
 
 def fragment(rng):
@@ -96,7 +105,9 @@ def fragment(rng):
         words = rng.choice(PROSE).split(" ")
         rng.shuffle(words)
         return " ".join(words)
-    return random_chars(rng, rng.randint(1, 30))
+    if k < 0.93:
+        return random_chars(rng, rng.randint(1, 30))
+    return new_code_points(rng)
 
 
 def document(rng):
