@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "bench/decode_bench.h"
+#include "bench/dspark_sweep.h"
 #include "bench/fake_context.h"
 #include "bench/limits.h"
 #include "cmd/commands.h"
@@ -38,6 +39,9 @@ struct Args {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prompt_len = 64;
   int verify_rows = 6;
+  bool dspark_sweep = false;
+  std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
+  int64_t sweep_tokens = 24;
   bool profile = false;
 };
 
@@ -148,6 +152,23 @@ int run(const Args& a) {
         }
       }
     }
+    if (a.dspark_sweep) {
+      // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5).
+      auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, (*ex)->config().dspark_block_size);
+      if (!rep.ok()) {
+        std::fprintf(stderr, "bench: dspark sweep: %s\n", rep.status().to_string().c_str());
+        return 1;
+      }
+      for (const auto& r : *rep) {
+        char tag[32];
+        std::snprintf(tag, sizeof tag, "dspark_p%.2f_", r.p);
+        csv.row(std::string(tag) + "tokens_per_round", 256, r.tokens_per_round, "tokens/round");
+        csv.row(std::string(tag) + "model_tokens_per_round", 256, r.expected_tokens_per_round, "tokens/round (speed model)");
+        csv.row(std::string(tag) + "tok_s", 256, r.tok_per_s, "tok/s (DSpark on)");
+        csv.row(std::string(tag) + "plain_tok_s", 256, r.plain_tok_per_s, "tok/s (DSpark off)");
+        csv.row(std::string(tag) + "equals_plain", 256, r.matches_plain ? 1.0 : 0.0, "1 = greedy output identical");
+      }
+    }
   }
   if (!a.model.empty()) {
     auto ex = cuda::CudaExecutor::load(a.model);
@@ -197,6 +218,9 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
   app.add_option("--steps", a->steps, "timed repetitions per row (median)");
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
+  app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
+  app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
+  app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
   app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
