@@ -8,6 +8,7 @@
 //                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
 //                                     shows the host overhead
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -40,6 +41,8 @@ struct Args {
   int64_t prompt_len = 64;
   int verify_rows = 6;
   bool dspark_sweep = false;
+  std::vector<int64_t> prefill;  // prompt lengths for --synthetic prefill rows
+  int64_t prefill_chunk = 2048;
   std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
   int64_t sweep_tokens = 24;
   bool profile = false;
@@ -152,6 +155,34 @@ int run(const Args& a) {
         }
       }
     }
+    for (int64_t N : a.prefill) {
+      // Exact chunked prefill of N random tokens (CUDA cores, reference-exact kernels).
+      auto s = (*ex)->new_session();
+      std::vector<model::SessionState*> ss{s.get()};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t s0 = 0; s0 < N; s0 += a.prefill_chunk) {
+        model::Step st;
+        for (int64_t p = s0; p < std::min(N, s0 + a.prefill_chunk); ++p) {
+          model::Row r;
+          r.pos = p;
+          r.token = int32_t((p * 7919 + 5) % (*ex)->config().vocab_size);
+          r.kind = model::RowKind::kPrefill;
+          r.prefill_end = N;
+          r.want_logits = p == N - 1;
+          st.rows.push_back(r);
+        }
+        if (auto o = (*ex)->forward(st, ss); !o.ok()) {
+          std::fprintf(stderr, "bench: prefill %lld: %s\n", (long long)N, o.status().to_string().c_str());
+          return 1;
+        }
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double gflop_tok = bench::decode_step_cost((*ex)->config(), N / 2, true).flops / 1e9;  // mean context N/2
+      const double tflops = gflop_tok * double(N) / sec / 1e3;
+      csv.row("prefill_tok_s", N, double(N) / sec, "tok/s");
+      csv.row("prefill_s", N, sec, "s");
+      csv.row("prefill_tflops", N, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
+    }
     if (a.dspark_sweep) {
       // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5).
       auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, (*ex)->config().dspark_block_size);
@@ -218,6 +249,8 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
   app.add_option("--steps", a->steps, "timed repetitions per row (median)");
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
+  app.add_option("--prefill", a->prefill, "with --synthetic: prefill these prompt lengths (real, chunked)")->delimiter(',');
+  app.add_option("--prefill-chunk", a->prefill_chunk, "rows per prefill step");
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
