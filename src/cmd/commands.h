@@ -4,6 +4,9 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+
+#include "base/status.h"
 
 namespace fb::cmd {
 
@@ -12,6 +15,8 @@ using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_check_fixture(CLI::App& app);
 Runner add_make_tiny(CLI::App& app);
+// The built-in tiny model (make-tiny): checkpoint + tokenizer + Engram map in `out`.
+Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path = "");
 Runner add_probe(CLI::App& app);
 Runner add_convert(CLI::App& app);
 Runner add_bench(CLI::App& app);

@@ -1,10 +1,12 @@
 #include "cmd/engine_setup.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
 #include "base/mapped_file.h"
+#include "cmd/commands.h"
 #include "engine/executor_factory.h"
 #include "engine/scripted_executor.h"
 
@@ -31,10 +33,14 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
         dir = cand;
         break;
       }
-    if (dir.empty())
-      return FB_ERROR(kNotFound) << "no model given and the built-in tiny model is missing; create it with\n"
-                                 << "  flashbox make-tiny --out tiny-model\n"
-                                 << "or pass --model DIR (a DeepSeek-V4.1-Flash snapshot)";
+    if (dir.empty()) {
+      // Out of the box: the first run creates the built-in tiny model (a few seconds).
+      std::fprintf(stderr, "no --model given: creating the built-in tiny model in tiny-model/ (once)\n");
+      Status st = make_tiny_model("tiny-model", 0, false);
+      if (!st.ok())
+        return st.with_context("creating the built-in tiny model (or pass --model DIR, a DeepSeek-V4.1-Flash snapshot)");
+      dir = "tiny-model";
+    }
   }
   if (!dir.empty() && !fs::exists(fs::path(dir) / "config.json"))
     return FB_ERROR(kNotFound) << dir << " holds no config.json (pass --model with a model folder, or run flashbox make-tiny --out tiny-model)";

@@ -25,50 +25,41 @@ struct Args {
   std::string tokenizer;
 };
 
-int run(const Args& a) {
-  const std::string tok_path = a.tokenizer.empty() ? std::string(FB_SOURCE_DIR) + "/assets/tokenizer/tokenizer.json" : a.tokenizer;
-  auto tok = tokenizer::Tokenizer::load(tok_path);
-  if (!tok.ok()) {
-    std::fprintf(stderr, "make-tiny: %s\n", tok.status().to_string().c_str());
-    return 1;
-  }
-  auto em = tokenizer::derive_engram_map(*tok);
-  if (!em.ok()) {
-    std::fprintf(stderr, "make-tiny: %s\n", em.status().to_string().c_str());
-    return 1;
-  }
+}  // namespace
+
+Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path) {
+  const std::string tok_path = tokenizer_path.empty() ? std::string(FB_SOURCE_DIR) + "/assets/tokenizer/tokenizer.json" : tokenizer_path;
+  auto tok = FB_TRY(tokenizer::Tokenizer::load(tok_path));
+  auto em = FB_TRY(tokenizer::derive_engram_map(tok));
   loader::TinyModelOptions o;
-  o.out_dir = a.out;
-  o.seed = a.seed;
-  o.vision = a.vision;
-  o.vocab_size = tok->vocab_size();
-  o.engram_compressed_vocab = em->n_classes;
-  std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", a.out.c_str(), (unsigned long long)a.seed, a.vision ? ", vision" : "");
-  Status st = loader::write_tiny_model(o);
-  if (!st.ok()) {
-    std::fprintf(stderr, "make-tiny: %s\n", st.to_string().c_str());
-    return 1;
-  }
+  o.out_dir = out;
+  o.seed = seed;
+  o.vision = vision;
+  o.vocab_size = tok.vocab_size();
+  o.engram_compressed_vocab = em.n_classes;
+  std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", out.c_str(), (unsigned long long)seed, vision ? ", vision" : "");
+  FB_RETURN_IF_ERROR(loader::write_tiny_model(o));
   std::error_code ec;
-  fs::copy_file(tok_path, fs::path(a.out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
+  fs::copy_file(tok_path, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
   fs::path lic = fs::path(tok_path).parent_path() / "LICENSE";
-  if (!ec && fs::exists(lic)) fs::copy_file(lic, fs::path(a.out) / "TOKENIZER_LICENSE", fs::copy_options::overwrite_existing, ec);
-  if (ec) {
-    std::fprintf(stderr, "make-tiny: copying the tokenizer: %s\n", ec.message().c_str());
-    return 1;
-  }
-  st = write_file_atomic((fs::path(a.out) / "engram_token_map.i32").string(), em->map.data(), em->map.size() * 4);
+  if (!ec && fs::exists(lic)) fs::copy_file(lic, fs::path(out) / "TOKENIZER_LICENSE", fs::copy_options::overwrite_existing, ec);
+  if (ec) return FB_ERROR(kIo) << "copying the tokenizer: " << ec.message();
+  FB_RETURN_IF_ERROR(write_file_atomic((fs::path(out) / "engram_token_map.i32").string(), em.map.data(), em.map.size() * 4));
+  auto snap = FB_TRY(loader::Snapshot::open(out));
+  if (!snap->validate().ok()) return FB_ERROR(kInternal) << "the written model does not validate:\n" << snap->validate().to_string();
+  std::printf("wrote %s: %zu tensors, vocab %lld, engram classes %d\n", out.c_str(), snap->tensor_names().size(), (long long)o.vocab_size,
+              em.n_classes);
+  return Status();
+}
+
+namespace {
+
+int run(const Args& a) {
+  Status st = make_tiny_model(a.out, a.seed, a.vision, a.tokenizer);
   if (!st.ok()) {
     std::fprintf(stderr, "make-tiny: %s\n", st.to_string().c_str());
     return 1;
   }
-  auto snap = loader::Snapshot::open(a.out);
-  if (!snap.ok() || !(*snap)->validate().ok()) {
-    std::fprintf(stderr, "make-tiny: the written model does not validate\n");
-    return 1;
-  }
-  std::printf("wrote %s: %zu tensors, vocab %lld, engram classes %d\n", a.out.c_str(), (*snap)->tensor_names().size(),
-              (long long)o.vocab_size, em->n_classes);
   return 0;
 }
 
