@@ -3,7 +3,7 @@
 # executor, its GPU tests and the CLI, run `ctest -L gpu` and the fixture checks with
 # `--backend cuda --compare-cpu`, and print a short table LAST (the device reply keeps the tail).
 # Usage, in the repo root on the GPU machine:  tools/device_run.sh [FIXTURES_DIR]
-# FIXTURES_DIR (default .fixtures) holds tiny-s0/ and tiny-s1-long/ copied from ../shared/fixtures
+# FIXTURES_DIR (default .fixtures) holds tiny-s0/, tiny-s1-long/ and tiny-vision/ copied from ../shared/fixtures
 # (../shared does not travel to the device; carry the folder). Logs go to $OUT (or /tmp/fb_out).
 set -u
 FIX=${1:-.fixtures}
@@ -21,7 +21,7 @@ cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB
 cfg=$?
 row "configure (device preset)" "rc=$cfg"
 t1=$(date +%s)
-cmake --build "$BUILD" -j16 --target cuda_ops_test cuda_fixture_parity_test cuda_dspark_test >"$LOG/build_tests.log" 2>&1
+cmake --build "$BUILD" -j16 --target cuda_ops_test cuda_fixture_parity_test cuda_dspark_test cuda_vision_test >"$LOG/build_tests.log" 2>&1
 bt=$?
 t2=$(date +%s)
 cmake --build "$BUILD" -j16 --target flashbox >"$LOG/build_cli.log" 2>&1
@@ -41,7 +41,8 @@ if [ $bt -eq 0 ]; then
   for t in $(grep -oE '\[  FAILED  \] [A-Za-z0-9_./]+' "$LOG/ctest.log" | awk '{print $4}' | sort -u); do row "  FAILED" "$t"; done
 fi
 if [ $bc -eq 0 ]; then
-  for c in tiny-s0 tiny-s1-long; do
+  for c in tiny-s0 tiny-s1-long tiny-vision; do
+    [ -d "$FIX/$c" ] || { row "check-fixture $c" "absent from $FIX"; continue; }
     s0=$(date +%s)
     timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_$c.log" 2>&1
     rc=$?

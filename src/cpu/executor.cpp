@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "loader/bind.h"
 #include "model/forward.h"
+#include "vision/tower.h"
 
 namespace fb::cpu {
 
@@ -744,6 +745,18 @@ class CpuDraftStep : public CpuLayerOps {
 };
 
 // ---------------------------------------------------------------------------------------------
+
+Result<std::vector<uint16_t>> CpuModel::encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw, std::vector<uint16_t>* vit) {
+  if (!cfg_.has_vision()) return FB_ERROR(kUnsupported) << "the checkpoint has no vision tower";
+  const int64_t P = 3LL * cfg_.vision.patch_size * cfg_.vision.patch_size;
+  if (nvh <= 0 || nvw <= 0 || int64_t(patches.size()) != int64_t(nvh) * nvw * P)
+    return FB_ERROR(kInvalidArgument) << "encode_image: " << patches.size() << " patch values for a " << nvh << "x" << nvw << " grid of " << P;
+  const vision::VisionTower tower(cfg_, w_.vision);
+  std::vector<uint16_t> f = tower.vit(patches, nvh, nvw);
+  std::vector<uint16_t> aligned = tower.align(f, nvh, nvw);
+  if (vit) *vit = std::move(f);
+  return aligned;
+}
 
 Result<model::StepOutput> CpuModel::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, Taps* taps) {
   std::vector<SessionCache*> s;

@@ -44,6 +44,9 @@ class CpuModel final : public model::Executor {
                                     const model::DraftPicker& pick) override {
     return draft_cpu(static_cast<SessionCache&>(s), anchor, tap_row, p, &pick);
   }
+  // The vision tower on the CPU (vision::VisionTower: the reference-defining numerics).
+  Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
+                                             std::vector<uint16_t>* vit = nullptr) override;
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }

@@ -15,6 +15,7 @@
 #include "cpu/ops.h"
 #include "cuda/device.h"
 #include "cuda/ops.h"
+#include "cuda/vision.h"
 #include "loader/snapshot.h"
 #include "model/config.h"
 #include "model/engram_constants.h"
@@ -136,6 +137,9 @@ class CudaExecutor final : public model::Executor {
                                     model::Taps* taps = nullptr) override;
   Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override;
   Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p) override;
+  // The vision tower on the device (cuda/vision.cu), bit-identical to vision::VisionTower.
+  Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
+                                             std::vector<uint16_t>* vit = nullptr) override;
 
   cudaStream_t stream() const { return stream_; }
   // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);
@@ -154,6 +158,7 @@ class CudaExecutor final : public model::Executor {
   Result<const T*> up(const TensorView& v);
   Result<Fp8W> up8(const model::Fp8Linear& l);
   Status up_experts(int layer, DevLayer& d);
+  Status upload_vision();
   const DevRope& rope_for(int l) const { return cfg_.roles[size_t(l)].yarn() ? rope_yarn_ : rope_plain_; }
 
   std::unique_ptr<loader::Snapshot> snap_;
@@ -167,6 +172,7 @@ class CudaExecutor final : public model::Executor {
   const uint16_t *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
   std::vector<DevLayer> layers_;
   DevDraft draft_;
+  DevVision vision_;
   DevRope rope_plain_, rope_yarn_;
   mutable StepWorkspace ws_;
   bool profile_ = false;

@@ -4,9 +4,11 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "base/dtype.h"
 #include "cpu/session_cache.h"
 #include "cuda/executor.h"
 #include "loader/bind.h"
+#include "vision/tower.h"
 
 namespace fb::cuda {
 
@@ -52,7 +54,6 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
       return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
     FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
   }
-  if (c.has_vision()) return FB_ERROR(kUnsupported) << dir << ": the CUDA executor does not run the vision tower yet";
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
   FB_RETURN_IF_ERROR(ex->upload_weights());
@@ -173,6 +174,49 @@ Status CudaExecutor::upload_weights() {
     draft_.markov_head = FB_TRY(up<uint16_t>(w_.draft.markov_head));
     draft_.confidence = FB_TRY(up<uint16_t>(w_.draft.confidence));
   }
+  if (cfg_.has_vision()) FB_RETURN_IF_ERROR(upload_vision());
+  return Status();
+}
+
+// The vision tower (cuda/vision.cu): bf16 weights as stored, norm weights as f32 (the CPU tower's
+// f32 copies), and the GELU table of every bf16 input built with vision::gelu_erf_bf16.
+Status CudaExecutor::upload_vision() {
+  const model::VisionWeights& v = w_.vision;
+  auto up_f32 = [&](const TensorView& t) -> Result<const float*> {
+    if (!t.valid()) return static_cast<const float*>(nullptr);
+    std::vector<float> f(size_t(t.numel()));
+    if (t.dtype == DType::kF32) {
+      std::copy(t.as<float>(), t.as<float>() + t.numel(), f.begin());
+    } else {
+      if (t.dtype != DType::kBF16) return FB_ERROR(kCorrupt) << "vision norm weight dtype " << dtype_name(t.dtype);
+      for (int64_t i = 0; i < t.numel(); ++i) f[size_t(i)] = bf16_to_f32(t.as<uint16_t>()[i]);
+    }
+    TensorView fv{DType::kF32, {int64_t(f.size())}, reinterpret_cast<const uint8_t*>(f.data())};
+    return up<float>(fv);
+  };
+  vision_.patch_w = FB_TRY(up<uint16_t>(v.patch_w));
+  vision_.patch_b = FB_TRY(up<uint16_t>(v.patch_b));
+  for (const auto& b : v.blocks) {
+    DevVision::Block d;
+    d.norm1 = FB_TRY(up_f32(b.norm1));
+    d.norm2 = FB_TRY(up_f32(b.norm2));
+    d.wqkv_w = FB_TRY(up<uint16_t>(b.wqkv_w));
+    d.wqkv_b = FB_TRY(up<uint16_t>(b.wqkv_b));
+    d.wo_w = FB_TRY(up<uint16_t>(b.wo_w));
+    d.wo_b = FB_TRY(up<uint16_t>(b.wo_b));
+    d.w1 = FB_TRY(up<uint16_t>(b.w1));
+    d.w2 = FB_TRY(up<uint16_t>(b.w2));
+    vision_.blocks.push_back(d);
+  }
+  vision_.norm = FB_TRY(up_f32(v.norm));
+  vision_.al_w1 = FB_TRY(up<uint16_t>(v.aligner_w1));
+  vision_.al_b1 = FB_TRY(up<uint16_t>(v.aligner_b1));
+  vision_.al_w2 = FB_TRY(up<uint16_t>(v.aligner_w2));
+  vision_.al_b2 = FB_TRY(up<uint16_t>(v.aligner_b2));
+  std::vector<uint16_t> lut(65536);
+  for (uint32_t i = 0; i < 65536; ++i) lut[i] = vision::gelu_erf_bf16(uint16_t(i));
+  TensorView lv{DType::kBF16, {65536}, reinterpret_cast<const uint8_t*>(lut.data())};
+  vision_.gelu = FB_TRY(up<uint16_t>(lv));
   return Status();
 }
 

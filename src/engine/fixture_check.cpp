@@ -90,6 +90,7 @@ std::string ReferenceComparison::line() const {
     << tap_layers << " tap_max=" << tap_max << " draft_rows_bitwise=" << draft_rows_bitwise << "/" << draft_rows
     << " draft_ids=" << draft_ids_same << "/" << draft_ids_total << " draft_max_dlogit=" << draft_max_dlogit
     << " draft_max_dconf=" << draft_max_dconf;
+  if (vision_images > 0) o << " vision_bitwise=" << vision_bitwise << "/" << vision_images;
   return o.str();
 }
 
@@ -119,10 +120,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   // Image fixtures: our preprocessing, ViT and aligner against the fixture's stage files; the span
   // rows then enter the prefill as rows with embeddings (spec/14 §6), decode steps are text.
   std::optional<vision::ImageFixtureResult> image;
-  if (fs::exists(fs::path(dir) / "token_types.i32")) {
-    image = FB_TRY(vision::check_image_fixture(dir, int64_t(prompt.size())));
-    FB_LOG(kInfo) << "check-fixture " << rep.case_name << " " << image->line();
-  }
+  const bool has_image = fs::exists(fs::path(dir) / "token_types.i32");
 
   auto ex_or = make_executor((fs::path(dir) / "checkpoint").string());
   if (!ex_or.ok()) return ex_or.status();
@@ -171,6 +169,23 @@ Result<FixtureReport> check_fixture(const std::string& dir,
     cmp.ids_same += argmax(got, V) == argmax(want, V);
     cmp.max_dlogit = std::max(cmp.max_dlogit, max_abs_diff(got, want, V));
   };
+  // The image stages run on the checked executor's tower (encode_image); with a reference, its
+  // tower runs on the same patches and both outputs are compared bit for bit.
+  if (has_image) {
+    vision::ImageEncoder enc = [&](const std::vector<uint16_t>& patches, int nvh, int nvw,
+                                   std::vector<uint16_t>* vit) -> Result<std::vector<uint16_t>> {
+      auto aligned = ex->encode_image(patches, nvh, nvw, vit);
+      if (!aligned.ok() || !ref) return aligned;
+      std::vector<uint16_t> rvit;
+      auto raligned = ref->encode_image(patches, nvh, nvw, &rvit);
+      if (!raligned.ok()) return raligned.status();
+      ++cmp.vision_images;
+      cmp.vision_bitwise += (!vit || *vit == rvit) && aligned.value() == raligned.value();
+      return aligned;
+    };
+    image = FB_TRY(vision::check_image_fixture(dir, int64_t(prompt.size()), enc));
+    FB_LOG(kInfo) << "check-fixture " << rep.case_name << " " << image->line();
+  }
   const int n_taps = int(c.dspark_target_layer_ids.size());
   const int64_t tap_w = int64_t(n_taps) * c.dim;
 

@@ -33,8 +33,10 @@ struct ReferenceComparison {
   double tap_max = 0;                // max |d| over after-block taps (bf16 values)
   int draft_rows = 0, draft_rows_bitwise = 0, draft_ids_same = 0, draft_ids_total = 0;
   double draft_max_dlogit = 0, draft_max_dconf = 0;
+  int vision_images = 0, vision_bitwise = 0;  // images whose ViT and aligner outputs are bit-identical
   bool identical() const {
-    return rows_bitwise == rows && tap_layers_bitwise == tap_layers && draft_rows_bitwise == draft_rows && draft_ids_same == draft_ids_total;
+    return rows_bitwise == rows && tap_layers_bitwise == tap_layers && draft_rows_bitwise == draft_rows && draft_ids_same == draft_ids_total &&
+           vision_bitwise == vision_images;
   }
   std::string line() const;
 };

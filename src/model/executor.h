@@ -84,6 +84,13 @@ class Executor {
     if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
     return r;
   }
+  // The vision tower (spec/14 §4-§5) on this executor's device: patches bf16 [nvh*nvw, 3*p*p] of
+  // ONE image -> aligner rows bf16 [ceil(nvh/r) * ceil(nvw/r), dim] in reading order; `vit`
+  // (optional) receives the ViT output bf16 [nvh*nvw, vision_dim]. Bit-identical across executors.
+  virtual Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
+                                                     std::vector<uint16_t>* vit = nullptr) {
+    return FB_ERROR(kUnsupported) << name() << " executor does not run the vision tower";
+  }
 };
 
 }  // namespace fb::model

@@ -56,12 +56,23 @@ bool ImageFixtureResult::ok() const {
 std::string ImageFixtureResult::line() const {
   std::ostringstream o;
   o << "vision " << (ok() ? "OK" : "FAIL") << ": patches=" << (patches_exact ? "bit-exact" : "DIFFER") << "(" << patch_mismatches << "/"
-    << patch_values << " differ) vit max_rel=" << vit_max_rel << " bitwise=" << vit_exact_frac << " aligned max_rel=" << aligned_max_rel
+    << patch_values << " differ" << (patches_from_fixture ? ", no decoder: fixture patches" : "") << ") vit max_rel=" << vit_max_rel << " bitwise=" << vit_exact_frac << " aligned max_rel=" << aligned_max_rel
     << " bitwise=" << aligned_exact_frac << " aligned(from ref vit) max_rel=" << aligned_isolated_max_rel;
   return o.str();
 }
 
-Result<ImageFixtureResult> check_image_fixture(const std::string& dir_s, int64_t prompt_len) {
+// Width and height from a PNG's IHDR (no decoder needed).
+Result<std::pair<int, int>> png_size(const std::string& b) {
+  static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
+  if (b.size() < 24 || std::memcmp(b.data(), sig, 8) != 0 || b.compare(12, 4, "IHDR") != 0)
+    return FB_ERROR(kUnsupported) << "not a PNG (no decoder in this build)";
+  auto be32 = [&](size_t o) {
+    return int((uint32_t(uint8_t(b[o])) << 24) | (uint32_t(uint8_t(b[o + 1])) << 16) | (uint32_t(uint8_t(b[o + 2])) << 8) | uint32_t(uint8_t(b[o + 3])));
+  };
+  return std::make_pair(be32(16), be32(20));
+}
+
+Result<ImageFixtureResult> check_image_fixture(const std::string& dir_s, int64_t prompt_len, const ImageEncoder& encode) {
   const fs::path dir(dir_s);
   ImageFixtureResult res;
   res.types = FB_TRY(load_raw<int32_t>(dir / "token_types.i32"));
@@ -103,8 +114,27 @@ Result<ImageFixtureResult> check_image_fixture(const std::string& dir_s, int64_t
     std::string img_file = file_of(i, "file", "image.png");
     if (i > 0 && img_file == "image.png") img_file = "image" + std::to_string(i) + ".png";
     std::string bytes = FB_TRY(read_file_bytes((dir / img_file).string()));
-    RgbImage img = FB_TRY(decode_image(bytes));
-    PreparedImage pre = FB_TRY(preprocess(img, cfg.vision));
+    auto decoded = decode_image(bytes);
+    PreparedImage pre;
+    RgbImage img;
+    bool from_fixture = false;
+    if (decoded.ok()) {
+      img = std::move(decoded.value());
+      pre = FB_TRY(preprocess(img, cfg.vision));
+    } else if (decoded.status().code() == StatusCode::kUnsupported) {
+      // No decoder in this build: plan from the PNG header, patches from the fixture file.
+      const auto wh = FB_TRY(png_size(bytes));
+      img.width = wh.first;
+      img.height = wh.second;
+      pre.plan = FB_TRY(plan_image(wh.first, wh.second, cfg.vision));
+      const std::string pf = file_of(i, "patches", i == 0 ? "patches.bf16" : "");
+      if (pf.empty() || !fs::exists(dir / pf)) return decoded.status();
+      pre.patches = FB_TRY(load_raw<uint16_t>(dir / pf));
+      from_fixture = true;
+      res.patches_from_fixture = true;
+    } else {
+      return decoded.status();
+    }
     const ImagePlan& pl = pre.plan;
     const std::vector<int32_t> want_types = span_types(pl.nlh, pl.nlw);
     if (p + int64_t(want_types.size()) > prompt_len ||
@@ -113,7 +143,7 @@ Result<ImageFixtureResult> check_image_fixture(const std::string& dir_s, int64_t
                                 << img_file << " " << img.width << "x" << img.height << ")";
     // Stage 1: patches, bit for bit.
     const std::string patches_file = file_of(i, "patches", i == 0 ? "patches.bf16" : "");
-    if (!patches_file.empty() && fs::exists(dir / patches_file)) {
+    if (!from_fixture && !patches_file.empty() && fs::exists(dir / patches_file)) {
       auto want = FB_TRY(load_raw<uint16_t>(dir / patches_file));
       if (want.size() != pre.patches.size()) return FB_ERROR(kCorrupt) << patches_file << " has " << want.size() << " values, want " << pre.patches.size();
       for (size_t k = 0; k < want.size(); ++k) res.patch_mismatches += want[k] != pre.patches[k];
@@ -121,8 +151,13 @@ Result<ImageFixtureResult> check_image_fixture(const std::string& dir_s, int64_t
     }
     // Stage 2: ViT on our patches. Stage 3: aligner on our ViT output (what the prefill uses)
     // and, to isolate it, on the reference's ViT output.
-    const auto vit = tower.vit(pre.patches, pl.nvh, pl.nvw);
-    const auto aligned = tower.align(vit, pl.nvh, pl.nvw);
+    std::vector<uint16_t> vit, aligned;
+    if (encode) {
+      aligned = FB_TRY(encode(pre.patches, pl.nvh, pl.nvw, &vit));
+    } else {
+      vit = tower.vit(pre.patches, pl.nvh, pl.nvw);
+      aligned = tower.align(vit, pl.nvh, pl.nvw);
+    }
     const std::string vit_file = file_of(i, "vit_hidden", i == 0 ? "vit_hidden.bf16" : "");
     if (!vit_file.empty() && fs::exists(dir / vit_file)) {
       auto want = FB_TRY(load_raw<uint16_t>(dir / vit_file));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct ImageFixtureResult {
   int64_t patch_mismatches = 0, patch_values = 0;
   double vit_max_rel = 0, aligned_max_rel = 0, aligned_isolated_max_rel = 0;  // max|d| / max|want|
   double vit_exact_frac = 1, aligned_exact_frac = 1;
+  bool patches_from_fixture = false;  // no decoder in this build: patches.bf16 fed the tower
   bool ok() const;   // the gate: patches bit-exact, ViT and aligner within kVisionTolerance
   std::string line() const;
 };
@@ -29,7 +31,14 @@ struct ImageFixtureResult {
 // for summation-order differences against torch's CPU kernels (docs/vision.md).
 constexpr double kVisionTolerance = 0.02;
 
-// `dir` is a fixture folder with token_types.i32 and the image(s) named in steps.json.
-Result<ImageFixtureResult> check_image_fixture(const std::string& dir, int64_t prompt_len);
+// The tower that produces the span rows (model::Executor::encode_image): patches bf16 of one
+// image -> aligner rows, ViT output into *vit. Empty: the CPU tower (vision::VisionTower).
+using ImageEncoder = std::function<Result<std::vector<uint16_t>>(const std::vector<uint16_t>& patches, int nvh, int nvw,
+                                                                 std::vector<uint16_t>* vit)>;
+
+// `dir` is a fixture folder with token_types.i32 and the image(s) named in steps.json. When this
+// build has no decoder for the image (the device image lacks the -dev packages), the grid comes
+// from the PNG header and the fixture's patches file feeds the tower (patches_from_fixture).
+Result<ImageFixtureResult> check_image_fixture(const std::string& dir, int64_t prompt_len, const ImageEncoder& encode = {});
 
 }  // namespace fb::vision
