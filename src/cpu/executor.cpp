@@ -28,15 +28,7 @@ const bf16_t* bfp(const TensorView& t) { return t.as<bf16_t>(); }
 
 Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, std::vector<int32_t> token_map) {
   auto snap = FB_TRY(loader::Snapshot::open(dir));
-  loader::ValidationReport rep = snap->validate();
-  if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
-  const Config& c = snap->config();
-  if (token_map.empty()) token_map = snap->engram_token_map();
-  if (!c.engram_layer_ids.empty()) {
-    if (token_map.empty())
-      return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
-    FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
-  }
+  FB_RETURN_IF_ERROR(loader::check_runnable(*snap, &token_map));
   return std::make_unique<CpuModel>(std::move(snap), std::move(token_map));
 }
 

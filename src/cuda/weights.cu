@@ -44,16 +44,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir,
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return FB_ERROR(kUnsupported) << "no CUDA device is visible";
-  const std::string dir = snap->dir();
-  loader::ValidationReport rep = snap->validate();
-  if (!rep.ok()) return FB_ERROR(kCorrupt) << dir << ": checkpoint does not match its config:\n" << rep.to_string();
-  const Config& c = snap->config();
-  if (token_map.empty()) token_map = snap->engram_token_map();
-  if (!c.engram_layer_ids.empty()) {
-    if (token_map.empty())
-      return FB_ERROR(kNotFound) << dir << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
-    FB_RETURN_IF_ERROR(loader::validate_engram_map(c, token_map));
-  }
+  FB_RETURN_IF_ERROR(loader::check_runnable(*snap, &token_map));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
   FB_RETURN_IF_ERROR(ex->upload_weights());

@@ -159,6 +159,19 @@ Status validate_engram_map(const model::Config& c, const std::vector<int32_t>& m
   return Status();
 }
 
+Status check_runnable(const Snapshot& snap, std::vector<int32_t>* token_map) {
+  ValidationReport rep = snap.validate();
+  if (!rep.ok()) return FB_ERROR(kCorrupt) << snap.dir() << ": checkpoint does not match its config:\n" << rep.to_string();
+  const model::Config& c = snap.config();
+  if (token_map->empty()) *token_map = snap.engram_token_map();
+  if (!c.engram_layer_ids.empty()) {
+    if (token_map->empty())
+      return FB_ERROR(kNotFound) << snap.dir() << ": the model uses Engram but no token map was found (engram_token_map.i32 beside config.json)";
+    FB_RETURN_IF_ERROR(validate_engram_map(c, *token_map));
+  }
+  return Status();
+}
+
 ValidationReport Snapshot::validate() const {
   ValidationReport rep;
   rep.other = index_problems_;

@@ -77,4 +77,8 @@ class Snapshot {
 // number of distinct classes = engram_compressed_vocab_size.
 Status validate_engram_map(const model::Config& c, const std::vector<int32_t>& map);
 
+// What every executor checks before it runs a snapshot: the schema validates, and an Engram model
+// has a valid token map (*token_map when given, else the snapshot's engram_token_map.i32).
+Status check_runnable(const Snapshot& snap, std::vector<int32_t>* token_map);
+
 }  // namespace fb::loader
