@@ -312,46 +312,6 @@ void hc_mixes_raw(const bf16_t* x, int hc, int64_t dim, const float* fn, float n
   }
 }
 
-void hc_split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
-  FB_CHECK(hc <= 16);
-  for (int i = 0; i < hc; ++i) {
-    out->pre[i] = fm::add(fm::sigmoid(fm::add(fm::mul(m[i], sc[0]), base[i])), eps);
-    out->post[i] = fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m[hc + i], sc[1]), base[hc + i])));
-  }
-  float* C = out->comb;
-  for (int a = 0; a < hc; ++a) {
-    float mx = -INFINITY;
-    for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = fm::add(fm::mul(m[2 * hc + a * hc + b], sc[2]), base[2 * hc + a * hc + b]);
-      mx = std::max(mx, C[a * hc + b]);
-    }
-    float sum = 0.0f;
-    for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = fm::exp(fm::add(C[a * hc + b], -mx));
-      sum = fm::add(sum, C[a * hc + b]);
-    }
-    for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::add(fm::div(C[a * hc + b], sum), eps);
-  }
-  auto col_norm = [&] {
-    for (int b = 0; b < hc; ++b) {
-      float s = 0.0f;
-      for (int a = 0; a < hc; ++a) s = fm::add(s, C[a * hc + b]);
-      for (int a = 0; a < hc; ++a) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
-    }
-  };
-  auto row_norm = [&] {
-    for (int a = 0; a < hc; ++a) {
-      float s = 0.0f;
-      for (int b = 0; b < hc; ++b) s = fm::add(s, C[a * hc + b]);
-      for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
-    }
-  };
-  col_norm();
-  for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
-  }
-}
 
 void hc_pre(const bf16_t* x, int hc, int64_t dim, const float* pre, bf16_t* y) {
   for (int64_t d = 0; d < dim; ++d) {

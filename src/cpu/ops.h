@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/tensor_view.h"
+#include "cpu/hc_sinkhorn.h"
 
 namespace fb::cpu {
 
@@ -68,14 +69,8 @@ void sparse_attention(const bf16_t* q, int n_heads, int d, const std::vector<con
                       bf16_t* out);
 
 // ---- mHC (spec/11 §1.8) ------------------------------------------------------------------------
-struct HcMix {
-  float pre[16];
-  float post[16];
-  float comb[16 * 16];  // [source a][destination b]
-};
 // mixes m[j] = (Fn[j,:] . v) * rsqrt(mean(v^2) + norm_eps) for the flattened streams v.
 void hc_mixes_raw(const bf16_t* x_streams, int hc, int64_t dim, const float* fn, float norm_eps, float* mixes);
-void hc_split_sinkhorn(const float* mixes, int hc, const float* scale, const float* base, int iters, float eps, HcMix* out);
 // y = bf16(sum_a pre[a] * X_a).
 void hc_pre(const bf16_t* x_streams, int hc, int64_t dim, const float* pre, bf16_t* y);
 // X'_b = bf16(post_b * y + sum_a comb[a][b] * X_a).

@@ -62,45 +62,9 @@ __global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, in
   }
 }
 
-// cpu::hc_split_sinkhorn, one thread per row.
+// cpu::hc_split_sinkhorn (the shared FB_HD code), one thread per row.
 __device__ void split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
-  for (int i = 0; i < hc; ++i) {
-    out->pre[i] = fm::add(fm::sigmoid(fm::add(fm::mul(m[i], sc[0]), base[i])), eps);
-    out->post[i] = fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m[hc + i], sc[1]), base[hc + i])));
-  }
-  float* C = out->comb;
-  for (int a = 0; a < hc; ++a) {
-    float mx = -INFINITY;
-    for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = fm::add(fm::mul(m[2 * hc + a * hc + b], sc[2]), base[2 * hc + a * hc + b]);
-      mx = smax(mx, C[a * hc + b]);
-    }
-    float sum = 0.0f;
-    for (int b = 0; b < hc; ++b) {
-      C[a * hc + b] = fm::exp(fm::add(C[a * hc + b], -mx));
-      sum = fm::add(sum, C[a * hc + b]);
-    }
-    for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::add(fm::div(C[a * hc + b], sum), eps);
-  }
-  auto col_norm = [&] {
-    for (int b = 0; b < hc; ++b) {
-      float s = 0.0f;
-      for (int a = 0; a < hc; ++a) s = fm::add(s, C[a * hc + b]);
-      for (int a = 0; a < hc; ++a) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
-    }
-  };
-  auto row_norm = [&] {
-    for (int a = 0; a < hc; ++a) {
-      float s = 0.0f;
-      for (int b = 0; b < hc; ++b) s = fm::add(s, C[a * hc + b]);
-      for (int b = 0; b < hc; ++b) C[a * hc + b] = fm::div(C[a * hc + b], fm::add(s, eps));
-    }
-  };
-  col_norm();
-  for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
-  }
+  cpu::hc_split_sinkhorn(m, hc, sc, base, iters, eps, out);
 }
 
 // Block per row, 8 warps: task 0 = sum of squares, task 1 + j = raw mix j (cpu::hc_mixes_raw).

@@ -235,7 +235,7 @@ Status derive_roles(Config& c) {
   if (c.n_heads % c.o_groups) return err("num_attention_heads is not divisible by o_groups");
   if ((c.n_heads * c.head_dim / c.o_groups) % 32) return err("o_groups input width is not a multiple of 32");
   if (c.n_activated_experts > c.n_routed_experts) return err("num_experts_per_tok > n_routed_experts");
-  if (c.hc_mult != 4 && c.hc_mult < 1) return err("hc_mult must be positive");
+  if (c.hc_mult < 1 || c.hc_mult > 16) return err("hc_mult must be in 1..16");
 
   std::set<int> seen;
   for (int s : c.kv_source_layers) {
