@@ -290,6 +290,15 @@ Status ReplicaReader::read(const std::vector<ReadRange>& ranges) {
   }
   // Whatever is still in flight belongs to a finished (or abandoned) chunk: a straggler now.
   for (auto& [tag, f] : flights_) f.chunk = -1;
+  // A straggler that writes into the CALLER's memory (an aligned range: no bounce buffer keeps its
+  // destination alive) must land before we return: the caller may free or reuse that memory, and
+  // the kernel would still write into it. Stragglers into bounce buffers may finish later.
+  auto caller_owned = [&] {
+    for (const auto& [tag, f] : flights_)
+      if (!f.keep) return true;
+    return false;
+  };
+  while (caller_owned()) FB_RETURN_IF_ERROR(pump(nullptr, nullptr, -1));
   if (!result.ok()) return result;
   for (size_t i = 0; i < ranges.size(); ++i)
     if (bounce_[i]) std::memcpy(ranges[i].dst, bounce_[i]->data() + (ranges[i].offset - align_down(ranges[i].offset)), ranges[i].nbytes);
