@@ -1,5 +1,7 @@
 #include "bench/fake_context.h"
 
+#include <algorithm>
+#include <chrono>
 #include <vector>
 
 namespace fb::bench {
@@ -69,6 +71,77 @@ Status fill_fake_context(cuda::CudaExecutor& ex, cuda::CudaSession& s, int64_t L
   s.image.assign(size_t(L), 0);
   s.next_pos = L;
   return cuda::cuda_status(cudaStreamSynchronize(st), "fill_fake_context");
+}
+
+}  // namespace fb::bench
+
+namespace fb::bench {
+
+namespace {
+double host_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+Result<GraphStepTiming> time_graph_step(cuda::CudaExecutor& ex, model::SessionState& s, int reps) {
+  const model::Config& c = ex.config();
+  const int64_t L = s.n_pos();
+  std::vector<model::SessionState*> ss{&s};
+  model::Step step;
+  model::Row row;
+  row.pos = L;
+  row.token = int32_t((L * 31) % c.vocab_size);
+  row.kind = model::RowKind::kDecode;
+  row.want_logits = true;
+  step.rows.push_back(row);
+  // Warm-up (grows the step workspace and the pinned staging to this step's size).
+  for (int w = 0; w < 2; ++w) {
+    FB_TRY(ex.forward(step, ss));
+    FB_RETURN_IF_ERROR(s.rollback(L));
+  }
+  GraphStepTiming out;
+  cudaStream_t st = ex.stream();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  FB_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "begin capture"));
+  double t0 = host_ms();
+  ex.set_graph_capture(true);
+  auto r = ex.forward(step, ss);
+  ex.set_graph_capture(false);
+  const cudaError_t end = cudaStreamEndCapture(st, &graph);
+  out.capture_ms = host_ms() - t0;
+  if (!r.ok()) {
+    if (graph) cudaGraphDestroy(graph);
+    return r.status();
+  }
+  FB_RETURN_IF_ERROR(cuda::cuda_status(end, "end capture"));
+  cudaGraphGetNodes(graph, nullptr, &out.nodes);
+  t0 = host_ms();
+  Status st_inst = cuda::cuda_status(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  out.instantiate_ms = host_ms() - t0;
+  std::vector<double> times;
+  cudaEvent_t a = nullptr, b = nullptr;
+  if (st_inst.ok()) {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int k = 0; k < reps + 1 && st_inst.ok(); ++k) {
+      cudaEventRecord(a, st);
+      st_inst = cuda::cuda_status(cudaGraphLaunch(exec, st), "graph launch");
+      cudaEventRecord(b, st);
+      if (st_inst.ok()) st_inst = cuda::cuda_status(cudaStreamSynchronize(st), "graph replay");
+      float ms = 0;
+      if (st_inst.ok() && k > 0 && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) times.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  FB_RETURN_IF_ERROR(st_inst);
+  FB_RETURN_IF_ERROR(s.rollback(L));
+  if (!times.empty()) {
+    std::sort(times.begin(), times.end());
+    out.replay_ms = times[times.size() / 2];
+  }
+  return out;
 }
 
 }  // namespace fb::bench

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -46,6 +48,9 @@ struct Args {
   std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
   int64_t sweep_tokens = 24;
   bool profile = false;
+  bool profile_kernels = false;
+  bool graph_step = false;
+  std::string ab_env;
 };
 
 class Csv {
@@ -134,12 +139,50 @@ int run(const Args& a) {
         return 1;
       }
       report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps);
-      if (a.profile) {
+      if (a.graph_step) {
+        auto g = bench::time_graph_step(**ex, *s, 10);
+        if (!g.ok()) {
+          std::fprintf(stderr, "bench: graph step at %lld: %s\n", (long long)L, g.status().to_string().c_str());
+        } else {
+          std::fprintf(stderr, "bench: context %lld: one decode step as a CUDA graph: %.3f ms replay (%zu nodes; capture %.2f ms, instantiate %.2f ms)\n",
+                       (long long)L, g->replay_ms, g->nodes, g->capture_ms, g->instantiate_ms);
+          csv.row("decode_graph_replay_ms", L, g->replay_ms, "ms/step: the step's kernels replayed from a CUDA graph (no host launches)");
+          csv.row("decode_graph_nodes", L, double(g->nodes), "graph nodes (kernels + copies) of one decode step");
+        }
+      }
+      if (!a.ab_env.empty()) {
+        // Interleaved A/B of an environment switch read by the kernels' launchers: NAME=v1,v2,...
+        const size_t eq = a.ab_env.find('=');
+        const std::string name = a.ab_env.substr(0, eq);
+        std::vector<std::string> values;
+        std::stringstream vs(eq == std::string::npos ? std::string() : a.ab_env.substr(eq + 1));
+        for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
+        std::map<std::string, std::vector<double>> ms;
+        for (int rep = 0; rep < 3; ++rep)
+          for (const auto& v : values) {
+            setenv(name.c_str(), v.c_str(), 1);
+            auto tv = bench::time_decode(**ex, *s, a.steps, 1);
+            if (tv.ok()) ms[v].push_back(tv->decode_ms);
+            else std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
+          }
+        unsetenv(name.c_str());
+        for (const auto& v : values) {
+          auto& x = ms[v];
+          if (x.empty()) continue;
+          std::sort(x.begin(), x.end());
+          std::fprintf(stderr, "bench: context %lld: A/B %s=%s: %.3f ms/token (median of %zu interleaved runs)\n", (long long)L, name.c_str(),
+                       v.c_str(), x[x.size() / 2], x.size());
+          csv.row("ab_" + name + "=" + v + "_decode_ms", L, x[x.size() / 2], "ms/token, interleaved A/B, median");
+        }
+      }
+      if (a.profile || a.profile_kernels) {
         cuda::CudaExecutor& cx = **ex;
         cx.clear_profile();
         cx.set_profile(true);
+        cx.set_kernel_profile(a.profile_kernels);
         st = bench::run_decode_steps(cx, *s, a.steps);
         cx.set_profile(false);
+        cx.set_kernel_profile(false);
         if (!st.ok()) {
           std::fprintf(stderr, "bench: profile at %lld: %s\n", (long long)L, st.to_string().c_str());
           return 1;
@@ -254,6 +297,11 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
+  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_FP4_VARIANT=0,1,2)");
+  app.add_flag("--graph-step", a->graph_step,
+               "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
+  app.add_flag("--profile-kernels", a->profile_kernels,
+               "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
   app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");

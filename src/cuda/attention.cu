@@ -130,6 +130,123 @@ __device__ __forceinline__ KeyRef key_ref(const AttnKeys& keys, int64_t t, int w
   return k;
 }
 
+
+// Threads 0..63 (warps 0 and 1 whole) resolve keys b0 .. b0 + nb - 1 of row t; s_valid gets the
+// ballot of non-empty entries. The caller synchronises before use.
+__device__ __forceinline__ void stage_key_refs(const AttnKeys& keys, int64_t t, int w0, int n_win, int64_t comp_bytes, int b0, int nb,
+                                               const uint8_t** kp, int* kfp4, unsigned* s_valid) {
+  const int tid = int(threadIdx.x);
+  if (tid < 64) {
+    KeyRef k{nullptr, 0};
+    if (tid < nb) k = key_ref(keys, t, w0, n_win, comp_bytes, b0 + tid);
+    kp[tid] = k.p;
+    kfp4[tid] = k.fp4;
+    const unsigned bal = __ballot_sync(kFull, k.p != nullptr);
+    if ((tid & 31) == 0) s_valid[tid >> 5] = bal;
+  }
+}
+
+// Dequantise nb staged keys into the bf16 tile [64][d]: chunk c = (key j, dims i0..i0+7), one
+// 16-byte store each; empty keys become zeros. The caller synchronises before use.
+__device__ __forceinline__ void dequant_key_tile(const uint8_t* const* kp, const int* kfp4, int nb, int d, const float* lut8, uint16_t* tile) {
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x), cpr = d / 8, total = nb * cpr;
+  constexpr int kBatch = 4;  // chunks whose loads a thread issues before converting the first
+  for (int c0 = tid; c0 < total; c0 += kBatch * nthr) {
+    uint2 raw[kBatch];
+    uint8_t sraw[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = c0 + u * nthr;
+      raw[u] = make_uint2(0u, 0u);
+      sraw[u] = 0;
+      if (c >= total) continue;
+      const int j = c / cpr, i0 = (c - j * cpr) * 8;
+      const uint8_t* p = kp[j];
+      if (!p) continue;
+      if (!kfp4[j]) {  // 8 e4m3 codes + the block's e8m0
+        if ((reinterpret_cast<uintptr_t>(p + i0) & 7) == 0) {
+          raw[u] = __ldg(reinterpret_cast<const uint2*>(p + i0));
+        } else {
+          uint32_t lo = 0, hi = 0;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) lo |= uint32_t(p[i0 + e]) << (8 * e), hi |= uint32_t(p[i0 + 4 + e]) << (8 * e);
+          raw[u] = make_uint2(lo, hi);
+        }
+        sraw[u] = p[d + i0 / 32];
+      } else {  // 8 e2m1 nibbles + the 16-block's e4m3 scale
+        const uint8_t* pk = p + i0 / 2;
+        uint32_t v;
+        if ((reinterpret_cast<uintptr_t>(pk) & 3) == 0) v = __ldg(reinterpret_cast<const uint32_t*>(pk));
+        else v = uint32_t(pk[0]) | uint32_t(pk[1]) << 8 | uint32_t(pk[2]) << 16 | uint32_t(pk[3]) << 24;
+        raw[u] = make_uint2(v, 0u);
+        sraw[u] = p[d / 2 + i0 / 16];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = c0 + u * nthr;
+      if (c >= total) continue;
+      const int j = c / cpr, i0 = (c - j * cpr) * 8;
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+      if (kp[j]) {
+        float v[8];
+        if (!kfp4[j]) {
+          const float sc = e8m0_val(sraw[u]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            v[e] = fm::mul(lut8[(raw[u].x >> (8 * e)) & 0xFF], sc);
+            v[4 + e] = fm::mul(lut8[(raw[u].y >> (8 * e)) & 0xFF], sc);
+          }
+        } else {
+          const float sc = lut8[sraw[u]];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = fm::mul(e2m1_val(uint8_t((raw[u].x >> (4 * e)) & 0xF)), sc);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = uint32_t(to_bf(v[2 * e])) | uint32_t(to_bf(v[2 * e + 1])) << 16;
+      }
+      *reinterpret_cast<uint4*>(tile + size_t(j) * d + i0) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+
+// z[j] = scale * (q . key j) in the lanes32 order for the nb keys of the tile (-inf for empty
+// keys): keys j0, j0 + nw, j0 + 2 nw, j0 + 3 nw per warp pass sharing the q loads.
+__device__ __forceinline__ void tile_dots(const float* qf, const uint16_t* tile, const uint8_t* const* kp, int nb, int d, float scale, float* z) {
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, nw = int(blockDim.x) >> 5;
+  for (int j0 = warp; j0 < nb; j0 += 4 * nw) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int base = lane * 8; base < d; base += 256) {
+      const float4 qa = *reinterpret_cast<const float4*>(qf + base), qb = *reinterpret_cast<const float4*>(qf + base + 4);
+      const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = j0 + u * nw;
+        if (j < nb) {
+          const uint4 kv = *reinterpret_cast<const uint4*>(tile + size_t(j) * d + base);
+          const uint32_t kw[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            v[u] = fm::add(v[u], fm::mul(qv[2 * e], __uint_as_float(kw[e] << 16)));
+            v[u] = fm::add(v[u], fm::mul(qv[2 * e + 1], __uint_as_float(kw[e] & 0xFFFF0000u)));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      for (int off = 16; off >= 1; off >>= 1) v[u] = fm::add(v[u], __shfl_xor_sync(kFull, v[u], off));
+    if (lane == 0) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = j0 + u * nw;
+        if (j < nb) z[j] = kp[j] ? fm::mul(v[u], scale) : -INFINITY;
+      }
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(const uint16_t* q, int n_heads, int d, AttnKeys keys,
                                                                                const float* sinks, float scale, uint16_t* out) {
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -142,7 +259,7 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
   __shared__ float z[64], pf[64], pr[64];
   __shared__ unsigned s_valid[2];
   __shared__ float s_m, s_l, s_alpha, s_m2;
-  const int tid = int(threadIdx.x), nthr = int(blockDim.x), lane = tid & 31, warp = tid >> 5, nw = nthr >> 5;
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x), lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x / n_heads;
   const int h = int(blockIdx.x % n_heads);
   const uint16_t* qh = q + (t * n_heads + h) * int64_t(d);
@@ -159,85 +276,15 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
   const int n_sel = keys.sel ? keys.sel_count[t] : 0;
   const int n = n_win + n_sel;
   const int64_t comp_bytes = d / 2 + d / 16;
-  const int cpr = d / 8;  // 8-element chunks per key row
   __syncthreads();
   for (int b0 = 0; b0 < n; b0 += 64) {
     const int nb = n - b0 < 64 ? n - b0 : 64;
-    if (tid < 64) {  // warps 0 and 1 whole
-      KeyRef k{nullptr, 0};
-      if (tid < nb) k = key_ref(keys, t, w0, n_win, comp_bytes, b0 + tid);
-      kp[tid] = k.p;
-      kfp4[tid] = k.fp4;
-      const unsigned bal = __ballot_sync(kFull, k.p != nullptr);
-      if (lane == 0) s_valid[warp] = bal;
-    }
+    stage_key_refs(keys, t, w0, n_win, comp_bytes, b0, nb, kp, kfp4, s_valid);
     __syncthreads();
-    // Dequantise the tile: chunk c = (key j, dims i0..i0+7), one 16-byte store each.
-    for (int c = tid; c < nb * cpr; c += nthr) {
-      const int j = c / cpr, i0 = (c - j * cpr) * 8;
-      const uint8_t* p = kp[j];
-      uint32_t w[4] = {0u, 0u, 0u, 0u};
-      if (p) {
-        float v[8];
-        if (!kfp4[j]) {
-          const float sc = e8m0_val(p[d + i0 / 32]);
-          uint8_t cd[8];
-          if ((reinterpret_cast<uintptr_t>(p + i0) & 7) == 0) {
-            const uint2 u = *reinterpret_cast<const uint2*>(p + i0);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cd[e] = uint8_t(u.x >> (8 * e)), cd[4 + e] = uint8_t(u.y >> (8 * e));
-          } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) cd[e] = p[i0 + e];
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = fm::mul(lut8[cd[e]], sc);
-        } else {
-          const float sc = lut8[p[d / 2 + i0 / 16]];
-          const uint8_t* pk = p + i0 / 2;
-          uint32_t u;
-          if ((reinterpret_cast<uintptr_t>(pk) & 3) == 0) u = *reinterpret_cast<const uint32_t*>(pk);
-          else u = uint32_t(pk[0]) | uint32_t(pk[1]) << 8 | uint32_t(pk[2]) << 16 | uint32_t(pk[3]) << 24;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = fm::mul(e2m1_val(uint8_t((u >> (4 * e)) & 0xF)), sc);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w[e] = uint32_t(to_bf(v[2 * e])) | uint32_t(to_bf(v[2 * e + 1])) << 16;
-      }
-      *reinterpret_cast<uint4*>(tile + size_t(j) * d + i0) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
     __syncthreads();
     // Dots: keys j0, j0 + nw, j0 + 2 nw, j0 + 3 nw per warp pass, each in the lanes32 order.
-    for (int j0 = warp; j0 < nb; j0 += 4 * nw) {
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int base = lane * 8; base < d; base += 256) {
-        const float4 qa = *reinterpret_cast<const float4*>(qf + base), qb = *reinterpret_cast<const float4*>(qf + base + 4);
-        const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int j = j0 + u * nw;
-          if (j < nb) {
-            const uint4 kv = *reinterpret_cast<const uint4*>(tile + size_t(j) * d + base);
-            const uint32_t kw[4] = {kv.x, kv.y, kv.z, kv.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              v[u] = fm::add(v[u], fm::mul(qv[2 * e], __uint_as_float(kw[e] << 16)));
-              v[u] = fm::add(v[u], fm::mul(qv[2 * e + 1], __uint_as_float(kw[e] & 0xFFFF0000u)));
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        for (int off = 16; off >= 1; off >>= 1) v[u] = fm::add(v[u], __shfl_xor_sync(kFull, v[u], off));
-      if (lane == 0) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int j = j0 + u * nw;
-          if (j < nb) z[j] = kp[j] ? fm::mul(v[u], scale) : -INFINITY;
-        }
-      }
-    }
+    tile_dots(qf, tile, kp, nb, d, scale, z);
     __syncthreads();
     // The CPU's update sequence (warp 0): max, alpha, exps one per lane, p-sum sequential in j.
     if (warp == 0) {
@@ -287,12 +334,199 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
   for (int i = tid; i < d; i += nthr) o[i] = to_bf(fm::div(acc[i], l));
 }
 
+
+// ---- key-block split (few rows) ---------------------------------------------------------------
+// The CPU's online softmax folds block b as  m_b = max(m_{b-1}, bmax_b),  alpha_b =
+// exp(m_{b-1} - m_b),  l = l * alpha_b + psum_b,  acc = acc * alpha_b + S_b  where psum_b and
+// S_b (the block's P.V sums) depend only on z of block b and m_b. m_b is a prefix max of the
+// block maxima, so: (1) scores of every block in parallel, (2) per block m_b, p, psum_b and S_b
+// in parallel, (3) the fold over blocks per (row, head, dim) in block order. Every value is formed
+// by the same operations in the same order as the CPU: exact.
+constexpr int kSplitHeads = 2;  // heads per CTA (the key tile is dequantised once per CTA)
+
+struct SplitScratch {
+  float *z, *bmax, *alpha, *psum, *pv;
+  int nblk;  // block capacity per row
+};
+
+__device__ __forceinline__ SplitScratch split_scratch(float* base, int64_t T, int H, int d, int max_keys) {
+  SplitScratch s;
+  s.nblk = (max_keys + 63) / 64;
+  const int64_t rows = T * H * int64_t(s.nblk);
+  s.z = base;
+  s.bmax = s.z + rows * 64;
+  s.alpha = s.bmax + rows;
+  s.psum = s.alpha + rows;
+  s.pv = s.psum + rows;
+  return s;
+}
+
+__device__ __forceinline__ int row_keys(const AttnKeys& keys, int64_t t, int& w0, int& n_win) {
+  w0 = keys.win_off[t];
+  n_win = keys.win_off[t + 1] - w0;
+  return n_win + (keys.sel ? keys.sel_count[t] : 0);
+}
+
+// CTA (t, block b, head group g): tile of keys 64b.., dots for kSplitHeads heads, block maxima.
+__global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const uint16_t* q, int64_t T, int n_heads, int d, AttnKeys keys,
+                                                                          float scale) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);                       // [64][d]
+  float* qf = reinterpret_cast<float*>(smraw + size_t(64) * size_t(d) * 2);  // [kSplitHeads][d]
+  __shared__ float lut8[256];
+  __shared__ const uint8_t* kp[64];
+  __shared__ int kfp4[64];
+  __shared__ float z[kSplitHeads][64];
+  __shared__ unsigned s_valid[2];
+  const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
+  const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  const int g = int(blockIdx.x % groups);
+  const int b = int((blockIdx.x / groups) % sc.nblk);
+  const int64_t t = int64_t(blockIdx.x / groups / sc.nblk);
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win), b0 = b * 64;
+  if (b0 >= n) return;  // whole CTA
+  const int nb = n - b0 < 64 ? n - b0 : 64, h0 = g * kSplitHeads;
+  const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x);
+  for (int i = tid; i < hn * d; i += nthr) qf[i] = bf(q[(t * n_heads + h0) * int64_t(d) + i]);
+  if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
+  stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
+  __syncthreads();
+  dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
+  __syncthreads();
+  for (int hh = 0; hh < hn; ++hh) tile_dots(qf + int64_t(hh) * d, tile, kp, nb, d, scale, z[hh]);
+  __syncthreads();
+  const uint64_t valid = uint64_t(s_valid[0]) | uint64_t(s_valid[1]) << 32;
+  for (int i = tid; i < hn * nb; i += nthr) {
+    const int hh = i / nb, j = i - hh * nb;
+    sc.z[((t * n_heads + h0 + hh) * sc.nblk + b) * 64 + j] = z[hh][j];
+  }
+  if (tid < hn) {
+    float bmax = -INFINITY;
+    for (int j = 0; j < nb; ++j)
+      if ((valid >> j) & 1) bmax = smax(bmax, z[tid][j]);
+    sc.bmax[(t * n_heads + h0 + tid) * sc.nblk + b] = bmax;
+  }
+}
+
+// Same CTAs: m_b from the prefix of block maxima, exps, p-sum (sequential in j), the block's P.V
+// sums S_b[i] (sequential in j), alpha_b.
+__global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T, int n_heads, int d, AttnKeys keys) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);  // [64][d]
+  __shared__ float lut8[256];
+  __shared__ const uint8_t* kp[64];
+  __shared__ int kfp4[64];
+  __shared__ float pf[kSplitHeads][64], pr[kSplitHeads][64];
+  __shared__ float s_m2[kSplitHeads];
+  __shared__ unsigned s_valid[2];
+  const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
+  const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  const int g = int(blockIdx.x % groups);
+  const int b = int((blockIdx.x / groups) % sc.nblk);
+  const int64_t t = int64_t(blockIdx.x / groups / sc.nblk);
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win), b0 = b * 64;
+  if (b0 >= n) return;
+  const int nb = n - b0 < 64 ? n - b0 : 64, h0 = g * kSplitHeads;
+  const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x);
+  if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
+  stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
+  if (tid < hn) {
+    const float* bm = sc.bmax + (t * n_heads + h0 + tid) * sc.nblk;
+    float m = -1e30f;
+    for (int bb = 0; bb < b; ++bb) m = smax(m, bm[bb]);
+    const float m2 = smax(m, bm[b]);
+    s_m2[tid] = m2;
+    sc.alpha[(t * n_heads + h0 + tid) * sc.nblk + b] = fm::exp(fm::add(m, -m2));
+  }
+  __syncthreads();
+  dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
+  const uint64_t valid = uint64_t(s_valid[0]) | uint64_t(s_valid[1]) << 32;
+  for (int i = tid; i < hn * nb; i += nthr) {
+    const int hh = i / nb, j = i - hh * nb;
+    const float zz = sc.z[((t * n_heads + h0 + hh) * sc.nblk + b) * 64 + j];
+    const float p = ((valid >> j) & 1) ? fm::exp(fm::add(zz, -s_m2[hh])) : 0.0f;
+    pf[hh][j] = p;
+    pr[hh][j] = round_bf16(p);
+  }
+  __syncthreads();
+  if (tid < hn) {
+    float psum = 0.0f;
+    for (int j = 0; j < nb; ++j) psum = fm::add(psum, pf[tid][j]);
+    sc.psum[(t * n_heads + h0 + tid) * sc.nblk + b] = psum;
+  }
+  for (int i = tid; i < hn * d; i += nthr) {
+    const int hh = i / d, c = i - hh * d;
+    float s = 0.0f;
+    const uint16_t* col = tile + c;
+#pragma unroll 8
+    for (int j = 0; j < nb; ++j)
+      if ((valid >> j) & 1) s = fm::add(s, fm::mul(pr[hh][j], bf(col[size_t(j) * d])));
+    sc.pv[((t * n_heads + h0 + hh) * sc.nblk + b) * int64_t(d) + c] = s;
+  }
+}
+
+// CTA (t, h): the fold over the row's blocks in order, the sink, the division.
+__global__ void __launch_bounds__(kTiledThreads) attn_split_fold_kernel(int64_t T, int n_heads, int d, AttnKeys keys, const float* sinks,
+                                                                        uint16_t* out) {
+  __shared__ float s_l;
+  const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
+  const int64_t t = blockIdx.x / n_heads;
+  const int h = int(blockIdx.x % n_heads);
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win), nblk = (n + 63) / 64;
+  if (nblk > sc.nblk) __trap();  // the host's max_keys was wrong: never fold a partial row
+  const int64_t r = (t * n_heads + h) * sc.nblk;
+  if (threadIdx.x == 0) {
+    float l = 0.0f, m = -1e30f;
+    for (int bb = 0; bb < nblk; ++bb) {
+      l = fm::add(fm::mul(l, sc.alpha[r + bb]), sc.psum[r + bb]);
+      m = smax(m, sc.bmax[r + bb]);
+    }
+    s_l = fm::add(l, fm::exp(fm::add(sinks[h], -m)));
+  }
+  __syncthreads();
+  const float l = s_l;
+  uint16_t* o = out + (t * n_heads + h) * int64_t(d);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int bb = 0; bb < nblk; ++bb) acc = fm::add(fm::mul(acc, sc.alpha[r + bb]), sc.pv[(r + bb) * int64_t(d) + i]);
+    o[i] = to_bf(fm::div(acc, l));
+  }
+}
+
+constexpr int64_t kSplitMaxRows = 16;
+
 }  // namespace
+
+int64_t attention_split_floats(int64_t T, int n_heads, int d, int max_keys) {
+  if (T <= 0 || T > kSplitMaxRows || d > kTiledMaxD || max_keys <= 64) return 0;
+  const int64_t rows = T * n_heads * ((max_keys + 63) / 64);
+  return rows * (64 + 3 + d);
+}
 
 Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, uint16_t* out,
                         cudaStream_t st) {
   FB_CHECK(d % 32 == 0 && keys.win && keys.win_off) << "attention head_dim " << d;
   if (T == 0) return Status();
+  if (keys.split && attention_split_floats(T, n_heads, d, keys.max_keys) > 0) {
+    const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads, nblk = (keys.max_keys + 63) / 64;
+    const unsigned grid = unsigned(T * nblk * groups);
+    const size_t smem_a = size_t(64) * size_t(d) * 2 + size_t(kSplitHeads) * size_t(d) * sizeof(float);
+    const size_t smem_b = size_t(64) * size_t(d) * 2;
+    if (smem_a > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(attn_split_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_a)));
+    if (smem_b > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(attn_split_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_b)));
+    attn_split_scores_kernel<<<grid, kTiledThreads, smem_a, st>>>(q, T, n_heads, d, keys, scale);
+    FB_CUDA_LAUNCHED("attn_split_scores_kernel");
+    attn_split_pv_kernel<<<grid, kTiledThreads, smem_b, st>>>(T, n_heads, d, keys);
+    FB_CUDA_LAUNCHED("attn_split_pv_kernel");
+    attn_split_fold_kernel<<<unsigned(T * n_heads), kTiledThreads, 0, st>>>(T, n_heads, d, keys, sinks, out);
+    FB_CUDA_LAUNCHED("attn_split_fold_kernel");
+    return Status();
+  }
   if (d <= kTiledMaxD) {
     const size_t smem = size_t(64) * size_t(d) * 2 + size_t(2 * d) * sizeof(float);
     if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(sparse_attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

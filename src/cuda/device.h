@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "base/status.h"
@@ -18,11 +19,26 @@ inline Status cuda_status(cudaError_t e, const char* what) {
   return Status(code, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Per-kernel profiler (`flashbox bench --profile-kernels`): while on for the calling thread, every
+// launch records an event on the profiled stream; the time between consecutive events is charged
+// to "<op>/<kernel>" (op = the executor's sublayer op). Launch gaps count with the kernel after them.
+void kprof_begin(cudaStream_t st);
+void kprof_set_op(const char* op);
+void kprof_mark(const char* kernel);
+// Synchronises the stream, adds the intervals to `add(name, ms)`, and turns profiling off.
+void kprof_end(void (*add)(void* ctx, const std::string& name, double ms), void* ctx);
+bool kprof_on();
+
 }  // namespace fb::cuda
 
 #define FB_CUDA_TRY(expr) FB_RETURN_IF_ERROR(::fb::cuda::cuda_status((expr), #expr))
-// After a launch: configuration errors show up here, not at the <<<>>> site.
-#define FB_CUDA_LAUNCHED(name) FB_RETURN_IF_ERROR(::fb::cuda::cuda_status(cudaGetLastError(), name))
+// After a launch: configuration errors show up here, not at the <<<>>> site. Also the hook of
+// the per-kernel profiler (kprof_mark: one flag test unless profiling is on for this thread).
+#define FB_CUDA_LAUNCHED(name)          \
+  do {                                  \
+    ::fb::cuda::kprof_mark(name);       \
+    FB_RETURN_IF_ERROR(::fb::cuda::cuda_status(cudaGetLastError(), name)); \
+  } while (0)
 
 namespace fb::cuda {
 

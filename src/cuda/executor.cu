@@ -9,6 +9,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -42,6 +43,10 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   ~Arena() {
     if (!ws_) return;
+    if (ws_->capturing) {  // nothing may wait inside a capture; the workspace was warmed up
+      ws_->busy = false;
+      return;
+    }
     cudaStreamSynchronize(st_);
     ws_->dev_high = std::max(ws_->dev_high, dev_need_);
     ws_->pin_high = std::max(ws_->pin_high, pin_need_);
@@ -92,6 +97,7 @@ class Arena {
       }
     }
     status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    kprof_mark("upload");
     return status.ok() ? p : nullptr;
   }
 
@@ -112,6 +118,7 @@ class CudaLayerOps {
  public:
   CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_, &m.ws_) {
     if (m_.profile_) prof_begin_ = event();
+    if (m_.kernel_profile_) kprof_begin(st_);
     const int64_t D = c_.dim, hc = c_.hc_mult;
     X_ = alloc<uint16_t>(T_ * hc * D);
     residual_ = alloc<uint16_t>(T_ * hc * D);
@@ -134,6 +141,12 @@ class CudaLayerOps {
     q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
     q_buf_.codes = alloc<uint8_t>(q_buf_.capacity);
     q_buf_.scales = alloc<float>(q_buf_.capacity / 32 + 1);
+    uq_.capacity = T_ * D;
+    uq_.codes = alloc<uint8_t>(uq_.capacity);
+    uq_.scales = alloc<float>(uq_.capacity / 32 + 1);
+    qrq_.capacity = T_ * c_.q_lora_rank;
+    qrq_.codes = alloc<uint8_t>(qrq_.capacity);
+    qrq_.scales = alloc<float>(qrq_.capacity / 32 + 1);
   }
 
   Status status() const { return status_; }
@@ -154,14 +167,24 @@ class CudaLayerOps {
   };
   // After the stream was synchronised: op times into the executor's profile.
   size_t prof_open(const char* name) {
+    kprof_set_op(name);
     if (!m_.profile_) return ~size_t(0);
     prof_.push_back({name, event(), nullptr});
     return prof_.size() - 1;
   }
   void prof_close(size_t i) {
+    kprof_set_op("-");
     if (i != ~size_t(0)) prof_[i].b = event();
   }
   void flush_profile() {
+    if (kprof_on())
+      kprof_end(
+          [](void* ctx, const std::string& name, double ms) {
+            OpProfile& p = (*static_cast<std::map<std::string, OpProfile>*>(ctx))["k:" + name];
+            p.ms += ms;
+            ++p.calls;
+          },
+          &m_.prof_);
     if (!m_.profile_ || !prof_begin_) return;
     cudaEvent_t last = prof_begin_;
     for (auto& e : prof_) {
@@ -201,8 +224,9 @@ class CudaLayerOps {
     if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
     const float* pre = site == Site::kAttn ? pre_ : reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre));
     const int64_t stride = site == Site::kAttn ? hc : int64_t(sizeof(HcMix) / sizeof(float));
-    step(cuda::hc_pre(X_, T_, nullptr, hc, c_.dim, pre, stride, h_, st_));
-    step(rms_norm(h_, T_, c_.dim, site == Site::kAttn ? w.attn_norm : w.ffn_norm, c_.norm_eps, u_, st_));
+    // u = rms_norm(hc_pre(X, pre)) and act_quant(u) once (every FP8/FP4 GEMM of the sublayer
+    // reads these codes: the bits each separate act_quant gave), fused for up to 256 rows.
+    step(hc_pre_norm_quant(X_, T_, hc, c_.dim, pre, stride, site == Site::kAttn ? w.attn_norm : w.ffn_norm, c_.norm_eps, h_, u_, uq_, st_));
   }
 
   void attn_q(int l) {
@@ -211,9 +235,10 @@ class CudaLayerOps {
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
-    step(fp8_gemm(u_, T_, w.wq_a, a, q_buf_, st_));
+    step(fp8_gemm_q(uq_, T_, w.wq_a, a, st_));
     step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
-    step(fp8_gemm(qr_, T_, w.wq_b, q_, q_buf_, st_));
+    step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
+    step(fp8_gemm_q(qrq_, T_, w.wq_b, q_, st_));
     step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
   }
 
@@ -225,7 +250,7 @@ class CudaLayerOps {
     const DevRope& rp = m_.rope_for(l);
     const int64_t hd = c_.head_dim;
     uint16_t* a = alloc<uint16_t>(T_ * hd);
-    step(fp8_gemm(u_, T_, w.wkv, a, q_buf_, st_));
+    step(fp8_gemm_q(uq_, T_, w.wkv, a, st_));
     step(rms_norm(a, T_, hd, w.kv_norm, c_.norm_eps, kv_, st_));
     step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
     step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st_));
@@ -264,21 +289,18 @@ class CudaLayerOps {
     float* weights = alloc<float>(T_ * K);
     uint16_t* a = alloc<uint16_t>(T_ * K * I);
     uint16_t* b = alloc<uint16_t>(T_ * K * I);
-    uint16_t* h = alloc<uint16_t>(T_ * K * I);
     uint16_t* ye = alloc<uint16_t>(T_ * K * D);
     uint16_t* ys = alloc<uint16_t>(T_ * D);
     if (!ok()) return;
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
-               experts, weights, st_));
-    step(act_quant(u_, T_, D, q_buf_, st_));
-    step(fp4_gemm2_q(q_buf_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
-    step(swiglu(a, b, T_ * K, I, c_.swiglu_limit, weights, h, st_));
-    step(act_quant(h, T_ * K, I, q_buf_, st_));
+               experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
+    step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
+    step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
     step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
-    step(fp8_gemm(u_, T_, w.sh_w1, a, q_buf_, st_));
-    step(fp8_gemm(u_, T_, w.sh_w3, b, q_buf_, st_));
-    step(swiglu(a, b, T_, I, c_.swiglu_limit, nullptr, h, st_));
-    step(fp8_gemm(h, T_, w.sh_w2, ys, q_buf_, st_));
+    step(fp8_gemm_q(uq_, T_, w.sh_w1, a, st_));
+    step(fp8_gemm_q(uq_, T_, w.sh_w3, b, st_));
+    step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+    step(fp8_gemm_q(q_buf_, T_, w.sh_w2, ys, st_));
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
@@ -307,16 +329,26 @@ class CudaLayerOps {
   }
   void copy_d2d(void* dst, const void* src, int64_t bytes) {
     if (ok()) step(cuda_status(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, st_), "copy"));
+    kprof_mark("memcpy_d2d");
   }
   template <typename T>
   void download(std::vector<T>& out, const T* src, int64_t n) {
+    if (m_.ws_.capturing) return;
     out.resize(size_t(n));
     if (ok() && n > 0) step(cuda_status(cudaMemcpyAsync(out.data(), src, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost, st_), "download"));
   }
   void sync() {
-    if (ok()) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
+    if (ok() && !m_.ws_.capturing) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
   }
   int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
+  // Scratch for the key-block split of attention when it applies (few rows, long key lists).
+  // FB_ATTN_SPLIT=0 turns it off (A/B measurement only; both paths give the same bits).
+  void split_scratch(AttnKeys& keys, int max_keys) {
+    keys.max_keys = max_keys;
+    if (const char* v = std::getenv("FB_ATTN_SPLIT"); v && v[0] == '0') return;
+    const int64_t n = attention_split_floats(T_, c_.n_heads, int(c_.head_dim), max_keys);
+    if (n > 0) keys.split = alloc<float>(n);
+  }
   void set_rows(const std::vector<int64_t>& pos, const std::vector<uint8_t>& image) {
     pos_ = upload(pos);
     image_ = upload(image);
@@ -351,8 +383,10 @@ class CudaLayerOps {
   int64_t* pos_ = nullptr;
   uint8_t* image_ = nullptr;
   QuantBuf q_buf_;
+  QuantBuf uq_, qrq_;  // act_quant of u (per sublayer) and of qr (attention q path and indexer)
   std::vector<ProfEvent> prof_;
   cudaEvent_t prof_begin_ = nullptr;
+  std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -386,6 +420,11 @@ class CudaStep : public CudaLayerOps {
   }
 
   model::StepOutput take_output() {
+    if (m_.profile_) {  // host time to enqueue the whole step (vs step.gpu: is the GPU starved?)
+      OpProfile& p = m_.prof_["step.enqueue"];
+      p.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
+      ++p.calls;
+    }
     sync();
     flush_profile();
     return std::move(out_);
@@ -599,7 +638,7 @@ class CudaStep : public CudaLayerOps {
     sel.ids = alloc<int32_t>(T_ * sel.ld);
     sel.count = alloc<int32_t>(T_);
     if (!ok()) return;
-    step(fp8_gemm(qr_, T_, w.idx_wq_b, iq, q_buf_, st_));
+    step(fp8_gemm_q(qrq_, T_, w.idx_wq_b, iq, st_));
     step(rope(iq, T_, IH, ihd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
     step(fp4_e8m0_qdq(iq, T_ * IH, ihd, nullptr, 0, iq, st_));
     step(bf16_gemm(u_, T_, D, D, w.idx_weights_proj, IH, wts, IH, GemmOut::kBf16, 1, 0, 0, 0, st_));
@@ -677,6 +716,9 @@ class CudaStep : public CudaLayerOps {
       keys.sel_ld = it->second.ld;
       keys.comp_base = upload(comp_base);
     }
+    int max_win = 0;
+    for (size_t t = 0; t + 1 < off.size(); ++t) max_win = std::max(max_win, off[t + 1] - off[t]);
+    split_scratch(keys, max_win + (keys.sel ? int(keys.sel_ld) : 0));
     if (!ok()) return;
     step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
   }
@@ -786,6 +828,7 @@ class CudaDraftStep : public CudaLayerOps {
     AttnKeys keys;
     keys.win = upload(win);
     keys.win_off = upload(off);
+    split_scratch(keys, int(n + T_));
     if (!ok()) return;
     step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))), o_, st_));
   }

@@ -108,6 +108,7 @@ struct StepWorkspace {
   void* pinned = nullptr;
   size_t pin_cap = 0, pin_high = 0;
   bool busy = false;
+  bool capturing = false;  // the stream is being captured into a CUDA graph: no syncs, no downloads
   StepWorkspace() = default;
   StepWorkspace(const StepWorkspace&) = delete;
   StepWorkspace& operator=(const StepWorkspace&) = delete;
@@ -145,6 +146,11 @@ class CudaExecutor final : public model::Executor {
   // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);
   // entries "<op>" sum GPU ms over layers and steps, "step.gpu" / "step.wall" whole steps.
   void set_profile(bool on) { profile_ = on; }
+  // Per-kernel times too ("k:<op>/<kernel>", launch gaps included; see kprof_begin).
+  void set_kernel_profile(bool on) { kernel_profile_ = on; }
+  // While on, a step issues no stream synchronisation and no downloads (its outputs come back
+  // empty), so the caller can capture it into a CUDA graph (bench: launch-free step time).
+  void set_graph_capture(bool on) { ws_.capturing = on; }
   const std::map<std::string, OpProfile>& profile() const { return prof_; }
   void clear_profile() { prof_.clear(); }
 
@@ -175,7 +181,7 @@ class CudaExecutor final : public model::Executor {
   DevVision vision_;
   DevRope rope_plain_, rope_yarn_;
   mutable StepWorkspace ws_;
-  bool profile_ = false;
+  bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
 };
 

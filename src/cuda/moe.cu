@@ -15,26 +15,36 @@ namespace {
 inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
 constexpr int kMaxTopK = 32;
 
-// Block per row (8 warps): scores of every expert, rank-based top-k (ties toward the lower id).
-__global__ void route_kernel(const uint16_t* u, int64_t D, const uint16_t* W, int E, const float* bias, const float* bias_vl,
-                             const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts,
+// Scores: warp per (row, expert), lanes32 dot (16-byte loads when aligned), then the CPU's
+// score / biased formulas. Selection: block per row, rank-based top-k (ties toward the lower id).
+__global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, const uint16_t* W, int E, const float* bias, const float* bias_vl,
+                                    const uint8_t* image, float gate_temp, bool vec, float* score, float* biased) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (w >= T * E) return;  // whole warps
+  const int64_t t = w / E;
+  const int e = int(w % E);
+  const uint16_t* ur = u + t * D;
+  const uint16_t* wr = W + int64_t(e) * D;
+  const float* b = (image && image[t] && bias_vl) ? bias_vl : bias;
+  float z = vec ? warp_dot_bf16_vec(ur, wr, D) : warp_lanes32(D, [&](int64_t k) { return fm::mul(bf(ur[k]), bf(wr[k])); });
+  z = fm::div(z, gate_temp);
+  const float s = fm::sqrt_rn(fm::softplus(z));
+  if ((threadIdx.x & 31) == 0) {
+    score[w] = s;
+    biased[w] = fm::add(s, b[e]);
+  }
+}
+
+__global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
                              float* weights) {
   extern __shared__ float sm[];
   float* score = sm;
   float* biased = sm + E;
   __shared__ int32_t pick[kMaxTopK];
   const int64_t t = blockIdx.x;
-  const uint16_t* ur = u + t * D;
-  const float* b = (image && image[t] && bias_vl) ? bias_vl : bias;
-  for (int e = int(threadIdx.x / 32); e < E; e += int(blockDim.x / 32)) {
-    const uint16_t* wr = W + int64_t(e) * D;
-    float z = warp_lanes32(D, [&](int64_t k) { return fm::mul(bf(ur[k]), bf(wr[k])); });
-    z = fm::div(z, gate_temp);
-    const float s = fm::sqrt_rn(fm::softplus(z));
-    if ((threadIdx.x & 31) == 0) {
-      score[e] = s;
-      biased[e] = fm::add(s, b[e]);
-    }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    score[e] = score_g[t * E + e];
+    biased[e] = biased_g[t * E + e];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -82,6 +92,30 @@ __global__ void swiglu_kernel(const uint16_t* a, const uint16_t* b, int64_t M, i
   float v = fm::mul(fm::silu(av), bv);
   if (weight) v = fm::mul(v, weight[i / n]);
   h[i] = to_bf(v);
+}
+
+// swiglu + act_quant: warp per (row, 32-block), lane = element; h = bf16(swiglu) exactly as
+// swiglu_kernel, then the block's amax (smax from +0, any order), scale and e4m3 codes exactly as
+// act_quant (cuda/gemm.cu act_quant_warp_kernel). h itself is not stored.
+__global__ void swiglu_quant_kernel(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint8_t* codes,
+                                    float* scales) {
+  const int64_t NB = n / 32, w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (w >= M * NB) return;  // whole warps
+  const int lane = int(threadIdx.x & 31);
+  const int64_t m = w / NB, blk = w % NB, i = m * n + blk * 32 + lane;
+  float av = bf(a[i]), bv = bf(b[i]);
+  if (limit > 0.0f) {
+    bv = smin(smax(bv, -limit), limit);
+    av = smin(av, limit);
+  }
+  float v = fm::mul(fm::silu(av), bv);
+  if (weight) v = fm::mul(v, weight[m]);
+  const float h = bf(to_bf(v));
+  float amax = smax(0.0f, fabsf(h));
+  for (int off = 16; off >= 1; off >>= 1) amax = smax(amax, __shfl_xor_sync(kFull, amax, off));
+  const float s = fp8_block_scale(amax);
+  if (lane == 0) scales[m * NB + blk] = s;
+  codes[i] = e4m3_code(smin(smax(fm::div(h, s), -448.0f), 448.0f));
 }
 
 __global__ void moe_combine_kernel(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y) {
@@ -201,12 +235,24 @@ __global__ void confidence_kernel(const uint16_t* hH, int64_t D, const uint16_t*
 
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
              const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights,
-             cudaStream_t st) {
-  FB_CHECK(top_k >= 1 && top_k <= kMaxTopK && top_k <= E) << "top_k " << top_k << " of " << E;
+             float* scratch, cudaStream_t st) {
+  FB_CHECK(top_k >= 1 && top_k <= kMaxTopK && top_k <= E && scratch) << "top_k " << top_k << " of " << E;
   if (T == 0) return Status();
-  route_kernel<<<unsigned(T), 256, size_t(2 * E) * sizeof(float), st>>>(u, D, gate_w, E, bias, bias_vl, image, top_k, gate_temp, norm_topk,
-                                                                        route_scale, experts, weights);
+  const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(u) & 15) == 0 && (reinterpret_cast<uintptr_t>(gate_w) & 15) == 0;
+  float* score = scratch;
+  float* biased = scratch + T * E;
+  route_scores_kernel<<<blocks_for(T * E, 8), 256, 0, st>>>(u, T, D, gate_w, E, bias, bias_vl, image, gate_temp, vec, score, biased);
+  FB_CUDA_LAUNCHED("route_scores_kernel");
+  route_kernel<<<unsigned(T), 256, size_t(2 * E) * sizeof(float), st>>>(score, biased, E, top_k, norm_topk, route_scale, experts, weights);
   FB_CUDA_LAUNCHED("route_kernel");
+  return Status();
+}
+
+Status swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q, cudaStream_t st) {
+  FB_CHECK(n % 32 == 0 && M * n <= q.capacity) << "swiglu_quant n=" << n;
+  if (M * n == 0) return Status();
+  swiglu_quant_kernel<<<blocks_for(M * (n / 32), 8), 256, 0, st>>>(a, b, M, n, limit, weight, q.codes, q.scales);
+  FB_CUDA_LAUNCHED("swiglu_quant_kernel");
   return Status();
 }
 

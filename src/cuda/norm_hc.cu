@@ -33,15 +33,148 @@ __global__ void __launch_bounds__(kNormBlockThreads) rms_norm_block_kernel(const
   __shared__ float s_r;
   const int64_t m = blockIdx.x;
   const uint16_t* xr = x + m * n;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = bf(xr[i]);
+  uint16_t* yr = y + m * n;
+  // 16-byte loads, several in flight per thread (a one-row norm is latency-bound otherwise).
+  const bool vec = (n & 7) == 0 && ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(yr)) & 15) == 0;
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x);
+  if (vec) {
+    const int n8 = int(n / 8);
+    for (int c0 = tid; c0 < n8; c0 += 4 * nthr) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (c0 + u * nthr < n8) v[u] = __ldg(reinterpret_cast<const uint4*>(xr) + c0 + u * nthr);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = c0 + u * nthr;
+        if (c >= n8) continue;
+        const uint32_t q[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        float4* d = reinterpret_cast<float4*>(xs + int64_t(c) * 8);
+        d[0] = make_float4(__uint_as_float(q[0] << 16), __uint_as_float(q[0] & 0xFFFF0000u), __uint_as_float(q[1] << 16),
+                           __uint_as_float(q[1] & 0xFFFF0000u));
+        d[1] = make_float4(__uint_as_float(q[2] << 16), __uint_as_float(q[2] & 0xFFFF0000u), __uint_as_float(q[3] << 16),
+                           __uint_as_float(q[3] & 0xFFFF0000u));
+      }
+    }
+  } else {
+    for (int64_t i = tid; i < n; i += nthr) xs[i] = bf(xr[i]);
+  }
   __syncthreads();
-  if (threadIdx.x < 32) {
+  if (tid < 32) {
     const float ss = warp_lanes32_smem(xs, n, [](float v) { return fm::mul(v, v); });
-    if (threadIdx.x == 0) s_r = fm::rsqrt(fm::add(fm::div(ss, float(n)), eps));
+    if (tid == 0) s_r = fm::rsqrt(fm::add(fm::div(ss, float(n)), eps));
   }
   __syncthreads();
   const float r = s_r;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[m * n + i] = to_bf(fm::mul(bf(w[i]), fm::mul(xs[i], r)));
+  if (vec) {
+    const int n8 = int(n / 8);
+    for (int c0 = tid; c0 < n8; c0 += 4 * nthr) {
+      uint4 wv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (c0 + u * nthr < n8) wv[u] = __ldg(reinterpret_cast<const uint4*>(w) + c0 + u * nthr);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = c0 + u * nthr;
+        if (c >= n8) continue;
+        const uint32_t q[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+        uint32_t o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lo = fm::mul(__uint_as_float(q[e] << 16), fm::mul(xs[int64_t(c) * 8 + 2 * e], r));
+          const float hi = fm::mul(__uint_as_float(q[e] & 0xFFFF0000u), fm::mul(xs[int64_t(c) * 8 + 2 * e + 1], r));
+          o[e] = uint32_t(to_bf(lo)) | uint32_t(to_bf(hi)) << 16;
+        }
+        reinterpret_cast<uint4*>(yr)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  } else {
+    for (int64_t i = tid; i < n; i += nthr) yr[i] = to_bf(fm::mul(bf(w[i]), fm::mul(xs[i], r)));
+  }
+}
+
+// hc_pre + rms_norm + act_quant of one row per block, fused (the attention/FFN input u of a
+// sublayer): h[d] = bf16(sum_a pre[a] X_a[d]) (a ascending, as hc_pre_kernel), staged in shared
+// memory as f32; the lanes32 sum of squares in warp 0; y = bf16(w * (h * r)); then each 32-block
+// of y is quantised as act_quant_warp_kernel does (amax: smax from +0 over the block, any order;
+// scale, codes). Threads own 8-element chunks; the 4 chunks of a 32-block sit in 4 adjacent
+// lanes, whose amaxes combine by shuffles. Every value is the unfused kernels' value.
+__global__ void __launch_bounds__(kNormBlockThreads) hc_pre_norm_quant_kernel(const uint16_t* x, int hc, int64_t dim, const float* pre,
+                                                                             int64_t pre_stride, const uint16_t* w, float eps, uint16_t* y,
+                                                                             uint8_t* codes, float* scales) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ float s_r;
+  __shared__ float s_pre[16];
+  const int64_t t = blockIdx.x;
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x);
+  if (tid < hc) s_pre[tid] = pre[t * pre_stride + tid];
+  __syncthreads();
+  const uint16_t* xr = x + t * hc * dim;
+  const int n8 = int(dim / 8);
+  for (int c = tid; c < n8; c += nthr) {
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    for (int a = 0; a < hc; ++a) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(xr + a * dim) + c);
+      const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+      const float pa = s_pre[a];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[2 * e] = fm::add(acc[2 * e], fm::mul(pa, __uint_as_float(q[e] << 16)));
+        acc[2 * e + 1] = fm::add(acc[2 * e + 1], fm::mul(pa, __uint_as_float(q[e] & 0xFFFF0000u)));
+      }
+    }
+    float4* d = reinterpret_cast<float4*>(xs + int64_t(c) * 8);
+    d[0] = make_float4(bf(to_bf(acc[0])), bf(to_bf(acc[1])), bf(to_bf(acc[2])), bf(to_bf(acc[3])));
+    d[1] = make_float4(bf(to_bf(acc[4])), bf(to_bf(acc[5])), bf(to_bf(acc[6])), bf(to_bf(acc[7])));
+  }
+  __syncthreads();
+  if (tid < 32) {
+    const float ss = warp_lanes32_smem(xs, dim, [](float v) { return fm::mul(v, v); });
+    if (tid == 0) s_r = fm::rsqrt(fm::add(fm::div(ss, float(dim)), eps));
+  }
+  __syncthreads();
+  const float r = s_r;
+  uint16_t* yr = y + t * dim;
+  const int64_t KB = dim / 32;
+  // Every lane of a warp runs the same number of passes (the shuffles need the whole warp).
+  for (int c0 = 0; c0 < n8; c0 += nthr) {
+    const int c = c0 + tid;
+    const bool on = c < n8;
+    float v[8];
+    float amax = 0.0f;
+    if (on) {
+      const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w) + c);
+      const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint16_t lo = to_bf(fm::mul(__uint_as_float(q[e] << 16), fm::mul(xs[int64_t(c) * 8 + 2 * e], r)));
+        const uint16_t hi = to_bf(fm::mul(__uint_as_float(q[e] & 0xFFFF0000u), fm::mul(xs[int64_t(c) * 8 + 2 * e + 1], r)));
+        o[e] = uint32_t(lo) | uint32_t(hi) << 16;
+        v[2 * e] = bf(lo);
+        v[2 * e + 1] = bf(hi);
+      }
+      reinterpret_cast<uint4*>(yr)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = smax(amax, fabsf(v[e]));
+    }
+    amax = smax(amax, __shfl_xor_sync(kFull, amax, 1));
+    amax = smax(amax, __shfl_xor_sync(kFull, amax, 2));
+    if (on) {
+      const float sc = fp8_block_scale(amax);
+      const int64_t b = c / 4;
+      if ((c & 3) == 0) scales[t * KB + b] = sc;
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo |= uint32_t(e4m3_code(smin(smax(fm::div(v[e], sc), -448.0f), 448.0f))) << (8 * e);
+        hi |= uint32_t(e4m3_code(smin(smax(fm::div(v[4 + e], sc), -448.0f), 448.0f))) << (8 * e);
+      }
+      *reinterpret_cast<uint2*>(codes + t * dim + int64_t(c) * 8) = make_uint2(lo, hi);
+    }
+  }
 }
 
 __global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, int half, const int64_t* pos, const float* cos_t,
@@ -187,6 +320,45 @@ __global__ void hc_sinkhorn_kernel(HcMix* out, int hc, int64_t n, float norm_eps
   for (int e = lane; e < 256; e += 32) o->comb[e] = e < hh ? C[e] : 0.0f;
 }
 
+// The same for hc <= 4 ((2 + hc) * hc <= 32 mixes) with everything in registers: lane j holds mix
+// j and, for j < hc*hc, comb element j; the row/column sums and the row max are gathered with
+// shuffles in the CPU's order (same operations, same order, same bits as hc_sinkhorn_kernel).
+__global__ void hc_sinkhorn_reg_kernel(HcMix* out, int hc, int64_t n, float norm_eps, const float* sc, const float* base, int iters, float eps) {
+  const int lane = int(threadIdx.x);
+  const int n_mix = (2 + hc) * hc, hh = hc * hc;
+  const float* raw = reinterpret_cast<const float*>(out + blockIdx.x);
+  const float rho = fm::rsqrt(fm::add(fm::div(raw[0], float(n)), norm_eps));
+  const float mj = lane < n_mix ? fm::mul(raw[1 + lane], rho) : 0.0f;
+  const float sc0 = sc[0], sc1 = sc[1], sc2 = sc[2];
+  const int a = lane / hc, b = lane % hc;  // comb element (source a, destination b) for lane < hh
+  const float m_comb = __shfl_sync(kFull, mj, (2 * hc + lane) & 31);
+  const float m_post = __shfl_sync(kFull, mj, (hc + lane) & 31);
+  float C = lane < hh ? fm::add(fm::mul(m_comb, sc2), base[2 * hc + lane]) : 0.0f;
+  float mx = -INFINITY;
+  for (int b2 = 0; b2 < hc; ++b2) mx = smax(mx, __shfl_sync(kFull, C, (a * hc + b2) & 31));
+  const float E = fm::exp(fm::add(C, -mx));
+  float sum = 0.0f;
+  for (int b2 = 0; b2 < hc; ++b2) sum = fm::add(sum, __shfl_sync(kFull, E, (a * hc + b2) & 31));
+  C = fm::add(fm::div(E, sum), eps);
+  const int n_norm = iters > 1 ? 2 * iters - 1 : 1;
+  for (int it = 0; it < n_norm; ++it) {
+    float s = 0.0f;
+    if ((it & 1) == 0) {
+      for (int a2 = 0; a2 < hc; ++a2) s = fm::add(s, __shfl_sync(kFull, C, (a2 * hc + b) & 31));
+    } else {
+      for (int b2 = 0; b2 < hc; ++b2) s = fm::add(s, __shfl_sync(kFull, C, (a * hc + b2) & 31));
+    }
+    C = fm::div(C, fm::add(s, eps));
+  }
+  __syncwarp();  // every raw read is done; the struct is now overwritten whole
+  HcMix* o = out + blockIdx.x;
+  if (lane < 16) {
+    o->pre[lane] = lane < hc ? fm::add(fm::sigmoid(fm::add(fm::mul(mj, sc0), base[lane])), eps) : 0.0f;
+    o->post[lane] = lane < hc ? fm::mul(2.0f, fm::sigmoid(fm::add(fm::mul(m_post, sc1), base[hc + lane]))) : 0.0f;
+  }
+  for (int e = lane; e < 256; e += 32) o->comb[e] = e < hh ? C : 0.0f;
+}
+
 __global__ void hc_pre_kernel(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride,
                               uint16_t* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -252,6 +424,24 @@ Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, floa
   return Status();
 }
 
+Status hc_pre_norm_quant(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* pre, int64_t pre_stride, const uint16_t* w, float eps,
+                         uint16_t* tmp, uint16_t* y, const QuantBuf& q, cudaStream_t st) {
+  FB_CHECK(dim % 32 == 0 && T * dim <= q.capacity && hc >= 1 && hc <= 16) << "hc_pre_norm_quant dim=" << dim;
+  if (T == 0) return Status();
+  const bool fused = T <= kNormBlockMaxRows && dim <= kNormBlockMaxN && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(w) & 15) == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0;
+  if (!fused) {  // the unfused sequence; tmp [T, dim] holds hc_pre's output
+    FB_RETURN_IF_ERROR(hc_pre(x, T, nullptr, hc, dim, pre, pre_stride, tmp, st));
+    FB_RETURN_IF_ERROR(rms_norm(tmp, T, dim, w, eps, y, st));
+    return act_quant(y, T, dim, q, st);
+  }
+  hc_pre_norm_quant_kernel<<<unsigned(T), kNormBlockThreads, size_t(dim) * sizeof(float), st>>>(x, hc, dim, pre, pre_stride, w, eps, y, q.codes,
+                                                                                              q.scales);
+  FB_CUDA_LAUNCHED("hc_pre_norm_quant_kernel");
+  return Status();
+}
+
 Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, const int64_t* pos, const float* cos_t, const float* sin_t,
             bool inverse, cudaStream_t st) {
   const int half = rope_dim / 2;
@@ -272,8 +462,13 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
     if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     hc_dots_kernel<<<unsigned(T * n_task), kHcDotThreads, smem, st>>>(x, n, n_task, fn, out);
     FB_CUDA_LAUNCHED("hc_dots_kernel");
-    hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
-    FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
+    if ((2 + hc) * hc <= 32) {
+      hc_sinkhorn_reg_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+      FB_CUDA_LAUNCHED("hc_sinkhorn_reg_kernel");
+    } else {
+      hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+      FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
+    }
     return Status();
   }
   hc_mixes_kernel<<<unsigned(T), 256, 0, st>>>(x, hc, dim, fn, norm_eps, scale, base, iters, eps, out);

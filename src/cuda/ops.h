@@ -75,6 +75,11 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
 // y [n, dim] = sum_a pre[a] X_a for rows rows[i] (nullptr: row i); pre of row t at pre + t*pre_stride.
 Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride, uint16_t* y,
               cudaStream_t st);
+// u = act_quant-ready RMSNorm(hc_pre(X, pre)): y [T, dim] = rms_norm(hc_pre(x, pre), w) and q = act_quant(y),
+// one fused kernel for T <= 256 rows (else the three launches, hc_pre's output in tmp [T, dim]);
+// every bit as the separate ops.
+Status hc_pre_norm_quant(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* pre, int64_t pre_stride, const uint16_t* w, float eps,
+                         uint16_t* tmp, uint16_t* y, const QuantBuf& q, cudaStream_t st);
 Status hc_post(const uint16_t* y, const uint16_t* x, int64_t T, int hc, int64_t dim, const HcMix* mix, uint16_t* out, cudaStream_t st);
 // pre[t, :] = mix[t].pre
 Status hc_take_pre(const HcMix* mix, int64_t T, int hc, float* pre, cudaStream_t st);
@@ -95,7 +100,15 @@ struct AttnKeys {
   const int32_t* sel_count = nullptr;  // [T]
   int64_t sel_ld = 0;
   const uint64_t* comp_base = nullptr; // [T] FP4 compact rows (d/2 packed + d/16 e4m3) of the row's session
+  // Key-block split (few rows): the 64-key blocks of a row run in parallel CTAs and a third kernel
+  // folds them in the CPU's block order (exact: the CPU's online softmax adds each block's P.V sum
+  // and p-sum as a whole). Needs an upper bound on any row's key count and f32 scratch of
+  // attention_split_floats(...) elements; without them (or for many rows) one CTA per (row, head).
+  int max_keys = 0;
+  float* split = nullptr;
 };
+// f32 scratch for the key-block split, 0 when the split is not used for this shape.
+int64_t attention_split_floats(int64_t T, int n_heads, int d, int max_keys);
 Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, uint16_t* out,
                         cudaStream_t st);
 
@@ -118,9 +131,13 @@ Status scale_bf16(uint16_t* x, int64_t n, float s, cudaStream_t st);
 
 // ---- MoE (cpu::route, swiglu_row, the f32 fold) --------------------------------------------------
 // experts/weights [T, top_k], ascending expert id (the fold order); bias_vl used where image[t].
+// scratch: 2 * T * E floats (per-expert scores of every row).
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
-             const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights,
+             const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights, float* scratch,
              cudaStream_t st);
+// act_quant(swiglu(a, b) [x weight[m]]) into q without storing h (n % 32 == 0): the codes and
+// scales swiglu followed by act_quant give.
+Status swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q, cudaStream_t st);
 // h [M, n] = swiglu(a, b) (x weight[m] when weight != nullptr).
 Status swiglu(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint16_t* h, cudaStream_t st);
 // y[t] = bf16(sum_k ye[t, k] (f32, k order) + ys[t])

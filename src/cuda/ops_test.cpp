@@ -121,11 +121,19 @@ TensorView view(DType t, std::vector<int64_t> shape, const void* p) { return Ten
 TEST(CudaOps, Fp8GemmReleasedAndRagged) {
   NEED_GPU();
   Rng rng(1);
-  struct Case { int64_t M, K, N; };
-  for (Case cs : {Case{1, 5120, 1536}, Case{5, 5120, 544}, Case{3, 1024, 5120}, Case{2, 8192, 96}}) {
+  struct Case { int64_t M, K, N; bool nan; };
+  // Row tiles of 1, 2, 4 and 8, partial chunks (K = 2080: 65 blocks), wide N, NaN weight codes
+  // and a NaN activation (its act_quant code is a NaN code).
+  for (Case cs : {Case{1, 5120, 1536, false}, Case{5, 5120, 544, false}, Case{3, 1024, 5120, false}, Case{2, 8192, 96, false},
+                  Case{4, 2080, 36, false}, Case{1, 2048, 64, true}, Case{3, 1024, 68, true}, Case{1, 1024, 30, true},
+                  Case{1, 1024, 16384, true}, Case{2, 512, 16384, false}}) {
     const int64_t KB = cs.K / 32;
     auto x = rng.act(cs.M * cs.K);
     auto w = rng.e4m3_codes(cs.N * cs.K);
+    if (cs.nan) {
+      for (int i = 0; i < 12; ++i) w[size_t(rng.uniform(0, int(cs.N * cs.K) - 1))] = uint8_t(i % 2 ? 0x7F : 0xFF);
+      x[size_t(rng.uniform(0, int(cs.M * cs.K) - 1))] = 0x7FC0;  // bf16 NaN: its act_quant code is a NaN code
+    }
     auto ws = rng.bytes(((cs.N + 31) / 32) * KB, 118, 132);
     std::vector<bf16_t> want(static_cast<size_t>(cs.M * cs.N));
     cpu::fp8_gemm(x.data(), cs.M, view(DType::kF8E4M3, {cs.N, cs.K}, w.data()), view(DType::kF8E8M0, {(cs.N + 31) / 32, KB}, ws.data()),
@@ -347,6 +355,38 @@ TEST(CudaOps, HcMixesSinkhornPrePost) {
   expect_same(dout.get(), want_post, "hc_post");
 }
 
+// hc_pre + rms_norm + act_quant fused (the sublayer input u and its FP8 codes) vs the three CPU ops.
+TEST(CudaOps, HcPreNormQuantFused) {
+  NEED_GPU();
+  Rng rng(21);
+  for (int64_t D : {int64_t(5120), int64_t(64), int64_t(4128)}) {
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(300)}) {  // 300 rows: the unfused fallback
+      const int hc = 4;
+      const int64_t KB = D / 32;
+      auto x = rng.act(T * hc * D, 3.0f);
+      auto w = rng.act(D, 1.0f);
+      std::vector<float> pre(static_cast<size_t>(T * hc));
+      for (auto& p : pre) p = rng.normal(0.6f);
+      std::vector<bf16_t> h(static_cast<size_t>(D)), want(static_cast<size_t>(T * D));
+      std::vector<uint8_t> want_codes(static_cast<size_t>(T * D));
+      std::vector<float> want_scales(static_cast<size_t>(T * KB));
+      for (int64_t t = 0; t < T; ++t) {
+        cpu::hc_pre(&x[size_t(t * hc * D)], hc, D, &pre[size_t(t * hc)], h.data());
+        cpu::rms_norm(h.data(), D, w.data(), 1e-6f, &want[size_t(t * D)]);
+        cpu::act_quant_row(&want[size_t(t * D)], D, &want_codes[size_t(t * D)], &want_scales[size_t(t * KB)]);
+      }
+      Dev<bf16_t> dx(x), dw(w), dtmp(static_cast<size_t>(T * D)), dy(want.size());
+      Dev<float> dpre(pre), qs(want_scales.size());
+      Dev<uint8_t> qc(want_codes.size());
+      QuantBuf q{qc.p(), qs.p(), T * D};
+      ASSERT_TRUE(hc_pre_norm_quant(dx.p(), T, hc, D, dpre.p(), hc, dw.p(), 1e-6f, dtmp.p(), dy.p(), q, nullptr).ok());
+      expect_same(dy.get(), want, "hc_pre_norm_quant u");
+      expect_same(qc.get(), want_codes, "hc_pre_norm_quant codes");
+      expect_same(qs.get(), want_scales, "hc_pre_norm_quant scales");
+    }
+  }
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 // Key lists per row: window FP8 rows (some empty), then selected FP4 entries (some -1).
@@ -398,6 +438,18 @@ void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<i
   AttnKeys k{dwp.p(), doff.p(), dsel.p(), dcnt.p(), sel_ld, dcb.p()};
   ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout.p(), nullptr).ok());
   expect_same(dout.get(), want, "sparse_attention");
+  // The key-block split (few rows): blocks in parallel, folded in the CPU's order.
+  const int max_keys = *std::max_element(n_win.begin(), n_win.end()) + int(sel_ld);
+  const int64_t nf = attention_split_floats(T, H, d, max_keys);
+  if (T <= 16 && max_keys > 64) EXPECT_GT(nf, 0) << "split path not taken";
+  if (nf > 0) {
+    Dev<float> scratch(static_cast<size_t>(nf));
+    Dev<bf16_t> dout2(want.size());
+    k.max_keys = max_keys;
+    k.split = scratch.p();
+    ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout2.p(), nullptr).ok());
+    expect_same(dout2.get(), want, "sparse_attention (key-block split)");
+  }
 }
 
 TEST(CudaOps, SparseAttentionReleased) {
@@ -405,6 +457,8 @@ TEST(CudaOps, SparseAttentionReleased) {
   Rng rng(7);
   attention_case(rng, {128}, {512}, 2048);            // one decode row: window 128 + top-512
   attention_case(rng, {5, 128, 77}, {0, 512, 33}, 600);  // ragged rows
+  attention_case(rng, {3}, {0}, 16);                     // one partial block
+  attention_case(rng, {128, 128, 128, 128, 128, 128}, {512, 500, 1, 0, 64, 512}, 1024);  // DSpark-verify-like rows
 }
 
 TEST(CudaOps, SparseAttentionLongList) {
@@ -438,7 +492,8 @@ TEST(CudaOps, Route384) {
   Dev<bf16_t> du(u), dgw(gw);
   Dev<float> db(bias), dw(static_cast<size_t>(T * K));
   Dev<int32_t> de(static_cast<size_t>(T * K));
-  ASSERT_TRUE(route(du.p(), T, D, dgw.p(), E, db.p(), nullptr, nullptr, K, 1.0f, true, 2.5f, de.p(), dw.p(), nullptr).ok());
+  Dev<float> scratch(static_cast<size_t>(2 * T * E));
+  ASSERT_TRUE(route(du.p(), T, D, dgw.p(), E, db.p(), nullptr, nullptr, K, 1.0f, true, 2.5f, de.p(), dw.p(), scratch.p(), nullptr).ok());
   expect_same(de.get(), want_e, "route experts");
   expect_same(dw.get(), want_w, "route weights");
 }
@@ -457,6 +512,15 @@ TEST(CudaOps, SwiGlu) {
     Dev<float> dwt(wt);
     ASSERT_TRUE(swiglu(da.p(), dbb.p(), M, n, 10.0f, weighted ? dwt.p() : nullptr, dh.p(), nullptr).ok());
     expect_same(dh.get(), want, "swiglu");
+    // fused with act_quant: the codes and scales of act_quant(swiglu)
+    std::vector<uint8_t> codes(static_cast<size_t>(M * n));
+    std::vector<float> scales(static_cast<size_t>(M * n / 32));
+    for (int64_t m = 0; m < M; ++m) cpu::act_quant_row(&want[size_t(m * n)], n, &codes[size_t(m * n)], &scales[size_t(m * n / 32)]);
+    Dev<uint8_t> qc(codes.size());
+    Dev<float> qs(scales.size());
+    ASSERT_TRUE(swiglu_quant(da.p(), dbb.p(), M, n, 10.0f, weighted ? dwt.p() : nullptr, QuantBuf{qc.p(), qs.p(), M * n}, nullptr).ok());
+    expect_same(qc.get(), codes, "swiglu_quant codes");
+    expect_same(qs.get(), scales, "swiglu_quant scales");
   }
 }
 
