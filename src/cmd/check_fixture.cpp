@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--chunk N] [--expert-slots N]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--chunk N] [--expert-slots N] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -19,6 +19,7 @@ struct Args {
   std::vector<std::string> dirs;
   std::string backend = "cpu";
   int64_t chunk = 0;
+  bool bounded_replay = false;
   int64_t expert_slots = 0;
   bool verbose = false;
   bool compare_cpu = false;
@@ -61,6 +62,7 @@ int run(const Args& a) {
   for (const std::string& dir : a.dirs) {
     engine::FixtureCheckOptions opt;
     opt.chunk = a.chunk;
+    opt.bounded_replay = a.bounded_replay;
     opt.verbose = a.verbose;
     opt.dump_dir = a.dump;
     opt.inject_dir = a.inject;
@@ -87,6 +89,8 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_option("dir", a->dirs, "fixture folder(s): checkpoint/, prompt.i32, steps.json, logits.f32 ...")->required();
   app.add_option("--backend", a->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--chunk", a->chunk, "prefill chunk size in rows (0 = one shot)");
+  app.add_flag("--bounded-replay", a->bounded_replay,
+               "approximate prefill (SWA bounded replay, spec/11 sec. 8.4); the fixtures are exact, so expect FAIL");
   app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   app.add_flag("--compare-cpu", a->compare_cpu, "also run the CPU reference in lockstep and compare logits, taps and drafts bit for bit");

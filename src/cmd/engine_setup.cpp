@@ -19,6 +19,8 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--no-dspark", no_dspark, "disable DSpark speculative decoding");
   app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill step");
+  app.add_flag("--prefill-replay", prefill_replay,
+               "approximate prefill (SWA bounded replay, spec/11 sec. 8.4): decoder layers run only over the last window of a long prompt");
   app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
@@ -65,6 +67,8 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
     le.model_name = "scripted";
   } else {
     ex = FB_TRY(engine::make_executor(s.backend, dir));
+    if (s.prefill_replay && !ex->supports_bounded_replay())
+      return FB_ERROR(kUnsupported) << "--prefill-replay: the " << ex->name() << " executor does not run bounded replay (use --backend cpu)";
     le.model_dir = dir;
     le.model_name = fs::path(dir).filename().string();
     if (le.model_name.empty()) le.model_name = fs::path(dir).parent_path().filename().string();
@@ -75,6 +79,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   engine::EngineOptions eo;
   eo.generator.dspark = !s.no_dspark;
   eo.generator.prefill_chunk = s.prefill_chunk;
+  eo.generator.prefill_replay = s.prefill_replay;
   eo.generator.max_context = s.max_context;
   eo.max_queue = s.max_queue;
   le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);

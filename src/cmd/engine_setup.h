@@ -16,6 +16,7 @@ struct EngineSetup {
   std::string backend = "cpu";
   bool no_dspark = false;
   int prefill_chunk = 256;
+  bool prefill_replay = false;    // [approx-approved] SWA bounded replay of long prompts (spec/11 §8.4)
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})

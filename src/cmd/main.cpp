@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   };
   reg("inspect", "validate a snapshot and print its config, layer roles and bytes per class", fb::cmd::add_inspect);
   reg("check-fixture", "run an official-reference fixture and compare logits, ids, taps and drafts", fb::cmd::add_check_fixture);
+  reg("replay-quality", "KL and top-1 of bounded-replay prefill against exact prefill (spec/11 sec. 8.4)", fb::cmd::add_replay_quality);
   reg("probe", "measure RAM, cores, drives and the GPU; print the memory plan and decode bounds", fb::cmd::add_probe);
   reg("convert", "write the expert-major store (and replicas) from a snapshot", fb::cmd::add_convert);
 #ifdef FB_HAVE_TOKENIZER

@@ -68,6 +68,8 @@ class CpuLayerOps {
     o_.assign(size_t(T_ * c_.q_dim()), 0);
     pos_.assign(size_t(T_), 0);
     image_.assign(size_t(T_), 0);
+    rows_.resize(size_t(T_));
+    std::iota(rows_.begin(), rows_.end(), int64_t(0));
   }
 
   // Detailed taps (debugging divergences); no effect on arithmetic.
@@ -96,7 +98,7 @@ class CpuLayerOps {
     const TensorView& scale = site == Site::kAttn ? w.hc_attn_scale : w.hc_ffn_scale;
     auto& mix = site == Site::kAttn ? mix_a_ : mix_f_;
     const int hc = c_.hc_mult, n_mix = (2 + hc) * hc;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       float m[16 * 24];
       hc_mixes_raw(stream(t), hc, c_.dim, f32p(fn), c_.norm_eps, m);
       (void)n_mix;
@@ -112,7 +114,7 @@ class CpuLayerOps {
     const int hc = c_.hc_mult;
     const int64_t D = c_.dim;
     if (site == Site::kFfn) residual_ = X_;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       std::vector<bf16_t> h(static_cast<size_t>(D));
       const float* pre = site == Site::kAttn ? &pre_[size_t(t * hc)] : mix_a_[size_t(t)].pre;
       hc_pre(stream(t), hc, D, pre, h.data());
@@ -125,7 +127,7 @@ class CpuLayerOps {
     const auto& w = m_.w_.layers[size_t(l)];
     const RopeTable& rope = rope_for(l);
     const int64_t QR = c_.q_lora_rank, QD = c_.q_dim();
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       std::vector<bf16_t> a(static_cast<size_t>(QR));
       fp8_gemm(&u_[size_t(t * c_.dim)], 1, w.wq_a.w, w.wq_a.scale, a.data());
       rms_norm(a.data(), QR, bfp(w.q_norm), c_.norm_eps, &qr_[size_t(t * QR)]);
@@ -141,7 +143,7 @@ class CpuLayerOps {
     const auto& w = m_.w_.layers[size_t(l)];
     const RopeTable& rope = rope_for(l);
     const int64_t hd = c_.head_dim, rb = hd + hd / 32;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       std::vector<bf16_t> a(static_cast<size_t>(hd));
       fp8_gemm(&u_[size_t(t * c_.dim)], 1, w.wkv.w, w.wkv.scale, a.data());
       rms_norm(a.data(), hd, bfp(w.kv_norm), c_.norm_eps, &kv_[size_t(t * hd)]);
@@ -159,7 +161,7 @@ class CpuLayerOps {
     const RopeTable& rope = rope_for(l);
     const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
     const std::vector<bf16_t>& wa = m_.wo_a_bf16_[size_t(l)];
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       bf16_t* o = &o_[size_t(t * QD)];
       for (int h = 0; h < c_.n_heads; ++h) apply_rope(o + h * c_.head_dim, c_.head_dim, rope, pos_[size_t(t)], true);
       std::vector<bf16_t> z(static_cast<size_t>(G * OR));
@@ -173,7 +175,7 @@ class CpuLayerOps {
     (void)l;
     const auto& mix = site == Site::kAttn ? mix_a_ : mix_f_;
     const int hc = c_.hc_mult;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       hc_post(&y_[size_t(t * c_.dim)], &residual_[size_t(t * hc * c_.dim)], hc, c_.dim, mix[size_t(t)], stream(t));
       if (site == Site::kFfn)
         for (int i = 0; i < hc; ++i) pre_[size_t(t * hc + i)] = mix[size_t(t)].pre[i];
@@ -186,7 +188,7 @@ class CpuLayerOps {
     const auto& w = m_.w_.layers[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       const bf16_t* u = &u_[size_t(t * D)];
       const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
       Routing rt = route(u, D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
@@ -213,6 +215,10 @@ class CpuLayerOps {
   }
 
  protected:
+  // fn(t) for every row the ops currently run on (all rows, unless bounded-replay rows left).
+  void for_rows(const std::function<void(int64_t)>& fn) const {
+    parallel_for(0, int64_t(rows_.size()), [&](int64_t i) { fn(rows_[size_t(i)]); });
+  }
   bf16_t* stream(int64_t t) { return &X_[size_t(t * c_.hc_mult * c_.dim)]; }
   const RopeTable& rope_for(int l) const { return c_.roles[size_t(l)].yarn() ? m_.rope_yarn_ : m_.rope_plain_; }
   void embed_rows(const std::vector<int32_t>& tokens, const std::vector<const bf16_t*>& given) {
@@ -251,6 +257,7 @@ class CpuLayerOps {
   std::vector<HcMix> mix_a_, mix_f_;
   std::vector<int64_t> pos_;
   std::vector<uint8_t> image_;
+  std::vector<int64_t> rows_;      // rows the ops run on, ascending (see CpuStep::leave_begin)
   model::Taps* detail_ = nullptr;  // set when detailed taps are requested
 };
 
@@ -281,6 +288,35 @@ class CpuStep : public CpuLayerOps {
   }
 
   model::StepOutput take_output() { return std::move(out_); }
+
+  // Bounded replay (spec/11 §8.4), called by run_backbone at Config::decoder_start: the rows
+  // below their replay_start become the only rows (false when there are none) ...
+  bool leave_begin(int l) {
+    (void)l;
+    std::vector<int64_t> leaving, staying;
+    for (int64_t t : rows_) {
+      const Row& r = step_.rows[size_t(t)];
+      (r.kind == RowKind::kPrefill && r.pos < r.replay_start ? leaving : staying).push_back(t);
+    }
+    if (leaving.empty()) return false;
+    rows_ = std::move(leaving);
+    staying_ = std::move(staying);
+    return true;
+  }
+  // ... and after their compressor they leave. Their slots in the decoder rings are marked
+  // empty, so those rings hold replayed positions only (never a stale row of a rolled-back
+  // continuation); what a slot held before is older than any later query's window.
+  void leave_end(int l) {
+    for (int64_t t : rows_) {
+      SessionCache* s = sessions_[size_t(step_.rows[size_t(t)].session)];
+      for (int d = l; d < c_.n_layers; ++d) {
+        Ring& ring = s->rings[size_t(d)];
+        ring.pos[size_t(pos_[size_t(t)] % ring.slots)] = -1;
+      }
+    }
+    rows_ = std::move(staying_);
+    staying_.clear();
+  }
 
   void embed() {
     std::vector<int32_t> tokens;
@@ -334,7 +370,7 @@ class CpuStep : public CpuLayerOps {
     const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
     const int64_t D = c_.dim;
     const float inv_sqrt_d = float(1.0 / std::sqrt(double(D)));
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       std::vector<bf16_t> E(static_cast<size_t>(n_cols * hd));
       for (int col = 0; col < n_cols; ++col) {
         const int64_t row = hashes_[size_t((t * n_tab + tab) * n_cols + col)];
@@ -369,7 +405,7 @@ class CpuStep : public CpuLayerOps {
   void dspark_tap(int tap) {
     const int n_taps = int(c_.dspark_target_layer_ids.size()), hc = c_.hc_mult;
     const int64_t D = c_.dim;
-    for (int64_t t = 0; t < T_; ++t) {
+    for (int64_t t : rows_) {
       const bf16_t* x = stream(t);
       bf16_t* out = &out_.taps[size_t((t * n_taps + tap) * D)];
       for (int64_t d = 0; d < D; ++d) {
@@ -393,7 +429,7 @@ class CpuStep : public CpuLayerOps {
     if (ratio == 2) {
       kproj.assign(size_t(T_ * hd), 0.0f);
       gproj.assign(size_t(T_ * hd), 0.0f);
-      parallel_for(0, T_, [&](int64_t t) {
+      for_rows([&](int64_t t) {
         std::vector<float> uf(static_cast<size_t>(D));
         for (int64_t d = 0; d < D; ++d) uf[size_t(d)] = bf(u_[size_t(t * D + d)]);
         f32_gemm_bf16w(uf.data(), 1, D, bfp(w.comp_wkv), hd, &kproj[size_t(t * hd)]);
@@ -401,11 +437,11 @@ class CpuStep : public CpuLayerOps {
       });
     } else {
       lat1.assign(size_t(T_ * hd), 0);
-      parallel_for(0, T_, [&](int64_t t) { bf16_gemm(&u_[size_t(t * D)], 1, D, bfp(w.comp_wkv), hd, &lat1[size_t(t * hd)]); });
+      for_rows([&](int64_t t) { bf16_gemm(&u_[size_t(t * D)], 1, D, bfp(w.comp_wkv), hd, &lat1[size_t(t * hd)]); });
     }
     std::vector<bf16_t> pooled(static_cast<size_t>(hd)), latent(static_cast<size_t>(hd)), key(static_cast<size_t>(ihd)),
         tmp(static_cast<size_t>(hd));
-    for (int64_t t = 0; t < T_; ++t) {
+    for (int64_t t : rows_) {
       SessionCache* s = sessions_[size_t(step_.rows[size_t(t)].session)];
       CompressedCache& cc = s->comp[size_t(l)];
       const int64_t p = pos_[size_t(t)];
@@ -467,7 +503,7 @@ class CpuStep : public CpuLayerOps {
         fp4_e8m0_dequant_row(kb, kb + ihd / 2, ihd, &k[size_t(j * ihd)]);
       }
     }
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       const Row& row = step_.rows[size_t(t)];
       const int64_t p = row.pos;
       const int64_t n_vis = (p + 1) / ratio;
@@ -553,7 +589,7 @@ class CpuStep : public CpuLayerOps {
       }
     }
     const std::vector<std::vector<int32_t>>* sel = r.ratio > 0 ? &selections_.at(r.index_layer) : nullptr;
-    parallel_for(0, T_, [&](int64_t t) {
+    for_rows([&](int64_t t) {
       const Row& row = step_.rows[size_t(t)];
       const int s = row.session;
       const int64_t p = row.pos, start = sessions_[size_t(s)]->next_pos, t0 = first_row_[size_t(s)];
@@ -564,7 +600,9 @@ class CpuStep : public CpuLayerOps {
         return it->second.data();
       };
       std::vector<const bf16_t*> keys;
-      const int64_t lo = std::max<int64_t>(0, p - W + 1);
+      int64_t lo = std::max<int64_t>(0, p - W + 1);
+      // Bounded replay: a decoder layer's window holds no key below the replay start (§8.4).
+      if (row.kind == RowKind::kPrefill && l >= c_.decoder_start && c_.decoder_start >= 0) lo = std::max(lo, row.replay_start);
       if (row.kind == RowKind::kPrefill) {
         const int64_t width = std::min<int64_t>(row.prefill_end, W);
         for (int64_t q = lo; q <= p; ++q) keys.push_back(window_key(q));
@@ -583,7 +621,7 @@ class CpuStep : public CpuLayerOps {
     // Ring writes after every row of the step attended (a chunk's rows must not overwrite
     // slots its earlier rows still read).
     const int64_t rb = c_.head_dim + c_.head_dim / 32;
-    for (int64_t t = 0; t < T_; ++t) {
+    for (int64_t t : rows_) {
       SessionCache* s = sessions_[size_t(step_.rows[size_t(t)].session)];
       Ring& ring = s->rings[size_t(l)];
       const int64_t p = pos_[size_t(t)];
@@ -640,6 +678,7 @@ class CpuStep : public CpuLayerOps {
   Taps* taps_;
   model::StepOutput out_;
   std::vector<int64_t> first_row_;
+  std::vector<int64_t> staying_;  // rows that go on past the decoder's first layer (leave_begin)
   std::vector<int64_t> hashes_;  // [rows, tables, orders * heads]
   std::map<int, std::vector<std::vector<int32_t>>> selections_;  // per index layer, per row
   std::vector<std::vector<uint8_t>> pools_;                       // candidate mask per row
@@ -768,6 +807,12 @@ Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const s
     if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
       return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
+    if (r.replay_start != 0) {
+      if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
+      if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
+      if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";
+      if (r.want_logits && r.pos < r.replay_start) return FB_ERROR(kInvalidArgument) << "row " << r.pos << " wants logits but ends at the encoder";
+    }
     ++next[size_t(r.session)];
   }
   CpuStep ex(*this, step, sessions, taps);

@@ -441,6 +441,10 @@ class CudaStep : public CudaLayerOps {
   }
 
   // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
+  // Bounded replay (Row::replay_start) is not implemented here: forward() refuses such rows.
+  bool leave_begin(int) { return false; }
+  void leave_end(int) {}
+
   void engram_hash() {
     ProfScope prof_scope_(this, "engram_hash");
     if (!ok() || m_.engram_.empty()) return;
@@ -900,6 +904,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
       return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
+    if (r.replay_start != 0) return FB_ERROR(kUnsupported) << "bounded replay (Row::replay_start) is not implemented in the CUDA executor";
     ++next[size_t(r.session)];
     max_pos = std::max(max_pos, r.pos);
   }

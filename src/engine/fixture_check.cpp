@@ -127,6 +127,15 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   std::unique_ptr<model::Executor> ex = std::move(ex_or.value());
   const model::Config& c = ex->config();
   const int64_t V = c.vocab_size, N = int64_t(prompt.size());
+  // Bounded replay: decoder layers over the last window only. The fixtures are exact-mode
+  // references, so this reports how far the approximation moves them (it is not expected to pass).
+  int64_t replay = 0;
+  if (opt.bounded_replay) {
+    if (!ex->supports_bounded_replay()) return FB_ERROR(kUnsupported) << "--bounded-replay: the " << ex->name() << " executor does not run it";
+    replay = std::max<int64_t>(0, N - c.window_size);
+    FB_LOG(kInfo) << "check-fixture " << rep.case_name << ": bounded replay, decoder layers " << c.decoder_start << ".." << c.n_layers - 1
+                  << " over positions " << replay << ".." << N - 1;
+  }
   if (int64_t(logits.size()) != (n_steps + 1) * V)
     return FB_ERROR(kCorrupt) << "logits.f32 holds " << logits.size() << " floats, want " << (n_steps + 1) * V;
 
@@ -214,6 +223,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
       r.token = prompt[size_t(p)];
       r.kind = model::RowKind::kPrefill;
       r.prefill_end = N;
+      r.replay_start = replay;
       r.want_logits = p == N - 1;
       if (image && image->embed_row[size_t(p)] >= 0) {
         r.image = true;

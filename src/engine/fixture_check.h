@@ -14,6 +14,7 @@ namespace fb::engine {
 
 struct FixtureCheckOptions {
   int64_t chunk = 0;          // prefill chunk rows (0 = whole prompt in one step)
+  bool bounded_replay = false;  // [approx-approved] prefill with SWA bounded replay (spec/11 §8.4)
   bool verbose = false;
   std::string dump_dir;
   std::string inject_dir;     // read L<l>.x_in.f32 / L<l>.pre_in.f32 and inject them (debugging)       // write detailed prefill taps here as <name>.f32 (debugging)

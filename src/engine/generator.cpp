@@ -136,6 +136,13 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
   if (embeds) hist_key_ = embeds->key;
   else hist_key_.clear();
   have_logits_ = pending_ = false;
+  // Bounded replay: the new rows before the last `window` positions stop after the encoder.
+  // When the cached prefix already covers them there is nothing to skip and prefill is exact.
+  int64_t replay = 0;
+  if (opt_.prefill_replay) {
+    if (!ex_->supports_bounded_replay()) return FB_ERROR(kUnsupported) << "the " << ex_->name() << " executor does not run bounded-replay prefill";
+    if (N - window_ > c) replay = N - window_;
+  }
   const int64_t chunk = opt_.prefill_chunk;
   for (int64_t s0 = c; s0 < N; s0 += chunk) {
     const int64_t s1 = std::min(N, s0 + chunk);
@@ -146,6 +153,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
       r.token = prompt[size_t(p)];
       r.kind = model::RowKind::kPrefill;
       r.prefill_end = N;
+      r.replay_start = replay;
       r.want_logits = p == N - 1;
       if (embeds && embeds->row[size_t(p)] >= 0) {  // an image row (spec/14 §6)
         r.image = true;
@@ -164,8 +172,12 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     history_.insert(history_.end(), prompt.begin() + s0, prompt.begin() + s1);
     if (dspark_ok_) {
       FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - s0) * tap_w_);
-      FB_RETURN_IF_ERROR(commit_taps(s0, out.taps.data(), s1 - s0));
-      tap_.assign(out.taps.end() - tap_w_, out.taps.end());
+      // Rows that left at the encoder have no tap rows of decoder layers: commit replayed rows only.
+      const int64_t first = std::max(s0, replay);
+      if (first < s1) {
+        FB_RETURN_IF_ERROR(commit_taps(first, out.taps.data() + (first - s0) * tap_w_, s1 - first));
+        tap_.assign(out.taps.end() - tap_w_, out.taps.end());
+      }
     }
     if (s1 == N) {
       FB_CHECK_EQ(int64_t(out.logits.size()), vocab_);

@@ -31,6 +31,9 @@ struct GeneratorOptions {
   int dspark_calibrate_reps = 2;         // timed repetitions per row count (min taken)
   std::vector<double> dspark_sts_temps;  // confidence temperatures T_1..T_B (spec/13 §4.8); empty: 1
   int64_t max_context = 0;  // 0 = the model's max_position_embeddings
+  // [approx-approved] SWA bounded replay (spec/11 §8.4): a prompt longer than the window runs
+  // its decoder layers only over the last `window` positions. Off: exact prefill.
+  bool prefill_replay = false;
 };
 
 // Prompt positions that enter the forward pass with an embedding instead of their token's

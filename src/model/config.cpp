@@ -321,6 +321,11 @@ Status derive_roles(Config& c) {
       }
     }
   }
+  // The decoder begins at the last KV source: every later compressed layer reads that source's
+  // cache (rule 5 picks the latest source), and the source fills it from its own input.
+  c.decoder_start = -1;
+  for (int l = 1; l < L; ++l)
+    if (c.roles[size_t(l)].kv_source) c.decoder_start = l;
   for (size_t i = 0; i < c.engram_layer_ids.size(); ++i) c.roles[size_t(c.engram_layer_ids[i])].engram_table = int(i);
   for (size_t i = 0; i < c.dspark_target_layer_ids.size(); ++i) {
     int l = c.dspark_target_layer_ids[i];

@@ -104,6 +104,10 @@ struct Config {
 
   // ---- derived ----
   std::vector<LayerRole> roles;  // n_layers + n_mtp_layers
+  // First "decoder" layer of spec/11 §8.1 (20 in the released model): the last backbone KV
+  // source, so no later layer writes global KV and its compressed cache is a function of its
+  // input alone. Bounded replay (§8.4) splits the backbone here. -1: no such layer above 0.
+  int decoder_start = -1;
 
   bool has_vision() const { return vision.n_layers > 0; }
   int n_total_layers() const { return n_layers + n_mtp_layers; }

@@ -39,6 +39,7 @@ TEST(Config, ReleasedRoles) {
   EXPECT_EQ(c.roles[41].n_active, 3);
   EXPECT_EQ(c.engram_pad_id, 2);
   EXPECT_TRUE(c.has_vision());
+  EXPECT_EQ(c.decoder_start, 20);  // spec/11 §8.1: the encoder is layers 0-19
 }
 
 // spec/10 §3.5 and §5: 96,085 tensors; per-class payload bytes.
@@ -76,6 +77,7 @@ TEST(Config, TinyFixtureParses) {
   EXPECT_EQ(c->roles[5].index_layer, 5);
   EXPECT_TRUE(c->roles[5].pool_restricted);
   EXPECT_EQ(c->roles[0].engram_table, 0);
+  EXPECT_EQ(c->decoder_start, 3);  // last KV source (1, 3)
   EXPECT_EQ(expected_tensors(*c).size(), 411u);
 }
 

@@ -52,6 +52,9 @@ class Executor {
   virtual const Config& config() const = 0;
   virtual const char* name() const = 0;
   virtual std::unique_ptr<SessionState> new_session() const = 0;
+  // Whether forward() honours Row::replay_start (SWA bounded replay, spec/11 §8.4). Callers ask
+  // before sending such rows: an executor without it would run them exactly.
+  virtual bool supports_bounded_replay() const { return false; }
   // Runs the backbone over the rows; sessions[i] serves rows with session == i.
   virtual Result<StepOutput> forward(const Step& step, const std::vector<SessionState*>& sessions, Taps* taps = nullptr) = 0;
   // DSpark: write committed positions' tap rows (bf16 [n, n_taps*dim]) into the draft rings.

@@ -19,6 +19,15 @@ void run_backbone(Ex& ex, const Config& c) {
     const LayerRole& r = c.roles[size_t(l)];
     if (r.engram_table >= 0) ex.engram(l);           // before the block, on all streams
     if (r.dspark_tap >= 0) ex.dspark_tap(r.dspark_tap);  // stream mean of the block INPUT
+    // Bounded replay (spec/11 §8.4): rows below their Row::replay_start publish the decoder's
+    // global KV from their collapsed input (the source's compressor reads nothing else), then
+    // leave. leave_begin(l) narrows the step to those rows (false, no change, when there are
+    // none); leave_end(l) drops them and the rest of the step runs on without them.
+    if (l == c.decoder_start && ex.leave_begin(l)) {
+      ex.hc_collapse_norm(l, Site::kAttn);
+      ex.compress(l);
+      ex.leave_end(l);
+    }
     // attention sublayer: mixes from the block input; collapse with the carried pre
     ex.hc_mixes(l, Site::kAttn);
     ex.hc_collapse_norm(l, Site::kAttn);

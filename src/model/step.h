@@ -24,6 +24,13 @@ struct Row {
   // window width min(prefill_end, window) and the indexer's scored slice prefill_end // ratio,
   // so any chunking of a prompt reproduces the one-shot reference exactly (spec/11 §8.2-8.3).
   int64_t prefill_end = 0;
+  // Prefill rows, SWA bounded replay (spec/11 §8.4; an approximation, off when 0): a row at a
+  // position below replay_start runs only the encoder (layers before Config::decoder_start) and
+  // the decoder's compressor (collapse, attn_norm, compressed KV, index keys), then leaves the
+  // step: no decoder window KV, no DSpark taps of decoder layers, no logits. Rows at or after it
+  // run every layer, and their decoder window keys start at replay_start. Like prefill_end it
+  // belongs to the whole prompt, so any chunking gives the same bits. 0 = exact prefill.
+  int64_t replay_start = 0;
   bool want_logits = false;
   bool image = false;      // image-span position: routing uses bias_vl, Engram history is DEAD
   int32_t embed_row = -1;  // >= 0: input embedding comes from Step::embeddings (image rows)
