@@ -440,11 +440,11 @@ class CudaStep : public CudaLayerOps {
     embed_tokens(src);
   }
 
-  // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
   // Bounded replay (Row::replay_start) is not implemented here: forward() refuses such rows.
   bool leave_begin(int) { return false; }
   void leave_end(int) {}
 
+  // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
   void engram_hash() {
     ProfScope prof_scope_(this, "engram_hash");
     if (!ok() || m_.engram_.empty()) return;
