@@ -157,22 +157,31 @@ int run(const Args& a) {
         std::vector<std::string> values;
         std::stringstream vs(eq == std::string::npos ? std::string() : a.ab_env.substr(eq + 1));
         for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
-        std::map<std::string, std::vector<double>> ms;
+        // One-row steps and steps of --verify-rows rows.
+        std::map<std::string, std::vector<double>> ms, mv;
+        const int vr = std::max(1, a.verify_rows);
         for (int rep = 0; rep < 3; ++rep)
           for (const auto& v : values) {
             setenv(name.c_str(), v.c_str(), 1);
-            auto tv = bench::time_decode(**ex, *s, a.steps, 1);
-            if (tv.ok()) ms[v].push_back(tv->decode_ms);
-            else std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
+            auto tv = bench::time_decode(**ex, *s, a.steps, vr);
+            if (tv.ok()) {
+              ms[v].push_back(tv->decode_ms);
+              mv[v].push_back(tv->verify_ms.back());
+            } else {
+              std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
+            }
           }
         unsetenv(name.c_str());
         for (const auto& v : values) {
           auto& x = ms[v];
+          auto& y = mv[v];
           if (x.empty()) continue;
           std::sort(x.begin(), x.end());
-          std::fprintf(stderr, "bench: context %lld: A/B %s=%s: %.3f ms/token (median of %zu interleaved runs)\n", (long long)L, name.c_str(),
-                       v.c_str(), x[x.size() / 2], x.size());
+          std::sort(y.begin(), y.end());
+          std::fprintf(stderr, "bench: context %lld: A/B %s=%s: %.3f ms/token, %d rows %.3f ms/step (medians of %zu interleaved runs)\n",
+                       (long long)L, name.c_str(), v.c_str(), x[x.size() / 2], vr, y[y.size() / 2], x.size());
           csv.row("ab_" + name + "=" + v + "_decode_ms", L, x[x.size() / 2], "ms/token, interleaved A/B, median");
+          csv.row("ab_" + name + "=" + v + "_verify_rows_" + std::to_string(vr) + "_ms", L, y[y.size() / 2], "ms/step, interleaved A/B, median");
         }
       }
       if (a.profile || a.profile_kernels) {
