@@ -294,10 +294,11 @@ class CudaLayerOps {
     if (!ok()) return;
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
-    // Several rows (verify rows, sessions): rows sharing an expert read its weights once. Same
-    // bits either way (FB_EXPERT_TILES=0 turns the grouping off, for A/B measurement).
+    // Several rows (verify rows, sessions): rows sharing an expert can read its weights once.
+    // Same bits either way; OFF unless FB_EXPERT_TILES=1: on the H200 it did not pay (6 verify
+    // rows at 4K: 64.0 vs 62.4 ms/step without, interleaved A/B; docs/results.md).
     const char* tiles_env = std::getenv("FB_EXPERT_TILES");
-    const bool grouped = T_ > 1 && T_ * K <= kExpertTileMaxRows && !(tiles_env && tiles_env[0] == '0');
+    const bool grouped = T_ > 1 && T_ * K <= kExpertTileMaxRows && tiles_env && tiles_env[0] == '1';
     ExpertTiles g;
     if (grouped) {
       g.rows = alloc<int32_t>(T_ * K);
