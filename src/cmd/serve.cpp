@@ -2,7 +2,6 @@
 #include "cmd/commands.h"
 #include "cmd/engine_setup.h"
 #include "server/server.h"
-#include "vision/pipeline.h"
 
 namespace fb::cmd {
 
@@ -24,18 +23,8 @@ Runner add_serve(CLI::App& app) {
       std::fprintf(stderr, "flashbox serve: %s\n", le.status().message().c_str());
       return 2;
     }
-    // The vision tower (issue 10): image parts are decoded, preprocessed and embedded on the
-    // HTTP threads; a model without one answers image requests with 400.
-    std::unique_ptr<vision::ImagePipeline> vis;
-    if (!le->model_dir.empty() && le->engine->config().has_vision()) {
-      auto v = vision::ImagePipeline::open(le->model_dir);
-      if (!v.ok()) {
-        std::fprintf(stderr, "flashbox serve: loading the vision tower: %s\n", v.status().message().c_str());
-        return 2;
-      }
-      vis = std::move(v).value();
-      opt->vision = vis.get();
-    }
+    // Images (issue 10): the HTTP threads decode and preprocess them; the tower runs on the
+    // engine's executor (the GPU one under --backend cuda). No second copy of its weights.
     Status s = server::serve(*le->engine, *opt);
     if (!s.ok()) {
       std::fprintf(stderr, "flashbox serve: %s\n", s.message().c_str());

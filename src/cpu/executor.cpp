@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "loader/bind.h"
 #include "model/forward.h"
+#include "vision/span.h"
 #include "vision/tower.h"
 
 namespace fb::cpu {
@@ -787,6 +788,11 @@ Result<std::vector<uint16_t>> CpuModel::encode_image(const std::vector<uint16_t>
   std::vector<uint16_t> aligned = tower.align(f, nvh, nvw);
   if (vit) *vit = std::move(f);
   return aligned;
+}
+
+Result<std::vector<uint16_t>> CpuModel::image_span_markers() const {
+  if (!cfg_.has_vision()) return FB_ERROR(kUnsupported) << "the checkpoint has no vision tower";
+  return vision::span_markers(w_.vision, cfg_.dim);
 }
 
 Result<model::StepOutput> CpuModel::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, Taps* taps) {

@@ -48,6 +48,7 @@ class CpuModel final : public model::Executor {
   // The vision tower on the CPU (vision::VisionTower: the reference-defining numerics).
   Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
                                              std::vector<uint16_t>* vit = nullptr) override;
+  Result<std::vector<uint16_t>> image_span_markers() const override;
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }

@@ -141,6 +141,8 @@ class CudaExecutor final : public model::Executor {
   // The vision tower on the device (cuda/vision.cu), bit-identical to vision::VisionTower.
   Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
                                              std::vector<uint16_t>* vit = nullptr) override;
+  // From the host view of the weights (the span rows are assembled on the host).
+  Result<std::vector<uint16_t>> image_span_markers() const override;
 
   cudaStream_t stream() const { return stream_; }
   // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);

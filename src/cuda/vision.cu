@@ -11,6 +11,7 @@
 #include "cuda/numerics.cuh"
 #include "cuda/ops.h"
 #include "cuda/vision.h"
+#include "vision/span.h"
 #include "vision/tower.h"
 
 namespace fb::cuda {
@@ -262,6 +263,11 @@ Result<std::vector<uint16_t>> CudaExecutor::encode_image(const std::vector<uint1
   FB_RETURN_IF_ERROR(s);
   FB_CUDA_TRY(e);
   return result;
+}
+
+Result<std::vector<uint16_t>> CudaExecutor::image_span_markers() const {
+  if (!cfg_.has_vision()) return FB_ERROR(kUnsupported) << "the checkpoint has no vision tower";
+  return vision::span_markers(w_.vision, cfg_.dim);
 }
 
 }  // namespace fb::cuda

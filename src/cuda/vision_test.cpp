@@ -103,6 +103,13 @@ TEST(CudaVision, MakeTinyVisionGrids) {
   }
   // wrong patch count: an error, not a crash
   EXPECT_FALSE((*gpu)->encode_image(std::vector<uint16_t>(5), 2, 2).ok());
+  // the span's START / NEWLINE / END rows the engine assembles spans with: the same from both
+  auto gm = (*gpu)->image_span_markers();
+  auto cm = (*cpu)->image_span_markers();
+  ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+  ASSERT_TRUE(cm.ok()) << cm.status().to_string();
+  EXPECT_EQ(gm->size(), 3 * size_t((*cpu)->config().dim));
+  EXPECT_EQ(*gm, *cm);
   fs::remove_all(dir);
 }
 

@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "engine/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
+#include "vision/span.h"
 
 namespace fb::engine {
 
@@ -79,23 +80,25 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
   if (req.sampling.top_p <= 0 || req.sampling.top_p > 1) return FB_ERROR(kInvalidArgument) << "top_p must be in (0, 1]";
   if (req.sampling.min_p < 0 || req.sampling.min_p > 1) return FB_ERROR(kInvalidArgument) << "min_p must be in [0, 1]";
   if (req.sampling.top_k < 0) return FB_ERROR(kInvalidArgument) << "top_k must be >= 0";
-  // Image spans -> per-position embedding rows and content keys (spec/14 §6).
+  // Image spans -> per-position embedding rows and content keys (spec/14 §6). Only the shapes
+  // are checked here (the caller's thread); the tower runs on the engine thread (run()).
   PromptEmbeddings embeds;
   int64_t image_rows = 0;
   if (!req.images.empty()) {
     const model::Config& c = ex_->config();
     if (!c.has_vision()) return FB_ERROR(kUnsupported) << "model has no vision tower";
-    const int64_t N = int64_t(req.prompt.size()), dim = c.dim;
+    const int64_t N = int64_t(req.prompt.size()), P = 3LL * c.vision.patch_size * c.vision.patch_size, r = c.vision.downsample;
     embeds.row.assign(size_t(N), -1);
     embeds.key.assign(size_t(N), 0);
     int64_t end = 0;
     for (size_t i = 0; i < req.images.size(); ++i) {
-      ImageInput& im = req.images[i];
-      const int64_t L = int64_t(im.types.size());
-      if (L == 0 || im.pos < end || im.pos + L > N)
+      const ImageInput& im = req.images[i];
+      if (im.nvh <= 0 || im.nvw <= 0 || int64_t(im.patches.size()) != int64_t(im.nvh) * im.nvw * P)
+        return FB_ERROR(kInvalidArgument) << "image " << i << ": " << im.patches.size() << " patch values for a " << im.nvh << "x" << im.nvw
+                                          << " grid of " << P;
+      const int64_t nlh = (im.nvh + r - 1) / r, nlw = (im.nvw + r - 1) / r, L = nlh * (nlw + 1) + 2;
+      if (im.pos < end || im.pos + L > N)
         return FB_ERROR(kInvalidArgument) << "image " << i << ": span [" << im.pos << ", " << im.pos + L << ") is outside the prompt or overlaps";
-      if (int64_t(im.embeddings.size()) != L * dim)
-        return FB_ERROR(kInvalidArgument) << "image " << i << ": " << im.embeddings.size() << " embedding values for a span of " << L << " rows";
       for (int64_t k = 0; k < L; ++k) {
         const size_t p = size_t(im.pos + k);
         if (req.prompt[p] != c.image_token_id)
@@ -104,13 +107,11 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
         uint64_t key = (im.hash ^ (uint64_t(k + 1) * 0x9e3779b97f4a7c15ull)) * 0xbf58476d1ce4e5b9ull;
         embeds.key[p] = key ? key : 1;
       }
-      embeds.data.insert(embeds.data.end(), im.embeddings.begin(), im.embeddings.end());
       image_rows += L;
       end = im.pos + L;
     }
   }
   const int64_t n_images = int64_t(req.images.size());
-  req.images.clear();  // the rows now live in `embeds`
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return FB_ERROR(kCancelled) << "the engine is shutting down";
   if (int64_t(queue_.size()) >= opt_.max_queue)
@@ -183,6 +184,24 @@ Generator& Engine::pick_generator(const std::vector<int32_t>& prompt, const Prom
   return *gens_[best];
 }
 
+Status Engine::encode_images(Job& job) {
+  const model::Config& c = ex_->config();
+  if (span_markers_.empty()) span_markers_ = FB_TRY(ex_->image_span_markers());
+  const int r = c.vision.downsample;
+  std::vector<uint16_t>& data = job.embeds.data;
+  for (size_t i = 0; i < job.req.images.size(); ++i) {
+    if (job.cancelled->load()) return FB_ERROR(kCancelled) << "cancelled while encoding images";
+    ImageInput& im = job.req.images[i];
+    auto aligned = ex_->encode_image(im.patches, im.nvh, im.nvw);
+    if (!aligned.ok()) return aligned.status().with_context("image " + std::to_string(i) + ": the vision tower");
+    const std::vector<int32_t> types = vision::span_types((im.nvh + r - 1) / r, (im.nvw + r - 1) / r);
+    const std::vector<uint16_t> rows = vision::span_embeddings(types, *aligned, span_markers_, c.dim);
+    data.insert(data.end(), rows.begin(), rows.end());
+    std::vector<uint16_t>().swap(im.patches);  // the rows replace the patches
+  }
+  return Status();
+}
+
 void Engine::run(Job& job) {
   const Request& req = job.req;
   auto send = [&](Event e) { job.sink(e); };
@@ -204,6 +223,16 @@ void Engine::run(Job& job) {
     ++stats_.requests_cancelled;
   };
   if (job.cancelled->load()) return finish_cancelled();
+  if (!req.images.empty()) {
+    const double te = now_s();
+    Status es = encode_images(job);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stats_.image_encode_s += now_s() - te;
+    }
+    if (es.code() == StatusCode::kCancelled) return finish_cancelled();
+    if (!es.ok()) return fail(es);
+  }
 
   const PromptEmbeddings* embeds = job.embeds.row.empty() ? nullptr : &job.embeds;
   Generator& gen = pick_generator(req.prompt, embeds);

@@ -26,13 +26,16 @@
 
 namespace fb::engine {
 
-// One image of the prompt (spec/14 §6): the rows of its span enter the forward pass with
-// embeddings instead of the token's (every span id is the config's image_token_id).
+// One image of the prompt (spec/14 §6), preprocessed but not yet encoded: the engine thread runs
+// the tower on its executor (model::Executor::encode_image, the GPU one under --backend cuda) and
+// the span's rows then enter the forward pass with embeddings instead of the token's (every span
+// id is the config's image_token_id). Span layout: nlh = ceil(nvh / downsample) rows of
+// nlw = ceil(nvw / downsample) slots + newline, between START and END (vision::span_types).
 struct ImageInput {
-  int64_t pos = 0;                   // first prompt position of the span
-  std::vector<int32_t> types;        // span types: 0 start, 1 image, 2 newline, 3 end
-  std::vector<uint16_t> embeddings;  // bf16 [types.size(), dim]
-  uint64_t hash = 0;                 // content hash (bytes + preprocessing): keys prefix reuse
+  int64_t pos = 0;                // first prompt position of the span
+  int nvh = 0, nvw = 0;           // ViT patch grid
+  std::vector<uint16_t> patches;  // bf16 [nvh * nvw, 3 * patch_size^2] (vision::load_image)
+  uint64_t hash = 0;              // content hash (bytes + preprocessing): keys prefix reuse
 };
 
 struct Request {
@@ -91,6 +94,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
   int64_t prefill_tokens = 0;        // prompt rows run through prefill (prompt - cached)
   int64_t images = 0, image_rows = 0;  // images in accepted requests / their span rows
+  double image_encode_s = 0;           // the vision tower on the engine thread
   double prefill_s = 0, decode_s = 0;
   DsparkCounters dspark;
 };
@@ -117,13 +121,15 @@ class Engine {
  private:
   struct Job {
     uint64_t id = 0;
-    Request req;
+    Request req;              // req.images: patches until run() encodes them into embeds.data
     PromptEmbeddings embeds;  // from req.images (row empty: text only)
     EventSink sink;
     std::shared_ptr<std::atomic<bool>> cancelled;
   };
   void loop();
   void run(Job& job);
+  // Runs the tower over the job's images into job.embeds.data (engine thread).
+  Status encode_images(Job& job);
   Generator& pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds);
 
   std::unique_ptr<model::Executor> ex_;
@@ -131,6 +137,7 @@ class Engine {
   EngineOptions opt_;
   int64_t max_context_ = 0;
   std::vector<std::unique_ptr<Generator>> gens_;  // engine thread only
+  std::vector<uint16_t> span_markers_;            // engine thread only: bf16 [3, dim], fetched once
   std::vector<uint64_t> gen_last_use_;
   uint64_t use_clock_ = 0;
 

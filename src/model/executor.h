@@ -94,6 +94,12 @@ class Executor {
                                                      std::vector<uint16_t>* vit = nullptr) {
     return FB_ERROR(kUnsupported) << name() << " executor does not run the vision tower";
   }
+  // The learned START, NEWLINE and END rows of an image span (spec/14 §6.1), in that order:
+  // bf16 [3, dim] on the host. With encode_image's rows they make the span's input rows
+  // (vision::span_embeddings); the engine asks once and keeps them.
+  virtual Result<std::vector<uint16_t>> image_span_markers() const {
+    return FB_ERROR(kUnsupported) << name() << " executor does not run the vision tower";
+  }
 };
 
 }  // namespace fb::model

@@ -113,18 +113,19 @@ Status expand_images(const std::vector<ojson>& parts, const ImagePolicy& policy,
   for (size_t i = 0; i < parts.size(); ++i) {
     auto bytes = image_part_bytes(parts[i], policy);
     if (!bytes.ok()) return FB_ERROR(kInvalidArgument) << "image " << i << ": " << bytes.status().message();
-    auto em = policy.vision->embed(*bytes, policy.limits);
-    if (!em.ok()) {
-      if (em.status().code() == StatusCode::kOutOfMemory) return em.status();
-      return FB_ERROR(kInvalidArgument) << "image " << i << ": " << em.status().message();
+    auto pi = vision::load_image(*bytes, *policy.vision, policy.limits);
+    if (!pi.ok()) {
+      if (pi.status().code() == StatusCode::kOutOfMemory) return pi.status();
+      return FB_ERROR(kInvalidArgument) << "image " << i << ": " << pi.status().message();
     }
     out.insert(out.end(), req->prompt.begin() + ptrdiff_t(prev), req->prompt.begin() + ptrdiff_t(at[i]));
     engine::ImageInput im;
     im.pos = int64_t(out.size());
-    im.types = std::move(em->types);
-    im.embeddings = std::move(em->embeddings);
-    im.hash = em->hash;
-    out.insert(out.end(), im.types.size(), image_token_id);
+    im.nvh = pi->plan.nvh;
+    im.nvw = pi->plan.nvw;
+    im.patches = std::move(pi->patches);
+    im.hash = pi->hash;
+    out.insert(out.end(), size_t(pi->plan.span_tokens()), image_token_id);
     req->images.push_back(std::move(im));
     prev = at[i] + 1;
   }

@@ -51,6 +51,7 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
   m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));
   m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
+  m("flashbox_image_encode_seconds_total", "counter", "time in the vision tower (engine thread)", s.image_encode_s);
   m("flashbox_prefill_seconds_total", "counter", "time in prefill", s.prefill_s);
   m("flashbox_decode_seconds_total", "counter", "time in decode", s.decode_s);
   m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
@@ -74,7 +75,9 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep,
   ctx.tok = &eng.tokenizer();
   ctx.max_context = eng.max_context();
   ctx.tools_template = opt.tools_template;
-  ctx.images.vision = opt.vision;
+  // Images: decoded and preprocessed here; the tower runs on the engine's executor. A model
+  // without one answers image parts with 400 "model has no vision tower".
+  ctx.images.vision = eng.config().has_vision() ? &eng.config() : nullptr;
   ctx.images.allow_local = opt.allow_local_images;
   ctx.images.max_images = opt.max_images;
   ctx.image_token_id = int32_t(eng.config().image_token_id);

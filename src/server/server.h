@@ -8,10 +8,6 @@
 #include "base/status.h"
 #include "engine/engine.h"
 
-namespace fb::vision {
-class ImagePipeline;
-}
-
 namespace fb::server {
 
 struct ServerOptions {
@@ -22,7 +18,6 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;      // larger bodies get 413
   std::string tools_template;
   int keepalive_ms = 5000;               // SSE comment / Anthropic ping while nothing else is sent
-  const vision::ImagePipeline* vision = nullptr;  // null: image parts get 400 "model has no vision tower"
   bool allow_local_images = false;       // file:// and plain paths in image parts (never the network)
   int max_images = 64;                   // per request
 };

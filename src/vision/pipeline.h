@@ -1,12 +1,10 @@
-// One image from bytes to span rows (spec/14 §3-§6): decode, reference preprocessing, the CPU
-// ViT + aligner, span types and embeddings, and a content hash for prefix-cache keys. The server
-// uses it for image content parts; the weights come from the model folder (mapped read-only,
-// shared with the executor through the page cache). Thread-safe: embed() is const.
+// The host half of one image's way into a prompt (spec/14 §3, §6.2): bytes -> decode ->
+// reference preprocessing -> patches, plus the content hash that keys prefix reuse. No weights:
+// the tower (ViT + aligner) runs on the engine's executor (model::Executor::encode_image), so
+// whoever prepares an image (the server's HTTP threads) never holds a copy of the tower.
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -15,41 +13,18 @@
 #include "vision/image.h"
 #include "vision/preprocess.h"
 
-namespace fb::loader {
-class Snapshot;
-}
-namespace fb::model {
-struct ModelWeights;
-}
-
 namespace fb::vision {
 
-class VisionTower;
-
-struct EmbeddedImage {
-  ImagePlan plan;
-  int width = 0, height = 0;          // decoded size
-  std::vector<int32_t> types;         // span types (spec/14 §6.1), length plan.span_tokens()
-  std::vector<uint16_t> embeddings;   // bf16 [types.size(), dim]
-  uint64_t hash = 0;                  // content hash of the bytes and the preprocessing plan (never 0)
+struct PatchedImage {
+  int width = 0, height = 0;      // decoded size
+  ImagePlan plan;                 // span of plan.span_tokens() rows
+  std::vector<uint16_t> patches;  // bf16 [plan.n_patches(), 3 * p * p], the tower's input
+  uint64_t hash = 0;              // content hash of the bytes and of everything that shapes the rows (never 0)
 };
 
-class ImagePipeline {
- public:
-  // Opens the model folder's checkpoint; kUnsupported when it has no vision tower.
-  static Result<std::unique_ptr<ImagePipeline>> open(const std::string& model_dir);
-  ~ImagePipeline();
-
-  const model::Config& config() const;
-  // Errors: malformed or unsupported image bytes, limits (kInvalidArgument / kUnsupported).
-  Result<EmbeddedImage> embed(std::string_view bytes, const DecodeLimits& limits = {}) const;
-
- private:
-  ImagePipeline() = default;
-  std::unique_ptr<loader::Snapshot> snap_;
-  std::unique_ptr<model::ModelWeights> weights_;
-  std::unique_ptr<VisionTower> tower_;
-};
+// The reference's load_image on bytes. Errors: malformed or unsupported bytes, limits
+// (kInvalidArgument / kUnsupported); kUnsupported when the config has no vision tower.
+Result<PatchedImage> load_image(std::string_view bytes, const model::Config& c, const DecodeLimits& limits = {});
 
 // FNV-1a 64 (content keys; not cryptographic).
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 1469598103934665603ull);

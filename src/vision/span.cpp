@@ -16,16 +16,25 @@ std::vector<int32_t> span_types(int nlh, int nlw) {
   return t;
 }
 
+std::vector<uint16_t> span_markers(const model::VisionWeights& w, int dim) {
+  std::vector<uint16_t> m(3 * size_t(dim));
+  std::copy_n(w.image_start.as<uint16_t>(), dim, &m[0]);
+  std::copy_n(w.image_newline.as<uint16_t>(), dim, &m[size_t(dim)]);
+  std::copy_n(w.image_end.as<uint16_t>(), dim, &m[2 * size_t(dim)]);
+  return m;
+}
+
 std::vector<uint16_t> span_embeddings(const std::vector<int32_t>& types, const std::vector<uint16_t>& aligned,
-                                      const model::VisionWeights& w, int dim) {
+                                      const std::vector<uint16_t>& markers, int dim) {
+  FB_CHECK_EQ(markers.size(), 3 * size_t(dim));
   std::vector<uint16_t> e(types.size() * size_t(dim));
   size_t k = 0;
   for (size_t i = 0; i < types.size(); ++i) {
     const uint16_t* src = nullptr;
     switch (types[i]) {
-      case kStart: src = w.image_start.as<uint16_t>(); break;
-      case kNewline: src = w.image_newline.as<uint16_t>(); break;
-      case kEnd: src = w.image_end.as<uint16_t>(); break;
+      case kStart: src = &markers[0]; break;
+      case kNewline: src = &markers[size_t(dim)]; break;
+      case kEnd: src = &markers[2 * size_t(dim)]; break;
       case kImage:
         FB_CHECK((k + 1) * size_t(dim) <= aligned.size()) << "more IMAGE slots than aligner rows";
         src = &aligned[k++ * size_t(dim)];
@@ -36,6 +45,11 @@ std::vector<uint16_t> span_embeddings(const std::vector<int32_t>& types, const s
   }
   FB_CHECK_EQ(k * size_t(dim), aligned.size());
   return e;
+}
+
+std::vector<uint16_t> span_embeddings(const std::vector<int32_t>& types, const std::vector<uint16_t>& aligned,
+                                      const model::VisionWeights& w, int dim) {
+  return span_embeddings(types, aligned, span_markers(w, dim), dim);
 }
 
 void append_span_rows(model::Step& step, int session, int64_t pos0, const std::vector<int32_t>& types,

@@ -17,8 +17,16 @@ enum SpanType : int32_t { kText = -1, kStart = 0, kImage = 1, kNewline = 2, kEnd
 // Types of one span, length nlh * (nlw + 1) + 2.
 std::vector<int32_t> span_types(int nlh, int nlw);
 
-// bf16 [types.size(), dim]: START/NEWLINE/END take the learned vectors, the k-th IMAGE slot takes
-// aligner row k (reading order). `aligned` is bf16 [n IMAGE slots, dim].
+// The learned START, NEWLINE and END vectors, in that order: bf16 [3, dim] (a host copy; what an
+// executor hands out through model::Executor::image_span_markers).
+std::vector<uint16_t> span_markers(const model::VisionWeights& w, int dim);
+
+// bf16 [types.size(), dim]: START/NEWLINE/END take the learned vectors (`markers`, bf16 [3, dim]
+// as span_markers returns them), the k-th IMAGE slot takes aligner row k (reading order).
+// `aligned` is bf16 [n IMAGE slots, dim].
+std::vector<uint16_t> span_embeddings(const std::vector<int32_t>& types, const std::vector<uint16_t>& aligned,
+                                      const std::vector<uint16_t>& markers, int dim);
+// The same with the markers read from the weights.
 std::vector<uint16_t> span_embeddings(const std::vector<int32_t>& types, const std::vector<uint16_t>& aligned,
                                       const model::VisionWeights& w, int dim);
 
