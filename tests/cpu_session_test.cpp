@@ -4,6 +4,7 @@
 // the rejected rows (spec/12 §1.1, spec/13 §6.5).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -164,6 +165,84 @@ TEST_P(Chunking, VerifyRowsMatchSingleTokenDecode) {
   ASSERT_TRUE(out.ok());
   const size_t V = size_t(f.model->config().vocab_size);
   for (int k = 0; k < 4; ++k) EXPECT_EQ(std::memcmp(&out->logits[size_t(k) * V], single[size_t(k)].data(), V * 4), 0) << "row " << k;
+}
+
+// Prefill rows [from, N) of a prompt whose positions in `image` are image rows taking their input
+// embedding from `emb` (bf16 [n_image, dim] in position order); returns the last row's logits.
+std::vector<float> prefill_mixed(const cpu::CpuModel& m, cpu::SessionCache& s, const std::vector<int32_t>& tokens,
+                                 const std::vector<bool>& image, const std::vector<uint16_t>& emb, int64_t from) {
+  const int64_t N = int64_t(tokens.size()), D = m.config().dim;
+  model::Step st;
+  int32_t k = 0;
+  for (int64_t p = 0; p < N; ++p) {
+    if (p >= from) {
+      model::Row r;
+      r.pos = p;
+      r.token = tokens[size_t(p)];
+      r.kind = model::RowKind::kPrefill;
+      r.prefill_end = N;
+      r.want_logits = p == N - 1;
+      if (image[size_t(p)]) {
+        r.image = true;
+        r.embed_row = int32_t(st.embeddings.size() / size_t(D));
+        st.embeddings.insert(st.embeddings.end(), emb.begin() + int64_t(k) * D, emb.begin() + int64_t(k + 1) * D);
+      }
+      st.rows.push_back(r);
+    }
+    if (image[size_t(p)]) ++k;
+  }
+  auto out = m.forward_cpu(st, {&s});
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  return out.ok() ? out->logits : std::vector<float>{};
+}
+
+TEST_P(Chunking, PromptReuseAfterAnImagePromptEqualsFreshPrefill) {
+  // Session A: 5 text rows, 12 image rows, 3 text rows, 3 decode rows; roll back into the shared
+  // text prefix; then prompt B (the same 5 text rows, 9 other image rows, 4 text rows) from there.
+  // A fresh session prefilling B must give the same logits, decode and caches (the serving path's
+  // prefix reuse).
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  const int64_t D = f.model->config().dim;
+  const int32_t img = int32_t(std::min<int64_t>(f.model->config().image_token_id, f.model->config().vocab_size - 1));
+  std::vector<int32_t> ta, tb;
+  std::vector<bool> ia, ib;
+  for (int i = 0; i < 5; ++i) ta.push_back(f.prompt[size_t(i)]), ia.push_back(false);
+  tb = ta;
+  ib = ia;
+  for (int i = 0; i < 12; ++i) ta.push_back(img), ia.push_back(true);
+  for (int i = 0; i < 3; ++i) ta.push_back(f.prompt[size_t(10 + i)]), ia.push_back(false);
+  for (int i = 0; i < 9; ++i) tb.push_back(img), ib.push_back(true);
+  for (int i = 0; i < 4; ++i) tb.push_back(f.prompt[size_t(20 + i)]), ib.push_back(false);
+  auto emb = [&](int n, uint32_t seed) {
+    std::vector<uint16_t> e(size_t(n * D));
+    for (size_t i = 0; i < e.size(); ++i) {
+      seed = seed * 1664525u + 1013904223u;
+      const float v = (float(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      e[i] = uint16_t(bits >> 16);
+    }
+    return e;
+  };
+  const auto ea = emb(12, 1), eb = emb(9, 2);
+  cpu::SessionCache s(f.model->config()), fresh(f.model->config());
+  prefill_mixed(*f.model, s, ta, ia, ea, 0);
+  for (int k = 0; k < 3; ++k) decode(*f.model, s, 60 + k);  // A's generated tokens
+  // Position 4's pending ratio-2 tail (slot 4 % 16) was reused by position 20: rolling back to 5
+  // must be refused, not silently read the wrong tail; rolling back to 4 needs no tail.
+  EXPECT_FALSE(s.rollback(5).ok());
+  ASSERT_TRUE(s.rollback(4).ok());
+  const auto got = prefill_mixed(*f.model, s, tb, ib, eb, 4);
+  const auto want = prefill_mixed(*f.model, fresh, tb, ib, eb, 0);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "last prompt row";
+  for (int k = 0; k < 3; ++k) {
+    const auto a = decode(*f.model, s, 50 + k), b = decode(*f.model, fresh, 50 + k);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "decode " << k;
+  }
+  EXPECT_EQ(s.image, fresh.image);
+  expect_same_caches(s, fresh, f.model->config().window_size);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Chunking, ::testing::Values("tiny-s0", "tiny-s1-long"));

@@ -1,5 +1,7 @@
 #include "bench/fake_context.h"
 
+#include "cpu/session_cache.h"
+
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -61,6 +63,9 @@ Status fill_fake_context(cuda::CudaExecutor& ex, cuda::CudaSession& s, int64_t L
     FB_RETURN_IF_ERROR(fill(cc.kv.get<uint8_t>(), n, cc.kv_bytes, hd / 2, true, 0x30, seed * 7 + l, st));
     FB_RETURN_IF_ERROR(fill(cc.keys.get<uint8_t>(), n, cc.key_bytes, ihd / 2, true, 124, seed * 11 + l, st));
     cc.n_entries = n;
+    // The tails (zeros from allocation) count as the last positions' pending latents.
+    if (cc.ratio == 2)
+      for (int64_t q = std::max<int64_t>(0, L - cpu::kTailSlots); q < L; ++q) cc.tail_pos[size_t(q % cpu::kTailSlots)] = q;
   }
   for (cuda::DevRing& r : s.draft_rings) {
     FB_RETURN_IF_ERROR(fill(r.data.get<uint8_t>(), r.slots, r.row_bytes, hd, false, 123, seed + 99, st));

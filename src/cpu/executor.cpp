@@ -448,6 +448,7 @@ class CpuStep : public CpuLayerOps {
       const int64_t p = pos_[size_t(t)];
       if (ratio == 2) {
         float* slot = &cc.tail[size_t((p % kTailSlots) * 2 * hd)];
+        cc.tail_pos[size_t(p % kTailSlots)] = p;
         std::copy(&kproj[size_t(t * hd)], &kproj[size_t(t * hd)] + hd, slot);
         std::copy(&gproj[size_t(t * hd)], &gproj[size_t(t * hd)] + hd, slot + hd);
         if (p % 2 == 0) continue;

@@ -34,7 +34,10 @@ void SessionCache::reset() {
     cc.ratio = role.ratio;
     cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
     cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
-    if (role.ratio == 2) cc.tail.assign(size_t(kTailSlots * 2 * c.head_dim), 0.0f);
+    if (role.ratio == 2) {
+      cc.tail.assign(size_t(kTailSlots * 2 * c.head_dim), 0.0f);
+      cc.tail_pos.assign(size_t(kTailSlots), -1);
+    }
   }
   draft_rings.assign(size_t(c.n_mtp_layers), Ring{});
   for (auto& r : draft_rings) r.init(c.window_size, c.head_dim);
@@ -47,6 +50,12 @@ Status SessionCache::rollback(int64_t p) {
   for (const Ring& r : rings)
     for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
       if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
+  // A ratio-r compressor at p pools positions [p - p % r, p + r): the pending ones must remain.
+  for (const CompressedCache& cc : comp)
+    if (cc.ratio == 2)
+      for (int64_t q = p - p % cc.ratio; q < p; ++q)
+        if (cc.tail_pos[size_t(q % kTailSlots)] != q)
+          return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
   next_pos = p;
   tokens.resize(size_t(p));
   image.resize(size_t(p));

@@ -39,6 +39,7 @@ struct CompressedCache {
   std::vector<uint8_t> kv;      // [entries, kv_bytes]
   std::vector<uint8_t> keys;    // [entries, key_bytes]
   std::vector<float> tail;      // ratio 2: [kTailSlots (pos % kTailSlots)][k, g][head_dim] f32
+  std::vector<int64_t> tail_pos;  // ratio 2: position held by each tail slot, -1 = never written
   int64_t n_entries() const { return kv_bytes ? int64_t(kv.size() / size_t(kv_bytes)) : 0; }
 };
 
@@ -54,7 +55,9 @@ class SessionCache final : public model::SessionState {
   std::vector<Ring> draft_rings;      // per draft stage; window slots, slot = pos % window
 
   // Forget positions >= p. Refuses (kInvalidArgument) if the rings no longer hold what the
-  // next query needs (rolled back further than kRingHeadroom past overwritten slots).
+  // next query needs (rolled back further than kRingHeadroom past overwritten slots), or if a
+  // ratio-2 compressor no longer holds the pending tail of an odd p (its slot was reused by a
+  // position 16 later): the caller then rolls back one position less far, or starts over.
   Status rollback(int64_t p) override;
   int64_t n_pos() const override { return next_pos; }
   void reset();

@@ -613,7 +613,9 @@ class CudaStep : public CudaLayerOps {
     // after the pooling read them (cpu::CpuStep::compress, cpu::kTailSlots).
     if (ratio == 2) {
       for (const auto& [key, t] : tail_writer) {
-        float* tail = sessions_[size_t(key.first)]->comp[size_t(l)].tail.get<float>();
+        DevCompressed& tcc = sessions_[size_t(key.first)]->comp[size_t(l)];
+        tcc.tail_pos[size_t(key.second)] = step_.rows[size_t(t)].pos;
+        float* tail = tcc.tail.get<float>();
         tail_src.push_back(addr(kg + t * 2 * hd));
         tail_dst.push_back(addr(tail + key.second * 2 * hd));
       }

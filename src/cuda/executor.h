@@ -41,6 +41,7 @@ struct DevCompressed {
   int64_t n_entries = 0, capacity = 0;
   DeviceBuffer kv, keys;      // [capacity, kv_bytes], [capacity, key_bytes]
   DeviceBuffer tail;          // ratio 2: f32 [cpu::kTailSlots (pos % slots)][k, g][head_dim]
+  std::vector<int64_t> tail_pos;  // ratio 2 (host): position held by each tail slot, -1 = none
 };
 
 class CudaSession final : public model::SessionState {

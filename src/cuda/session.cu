@@ -39,6 +39,7 @@ Status CudaSession::ensure_allocated(cudaStream_t st) {
     if (role.ratio == 2) {
       FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(cpu::kTailSlots * 2 * c.head_dim) * sizeof(float)));
       FB_CUDA_TRY(cudaMemsetAsync(cc.tail.get(), 0, cc.tail.bytes(), st));
+      cc.tail_pos.assign(size_t(cpu::kTailSlots), -1);
     }
   }
   draft_rings.resize(size_t(c.n_mtp_layers));
@@ -74,6 +75,11 @@ Status CudaSession::rollback(int64_t p) {
   for (const DevRing& r : rings)
     for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
       if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
+  for (const DevCompressed& cc : comp)
+    if (cc.ratio == 2)
+      for (int64_t q = p - p % cc.ratio; q < p; ++q)
+        if (cc.tail_pos.size() != size_t(cpu::kTailSlots) || cc.tail_pos[size_t(q % cpu::kTailSlots)] != q)
+          return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
   next_pos = p;
   tokens.resize(size_t(p));
   image.resize(size_t(p));

@@ -117,7 +117,14 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
   // Prefix reuse: keep what the cache already holds when it can roll back to the divergence.
   int64_t c = reusable_prefix(prompt, embeds);
   if (c < int64_t(history_.size())) {
-    if (c == 0 || !session_->rollback(c).ok()) {
+    // A rollback can be refused when a slot it needs was reused (a window row, or an odd
+    // position's pending compressor tail): one position less may still be fine, else start over.
+    bool rolled = c > 0 && session_->rollback(c).ok();
+    if (!rolled && c > 1 && session_->rollback(c - 1).ok()) {
+      rolled = true;
+      --c;
+    }
+    if (!rolled) {
       reset();
       c = 0;
     } else {

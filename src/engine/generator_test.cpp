@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <unistd.h>
 
@@ -272,6 +274,73 @@ TEST(GeneratorTinyModel, DsparkGreedyEqualsPlainGreedy) {
   DsparkCounters cnt;
   EXPECT_EQ(run(**ex, prompt, 40, GeneratorOptions{}, &cnt), run(**ex, prompt, 40, off));
   EXPECT_GT(cnt.steps, 0);
+}
+
+// Prefix reuse after a prompt with an image span: prompt A (5 text, 12 image rows, 3 text),
+// greedy tokens, then prompt B (the same 5 text, 9 other image rows, 4 text) on the same
+// generator must give the tokens a fresh generator gives for B (DSpark on and off). This failed
+// before rollback checked the ratio-2 compressor tails (a reused tail slot was read silently).
+TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const auto base = load_prompt(dir);
+  const auto& c = (*ex)->config();
+  const int64_t D = c.dim;
+  const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
+  auto make = [&](int n_img, int n_tail, int tail_at, uint32_t seed, std::vector<int32_t>& prompt, PromptEmbeddings& e) {
+    prompt.assign(base.begin(), base.begin() + 5);
+    e.row.assign(5, -1);
+    e.key.assign(5, 0);
+    for (int i = 0; i < n_img; ++i) {
+      prompt.push_back(img);
+      e.row.push_back(i);
+      e.key.push_back((uint64_t(seed) << 32) | uint64_t(i + 1));
+    }
+    for (int i = 0; i < n_tail; ++i) {
+      prompt.push_back(base[size_t(tail_at + i)]);
+      e.row.push_back(-1);
+      e.key.push_back(0);
+    }
+    e.data.resize(size_t(n_img * D));
+    for (auto& v : e.data) {
+      seed = seed * 1664525u + 1013904223u;
+      const float f = (float(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      v = uint16_t(bits >> 16);
+    }
+  };
+  std::vector<int32_t> pa, pb;
+  PromptEmbeddings ea, eb;
+  make(12, 3, 10, 1, pa, ea);
+  make(9, 4, 20, 2, pb, eb);
+  SamplingParams sp;
+  sp.temperature = 0;
+  auto gen = [&](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e, size_t n = 24) {
+    Status s = g.prefill(p, {}, &e);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    Rng rng(0);
+    std::vector<int32_t> out;
+    while (out.size() < n) {
+      Status st = g.next(sp, rng, &out);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok()) break;
+    }
+    out.resize(std::min<size_t>(out.size(), n));
+    return out;
+  };
+  for (bool dspark : {false, true}) {
+    GeneratorOptions opt;
+    opt.dspark = dspark;
+    Generator reused(**ex, opt), fresh(**ex, opt);
+    gen(reused, pa, ea, 3);  // short, so positions 0..4 are still in the window rings
+    const auto got = gen(reused, pb, eb);
+    // Position 4's pending ratio-2 tail was reused by position 20, so the cache steps back to 4.
+    EXPECT_EQ(reused.reused_tokens(), 4) << "dspark " << dspark;
+    EXPECT_EQ(got, gen(fresh, pb, eb)) << "dspark " << dspark;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GeneratorFixture, ::testing::Values("tiny-s0", "tiny-s1-long"));
