@@ -10,29 +10,15 @@
 
 #include "base/mapped_file.h"
 #include "cpu/executor.h"
+#include "fixture_util.h"
 
 namespace fb {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Fixture {
-  std::unique_ptr<cpu::CpuModel> model;
-  std::vector<int32_t> prompt;
-};
-
-Fixture load(const char* name) {
-  Fixture f;
-  const std::string dir = std::string(FB_SHARED_DIR) + "/fixtures/" + name;
-  if (!fs::exists(dir)) return f;
-  auto m = cpu::CpuModel::load(dir + "/checkpoint");
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  f.model = std::move(m.value());
-  auto b = read_file_bytes(dir + "/prompt.i32");
-  f.prompt.resize(b->size() / 4);
-  std::memcpy(f.prompt.data(), b->data(), b->size());
-  return f;
-}
+using Fixture = testing_util::CpuFixture;
+Fixture load(const char* name) { return testing_util::load_cpu_fixture(name); }
 
 // Prefills `prompt` in chunks of `chunk` rows (0 = one shot); returns the last row's logits.
 std::vector<float> prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const std::vector<int32_t>& prompt, int64_t chunk) {
