@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <random>
 
@@ -184,21 +186,38 @@ Generator& Engine::pick_generator(const std::vector<int32_t>& prompt, const Prom
   return *gens_[best];
 }
 
-Status Engine::encode_images(Job& job) {
+Status Engine::encode_images(Job& job, int64_t first_pos) {
   const model::Config& c = ex_->config();
   if (span_markers_.empty()) span_markers_ = FB_TRY(ex_->image_span_markers());
   const int r = c.vision.downsample;
+  const int64_t D = c.dim;
   std::vector<uint16_t>& data = job.embeds.data;
+  // Span rows in prompt order (as Engine::submit numbered them); data holds every row, so rows of
+  // skipped images stay zero and are never read (their positions are reused, < first_pos).
+  std::vector<int64_t> row0(job.req.images.size() + 1, 0);
   for (size_t i = 0; i < job.req.images.size(); ++i) {
-    if (job.cancelled->load()) return FB_ERROR(kCancelled) << "cancelled while encoding images";
+    const ImageInput& im = job.req.images[i];
+    const int64_t L = int64_t((im.nvh + r - 1) / r) * ((im.nvw + r - 1) / r + 1) + 2;
+    row0[i + 1] = row0[i] + L;
+  }
+  if (int64_t(data.size()) != row0.back() * D) data.assign(size_t(row0.back() * D), 0);
+  int64_t encoded = 0;
+  for (size_t i = 0; i < job.req.images.size(); ++i) {
     ImageInput& im = job.req.images[i];
+    const int64_t L = row0[i + 1] - row0[i];
+    if (im.pos + L <= first_pos || im.patches.empty()) continue;  // KV reused (or already encoded)
+    if (job.cancelled->load()) return FB_ERROR(kCancelled) << "cancelled while encoding images";
     auto aligned = ex_->encode_image(im.patches, im.nvh, im.nvw);
     if (!aligned.ok()) return aligned.status().with_context("image " + std::to_string(i) + ": the vision tower");
     const std::vector<int32_t> types = vision::span_types((im.nvh + r - 1) / r, (im.nvw + r - 1) / r);
     const std::vector<uint16_t> rows = vision::span_embeddings(types, *aligned, span_markers_, c.dim);
-    data.insert(data.end(), rows.begin(), rows.end());
+    if (int64_t(rows.size()) != L * D) return FB_ERROR(kInternal) << "image " << i << ": span rows do not match its grid";
+    std::copy(rows.begin(), rows.end(), data.begin() + row0[i] * D);
     std::vector<uint16_t>().swap(im.patches);  // the rows replace the patches
+    ++encoded;
   }
+  std::lock_guard<std::mutex> l(mu_);
+  stats_.images_encoded += encoded;
   return Status();
 }
 
@@ -224,14 +243,17 @@ void Engine::run(Job& job) {
   };
   if (job.cancelled->load()) return finish_cancelled();
   if (!req.images.empty()) {
-    const double te = now_s();
-    Status es = encode_images(job);
-    {
+    // The tower runs inside prefill, once the reused prefix is known (cached images are skipped);
+    // the rows are allocated now (zeros where an image is not encoded: those rows are not read).
+    const int64_t n_rows = std::count_if(job.embeds.row.begin(), job.embeds.row.end(), [](int32_t r) { return r >= 0; });
+    job.embeds.data.assign(size_t(n_rows * ex_->config().dim), 0);
+    job.embeds.prepare = [this, &job](int64_t first_pos) {
+      const double te = now_s();
+      Status es = encode_images(job, first_pos);
       std::lock_guard<std::mutex> l(mu_);
       stats_.image_encode_s += now_s() - te;
-    }
-    if (es.code() == StatusCode::kCancelled) return finish_cancelled();
-    if (!es.ok()) return fail(es);
+      return es;
+    };
   }
 
   const PromptEmbeddings* embeds = job.embeds.row.empty() ? nullptr : &job.embeds;

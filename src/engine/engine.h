@@ -94,6 +94,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
   int64_t prefill_tokens = 0;        // prompt rows run through prefill (prompt - cached)
   int64_t images = 0, image_rows = 0;  // images in accepted requests / their span rows
+  int64_t images_encoded = 0;          // tower runs (images whose KV was reused are not encoded)
   double image_encode_s = 0;           // the vision tower on the engine thread
   double prefill_s = 0, decode_s = 0;
   DsparkCounters dspark;
@@ -128,8 +129,10 @@ class Engine {
   };
   void loop();
   void run(Job& job);
-  // Runs the tower over the job's images into job.embeds.data (engine thread).
-  Status encode_images(Job& job);
+  // Runs the tower over the job's images whose span reaches position first_pos or later, into
+  // their rows of job.embeds.data (engine thread; called by the generator's prefill once it knows
+  // how much of the prompt it reuses, so a cached image is not encoded again).
+  Status encode_images(Job& job, int64_t first_pos);
   Generator& pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds);
 
   std::unique_ptr<model::Executor> ex_;

@@ -140,6 +140,9 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     }
   }
   reused_ = c;
+  // Positions < c are reused and agree with the new prompt's keys, so the state stays consistent
+  // when prepare fails (nothing of the new prompt has run yet).
+  if (embeds && embeds->prepare) FB_RETURN_IF_ERROR(embeds->prepare(c));
   if (embeds) hist_key_ = embeds->key;
   else hist_key_.clear();
   have_logits_ = pending_ = false;

@@ -42,7 +42,11 @@ struct GeneratorOptions {
 struct PromptEmbeddings {
   std::vector<int32_t> row;    // [prompt len] row of `data`, -1 = a text position
   std::vector<uint64_t> key;   // [prompt len] 0 = text, else a content key (image hash and slot)
-  std::vector<uint16_t> data;  // bf16 [rows, dim]
+  std::vector<uint16_t> data;  // bf16 [rows, dim] (sized for every row; see prepare)
+  // Optional: called by Generator::prefill once it knows the first position it will compute
+  // (after prefix reuse), before any row is read; it must fill the data rows of every position
+  // at or after it. Lets the engine skip the vision tower for images whose KV is reused.
+  std::function<Status(int64_t first_pos)> prepare;
 };
 
 struct DsparkCounters {

@@ -385,6 +385,7 @@ TEST_F(ImageInputTest, PrefixReuseIsKeyedOnTheImage) {
   EXPECT_LE(uc.cached_tokens, pos_c);
   const engine::EngineStats st = eng.stats();
   EXPECT_EQ(st.images, 4);
+  EXPECT_EQ(st.images_encoded, 3);  // the second run of url_a reused the image's KV: no tower run
   EXPECT_EQ(st.prefill_tokens, st.prompt_tokens - st.cached_tokens);
   // Malformed image inputs are refused by the engine at submit (nothing runs).
   const int64_t P = 3LL * cfg().vision.patch_size * cfg().vision.patch_size;

@@ -50,6 +50,7 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
   m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
   m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));
+  m("flashbox_images_encoded_total", "counter", "vision tower runs (an image whose KV is reused is not encoded again)", double(s.images_encoded));
   m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
   m("flashbox_image_encode_seconds_total", "counter", "time in the vision tower (engine thread)", s.image_encode_s);
   m("flashbox_prefill_seconds_total", "counter", "time in prefill", s.prefill_s);
