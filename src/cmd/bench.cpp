@@ -50,6 +50,7 @@ struct Args {
   bool profile = false;
   bool profile_kernels = false;
   bool graph_step = false;
+  std::vector<int64_t> prefill_at;
   std::string ab_env;
 };
 
@@ -235,6 +236,46 @@ int run(const Args& a) {
       csv.row("prefill_s", N, sec, "s");
       csv.row("prefill_tflops", N, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
     }
+    for (int64_t L : a.prefill_at) {
+      // Prefill throughput at a context frontier: one chunk of --prefill-chunk rows ending at L,
+      // after a fake-filled context of L - chunk (the chunk reads what a real prompt's last chunk
+      // reads: every earlier window row, compressed entry and index key). A warm-up session first
+      // (workspace growth), then the timed one.
+      const int64_t C = std::min<int64_t>(a.prefill_chunk, L);
+      double sec = 0;
+      for (int pass = 0; pass < 2; ++pass) {
+        auto s = (*ex)->new_session();
+        Status fs = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17);
+        if (!fs.ok()) {
+          std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, fs.to_string().c_str());
+          return 1;
+        }
+        std::vector<model::SessionState*> ss{s.get()};
+        model::Step st;
+        for (int64_t p = L - C; p < L; ++p) {
+          model::Row r;
+          r.pos = p;
+          r.token = int32_t((p * 7919 + 5) % (*ex)->config().vocab_size);
+          r.kind = model::RowKind::kPrefill;
+          r.prefill_end = L;
+          r.want_logits = p == L - 1;
+          st.rows.push_back(r);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        if (auto o = (*ex)->forward(st, ss); !o.ok()) {
+          std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, o.status().to_string().c_str());
+          return 1;
+        }
+        sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      const double gflop_tok = bench::decode_step_cost((*ex)->config(), L - C / 2, true).flops / 1e9;
+      const double tflops = gflop_tok * double(C) / sec / 1e3;
+      std::fprintf(stderr, "bench: prefill chunk of %lld rows ending at %lld: %.2f s, %.1f tok/s\n", (long long)C, (long long)L, sec,
+                   double(C) / sec);
+      const std::string unit = "tok/s of one " + std::to_string(C) + "-row chunk ending at this context";
+      csv.row("prefill_frontier_tok_s", L, double(C) / sec, unit.c_str());
+      csv.row("prefill_frontier_tflops", L, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
+    }
     if (a.dspark_sweep) {
       // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5).
       auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, (*ex)->config().dspark_block_size);
@@ -303,6 +344,9 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
   app.add_option("--prefill", a->prefill, "with --synthetic: prefill these prompt lengths (real, chunked)")->delimiter(',');
   app.add_option("--prefill-chunk", a->prefill_chunk, "rows per prefill step");
+  app.add_option("--prefill-at", a->prefill_at,
+                 "with --synthetic: prefill throughput of one --prefill-chunk chunk ending at these contexts (earlier context fake-filled)")
+      ->delimiter(',');
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
