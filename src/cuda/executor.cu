@@ -460,7 +460,7 @@ class CudaStep : public CudaLayerOps {
   bool leave_begin(int) { return false; }
   void leave_end(int) {}
 
-  // spec/11 §6.3 row ids of both tables (host integer math, identical to CpuStep::engram_hash).
+  // spec/11 §6.3 row ids of both tables (host integer math: model::engram_row_ids, as the CPU).
   void engram_hash() {
     ProfScope prof_scope_(this, "engram_hash");
     if (!ok() || m_.engram_.empty()) return;
@@ -473,26 +473,7 @@ class CudaStep : public CudaLayerOps {
         if (s->image[size_t(p)]) return -1;
         return m_.token_map_.at(size_t(s->tokens[size_t(p)]));
       };
-      for (int tab = 0; tab < n_tab; ++tab) {
-        const auto& k = m_.engram_[size_t(tab)];
-        std::vector<int64_t> pi(size_t(c_.engram_max_ngram));
-        bool blocked = false;
-        for (int sidx = 0; sidx < c_.engram_max_ngram; ++sidx) {
-          const int64_t p = r.pos - sidx;
-          const int64_t cl = p >= 0 ? cls(p) : -1;
-          blocked = blocked || p < 0 || cl < 0;
-          const int64_t u = blocked ? m_.pad_class_ : cl;
-          pi[size_t(sidx)] = int64_t(uint64_t(u) * uint64_t(k.multipliers[size_t(sidx)]));
-        }
-        int64_t x = pi[0];
-        for (int n = 0; n < n_ord; ++n) {
-          x ^= pi[size_t(n + 1)];
-          for (int h = 0; h < H; ++h) {
-            const size_t col = size_t(n * H + h);
-            hashes[size_t(((t * n_tab + tab) * n_ord) * H) + col] = x % k.primes[col] + k.offsets[col];
-          }
-        }
-      }
+      model::engram_row_ids(m_.engram_, c_.engram_max_ngram, H, m_.pad_class_, r.pos, cls, &hashes[size_t(t * n_tab * n_ord * H)]);
     }
     hashes_ = upload(hashes);
   }
