@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -75,6 +77,47 @@ TEST(EngramConstants, OpsFixtureMultipliers) {
   const auto t = engram_constants({1, 14}, 16000000, 4, 8, 99092);
   EXPECT_EQ(V(fixture.begin(), fixture.begin() + 4), t[0].multipliers);
   EXPECT_EQ(V(fixture.begin() + 4, fixture.end()), t[1].multipliers);
+}
+
+// model::engram_row_ids (shared by the CPU and CUDA executors) against the reference's hashes at
+// the released constants: ops fixture engram_hash.rows (text from position 0) and rows_masked
+// (positions 20..26 an image span: DEAD history), [48 positions, 2 tables, 24 (order, head)].
+TEST(EngramConstants, RowIdsMatchTheOpsFixture) {
+  const char* env = std::getenv("FB_SHARED_DIR");
+  std::vector<std::string> candidates;
+  if (env != nullptr && env[0] != '\0') candidates.push_back(std::string(env) + "/fixtures/ops");
+  candidates.push_back(std::string(FB_SOURCE_DIR) + "/../shared/fixtures/ops");
+  candidates.push_back("/work/shared/fixtures/ops");
+  std::string dir;
+  for (const auto& d : candidates)
+    if (std::ifstream(d + "/engram_hash.rows.i64").good()) {
+      dir = d;
+      break;
+    }
+  if (dir.empty()) GTEST_SKIP() << "fixtures/ops/engram_hash.rows.i64 not found";
+  auto read = [&](const std::string& name, size_t bytes) {
+    std::vector<char> b(bytes);
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    in.read(b.data(), std::streamsize(bytes));
+    EXPECT_EQ(size_t(in.gcount()), bytes) << name;
+    return b;
+  };
+  constexpr int kPos = 48, kCols = 2 * 24;
+  const auto cb = read("engram_hash.classes.i32", kPos * 4);
+  std::vector<int32_t> classes(kPos);
+  std::memcpy(classes.data(), cb.data(), cb.size());
+  const auto t = engram_constants({1, 14}, 16000000, 4, 8, 99092);
+  const int64_t pad_class = 1;  // manifest params: the fixtures' stub map
+  for (bool masked : {false, true}) {
+    const auto rb = read(masked ? "engram_hash.rows_masked.i64" : "engram_hash.rows.i64", kPos * kCols * 8);
+    std::vector<int64_t> want(kPos * kCols), got(kPos * kCols, -7);
+    std::memcpy(want.data(), rb.data(), rb.size());
+    auto cls = [&](int64_t p) -> int64_t { return masked && p >= 20 && p <= 26 ? -1 : classes[size_t(p)]; };
+    for (int64_t p = 0; p < kPos; ++p) engram_row_ids(t, 4, 8, pad_class, p, cls, &got[size_t(p * kCols)]);
+    int64_t diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+    EXPECT_EQ(diff, 0) << (masked ? "rows_masked" : "rows") << ": first at " << (std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
+  }
 }
 
 TEST(EngramConstants, TinyConfig) {
