@@ -350,7 +350,7 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
-  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_FP4_VARIANT=0,1,2)");
+  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0)");
   app.add_flag("--graph-step", a->graph_step,
                "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
   app.add_flag("--profile-kernels", a->profile_kernels,

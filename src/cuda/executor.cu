@@ -294,25 +294,9 @@ class CudaLayerOps {
     if (!ok()) return;
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
-    // Several rows (verify rows, sessions): rows sharing an expert can read its weights once.
-    // Same bits either way; OFF unless FB_EXPERT_TILES=1: on the H200 it did not pay (6 verify
-    // rows at 4K: 64.0 vs 62.4 ms/step without, interleaved A/B; docs/results.md).
-    const char* tiles_env = std::getenv("FB_EXPERT_TILES");
-    const bool grouped = T_ > 1 && T_ * K <= kExpertTileMaxRows && tiles_env && tiles_env[0] == '1';
-    ExpertTiles g;
-    if (grouped) {
-      g.rows = alloc<int32_t>(T_ * K);
-      g.off = alloc<int32_t>(T_ * K + 1);
-      g.count = alloc<int32_t>(1);
-      if (!ok()) return;
-      step(group_expert_rows(experts, T_ * K, g, st_));
-      step(fp4_gemm_tiles(uq_, T_ * K, K, w.w1, &w.w3, experts, g, a, b, st_));
-    } else {
-      step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
-    }
+    step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
     step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
-    if (grouped) step(fp4_gemm_tiles(q_buf_, T_ * K, 1, w.w2, nullptr, experts, g, ye, nullptr, st_));
-    else step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
+    step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
     step(fp8_gemm_q(uq_, T_, w.sh_w1, a, st_));
     step(fp8_gemm_q(uq_, T_, w.sh_w3, b, st_));
     step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));

@@ -6,8 +6,6 @@
 // base/fmath.h). The scalar kernels remain for unaligned or odd shapes.
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
@@ -257,14 +255,16 @@ __device__ __forceinline__ void fp4_half_sums(const uint4& xv, const uint2& wa, 
 
 // Warp per (row m, two outputs): rows n0 = 2j, n1 = 2j + 1 of W (Wb == nullptr), or row j of Wa
 // and row j of Wb (w1 and w3 of the same experts: one pass over x). Each lane issues the weight,
-// scale and x loads of kRound chunks before the first use; lane L owns half (L & 1) of block
-// 16c + L/2 exactly as fp4_gemv_kernel / blocks16.
-template <int R, int MINB>
-__global__ void __launch_bounds__(256, MINB) fp4_gemv2_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+// scale and x loads of R = 2 chunks before the first use, with >= 4 blocks per SM (19.14 vs 19.45
+// ms/token for 4 chunks at the 2 blocks/SM its 93 registers allowed: interleaved A/B on the
+// H200, docs/results.md); lane L owns half (L & 1) of block 16c + L/2 exactly as fp4_gemv_kernel /
+// blocks16.
+__global__ void __launch_bounds__(256, 4) fp4_gemv2_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                         const uint8_t* __restrict__ Wa, const uint8_t* __restrict__ Sa,
                                                         const uint8_t* __restrict__ Wb, const uint8_t* __restrict__ Sb, int64_t N, int64_t K,
                                                         int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert,
                                                         uint16_t* __restrict__ ya, uint16_t* __restrict__ yb) {
+  constexpr int R = 2;
   const bool dual = Wb != nullptr;
   const int64_t per_row = dual ? N : (N + 1) / 2;
   const int64_t wid = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -325,120 +325,6 @@ __global__ void __launch_bounds__(256, MINB) fp4_gemv2_kernel(const uint8_t* __r
   ya[m * N + n0] = to_bf(acc0);
   if (dual) yb[m * N + n0] = to_bf(acc1);
   else if (on1) ya[m * N + n1] = to_bf(acc1);
-}
-
-// ---- expert-grouped MXFP4 GEMV (several rows sharing an expert read its weights once) ---------
-constexpr int kExpertTile = 8;  // rows per tile
-
-// Block of M <= 256 threads: thread m ranks row m by (expert, m) (a stable sort by expert), then
-// thread 0 cuts the sorted rows into tiles of one expert and at most kExpertTile rows.
-__global__ void group_expert_rows_kernel(const int32_t* expert, int M, int32_t* rows, int32_t* off, int32_t* count) {
-  __shared__ int32_t ex[256], sorted[256];
-  const int m = int(threadIdx.x);
-  if (m < M) ex[m] = expert[m];
-  __syncthreads();
-  if (m < M) {
-    int rank = 0;
-    for (int i = 0; i < M; ++i) rank += ex[i] < ex[m] || (ex[i] == ex[m] && i < m);
-    sorted[rank] = m;
-    rows[rank] = m;
-  }
-  __syncthreads();
-  if (m != 0) return;
-  int n = 0, start = 0;
-  off[0] = 0;
-  for (int i = 1; i <= M; ++i)
-    if (i == M || ex[sorted[i]] != ex[sorted[start]] || i - start == kExpertTile) {
-      off[++n] = i;
-      start = i;
-    }
-  count[0] = n;
-}
-
-// fp4_gemv2_kernel over tiles: warp = (tile, output pair); the weight chunk is loaded once and used
-// for every row of the tile (x row = row / x_div). Per output, the same operations in the same
-// order as fp4_gemv2_kernel.
-template <int R>
-__global__ void __launch_bounds__(256) fp4_gemv2_tiles_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
-                                                              int64_t x_div, const uint8_t* __restrict__ Wa, const uint8_t* __restrict__ Sa,
-                                                              const uint8_t* __restrict__ Wb, const uint8_t* __restrict__ Sb, int64_t N,
-                                                              int64_t K, int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert,
-                                                              const int32_t* __restrict__ rows, const int32_t* __restrict__ off,
-                                                              const int32_t* __restrict__ count, uint16_t* __restrict__ ya,
-                                                              uint16_t* __restrict__ yb) {
-  const bool dual = Wb != nullptr;
-  const int64_t per_row = dual ? N : (N + 1) / 2;
-  const int64_t wid = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int64_t ti = wid / per_row, j = wid % per_row;
-  if (ti >= M || ti >= count[0]) return;  // whole warps leave together
-  const int r0 = off[ti], nr = off[ti + 1] - r0;
-  const int64_t KB = K / 32, chunks = (KB + 15) / 16;
-  const int64_t e = expert[rows[r0]];
-  const int lane = int(threadIdx.x & 31), p = lane >> 1;
-  const int64_t n0 = dual ? j : 2 * j, n1 = dual ? j : 2 * j + 1;
-  const bool on1 = n1 < N;
-  const uint8_t* w0 = Wa + e * w_stride + n0 * (K / 2);
-  const uint8_t* s0 = Sa + e * s_stride + n0 * KB;
-  const uint8_t* w1 = (dual ? Wb : Wa) + e * w_stride + (on1 ? n1 : n0) * (K / 2);
-  const uint8_t* s1 = (dual ? Sb : Sa) + e * s_stride + (on1 ? n1 : n0) * KB;
-  int64_t xm[kExpertTile];
-#pragma unroll
-  for (int r = 0; r < kExpertTile; ++r) xm[r] = r < nr ? rows[r0 + r] / x_div : 0;
-  float acc0[kExpertTile], acc1[kExpertTile];
-#pragma unroll
-  for (int r = 0; r < kExpertTile; ++r) acc0[r] = acc1[r] = 0.0f;
-  for (int64_t c0 = 0; c0 < chunks; c0 += R) {
-    uint2 wa[R], wb[R];
-    uint8_t sa[R], sb[R];
-#pragma unroll
-    for (int q = 0; q < R; ++q) {
-      const int64_t c = c0 + q, b = c * 16 + p;
-      wa[q] = wb[q] = make_uint2(0, 0);
-      sa[q] = sb[q] = 0;
-      if (b < KB) {
-        wa[q] = __ldg(reinterpret_cast<const uint2*>(w0 + c * 256 + lane * 8));
-        wb[q] = __ldg(reinterpret_cast<const uint2*>(w1 + c * 256 + lane * 8));
-        sa[q] = s0[b];
-        sb[q] = s1[b];
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < R; ++q) {
-      const int64_t c = c0 + q, b = c * 16 + p;
-      const bool live = b < KB;
-#pragma unroll
-      for (int r = 0; r < kExpertTile; ++r) {
-        if (r >= nr) break;  // warp-uniform
-        float h0 = 0.0f, h1 = 0.0f, xsv = 0.0f;
-        if (live) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xc + xm[r] * K + c * 512 + lane * 16));
-          xsv = xs[xm[r] * KB + b];
-          fp4_half_sums<true>(xv, wa[q], wb[q], h0, h1);
-        }
-        const float d0 = fm::mul(fm::add(h0, __shfl_xor_sync(kFull, h0, 1)), 16384.0f);
-        const float d1 = fm::mul(fm::add(h1, __shfl_xor_sync(kFull, h1, 1)), 16384.0f);
-        if (live) {
-          acc0[r] = fm::add(acc0[r], fm::mul(d0, fm::mul(xsv, e8m0_val(sa[q]))));
-          acc1[r] = fm::add(acc1[r], fm::mul(d1, fm::mul(xsv, e8m0_val(sb[q]))));
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kExpertTile; ++r) {
-    if (r >= nr) break;
-    float a0 = acc0[r], a1 = acc1[r];
-    for (int o = 16; o >= 2; o >>= 1) {
-      a0 = fm::add(a0, __shfl_xor_sync(kFull, a0, o));
-      a1 = fm::add(a1, __shfl_xor_sync(kFull, a1, o));
-    }
-    if (lane == 0) {
-      const int64_t m = rows[r0 + r];
-      ya[m * N + n0] = to_bf(a0);
-      if (dual) yb[m * N + n0] = to_bf(a1);
-      else if (on1) ya[m * N + n1] = to_bf(a1);
-    }
-  }
 }
 
 // bf16 x bf16, lanes32: lane L owns k in [L*8 + 256c, +8), sequential in k, butterfly 16..1.
@@ -628,30 +514,13 @@ bool fp4_vec_ok(const QuantBuf& q, const Fp4W& w) {
 }
 }  // namespace
 
-namespace {
-// fp4_gemv2_kernel variants (loads in flight per lane x occupancy): FB_FP4_VARIANT = 1 (2 chunks,
-// >= 4 blocks/SM; the default: 19.14 vs 19.45 ms/token, interleaved A/B on the H200), 0 (4 chunks,
-// no occupancy hint), 2 (4 chunks, >= 3 blocks/SM). Same arithmetic in all (`bench --ab-env`).
-void launch_fp4_gemv2(unsigned grid, cudaStream_t st, const uint8_t* xc, const float* xs, int64_t M, int64_t x_div, const uint8_t* Wa,
-                      const uint8_t* Sa, const uint8_t* Wb, const uint8_t* Sb, int64_t N, int64_t K, int64_t w_stride, int64_t s_stride,
-                      const int32_t* expert, uint16_t* ya, uint16_t* yb) {
-  const char* v = std::getenv("FB_FP4_VARIANT");
-  const int variant = v ? std::atoi(v) : 1;
-  if (variant == 1)
-    fp4_gemv2_kernel<2, 4><<<grid, 32 * kWarps, 0, st>>>(xc, xs, M, x_div, Wa, Sa, Wb, Sb, N, K, w_stride, s_stride, expert, ya, yb);
-  else if (variant == 2)
-    fp4_gemv2_kernel<4, 3><<<grid, 32 * kWarps, 0, st>>>(xc, xs, M, x_div, Wa, Sa, Wb, Sb, N, K, w_stride, s_stride, expert, ya, yb);
-  else
-    fp4_gemv2_kernel<kRound, 1><<<grid, 32 * kWarps, 0, st>>>(xc, xs, M, x_div, Wa, Sa, Wb, Sb, N, K, w_stride, s_stride, expert, ya, yb);
-}
-}  // namespace
 
 Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && x_div >= 1 && w.w && w.s) << "fp4 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
   if (fp4_vec_ok(q, w)) {
-    launch_fp4_gemv2(blocks_for(M * ((w.N + 1) / 2), kWarps), st, q.codes, q.scales, M, x_div, w.w, w.s, nullptr, nullptr, w.N, w.K, w.w_stride,
-                     w.s_stride, expert, y, nullptr);
+    fp4_gemv2_kernel<<<blocks_for(M * ((w.N + 1) / 2), kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, nullptr, nullptr,
+                                                                                    w.N, w.K, w.w_stride, w.s_stride, expert, y, nullptr);
     FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
     return Status();
   }
@@ -670,36 +539,9 @@ Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   }
   FB_CHECK(wa.w && wa.s) << "fp4 gemm2";
   if (M == 0 || wa.N == 0) return Status();
-  launch_fp4_gemv2(blocks_for(M * wa.N, kWarps), st, q.codes, q.scales, M, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, wa.K, wa.w_stride, wa.s_stride,
-                   expert, ya, yb);
+  fp4_gemv2_kernel<<<blocks_for(M * wa.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, wa.K,
+                                                                         wa.w_stride, wa.s_stride, expert, ya, yb);
   FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
-  return Status();
-}
-
-Status group_expert_rows(const int32_t* expert, int64_t M, const ExpertTiles& g, cudaStream_t st) {
-  FB_CHECK(M >= 1 && M <= kExpertTileMaxRows && g.rows && g.off && g.count) << "group_expert_rows M=" << M;
-  group_expert_rows_kernel<<<1, 256, 0, st>>>(expert, int(M), g.rows, g.off, g.count);
-  FB_CUDA_LAUNCHED("group_expert_rows_kernel");
-  return Status();
-}
-
-Status fp4_gemm_tiles(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W* wb, const int32_t* expert, const ExpertTiles& g,
-                      uint16_t* ya, uint16_t* yb, cudaStream_t st) {
-  FB_CHECK(wa.K % 32 == 0 && x_div >= 1 && wa.w && wa.s && expert && M <= kExpertTileMaxRows) << "fp4 gemm tiles K=" << wa.K;
-  const bool dual = wb != nullptr;
-  if (dual)
-    FB_CHECK(wb->N == wa.N && wb->K == wa.K && wb->w_stride == wa.w_stride && wb->s_stride == wa.s_stride && wb->w && wb->s && yb)
-        << "fp4 gemm tiles: w1/w3 shapes differ";
-  if (M == 0 || wa.N == 0) return Status();
-  if (!fp4_vec_ok(q, wa) || (dual && !fp4_vec_ok(q, *wb))) {  // unaligned: the per-row kernels
-    if (!dual) return fp4_gemm_q(q, M, x_div, wa, expert, ya, st);
-    return fp4_gemm2_q(q, M, x_div, wa, *wb, expert, ya, yb, st);
-  }
-  const int64_t per_row = dual ? wa.N : (wa.N + 1) / 2;
-  fp4_gemv2_tiles_kernel<2><<<blocks_for(M * per_row, kWarps), 32 * kWarps, 0, st>>>(
-      q.codes, q.scales, M, x_div, wa.w, wa.s, dual ? wb->w : nullptr, dual ? wb->s : nullptr, wa.N, wa.K, wa.w_stride, wa.s_stride, expert, g.rows,
-      g.off, g.count, ya, yb);
-  FB_CUDA_LAUNCHED("fp4_gemv2_tiles_kernel");
   return Status();
 }
 

@@ -56,21 +56,6 @@ Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, co
 // yb = x . wb^T in one pass over x, each output exactly as fp4_gemm_q computes it.
 Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
                    uint16_t* yb, cudaStream_t st);
-// Multi-row expert GEMMs grouped by expert, so rows sharing an expert read its weights once
-// (DSpark verify rows, several sessions): `rows` = row ids stably sorted by expert, tiles
-// [off[i], off[i+1]) of one expert and at most 8 rows, count[0] tiles (device arrays of M, M + 1
-// and 1 ints, filled on the device from the router's output). M <= kExpertTileMaxRows.
-constexpr int64_t kExpertTileMaxRows = 256;
-struct ExpertTiles {
-  int32_t* rows = nullptr;
-  int32_t* off = nullptr;
-  int32_t* count = nullptr;
-};
-Status group_expert_rows(const int32_t* expert, int64_t M, const ExpertTiles& g, cudaStream_t st);
-// fp4_gemm_q (wb == nullptr) or fp4_gemm2_q (w1 and w3) over the tiles: every output exactly as
-// those compute it.
-Status fp4_gemm_tiles(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W* wb, const int32_t* expert, const ExpertTiles& g,
-                      uint16_t* ya, uint16_t* yb, cudaStream_t st);
 // bf16 x bf16 in the lanes32 order, G groups: x + g*gx, w + g*gw, y + g*gy (elements).
 enum class GemmOut { kBf16, kF32, kF32Add };
 Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
