@@ -16,7 +16,7 @@ b0=$(date +%s)
 timeout 420 build/device/flashbox bench "${ARGS[@]}" --csv "$LOG/bench.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
 brc=$?
 echo "==================== bench (rc=$brc, $(($(date +%s) - b0))s): ${ARGS[*]} ===================="
-grep -vE "^  k:" "$LOG/bench.err" | tail -45
+grep -vE "^  k:" "$LOG/bench.err" | tail -70
 echo "---- top kernels (ms/step) ----"
 grep -E "^  k:" "$LOG/bench.err" | head -40
 echo "---- csv ----"

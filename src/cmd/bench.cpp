@@ -243,7 +243,15 @@ int run(const Args& a) {
       // (workspace growth), then the timed one.
       const int64_t C = std::min<int64_t>(a.prefill_chunk, L);
       double sec = 0;
-      for (int pass = 0; pass < 2; ++pass) {
+      cuda::CudaExecutor& cx = **ex;
+      const int passes = (a.profile || a.profile_kernels) ? 3 : 2;
+      for (int pass = 0; pass < passes; ++pass) {
+        const bool prof = pass == 2;  // an extra, profiled pass after the timed one
+        if (prof) {
+          cx.clear_profile();
+          cx.set_profile(true);
+          cx.set_kernel_profile(a.profile_kernels);
+        }
         auto s = (*ex)->new_session();
         Status fs = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17);
         if (!fs.ok()) {
@@ -266,7 +274,22 @@ int run(const Args& a) {
           std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, o.status().to_string().c_str());
           return 1;
         }
-        sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!prof) {
+          sec = t;
+          continue;
+        }
+        cx.set_profile(false);
+        cx.set_kernel_profile(false);
+        std::vector<std::pair<double, std::string>> rows;
+        for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms, name});
+        std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+        std::fprintf(stderr, "bench: profile of the %lld-row prefill chunk ending at %lld (ms, summed over layers; wall %.1f ms):\n",
+                     (long long)C, (long long)L, t * 1e3);
+        for (const auto& [ms, name] : rows) {
+          std::fprintf(stderr, "  %-18s %9.3f ms  (%lld calls)\n", name.c_str(), ms, (long long)cx.profile().at(name).calls);
+          csv.row("prefill_profile_" + name + "_ms", L, ms, "ms per chunk (CUDA events)");
+        }
       }
       const double gflop_tok = bench::decode_step_cost((*ex)->config(), L - C / 2, true).flops / 1e9;
       const double tflops = gflop_tok * double(C) / sec / 1e3;
