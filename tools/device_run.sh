@@ -39,6 +39,7 @@ if [ $bt -eq 0 ]; then
   row "ctest -L gpu -R ^cuda_" "rc=$ct $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)"
   row "  gtest cases" "ok=$(grep -c '\[       OK \]' "$LOG/ctest.log") skipped=$(grep -cE '\[  SKIPPED \] [A-Za-z0-9_./]+ \(' "$LOG/ctest.log") failed=$(grep -cE '\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/ctest.log")"
   for t in $(grep -oE '\[  FAILED  \] [A-Za-z0-9_./]+' "$LOG/ctest.log" | awk '{print $4}' | sort -u); do row "  FAILED" "$t"; done
+  grep -oE '\[ tc \].*' "$LOG/ctest.log" | sed 's/^/  /' >>"$LOG/table.txt"
 fi
 if [ $bc -eq 0 ]; then
   for c in tiny-s0 tiny-s1-long tiny-vision; do
@@ -53,6 +54,13 @@ if [ $bc -eq 0 ]; then
   timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --compare-cpu --chunk 7 >"$LOG/fixture_chunk7.log" 2>&1
   row "check-fixture tiny-s1-long --chunk 7" "rc=$?"
   tail -2 "$LOG/fixture_chunk7.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
+  # Tensor-core prefill GEMMs forced on for every prefill step ([reference-defining], not bit-
+  # identical by design): how far the fixture logits move from the exact CPU reference.
+  for c in tiny-s0 tiny-s1-long; do
+    FB_TC_PREFILL_MIN_ROWS=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
+    row "check-fixture $c, tensor-core prefill" "rc=$?"
+    tail -2 "$LOG/fixture_tc_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
+  done
 fi
 row "total" "$(($(date +%s) - t0))s"
 echo "==================== device_run summary ===================="

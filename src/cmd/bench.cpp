@@ -51,6 +51,7 @@ struct Args {
   bool profile_kernels = false;
   bool graph_step = false;
   std::vector<int64_t> prefill_at;
+  std::vector<int64_t> prefill_gemms;
   std::string ab_env;
 };
 
@@ -299,6 +300,32 @@ int run(const Args& a) {
       csv.row("prefill_frontier_tok_s", L, double(C) / sec, unit.c_str());
       csv.row("prefill_frontier_tflops", L, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
     }
+    for (int64_t M : a.prefill_gemms) {
+      // The GEMM work of a prefill chunk of M rows on the tensor-core path, one middle layer's
+      // weights, each GEMM alone (median of 3), against the measured tensor-core rates.
+      const int layer = (*ex)->config().n_layers / 2;
+      auto t = (*ex)->time_prefill_gemms(M, layer, 3);
+      if (!t.ok()) {
+        std::fprintf(stderr, "bench: prefill gemms %lld: %s\n", (long long)M, t.status().to_string().c_str());
+        return 1;
+      }
+      double fl = 0, ms = 0;
+      std::fprintf(stderr, "bench: tensor-core GEMM work of a %lld-row prefill chunk (layer %d; bf16 operands, f32 accumulate):\n", (long long)M,
+                   layer);
+      for (const auto& g : *t) {
+        const double tf = g.flops / (g.ms * 1e-3) / 1e12;
+        std::fprintf(stderr, "  %-34s %8.3f ms %8.1f TFLOP/s  %5.1f%% of BF16, %5.1f%% of FP8\n", g.name.c_str(), g.ms, tf,
+                     100.0 * tf / lim->bf16_tflops, 100.0 * tf / lim->fp8_tflops);
+        csv.row("prefill_gemm_" + g.name + "_tflops", M, tf, "TFLOP/s (share: of the FP8 rate)", tf / lim->fp8_tflops);
+        fl += g.flops;
+        ms += g.ms;
+      }
+      const double tf = fl / (ms * 1e-3) / 1e12;
+      std::fprintf(stderr, "  %-34s %8.3f ms %8.1f TFLOP/s  %5.1f%% of BF16, %5.1f%% of FP8\n", "all (one layer)", ms, tf,
+                   100.0 * tf / lim->bf16_tflops, 100.0 * tf / lim->fp8_tflops);
+      csv.row("prefill_gemm_layer_tflops", M, tf, "TFLOP/s, one layer's GEMM work (share: of the FP8 rate)", tf / lim->fp8_tflops);
+      csv.row("prefill_gemm_layer_bf16_share", M, tf / lim->bf16_tflops, "share of the measured BF16 tensor-core rate");
+    }
     if (a.dspark_sweep) {
       // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5).
       auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, (*ex)->config().dspark_block_size);
@@ -369,6 +396,8 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--prefill-chunk", a->prefill_chunk, "rows per prefill step");
   app.add_option("--prefill-at", a->prefill_at,
                  "with --synthetic: prefill throughput of one --prefill-chunk chunk ending at these contexts (earlier context fake-filled)")
+      ->delimiter(',');
+  app.add_option("--prefill-gemms", a->prefill_gemms, "with --synthetic: time a prefill chunk's GEMM work (tensor cores) at these row counts")
       ->delimiter(',');
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');

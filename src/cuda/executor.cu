@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "base/check.h"
@@ -48,7 +49,7 @@ class Arena {
       return;
     }
     cudaStreamSynchronize(st_);
-    ws_->dev_high = std::max(ws_->dev_high, dev_need_);
+    ws_->dev_high = std::max(ws_->dev_high, dev_peak_);
     ws_->pin_high = std::max(ws_->pin_high, pin_need_);
     if (ws_->dev_high > ws_->dev.bytes()) {
       ws_->dev.reset();
@@ -72,6 +73,7 @@ class Arena {
     if (ws_) {
       const size_t off = dev_need_;
       dev_need_ += bytes;
+      dev_peak_ = std::max(dev_peak_, dev_need_);
       if (dev_need_ <= ws_->dev.bytes()) return reinterpret_cast<T*>(ws_->dev.get<uint8_t>() + off);
     }
     DeviceBuffer b;
@@ -101,11 +103,17 @@ class Arena {
     return status.ok() ? p : nullptr;
   }
 
+  // Frames: device memory allocated after mark() is reused by allocations after release(m).
+  // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
+  // never released (an upload's host copy may still be waiting for its transfer).
+  size_t mark() const { return dev_need_; }
+  void release(size_t m) { dev_need_ = std::min(dev_need_, m); }
+
  private:
   static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
   cudaStream_t st_;
   StepWorkspace* ws_;
-  size_t dev_need_ = 0, pin_need_ = 0;
+  size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;
   std::vector<DeviceBuffer> bufs_;
 };
 
@@ -158,6 +166,15 @@ class CudaLayerOps {
     if (prof_begin_) cudaEventDestroy(prof_begin_);
   }
 
+  // Temporaries of one op: the op's device allocations are reused by the next op (a prefill
+  // chunk of many rows would otherwise hold every layer's temporaries at once). Results that
+  // outlive the op (members, selections, the candidate pool) are allocated before the frame.
+  struct Frame {
+    CudaLayerOps* o;
+    size_t m;
+    explicit Frame(CudaLayerOps* ops) : o(ops), m(ops->arena_.mark()) {}
+    ~Frame() { o->arena_.release(m); }
+  };
   // Profiling scope: events around one op on the stream (no-op unless the executor profiles).
   struct ProfScope {
     CudaLayerOps* o;
@@ -231,26 +248,28 @@ class CudaLayerOps {
 
   void attn_q(int l) {
     ProfScope prof_scope_(this, "attn_q");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
-    step(fp8_gemm_q(uq_, T_, w.wq_a, a, st_));
+    gemm_q(uq_, T_, w.wq_a, a);
     step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
     step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
-    step(fp8_gemm_q(qrq_, T_, w.wq_b, q_, st_));
+    gemm_q(qrq_, T_, w.wq_b, q_);
     step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
   }
 
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
   void attn_kv(int l) {
     ProfScope prof_scope_(this, "attn_kv");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t hd = c_.head_dim;
     uint16_t* a = alloc<uint16_t>(T_ * hd);
-    step(fp8_gemm_q(uq_, T_, w.wkv, a, st_));
+    gemm_q(uq_, T_, w.wkv, a);
     step(rms_norm(a, T_, hd, w.kv_norm, c_.norm_eps, kv_, st_));
     step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
     step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st_));
@@ -259,6 +278,7 @@ class CudaLayerOps {
   // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
   void attn_output(int l) {
     ProfScope prof_scope_(this, "attn_output");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
@@ -266,8 +286,8 @@ class CudaLayerOps {
     step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
     uint16_t* z = alloc<uint16_t>(T_ * G * OR);
     if (!ok()) return;
-    step(bf16_gemm(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, st_));
-    step(fp8_gemm(z, T_, w.wo_b, y_, q_buf_, st_));
+    gemm_bf(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR);
+    gemm_x(z, T_, w.wo_b, y_);
   }
 
   void hc_expand(int l, Site site) {
@@ -281,6 +301,7 @@ class CudaLayerOps {
   // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
   void moe(int l) {
     ProfScope prof_scope_(this, "moe");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
@@ -294,13 +315,17 @@ class CudaLayerOps {
     if (!ok()) return;
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
-    step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
-    step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
-    step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
-    step(fp8_gemm_q(uq_, T_, w.sh_w1, a, st_));
-    step(fp8_gemm_q(uq_, T_, w.sh_w3, b, st_));
+    if (tc_) {
+      routed_experts_tc(w, r.n_experts, K, experts, weights, ye);
+    } else {
+      step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
+      step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
+    }
+    gemm_q(uq_, T_, w.sh_w1, a);
+    gemm_q(uq_, T_, w.sh_w3, b);
     step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
-    step(fp8_gemm_q(q_buf_, T_, w.sh_w2, ys, st_));
+    gemm_q(q_buf_, T_, w.sh_w2, ys);
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
@@ -341,6 +366,75 @@ class CudaLayerOps {
     if (ok() && !m_.ws_.capturing) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
   }
   int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
+  // GEMMs: the exact CUDA-core kernels, or in a step of prefill rows the tensor-core path
+  // (tc_gemm.h, [reference-defining]: the same products, summed in the tensor cores' order).
+  void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
+    step(tc_ ? tc_fp8_gemm_q(*tc_, q, M, w, y, st_) : fp8_gemm_q(q, M, w, y, st_));
+  }
+  void gemm_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y) {
+    step(tc_ ? tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_) : fp8_gemm(x, M, w, y, q_buf_, st_));
+  }
+  void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
+               int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
+    step(tc_ ? tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_)
+             : bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+  }
+  // Routed experts of a prefill step on tensor cores: (row, slot) pairs grouped by expert on the
+  // host (one download of the routing), per expert the exact bf16 values of w1/w3/w2 and three
+  // matmuls, SwiGLU + act_quant exactly as the exact path, outputs scattered back to ye [T*K, D].
+  void routed_experts_tc(const DevLayer& w, int E, int64_t K, const int32_t* experts, const float* weights, uint16_t* ye) {
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
+    std::vector<int32_t> ex_host;
+    download(ex_host, experts, n);
+    sync();
+    if (!ok()) return;
+    std::vector<int64_t> count(size_t(E) + 1, 0);
+    for (int32_t e : ex_host) {
+      if (e < 0 || e >= E) {
+        step(FB_ERROR(kInternal) << "router picked expert " << e);
+        return;
+      }
+      ++count[size_t(e) + 1];
+    }
+    for (int e = 0; e < E; ++e) count[size_t(e) + 1] += count[size_t(e)];  // offsets
+    std::vector<int32_t> perm(static_cast<size_t>(n));
+    {
+      std::vector<int64_t> at(count.begin(), count.end() - 1);
+      for (int64_t i = 0; i < n; ++i) perm[size_t(at[size_t(ex_host[size_t(i)])]++)] = int32_t(i);
+    }
+    const int32_t* perm_d = upload(perm);
+    uint16_t* xp = alloc<uint16_t>(n * D);
+    uint16_t* ap = alloc<uint16_t>(n * I);
+    uint16_t* bp = alloc<uint16_t>(n * I);
+    uint16_t* hp = alloc<uint16_t>(n * I);
+    uint16_t* yp = alloc<uint16_t>(n * D);
+    float* wp = alloc<float>(n);
+    if (!ok()) return;
+    auto w1 = tc_->scratch(0, I * D, st_), w3 = tc_->scratch(1, I * D, st_), w2 = tc_->scratch(2, D * I, st_);
+    if (!w1.ok() || !w3.ok() || !w2.ok()) {
+      step(!w1.ok() ? w1.status() : !w3.ok() ? w3.status() : w2.status());
+      return;
+    }
+    step(tc_dequant_act(uq_, D, perm_d, K, n, xp, st_));  // row i of the group = activation row perm[i] / K
+    step(tc_gather_f32(weights, perm_d, n, wp, st_));
+    for (int e = 0; e < E && ok(); ++e) {
+      const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+      if (m == 0) continue;
+      step(tc_dequant_fp4(w.w1, e, *w1, st_));
+      step(tc_dequant_fp4(w.w3, e, *w3, st_));
+      step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    }
+    step(swiglu_quant(ap, bp, n, I, c_.swiglu_limit, wp, q_buf_, st_));  // routing weight before w2, as the exact path
+    step(tc_dequant_act(q_buf_, I, nullptr, 1, n, hp, st_));
+    for (int e = 0; e < E && ok(); ++e) {
+      const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+      if (m == 0) continue;
+      step(tc_dequant_fp4(w.w2, e, *w2, st_));
+      step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    }
+    step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
+  }
   // Scratch for the key-block split of attention when it applies (few rows, long key lists).
   // FB_ATTN_SPLIT=0 turns it off (A/B measurement only; both paths give the same bits).
   void split_scratch(AttnKeys& keys, int max_keys) {
@@ -366,7 +460,7 @@ class CudaLayerOps {
     if (!ok()) return;
     step(cuda::hc_pre(X_, n, upload(rows), c_.hc_mult, D, pre_, c_.hc_mult, hrows, st_));
     step(rms_norm(hrows, n, D, norm_w, c_.norm_eps, nrm, st_));
-    step(bf16_gemm(nrm, n, D, D, m_.head_, c_.vocab_size, logits, c_.vocab_size, GemmOut::kF32, 1, 0, 0, 0, st_));
+    gemm_bf(nrm, n, D, D, m_.head_, c_.vocab_size, logits, c_.vocab_size, GemmOut::kF32);
   }
 
   const CudaExecutor& m_;
@@ -384,6 +478,7 @@ class CudaLayerOps {
   uint8_t* image_ = nullptr;
   QuantBuf q_buf_;
   QuantBuf uq_, qrq_;  // act_quant of u (per sublayer) and of qr (attention q path and indexer)
+  TcGemm* tc_ = nullptr;  // non-null: this step's GEMMs run on tensor cores (prefill rows only)
   std::vector<ProfEvent> prof_;
   cudaEvent_t prof_begin_ = nullptr;
   std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
@@ -402,6 +497,7 @@ class CudaStep : public CudaLayerOps {
       image[size_t(t)] = step.rows[size_t(t)].image;
     }
     set_rows(pos, image);
+    tc_ = m.tc_for(step);
     first_row_.assign(sessions.size(), -1);
     start_.assign(sessions.size(), 0);
     for (size_t s = 0; s < sessions.size(); ++s) start_[s] = sessions[s]->next_pos;
@@ -465,6 +561,7 @@ class CudaStep : public CudaLayerOps {
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
   void engram(int l) {
     ProfScope prof_scope_(this, "engram");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
@@ -474,7 +571,7 @@ class CudaStep : public CudaLayerOps {
     uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
     if (!ok()) return;
     step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E, st_));
-    step(fp8_gemm(E, T_, w.engram_wkv, kv, q_buf_, st_));
+    gemm_x(E, T_, w.engram_wkv, kv);
     step(engram_gate(X_, kv, w.engram_q, w.engram_k, T_, hc, D, c_.norm_eps, float(1.0 / std::sqrt(double(D))), image_, st_));
   }
 
@@ -498,12 +595,12 @@ class CudaStep : public CudaLayerOps {
     if (ratio == 2) {
       kg = alloc<float>(T_ * 2 * hd);
       if (!ok()) return;
-      step(bf16_gemm(u_, T_, D, D, w.comp_wkv, hd, kg, 2 * hd, GemmOut::kF32, 1, 0, 0, 0, st_));
-      step(bf16_gemm(u_, T_, D, D, w.comp_wgate, hd, kg + hd, 2 * hd, GemmOut::kF32, 1, 0, 0, 0, st_));
+      gemm_bf(u_, T_, D, D, w.comp_wkv, hd, kg, 2 * hd, GemmOut::kF32);
+      gemm_bf(u_, T_, D, D, w.comp_wgate, hd, kg + hd, 2 * hd, GemmOut::kF32);
     } else {
       lat1 = alloc<uint16_t>(T_ * hd);
       if (!ok()) return;
-      step(bf16_gemm(u_, T_, D, D, w.comp_wkv, hd, lat1, hd, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      gemm_bf(u_, T_, D, D, w.comp_wkv, hd, lat1, hd, GemmOut::kBf16);
     }
     // Host walk in row order (CpuStep::compress): which rows emit which entry, where sources and
     // destinations live.
@@ -556,7 +653,7 @@ class CudaStep : public CudaLayerOps {
         step(rms_norm(lat1, E, hd, w.comp_norm, c_.norm_eps, latent, st_));  // every row emits, in row order
       }
       // index key from the PRE-RoPE latent
-      step(bf16_gemm(latent, E, hd, hd, w.idx_wk, ihd, tmp, ihd, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      gemm_bf(latent, E, hd, hd, w.idx_wk, ihd, tmp, ihd, GemmOut::kBf16);
       step(rms_norm(tmp, E, ihd, w.idx_k_norm, c_.norm_eps, key, st_));
       step(rope(key, E, 1, ihd, c_.rope_head_dim, gpos_d, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
       step(fp4_e8m0_qdq(key, E, ihd, key_stage, keyb, nullptr, st_));
@@ -614,21 +711,25 @@ class CudaStep : public CudaLayerOps {
       }
       keys_base[size_t(t)] = addr(cc.keys.get());
     }
-    uint16_t* iq = alloc<uint16_t>(T_ * IH * ihd);
-    uint16_t* wts = alloc<uint16_t>(T_ * IH);
-    float* I = alloc<float>(T_ * ld);
-    const int64_t* nv = upload(n_vis);
-    const int64_t* ns = upload(n_scored);
-    const uint64_t* kb = upload(keys_base);
+    // Outliving this op: the selection (later layers reuse it), the candidate pool and the
+    // n_scored list it is read with. Then the op's temporaries in a frame.
     Selection& sel = selections_[l];
     sel.ld = c_.index_topk;
     sel.ids = alloc<int32_t>(T_ * sel.ld);
     sel.count = alloc<int32_t>(T_);
+    const int64_t* ns = upload(n_scored);
+    uint8_t* new_pool = r.candidate_source ? alloc<uint8_t>(T_ * ld) : nullptr;
+    Frame frame_(this);
+    uint16_t* iq = alloc<uint16_t>(T_ * IH * ihd);
+    uint16_t* wts = alloc<uint16_t>(T_ * IH);
+    float* I = alloc<float>(T_ * ld);
+    const int64_t* nv = upload(n_vis);
+    const uint64_t* kb = upload(keys_base);
     if (!ok()) return;
-    step(fp8_gemm_q(qrq_, T_, w.idx_wq_b, iq, st_));
+    gemm_q(qrq_, T_, w.idx_wq_b, iq);
     step(rope(iq, T_, IH, ihd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
     step(fp4_e8m0_qdq(iq, T_ * IH, ihd, nullptr, 0, iq, st_));
-    step(bf16_gemm(u_, T_, D, D, w.idx_weights_proj, IH, wts, IH, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    gemm_bf(u_, T_, D, D, w.idx_weights_proj, IH, wts, IH, GemmOut::kBf16);
     step(scale_bf16(wts, T_ * IH, wscale, st_));
     // Rows restricted to an earlier layer's pool score only the pool's entries (the rest are
     // -inf either way); the candidate source itself scores everything.
@@ -636,7 +737,7 @@ class CudaStep : public CudaLayerOps {
     step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
                       pool_ld_, pool_len_));
     if (r.candidate_source) {
-      pool_mask_ = alloc<uint8_t>(T_ * ld);
+      pool_mask_ = new_pool;
       pool_ld_ = ld;
       pool_len_ = ns;
       if (!ok()) return;
@@ -652,6 +753,7 @@ class CudaStep : public CudaLayerOps {
 
   void attention(int l) {
     ProfScope prof_scope_(this, "attention");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
@@ -800,6 +902,7 @@ class CudaDraftStep : public CudaLayerOps {
 
   void attention(int l) {
     ProfScope prof_scope_(this, "attention");
+    Frame frame_(this);
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int64_t hd = c_.head_dim;
@@ -867,6 +970,109 @@ class CudaDraftStep : public CudaLayerOps {
 };
 
 // ---------------------------------------------------------------------------------------------
+
+TcGemm* CudaExecutor::tc_for(const model::Step& step) const {
+  if (!tc_on_ || ws_.capturing || int64_t(step.rows.size()) < tc_min_rows_) return nullptr;
+  for (const Row& r : step.rows)
+    if (r.kind != RowKind::kPrefill) return nullptr;  // decode / verify rows keep the exact kernels
+  if (!tc_) {
+    auto t = TcGemm::create();
+    if (!t.ok()) return nullptr;  // no cuBLASLt: the exact kernels (same results up to order)
+    tc_ = std::move(*t);
+  }
+  return tc_.get();
+}
+
+Result<std::vector<CudaExecutor::GemmTiming>> CudaExecutor::time_prefill_gemms(int64_t M, int layer, int reps) {
+  if (layer < 0 || layer >= cfg_.n_layers) return FB_ERROR(kInvalidArgument) << "layer " << layer;
+  if (!tc_) tc_ = FB_TRY(TcGemm::create());
+  TcGemm& tc = *tc_;
+  const DevLayer& w = layers_[size_t(layer)];
+  const LayerRole& role = cfg_.roles[size_t(layer)];
+  const int64_t D = cfg_.dim, I = cfg_.moe_inter_dim, K = role.n_active, E = role.n_experts;
+  const int64_t G = cfg_.o_groups, OR = cfg_.o_lora_rank, GI = cfg_.o_group_in(), QD = cfg_.q_dim();
+  // Inputs: act_quant codes of random bf16 rows (the values do not change the time).
+  const int64_t kmax = std::max<int64_t>({D, cfg_.q_lora_rank, G * OR, I});
+  DeviceBuffer xin, codes, scales, out, out2, xo;
+  FB_RETURN_IF_ERROR(xin.alloc(size_t(M * kmax) * 2));
+  FB_RETURN_IF_ERROR(codes.alloc(size_t(M * K * kmax)));
+  FB_RETURN_IF_ERROR(scales.alloc(size_t(M * K * kmax / 32 + 1) * 4));
+  FB_CUDA_TRY(cudaMemsetAsync(codes.get(), 0x38, size_t(M * K * kmax), stream_));  // e4m3 1.0
+  FB_CUDA_TRY(cudaMemsetAsync(scales.get(), 0, size_t(M * K * kmax / 32 + 1) * 4, stream_));
+  FB_RETURN_IF_ERROR(out.alloc(size_t(M * K * std::max<int64_t>({D, I, QD})) * 2));
+  FB_RETURN_IF_ERROR(out2.alloc(size_t(M * K * std::max<int64_t>({D, I})) * 2));
+  FB_RETURN_IF_ERROR(xo.alloc(size_t(M * QD) * 2));
+  FB_CUDA_TRY(cudaMemsetAsync(xin.get(), 0x3C, size_t(M * kmax) * 2, stream_));  // bf16 ~0.0115
+  FB_CUDA_TRY(cudaMemsetAsync(xo.get(), 0x3C, size_t(M * QD) * 2, stream_));
+  QuantBuf q{codes.get<uint8_t>(), scales.get<float>(), M * K * kmax};
+  FB_RETURN_IF_ERROR(act_quant(xin.get<uint16_t>(), M, D, q, stream_));
+  // Routed rows spread evenly over the experts (the grouped path's work for a balanced router).
+  const int64_t n = M * K;
+  std::vector<int64_t> off(size_t(E) + 1);
+  for (int64_t e = 0; e <= E; ++e) off[size_t(e)] = n * e / E;
+  DeviceBuffer xp, wbuf[3];
+  FB_RETURN_IF_ERROR(xp.alloc(size_t(n * D) * 2));
+  for (auto& b : wbuf) FB_RETURN_IF_ERROR(b.alloc(size_t(I * D) * 2));
+  auto fp8 = [&](const Fp8W& f, int64_t rows) -> Status { return tc_fp8_gemm_q(tc, q, rows, f, out.get<uint16_t>(), stream_); };
+  std::vector<std::pair<std::string, std::function<Status()>>> jobs;
+  std::vector<double> flops;
+  auto add = [&](std::string name, double fl, std::function<Status()> f) {
+    jobs.emplace_back(std::move(name), std::move(f));
+    flops.push_back(fl);
+  };
+  add("wq_a", 2.0 * M * w.wq_a.N * w.wq_a.K, [&] { return fp8(w.wq_a, M); });
+  add("wq_b", 2.0 * M * w.wq_b.N * w.wq_b.K, [&] { return fp8(w.wq_b, M); });
+  add("wkv", 2.0 * M * w.wkv.N * w.wkv.K, [&] { return fp8(w.wkv, M); });
+  add("wo_a (grouped bf16)", 2.0 * M * G * OR * GI, [&] {
+    return tc_bf16_gemm(tc, xo.get<uint16_t>(), M, GI, QD, w.wo_a, OR, out.get<uint16_t>(), G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, stream_);
+  });
+  add("wo_b", 2.0 * M * w.wo_b.N * w.wo_b.K, [&] { return fp8(w.wo_b, M); });
+  add("shared w1+w3+w2", 2.0 * M * 3 * I * D, [&] {
+    FB_RETURN_IF_ERROR(fp8(w.sh_w1, M));
+    FB_RETURN_IF_ERROR(fp8(w.sh_w3, M));
+    return tc_fp8_gemm_q(tc, q, M, w.sh_w2, out2.get<uint16_t>(), stream_);
+  });
+  add("routed w1+w3+w2 (" + std::to_string(E) + " experts)", 2.0 * double(n) * 3 * I * D, [&]() -> Status {
+    FB_RETURN_IF_ERROR(tc_dequant_act(q, D, nullptr, 1, n, xp.get<uint16_t>(), stream_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t o = off[size_t(e)], m = off[size_t(e) + 1] - o;
+      if (m == 0) continue;
+      uint16_t* xe = xp.get<uint16_t>() + o * D;
+      FB_RETURN_IF_ERROR(tc_dequant_fp4(w.w1, e, wbuf[0].get<uint16_t>(), stream_));
+      FB_RETURN_IF_ERROR(tc_dequant_fp4(w.w3, e, wbuf[1].get<uint16_t>(), stream_));
+      FB_RETURN_IF_ERROR(tc_dequant_fp4(w.w2, e, wbuf[2].get<uint16_t>(), stream_));
+      FB_RETURN_IF_ERROR(tc.matmul(xe, m, D, D, wbuf[0].get<uint16_t>(), I, out.get<uint16_t>() + o * I, I, GemmOut::kBf16, 1, 0, 0, 0, stream_));
+      FB_RETURN_IF_ERROR(tc.matmul(xe, m, D, D, wbuf[1].get<uint16_t>(), I, out2.get<uint16_t>() + o * I, I, GemmOut::kBf16, 1, 0, 0, 0, stream_));
+      // the down projection's output overwrites the group's (already consumed) input rows
+      FB_RETURN_IF_ERROR(tc.matmul(out.get<uint16_t>() + o * I, m, I, I, wbuf[2].get<uint16_t>(), D, xe, D, GemmOut::kBf16, 1, 0, 0, 0, stream_));
+    }
+    return Status();
+  });
+  cudaEvent_t a = nullptr, b = nullptr;
+  FB_CUDA_TRY(cudaEventCreate(&a));
+  FB_CUDA_TRY(cudaEventCreate(&b));
+  std::vector<GemmTiming> res;
+  Status st;
+  for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
+    std::vector<float> ms;
+    for (int r = 0; r < reps + 1 && st.ok(); ++r) {  // the first run warms plans and scratch
+      cudaEventRecord(a, stream_);
+      st = jobs[j].second();
+      cudaEventRecord(b, stream_);
+      cudaEventSynchronize(b);
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      if (r > 0) ms.push_back(t);
+    }
+    if (!st.ok()) break;
+    std::sort(ms.begin(), ms.end());
+    res.push_back({jobs[j].first, flops[j], double(ms[ms.size() / 2])});
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  FB_RETURN_IF_ERROR(st);
+  return res;
+}
 
 Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, model::Taps* taps) {
   std::vector<CudaSession*> ss;

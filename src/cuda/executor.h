@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cpu/ops.h"
 #include "cuda/device.h"
 #include "cuda/ops.h"
+#include "cuda/tc_gemm.h"
 #include "cuda/vision.h"
 #include "loader/snapshot.h"
 #include "model/config.h"
@@ -156,6 +158,23 @@ class CudaExecutor final : public model::Executor {
   void set_graph_capture(bool on) { ws_.capturing = on; }
   const std::map<std::string, OpProfile>& profile() const { return prof_; }
   void clear_profile() { prof_.clear(); }
+  // Tensor-core GEMMs (tc_gemm.h, [reference-defining]) for steps made only of prefill rows, at
+  // least min_rows of them; decode, verify and draft rows always take the exact kernels. Default:
+  // on from 64 rows; FB_TC_PREFILL=0 turns it off, FB_TC_PREFILL_MIN_ROWS sets min_rows.
+  void set_tensor_core_prefill(bool on, int64_t min_rows = 64) {
+    tc_on_ = on;
+    tc_min_rows_ = std::max<int64_t>(1, min_rows);
+  }
+  bool tensor_core_prefill() const { return tc_on_; }
+  // The GEMM work of one prefill chunk of `rows` rows through layer `layer`'s weights on the
+  // tensor-core path (operand expansion included), each GEMM timed alone (median of `reps`):
+  // the bench's "share of the tensor-core roofline for the GEMM work" (issue 7).
+  struct GemmTiming {
+    std::string name;
+    double flops = 0;  // 2 M N K summed over the GEMM's calls
+    double ms = 0;
+  };
+  Result<std::vector<GemmTiming>> time_prefill_gemms(int64_t rows, int layer, int reps);
 
  private:
   friend class CudaLayerOps;
@@ -184,6 +203,11 @@ class CudaExecutor final : public model::Executor {
   DevVision vision_;
   DevRope rope_plain_, rope_yarn_;
   mutable StepWorkspace ws_;
+  // The tensor-core GEMM object (created on first use) and the policy of set_tensor_core_prefill.
+  TcGemm* tc_for(const model::Step& step) const;
+  mutable std::unique_ptr<TcGemm> tc_;
+  bool tc_on_ = true;
+  int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
 };

@@ -7,6 +7,8 @@
 #include "base/dtype.h"
 #include "cpu/session_cache.h"
 #include "cuda/executor.h"
+
+#include <cstdlib>
 #include "loader/bind.h"
 #include "vision/tower.h"
 
@@ -24,6 +26,8 @@ CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<i
                                       c.engram_compressed_vocab);
     pad_class_ = token_map_.at(size_t(c.engram_pad_id));
   }
+  if (const char* v = std::getenv("FB_TC_PREFILL"); v && v[0] == '0') tc_on_ = false;
+  if (const char* v = std::getenv("FB_TC_PREFILL_MIN_ROWS"); v && *v) tc_min_rows_ = std::max<int64_t>(1, std::atoll(v));
   rope_plain_.table = cpu::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
   rope_yarn_.table =
       cpu::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);

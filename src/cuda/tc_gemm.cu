@@ -1,0 +1,267 @@
+// Tensor-core GEMMs for prefill steps: exact operand expansion to bf16, then cuBLASLt bf16 x bf16
+// -> f32 matmuls (see tc_gemm.h for why this is the reference's arithmetic up to summation order).
+#include "cuda/tc_gemm.h"
+
+#include <cublasLt.h>
+
+#include <string>
+
+#include "base/check.h"
+#include "cuda/numerics.cuh"
+
+namespace fb::cuda {
+
+using namespace dev;
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(64) << 20;
+
+Status lt_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status();
+  return FB_ERROR(kInternal) << what << ": cublasLt status " << int(s);
+}
+#define FB_LT_TRY(expr) FB_RETURN_IF_ERROR(lt_status((expr), #expr))
+
+inline unsigned grid_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
+inline bool a16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Exact value of an act_quant code times its power-of-two scale, as bf16 (4 significant bits:
+// exact). A NaN scale or code stays NaN.
+__device__ __forceinline__ uint16_t exact_bf16(float code_value, float scale) { return to_bf(fm::mul(code_value, scale)); }
+
+// Thread per 8 elements of one output row.
+__global__ void dequant_act_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t K, const int32_t* __restrict__ src,
+                                   int64_t src_div, int64_t n, uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = K / 8;
+  if (i >= n * per_row) return;
+  const int64_t r = i / per_row, k0 = (i % per_row) * 8;
+  const int64_t sr = (src ? int64_t(src[r]) : r) / src_div;
+  const uint8_t* c = codes + sr * K + k0;
+  const float s = scales[sr * (K / 32) + k0 / 32];
+  uint16_t v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(out + r * K + k0) = pack;
+}
+
+// FP8 [N, K] with e8m0 scales [ceil(N/32), K/32]: thread per 8 elements.
+__global__ void dequant_fp8_kernel(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K, uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = K / 8;
+  if (i >= N * per_row) return;
+  const int64_t n = i / per_row, k0 = (i % per_row) * 8;
+  const float s = e8m0_val(S[(n / 32) * (K / 32) + k0 / 32]);
+  const uint2 raw = *reinterpret_cast<const uint2*>(W + n * K + k0);
+  const uint8_t* c = reinterpret_cast<const uint8_t*>(&raw);
+  uint16_t v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(out + n * K + k0) = pack;
+}
+
+// MXFP4 packed [N, K/2] (element 2j in the low nibble) with e8m0 [N, K/32]: thread per 8 elements.
+__global__ void dequant_fp4_kernel(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K, uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = K / 8;
+  if (i >= N * per_row) return;
+  const int64_t n = i / per_row, k0 = (i % per_row) * 8;
+  const float s = e8m0_val(S[n * (K / 32) + k0 / 32]);
+  const uint32_t raw = *reinterpret_cast<const uint32_t*>(W + n * (K / 2) + k0 / 2);
+  uint16_t v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e2m1_val(uint8_t((raw >> (4 * j)) & 0xF)), s);
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(out + n * K + k0) = pack;
+}
+
+__global__ void gather_f32_kernel(const float* __restrict__ v, const int32_t* __restrict__ idx, int64_t n, float* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = v[idx[i]];
+}
+
+// Thread per 8 bf16 of a row.
+__global__ void scatter_rows_kernel(const uint16_t* __restrict__ src, const int32_t* __restrict__ idx, int64_t n, int64_t cols,
+                                    uint16_t* __restrict__ dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = cols / 8;
+  if (i >= n * per_row) return;
+  const int64_t r = i / per_row, c0 = (i % per_row) * 8;
+  *reinterpret_cast<uint4*>(dst + int64_t(idx[r]) * cols + c0) = *reinterpret_cast<const uint4*>(src + r * cols + c0);
+}
+
+}  // namespace
+
+// One matmul shape: descriptors and the heuristic's algorithm, reused across calls.
+struct TcGemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Result<std::unique_ptr<TcGemm>> TcGemm::create() {
+  std::unique_ptr<TcGemm> t(new TcGemm());
+  cublasLtHandle_t h = nullptr;
+  FB_LT_TRY(cublasLtCreate(&h));
+  t->handle_ = h;
+  FB_RETURN_IF_ERROR(t->workspace_.alloc(kWorkspaceBytes));
+  return std::move(t);
+}
+
+TcGemm::~TcGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+Result<uint16_t*> TcGemm::scratch(int slot, int64_t elems, cudaStream_t st) {
+  FB_CHECK(slot >= 0 && slot < 4);
+  DeviceBuffer& b = scratch_[slot];
+  const size_t bytes = size_t(std::max<int64_t>(elems, 1)) * 2;
+  if (b.bytes() < bytes) {
+    FB_CUDA_TRY(cudaStreamSynchronize(st));
+    FB_RETURN_IF_ERROR(b.alloc(bytes + bytes / 8));
+  }
+  return b.get<uint16_t>();
+}
+
+Status TcGemm::matmul(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* d, int64_t ldd, GemmOut out,
+                      int64_t G, int64_t gx, int64_t gw, int64_t gd, cudaStream_t st) {
+  if (M == 0 || N == 0 || G == 0) return Status();
+  FB_CHECK(K > 0 && ldx >= K && ldd >= N && tc_gemm_shape_ok(x, K, ldx, gx, w, gw, d, ldd, gd, out))
+      << "tc matmul M=" << M << " N=" << N << " K=" << K;
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  const auto key = std::make_tuple(M, N, K, ldx, ldd, G, int(out), gx, gw, gd, int64_t(0));
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    // Column-major view of the row-major problem: D^T [N, M] = W [N, K] . X^T [K, M], i.e.
+    // A = W stored as a K x N column-major matrix (ld K) used transposed, B = X as K x M (ld ldx).
+    auto p = std::make_shared<Plan>();
+    FB_LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FB_LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FB_LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, uint64_t(K), uint64_t(N), K));
+    FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx));
+    FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, out == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N), uint64_t(M), ldd));
+    if (G > 1) {
+      const int32_t g32 = int32_t(G);
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &g32, sizeof g32));
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &g32, sizeof g32));
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &g32, sizeof g32));
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &gw, sizeof gw));
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &gx, sizeof gx));
+      FB_LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &gd, sizeof gd));
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    FB_LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = workspace_.bytes();
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // Operands are only promised 16-byte alignment (rows of experts' groups, column offsets).
+    const uint32_t align = 16;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof align);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof align);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof align);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof align);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &heur, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    FB_RETURN_IF_ERROR(lt_status(hs, "cublasLtMatmulAlgoGetHeuristic"));
+    if (found == 0) return FB_ERROR(kInternal) << "cublasLt: no algorithm for M=" << M << " N=" << N << " K=" << K;
+    p->algo = heur.algo;
+    it = plans_.emplace(key, std::move(p)).first;
+  }
+  const Plan& p = *it->second;
+  const float alpha = 1.0f, beta = out == GemmOut::kF32Add ? 1.0f : 0.0f;
+  FB_LT_TRY(cublasLtMatmul(lt, p.op, &alpha, w, p.la, x, p.lb, &beta, d, p.lc, d, p.lc, &p.algo, workspace_.get<void>(), workspace_.bytes(), st));
+  kprof_mark("cublasLtMatmul");
+  return Status();
+}
+
+Status tc_dequant_act(const QuantBuf& q, int64_t K, const int32_t* src, int64_t src_div, int64_t n, uint16_t* out, cudaStream_t st) {
+  FB_CHECK(K % 32 == 0 && src_div >= 1);
+  if (n == 0) return Status();
+  dequant_act_kernel<<<grid_for(n * (K / 8), 256), 256, 0, st>>>(q.codes, q.scales, K, src, src_div, n, out);
+  FB_CUDA_LAUNCHED("tc_dequant_act_kernel");
+  return Status();
+}
+
+Status tc_dequant_fp8(const Fp8W& w, uint16_t* out, cudaStream_t st) {
+  FB_CHECK(w.K % 32 == 0 && (reinterpret_cast<uintptr_t>(w.w) & 7u) == 0);
+  if (w.N == 0) return Status();
+  dequant_fp8_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(w.w, w.s, w.N, w.K, out);
+  FB_CUDA_LAUNCHED("tc_dequant_fp8_kernel");
+  return Status();
+}
+
+Status tc_dequant_fp4(const Fp4W& w, int64_t expert, uint16_t* out, cudaStream_t st) {
+  FB_CHECK(w.K % 32 == 0 && (reinterpret_cast<uintptr_t>(w.w) & 3u) == 0 && w.w_stride % 4 == 0);
+  if (w.N == 0) return Status();
+  dequant_fp4_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(w.w + expert * w.w_stride, w.s + expert * w.s_stride, w.N, w.K, out);
+  FB_CUDA_LAUNCHED("tc_dequant_fp4_kernel");
+  return Status();
+}
+
+Status tc_gather_f32(const float* v, const int32_t* idx, int64_t n, float* out, cudaStream_t st) {
+  if (n == 0) return Status();
+  gather_f32_kernel<<<grid_for(n, 256), 256, 0, st>>>(v, idx, n, out);
+  FB_CUDA_LAUNCHED("tc_gather_f32_kernel");
+  return Status();
+}
+
+Status tc_scatter_rows(const uint16_t* src, const int32_t* idx, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t st) {
+  FB_CHECK(cols % 8 == 0);
+  if (n == 0) return Status();
+  scatter_rows_kernel<<<grid_for(n * (cols / 8), 256), 256, 0, st>>>(src, idx, n, cols, dst);
+  FB_CUDA_LAUNCHED("tc_scatter_rows_kernel");
+  return Status();
+}
+
+bool tc_gemm_shape_ok(const void* x, int64_t K, int64_t ldx, int64_t gx, const void* w, int64_t gw, const void* d, int64_t ldd, int64_t gd,
+                      GemmOut out) {
+  const int64_t d_el = out == GemmOut::kBf16 ? 8 : 4;  // elements per 16 bytes
+  return a16(x) && a16(w) && a16(d) && K % 8 == 0 && ldx % 8 == 0 && gx % 8 == 0 && gw % 8 == 0 && ldd % d_el == 0 && gd % d_el == 0;
+}
+
+Status tc_fp8_gemm_q(TcGemm& tc, const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
+  if (M == 0 || w.N == 0) return Status();
+  if (!tc_gemm_shape_ok(q.codes, w.K, w.K, 0, w.w, 0, y, w.N, 0, GemmOut::kBf16) || (reinterpret_cast<uintptr_t>(w.w) & 7u) != 0)
+    return fp8_gemm_q(q, M, w, y, st);  // odd shapes: the CUDA-core kernel
+  uint16_t* xb = FB_TRY(tc.scratch(3, M * w.K, st));
+  uint16_t* wb = FB_TRY(tc.scratch(0, w.N * w.K, st));
+  FB_RETURN_IF_ERROR(tc_dequant_act(q, w.K, nullptr, 1, M, xb, st));
+  FB_RETURN_IF_ERROR(tc_dequant_fp8(w, wb, st));
+  return tc.matmul(xb, M, w.K, w.K, wb, w.N, y, w.N, GemmOut::kBf16, 1, 0, 0, 0, st);
+}
+
+Status tc_fp8_gemm(TcGemm& tc, const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const QuantBuf& q, cudaStream_t st) {
+  FB_RETURN_IF_ERROR(act_quant(x, M, w.K, q, st));
+  return tc_fp8_gemm_q(tc, q, M, w, y, st);
+}
+
+Status tc_bf16_gemm(TcGemm& tc, const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
+                    int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st) {
+  // cuBLASLt gets 16-byte aligned operands with leading dimensions in multiples of 16 bytes;
+  // anything else takes the CUDA-core kernel (same results up to summation order).
+  if (!tc_gemm_shape_ok(x, K, ldx, gx, w, gw, y, ldy, gy, out)) return bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st);
+  return tc.matmul(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st);
+}
+
+}  // namespace fb::cuda

@@ -1,0 +1,82 @@
+// Tensor-core GEMMs for prefill steps [reference-defining]: the block-scaled FP8 / MXFP4 / bf16
+// GEMMs of ops.h computed as bf16 x bf16 -> f32 matmuls on Hopper tensor cores (cuBLASLt).
+//
+// Why this is the reference's arithmetic up to summation order: every operand is first expanded
+// to its exact value. An act_quant code times its power-of-two scale, an e4m3 weight times its
+// e8m0 block scale and an e2m1 weight times its e8m0 scale each have at most 4 significant bits, so
+// all of them are exact bf16 numbers (bf16 has f32's exponent range). Every product x_k * w_k is
+// then the reference's product, and the matmul differs from cpu::fp8_gemm / fp4_gemm only in how
+// the f32 sum over k is ordered and rounded inside the tensor cores: spec/11 §0 lists that order
+// as an irreducible point. The bf16 GEMMs take their operands as they are. Outputs are rounded
+// to bf16 (or kept f32) exactly where the CUDA-core launchers round them.
+//
+// Not bit-identical to the CPU reference, so the executor uses it only for steps made of prefill
+// rows (decode and verify rows always take the exact GEMV kernels: DSpark's greedy identity
+// compares decode rows only). Tolerance and measurements: docs/numerics.md, docs/results.md.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "base/status.h"
+#include "cuda/device.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+class TcGemm {
+ public:
+  static Result<std::unique_ptr<TcGemm>> create();
+  ~TcGemm();
+  TcGemm(const TcGemm&) = delete;
+  TcGemm& operator=(const TcGemm&) = delete;
+
+  // G strided groups of D [M, N] = X [M, K] . W [N, K]^T, row-major: x + g*gx (row stride ldx),
+  // w + g*gw (row stride K), d + g*gd (row stride ldd); elements, not bytes. kF32Add adds the
+  // product to the f32 D already there.
+  Status matmul(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* d, int64_t ldd, GemmOut out, int64_t G,
+                int64_t gx, int64_t gw, int64_t gd, cudaStream_t st);
+
+  // Scratch owned by the GEMM object (slot 0..3), grown on demand. Growing synchronises the
+  // stream first (earlier kernels may still read the old buffer). Callers use one slot per
+  // operand that must stay alive across the calls they make.
+  Result<uint16_t*> scratch(int slot, int64_t elems, cudaStream_t st);
+
+ private:
+  TcGemm() = default;
+  struct Plan;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  DeviceBuffer workspace_;
+  DeviceBuffer scratch_[4];
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Plan>> plans_;
+};
+
+// Whether a matmul's operands meet cuBLASLt's 16-byte alignment (pointers, leading dimensions and
+// group strides); launchers fall back to the CUDA-core kernels when not.
+bool tc_gemm_shape_ok(const void* x, int64_t K, int64_t ldx, int64_t gx, const void* w, int64_t gw, const void* d, int64_t ldd, int64_t gd,
+                      GemmOut out);
+
+// y [M, N] bf16 = act_quant codes q . W^T (fp8_gemm_q's result up to summation order).
+Status tc_fp8_gemm_q(TcGemm& tc, const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
+// act_quant(x) into q, then tc_fp8_gemm_q (fp8_gemm's result up to summation order).
+Status tc_fp8_gemm(TcGemm& tc, const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const QuantBuf& q, cudaStream_t st);
+// bf16_gemm on tensor cores (same arguments).
+Status tc_bf16_gemm(TcGemm& tc, const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
+                    int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st);
+
+// ---- pieces of the grouped (by expert) MXFP4 path ----------------------------------------------
+// out [n, K] bf16: row i = exact value of act_quant row src[i] / src_div (src == nullptr: row i).
+Status tc_dequant_act(const QuantBuf& q, int64_t K, const int32_t* src, int64_t src_div, int64_t n, uint16_t* out, cudaStream_t st);
+// out [N, K] bf16 = exact values of an FP8 32x32-block weight / of expert e's MXFP4 weight.
+Status tc_dequant_fp8(const Fp8W& w, uint16_t* out, cudaStream_t st);
+Status tc_dequant_fp4(const Fp4W& w, int64_t expert, uint16_t* out, cudaStream_t st);
+// out[i] = v[idx[i]] (f32).
+Status tc_gather_f32(const float* v, const int32_t* idx, int64_t n, float* out, cudaStream_t st);
+// dst[idx[i], :] = src[i, :] (bf16 rows of `cols`).
+Status tc_scatter_rows(const uint16_t* src, const int32_t* idx, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t st);
+
+}  // namespace fb::cuda
