@@ -807,7 +807,13 @@ class CudaStep : public CudaLayerOps {
     }
     int max_win = 0;
     for (size_t t = 0; t + 1 < off.size(); ++t) max_win = std::max(max_win, off[t + 1] - off[t]);
-    split_scratch(keys, max_win + (keys.sel ? int(keys.sel_ld) : 0));
+    const int max_keys = max_win + (keys.sel ? int(keys.sel_ld) : 0);
+    if (tc_) {  // prefill rows: dots and P.V sums on tensor cores (tc_gemm.h)
+      keys.max_keys = max_keys;
+      step(tc_sparse_attention(*tc_, q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
+      return;
+    }
+    split_scratch(keys, max_keys);
     if (!ok()) return;
     step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
   }

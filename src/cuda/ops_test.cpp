@@ -394,6 +394,12 @@ TEST(CudaOps, HcPreNormQuantFused) {
 
 // ---- attention --------------------------------------------------------------------------------
 
+std::unique_ptr<TcGemm> make_tc() {
+  auto t = TcGemm::create();
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
 // Key lists per row: window FP8 rows (some empty), then selected FP4 entries (some -1).
 void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<int>& n_sel, int64_t n_comp) {
   const int H = 64, d = 512;
@@ -455,6 +461,37 @@ void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<i
     ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout2.p(), nullptr).ok());
     expect_same(dout2.get(), want, "sparse_attention (key-block split)");
   }
+  // Tensor-core path of prefill steps ([reference-defining]: dots and P.V sums in the tensor
+  // cores' order, the rest as the CPU). Tolerance per output, written down: one bf16 rounding of
+  // the element, plus 2^-8 of the head's largest |o| (score errors of ~d 2^-24 sum|q k| move
+  // p = exp(z - m) by a relative ~1e-5; bf16(p) can then round the other way, 2^-9 relative).
+  k.split = nullptr;
+  k.max_keys = max_keys;
+  static std::unique_ptr<TcGemm> tc = make_tc();
+  ASSERT_TRUE(tc);
+  Dev<bf16_t> dout3(want.size());
+  ASSERT_TRUE(tc_sparse_attention(*tc, dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout3.p(), nullptr).ok());
+  const auto got = dout3.get();
+  double worst = 0;
+  size_t over = 0, nan_diff = 0;
+  for (int64_t th = 0; th < T * H; ++th) {
+    double hmax = 0;
+    for (int i = 0; i < d; ++i) hmax = std::max(hmax, std::fabs(double(bf16_to_f32(want[size_t(th * d + i)]))));
+    for (int i = 0; i < d; ++i) {
+      const float a = bf16_to_f32(got[size_t(th * d + i)]), b = bf16_to_f32(want[size_t(th * d + i)]);
+      if (std::isnan(a) != std::isnan(b)) {
+        ++nan_diff;
+        continue;
+      }
+      const double tol = std::ldexp(std::fabs(double(b)), -7) + std::ldexp(hmax, -8) + 1e-30;
+      const double r = std::fabs(double(a) - double(b)) / tol;
+      worst = std::max(worst, r);
+      if (r > 1) ++over;
+    }
+  }
+  EXPECT_EQ(nan_diff, 0u) << "tc attention NaN masks";
+  EXPECT_EQ(over, 0u) << "tc attention: " << over << " outputs outside the tolerance (worst " << worst << " x tol)";
+  std::printf("[ tc ] sparse attention T=%lld max_keys=%d: worst |tc - cpu| = %.3g x tolerance\n", (long long)T, max_keys, worst);
 }
 
 TEST(CudaOps, SparseAttentionReleased) {
@@ -718,12 +755,6 @@ struct TcCheck {
     std::printf("[ tc ] %s: %zu outputs, worst |tc - cpu| = %.3g x tolerance\n", what, n, worst);
   }
 };
-
-std::unique_ptr<TcGemm> make_tc() {
-  auto t = TcGemm::create();
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  return t.ok() ? std::move(*t) : nullptr;
-}
 
 TEST(CudaOps, TensorCoreFp8Gemm) {
   NEED_GPU();

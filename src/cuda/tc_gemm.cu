@@ -130,34 +130,41 @@ TcGemm::~TcGemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-Result<uint16_t*> TcGemm::scratch(int slot, int64_t elems, cudaStream_t st) {
-  FB_CHECK(slot >= 0 && slot < 4);
+Result<void*> TcGemm::scratch_bytes(int slot, size_t bytes, cudaStream_t st) {
+  FB_CHECK(slot >= 0 && slot < kSlots);
   DeviceBuffer& b = scratch_[slot];
-  const size_t bytes = size_t(std::max<int64_t>(elems, 1)) * 2;
+  bytes = std::max<size_t>(bytes, 16);
   if (b.bytes() < bytes) {
     FB_CUDA_TRY(cudaStreamSynchronize(st));
     FB_RETURN_IF_ERROR(b.alloc(bytes + bytes / 8));
   }
-  return b.get<uint16_t>();
+  return b.get<void>();
+}
+
+Result<uint16_t*> TcGemm::scratch(int slot, int64_t elems, cudaStream_t st) {
+  void* p = FB_TRY(scratch_bytes(slot, size_t(std::max<int64_t>(elems, 1)) * 2, st));
+  return static_cast<uint16_t*>(p);
 }
 
 Status TcGemm::matmul(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* d, int64_t ldd, GemmOut out,
-                      int64_t G, int64_t gx, int64_t gw, int64_t gd, cudaStream_t st) {
+                      int64_t G, int64_t gx, int64_t gw, int64_t gd, cudaStream_t st, bool w_kn) {
   if (M == 0 || N == 0 || G == 0) return Status();
-  FB_CHECK(K > 0 && ldx >= K && ldd >= N && tc_gemm_shape_ok(x, K, ldx, gx, w, gw, d, ldd, gd, out))
+  FB_CHECK(K > 0 && ldx >= K && ldd >= N && tc_gemm_shape_ok(x, w_kn ? N : K, ldx, gx, w, gw, d, ldd, gd, out))
       << "tc matmul M=" << M << " N=" << N << " K=" << K;
   auto lt = static_cast<cublasLtHandle_t>(handle_);
-  const auto key = std::make_tuple(M, N, K, ldx, ldd, G, int(out), gx, gw, gd, int64_t(0));
+  const auto key = std::make_tuple(M, N, K, ldx, ldd, G, int(out), gx, gw, gd, int64_t(w_kn));
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     // Column-major view of the row-major problem: D^T [N, M] = W [N, K] . X^T [K, M], i.e.
     // A = W stored as a K x N column-major matrix (ld K) used transposed, B = X as K x M (ld ldx).
+    // With w_kn, W [K, N] row-major is an N x K column-major matrix (ld N) used as it is.
     auto p = std::make_shared<Plan>();
     FB_LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasOperation_t ta = w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     FB_LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     FB_LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, uint64_t(K), uint64_t(N), K));
+    if (w_kn) FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, uint64_t(N), uint64_t(K), N));
+    else FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, uint64_t(K), uint64_t(N), K));
     FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx));
     FB_LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, out == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N), uint64_t(M), ldd));
     if (G > 1) {

@@ -38,20 +38,24 @@ class TcGemm {
   // G strided groups of D [M, N] = X [M, K] . W [N, K]^T, row-major: x + g*gx (row stride ldx),
   // w + g*gw (row stride K), d + g*gd (row stride ldd); elements, not bytes. kF32Add adds the
   // product to the f32 D already there.
+  // w_kn: W is stored [K, N] row-major instead (D = X . W).
   Status matmul(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* d, int64_t ldd, GemmOut out, int64_t G,
-                int64_t gx, int64_t gw, int64_t gd, cudaStream_t st);
+                int64_t gx, int64_t gw, int64_t gd, cudaStream_t st, bool w_kn = false);
 
-  // Scratch owned by the GEMM object (slot 0..3), grown on demand. Growing synchronises the
-  // stream first (earlier kernels may still read the old buffer). Callers use one slot per
-  // operand that must stay alive across the calls they make.
+  // Scratch owned by the GEMM object, grown on demand. Growing synchronises the stream first
+  // (earlier kernels may still read the old buffer). Callers use one slot per operand that must
+  // stay alive across the calls they make: 0..3 the GEMM launchers and the routed experts,
+  // 4..7 tc_sparse_attention.
+  static constexpr int kSlots = 8;
   Result<uint16_t*> scratch(int slot, int64_t elems, cudaStream_t st);
+  Result<void*> scratch_bytes(int slot, size_t bytes, cudaStream_t st);
 
  private:
   TcGemm() = default;
   struct Plan;
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
-  DeviceBuffer scratch_[4];
+  DeviceBuffer scratch_[kSlots];
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>, std::shared_ptr<Plan>> plans_;
 };
 
@@ -67,6 +71,16 @@ Status tc_fp8_gemm(TcGemm& tc, const uint16_t* x, int64_t M, const Fp8W& w, uint
 // bf16_gemm on tensor cores (same arguments).
 Status tc_bf16_gemm(TcGemm& tc, const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                     int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st);
+
+// Sparse attention with a sink (cpu::sparse_attention, spec/11 §1.7) for the rows of a prefill
+// step: per row its keys gathered as exact bf16 values (64-key blocks in list order, empty
+// entries zero), the 64 x n scores of all heads as one batched matmul, the CPU's online-softmax
+// sequence per (row, head) over the blocks (block max, alpha, p, bf16(p), the p-sum in j order,
+// the sink), each block's P.V sums as a batched matmul, and the fold acc = acc * alpha_b + S_b in
+// block order. [reference-defining]: the reference's own kernel forms the dots on tensor cores;
+// only the order inside the dots and the P.V sums differs from the CPU. Needs keys.max_keys.
+Status tc_sparse_attention(TcGemm& tc, const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale,
+                           uint16_t* out, cudaStream_t st);
 
 // ---- pieces of the grouped (by expert) MXFP4 path ----------------------------------------------
 // out [n, K] bf16: row i = exact value of act_quant row src[i] / src_div (src == nullptr: row i).

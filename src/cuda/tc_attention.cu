@@ -1,0 +1,167 @@
+// Sparse attention of prefill rows on tensor cores (tc_gemm.h: tc_sparse_attention). The CPU's
+// online softmax over 64-key blocks (spec/11 §1.7) splits into pieces that only the dots and the
+// P.V sums feed:
+//   z_j = dot(q_h, k_j) * c             batched matmul S = Q . K^T per row (all heads)
+//   m_b, alpha_b, p_j, bf16(p_j), psum  the CPU's sequence per (row, head), block by block
+//   S_b = sum_j bf16(p_j) k_j           batched matmul per (row, block): P_b . K_b
+//   acc = acc * alpha_b + S_b           the fold in block order, then o = bf16(acc / l)
+// Every step except the two matmuls is the CPU's arithmetic in the CPU's order (fm:: ops).
+// Blocks past a row's last key are all-empty: alpha = exp(0) = 1 and S_b = 0, so they leave acc
+// and l bit for bit unchanged, which lets every row of a batch use the same block count.
+#include "base/check.h"
+#include "cuda/numerics.cuh"
+#include "cuda/tc_gemm.h"
+
+namespace fb::cuda {
+
+using namespace dev;
+
+namespace {
+
+inline unsigned grid_of(int64_t n, int per) { return unsigned((n + per - 1) / per); }
+
+// Thread per 8 dims of one (row, key slot): the key's exact bf16 values (as key_val in
+// attention.cu), zeros for empty entries and padding; valid[r, j] = 1 for a real key.
+__global__ void tc_attn_gather_kernel(AttnKeys keys, int64_t t0, int64_t R, int NK, int d, uint16_t* __restrict__ Kg,
+                                      uint8_t* __restrict__ valid) {
+  const int64_t per_key = d / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= R * NK * per_key) return;
+  const int64_t r = i / (NK * per_key), j = (i / per_key) % NK, c0 = (i % per_key) * 8, t = t0 + r;
+  const int w0 = keys.win_off[t], n_win = keys.win_off[t + 1] - w0;
+  const int n = n_win + (keys.sel ? keys.sel_count[t] : 0);
+  if (n > NK) __trap();  // the host's max_keys was wrong: never drop keys
+  const uint8_t* p = nullptr;
+  bool fp4 = false;
+  if (j < n_win) {
+    p = reinterpret_cast<const uint8_t*>(keys.win[w0 + j]);
+  } else if (j < n) {
+    const int32_t id = keys.sel[t * keys.sel_ld + (j - n_win)];
+    if (id >= 0) {
+      p = reinterpret_cast<const uint8_t*>(keys.comp_base[t]) + int64_t(id) * (d / 2 + d / 16);
+      fp4 = true;
+    }
+  }
+  uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (p && !fp4) {
+    const float s = e8m0_val(p[d + c0 / 32]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = to_bf(fm::mul(e4m3_val(p[c0 + e]), s));
+  } else if (p) {
+    const float s = e4m3_val(p[d / 2 + c0 / 16]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = to_bf(fm::mul(e2m1_val(e2m1_code_at(p, c0 + e)), s));
+  }
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(Kg + (r * NK + j) * d + c0) = pack;
+  if (c0 == 0) valid[r * NK + j] = p ? 1 : 0;
+}
+
+constexpr int kSoftmaxWarps = 8;
+
+// Warp per (row, head): the CPU's update sequence block by block. Lanes hold keys lane and
+// lane + 32 of the block; the block max is an smax butterfly (order-free, docs/numerics.md rule
+// 8); the p-sum runs sequentially in j on lane 0, as on the CPU.
+__global__ void __launch_bounds__(32 * kSoftmaxWarps) tc_attn_softmax_kernel(const float* __restrict__ S, const uint8_t* __restrict__ valid,
+                                                                             int64_t R, int H, int NK, float scale, const float* __restrict__ sinks,
+                                                                             uint16_t* __restrict__ P, float* __restrict__ alpha,
+                                                                             float* __restrict__ lsum) {
+  __shared__ float pf[kSoftmaxWarps][64];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int64_t w = int64_t(blockIdx.x) * kSoftmaxWarps + warp;
+  if (w >= R * H) return;  // whole warps
+  const int64_t r = w / H;
+  const int h = int(w % H), NB = NK / 64;
+  const float* srow = S + (r * H + h) * int64_t(NK);
+  const uint8_t* vrow = valid + r * NK;
+  float m = -1e30f, l = 0.0f;
+  for (int b = 0; b < NB; ++b) {
+    float z[2], a = -INFINITY;
+    bool ok[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int j = b * 64 + lane + 32 * u;
+      ok[u] = vrow[j] != 0;
+      z[u] = ok[u] ? fm::mul(srow[j], scale) : -INFINITY;
+      if (ok[u]) a = smax(a, z[u]);
+    }
+    for (int off = 16; off >= 1; off >>= 1) a = smax(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+    const float m2 = smax(m, a);
+    const float al = fm::exp(fm::add(m, -m2));
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int j = lane + 32 * u;
+      const float p = ok[u] ? fm::exp(fm::add(z[u], -m2)) : 0.0f;
+      pf[warp][j] = p;
+      P[((r * NB + b) * H + h) * 64 + j] = to_bf(p);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float psum = 0.0f;
+      for (int j = 0; j < 64; ++j) psum = fm::add(psum, pf[warp][j]);  // padding adds +0: no change
+      l = fm::add(fm::mul(l, al), psum);
+      alpha[(r * H + h) * NB + b] = al;
+    }
+    __syncwarp();
+    m = m2;
+  }
+  if (lane == 0) lsum[r * H + h] = fm::add(l, fm::exp(fm::add(sinks[h], -m)));
+}
+
+// Thread per (row, head, dim): acc = acc * alpha_b + S_b in block order, o = bf16(acc / l).
+__global__ void tc_attn_fold_kernel(const float* __restrict__ Y, const float* __restrict__ alpha, const float* __restrict__ lsum, int64_t t0,
+                                    int64_t R, int H, int NB, int d, uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= R * H * d) return;
+  const int64_t r = i / (int64_t(H) * d);
+  const int h = int((i / d) % H), c = int(i % d);
+  const float* al = alpha + (r * H + h) * NB;
+  float acc = 0.0f;
+  for (int b = 0; b < NB; ++b) acc = fm::add(fm::mul(acc, al[b]), Y[((r * NB + b) * H + h) * int64_t(d) + c]);
+  out[((t0 + r) * H + h) * int64_t(d) + c] = to_bf(fm::div(acc, lsum[r * H + h]));
+}
+
+size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+}  // namespace
+
+Status tc_sparse_attention(TcGemm& tc, const uint16_t* q, int64_t T, int H, int d, const AttnKeys& keys, const float* sinks, float scale,
+                           uint16_t* out, cudaStream_t st) {
+  FB_CHECK(d % 32 == 0 && keys.win && keys.win_off && keys.max_keys > 0) << "tc attention d=" << d << " max_keys=" << keys.max_keys;
+  if (T == 0) return Status();
+  const int NB = (keys.max_keys + 63) / 64, NK = NB * 64;
+  // Rows per batch: the P.V partial sums (NB x H x d f32 per row) dominate; about 1 GiB in all.
+  const size_t per_row = size_t(NK) * d * 2 + size_t(H) * NK * 4 + size_t(NK) * H * 2 + size_t(NB) * H * d * 4 + size_t(NK) +
+                         size_t(H) * (NB + 1) * 4;
+  const int64_t R = std::max<int64_t>(1, std::min<int64_t>(T, int64_t((size_t(1) << 30) / per_row)));
+  uint16_t* Kg = static_cast<uint16_t*>(FB_TRY(tc.scratch_bytes(4, size_t(R) * NK * d * 2, st)));
+  float* S = static_cast<float*>(FB_TRY(tc.scratch_bytes(5, size_t(R) * H * NK * 4, st)));
+  const size_t p_bytes = align256(size_t(R) * NB * H * 64 * 2), a_bytes = align256(size_t(R) * H * NB * 4), l_bytes = align256(size_t(R) * H * 4);
+  uint8_t* misc = static_cast<uint8_t*>(FB_TRY(tc.scratch_bytes(6, p_bytes + a_bytes + l_bytes + size_t(R) * NK, st)));
+  float* Y = static_cast<float*>(FB_TRY(tc.scratch_bytes(7, size_t(R) * NB * H * d * 4, st)));
+  uint16_t* P = reinterpret_cast<uint16_t*>(misc);
+  float* alpha = reinterpret_cast<float*>(misc + p_bytes);
+  float* lsum = reinterpret_cast<float*>(misc + p_bytes + a_bytes);
+  uint8_t* valid = misc + p_bytes + a_bytes + l_bytes;
+  for (int64_t t0 = 0; t0 < T; t0 += R) {
+    const int64_t r = std::min(R, T - t0);
+    tc_attn_gather_kernel<<<grid_of(r * NK * (d / 8), 256), 256, 0, st>>>(keys, t0, r, NK, d, Kg, valid);
+    FB_CUDA_LAUNCHED("tc_attn_gather_kernel");
+    // S_r [H, NK] = Q_r [H, d] . Kg_r [NK, d]^T for each row r
+    FB_RETURN_IF_ERROR(tc.matmul(q + t0 * H * int64_t(d), H, d, d, Kg, NK, S, NK, GemmOut::kF32, r, int64_t(H) * d, int64_t(NK) * d,
+                                 int64_t(H) * NK, st));
+    tc_attn_softmax_kernel<<<grid_of(r * H, kSoftmaxWarps), 32 * kSoftmaxWarps, 0, st>>>(S, valid, r, H, NK, scale, sinks, P, alpha, lsum);
+    FB_CUDA_LAUNCHED("tc_attn_softmax_kernel");
+    // Y_(r,b) [H, d] = P_(r,b) [H, 64] . Kg_(r, block b) [64, d] for every (row, block)
+    FB_RETURN_IF_ERROR(tc.matmul(P, H, 64, 64, Kg, d, Y, d, GemmOut::kF32, r * NB, int64_t(H) * 64, int64_t(64) * d, int64_t(H) * d, st,
+                                 /*w_kn=*/true));
+    tc_attn_fold_kernel<<<grid_of(r * H * int64_t(d), 256), 256, 0, st>>>(Y, alpha, lsum, t0, r, H, NB, d, out);
+    FB_CUDA_LAUNCHED("tc_attn_fold_kernel");
+  }
+  return Status();
+}
+
+}  // namespace fb::cuda
