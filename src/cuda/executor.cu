@@ -734,8 +734,12 @@ class CudaStep : public CudaLayerOps {
     // Rows restricted to an earlier layer's pool score only the pool's entries (the rest are
     // -inf either way); the candidate source itself scores everything.
     const bool skip_unpooled = r.pool_restricted && !r.candidate_source && pool_mask_;
-    step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
-                      pool_ld_, pool_len_));
+    if (tc_)  // prefill rows: the dots on tensor cores (tc_gemm.h), the head chain as the CPU
+      step(tc_index_scores(*tc_, iq, wts, T_, IH, ihd, keys_base, n_vis, n_scored, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_,
+                           skip_unpooled ? pool_mask_ : nullptr, pool_ld_, pool_len_));
+    else
+      step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
+                        pool_ld_, pool_len_));
     if (r.candidate_source) {
       pool_mask_ = new_pool;
       pool_ld_ = ld;

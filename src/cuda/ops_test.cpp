@@ -667,6 +667,41 @@ void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector
     for (int64_t t = 0; t < T; ++t) got.insert(got.end(), I.begin() + t * ld, I.begin() + t * ld + n_scored[size_t(t)]);
     expect_same(got, want_I, "index scores");
   }
+  {
+    // Tensor-core scores of prefill steps: the 128-term dots in the tensor cores' order, the head
+    // chain as the CPU. Tolerance per entry, written down: a dot may round to the neighbouring
+    // bf16, moving its term by 2^-7 relative, and the chain's roundings follow:
+    //   |tc - cpu| <= 2^-6 * (|cpu| + sum_h |bf16(relu(bf16(d_h)) * w_h)|);  -inf entries equal.
+    static std::unique_ptr<TcGemm> tc = make_tc();
+    ASSERT_TRUE(tc);
+    Dev<float> dI2(static_cast<size_t>(T * ld));
+    ASSERT_TRUE(tc_index_scores(*tc, diq.p(), dwts.p(), T, IH, ihd, base, n_vis, n_scored, kb, dnv.p(), dns.p(), dI2.p(), ld, nullptr).ok());
+    const auto I2 = dI2.get();
+    double worst = 0;
+    size_t over = 0, inf_diff = 0, at = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < n_scored[size_t(t)]; ++j, ++at) {
+        const float a = I2[size_t(t * ld + j)], b = want_I[at];
+        if (std::isinf(a) || std::isinf(b)) {
+          inf_diff += a != b;
+          continue;
+        }
+        double mag = 0;
+        for (int h = 0; h < IH; ++h) {
+          const float d = fm::lanes32_sum(ihd, [&](int64_t i) {
+            return fm::mul(bf16_to_f32(iq[size_t((t * IH + h) * ihd + i)]), bf16_to_f32(key_val[size_t(j * ihd + i)]));
+          });
+          mag += std::fabs(double(round_bf16(fm::mul(std::max(round_bf16(d), 0.0f), bf16_to_f32(wts[size_t(t * IH + h)])))));
+        }
+        const double tol = std::ldexp(std::fabs(double(b)) + mag, -6) + 1e-30;
+        const double r = std::fabs(double(a) - double(b)) / tol;
+        worst = std::max(worst, r);
+        over += r > 1;
+      }
+    EXPECT_EQ(inf_diff, 0u) << "tc index scores: -inf entries differ";
+    EXPECT_EQ(over, 0u) << "tc index scores: " << over << " entries outside the tolerance (worst " << worst << " x tol)";
+    std::printf("[ tc ] index scores T=%lld n_vis<=%lld: worst |tc - cpu| = %.3g x tolerance\n", (long long)T, (long long)(n_keys - 1), worst);
+  }
   if (with_pool) ASSERT_TRUE(candidate_pool(dI.p(), T, ld, dns.p(), dnv.p(), bs, keep, dmask.p(), nullptr).ok());
   ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), with_pool ? dmask.p() : nullptr, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
   auto sel = dsel.get();

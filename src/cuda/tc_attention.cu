@@ -126,6 +126,47 @@ __global__ void tc_attn_fold_kernel(const float* __restrict__ Y, const float* __
 
 size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 
+// FP4 e8m0 index keys [n, ihd] -> exact bf16 values [N, ihd] (rows n..N-1 zero): thread per 8.
+__global__ void tc_index_keys_kernel(const uint8_t* __restrict__ kb, int64_t key_bytes, int64_t n, int64_t N, int ihd, uint16_t* __restrict__ out) {
+  const int64_t per = ihd / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * per) return;
+  const int64_t j = i / per, c0 = (i % per) * 8;
+  uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (j < n) {
+    const uint8_t* k = kb + j * key_bytes;
+    const float s = e8m0_val(k[ihd / 2 + c0 / 32]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = to_bf(fm::mul(e2m1_val(e2m1_code_at(k, c0 + e)), s));
+  }
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(out + j * ihd + c0) = pack;
+}
+
+// Thread per (row t0 + y, entry j): the CPU's head chain over the bf16 dots Dots [(y, h), N].
+__global__ void tc_index_reduce_kernel(const uint16_t* __restrict__ dots, int64_t N, const uint16_t* __restrict__ wts, int IH, int64_t t0,
+                                       const int64_t* __restrict__ n_vis, const int64_t* __restrict__ n_scored, float* __restrict__ I, int64_t ld,
+                                       const uint8_t* __restrict__ mask, int64_t mask_ld, const int64_t* __restrict__ mask_len) {
+  const int64_t y = blockIdx.y, t = t0 + y, j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n_scored[t]) return;
+  float score = -INFINITY;
+  const bool pooled = !mask || (j < mask_len[t] && mask[t * mask_ld + j]);
+  if (pooled && j < n_vis[t]) {
+    const uint16_t* d = dots + y * int64_t(IH) * N + j;
+    const uint16_t* w = wts + t * IH;
+    float tot = 0.0f;
+    for (int h = 0; h < IH; ++h) {
+      const float db = smax(bf(d[int64_t(h) * N]), 0.0f);
+      tot = fm::add(tot, round_bf16(fm::mul(db, bf(w[h]))));
+    }
+    score = round_bf16(tot);
+  }
+  I[t * ld + j] = score;
+}
+
 }  // namespace
 
 Status tc_sparse_attention(TcGemm& tc, const uint16_t* q, int64_t T, int H, int d, const AttnKeys& keys, const float* sinks, float scale,
@@ -160,6 +201,43 @@ Status tc_sparse_attention(TcGemm& tc, const uint16_t* q, int64_t T, int H, int 
                                  /*w_kn=*/true));
     tc_attn_fold_kernel<<<grid_of(r * H * int64_t(d), 256), 256, 0, st>>>(Y, alpha, lsum, t0, r, H, NB, d, out);
     FB_CUDA_LAUNCHED("tc_attn_fold_kernel");
+  }
+  return Status();
+}
+
+Status tc_index_scores(TcGemm& tc, const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, int ihd, const std::vector<uint64_t>& keys_base_host,
+                       const std::vector<int64_t>& n_vis_host, const std::vector<int64_t>& n_scored_host, int64_t key_bytes, const int64_t* n_vis,
+                       const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask, int64_t mask_ld, const int64_t* mask_len) {
+  FB_CHECK(ihd % 32 == 0 && int64_t(keys_base_host.size()) == T && int64_t(n_vis_host.size()) == T && int64_t(n_scored_host.size()) == T);
+  for (int64_t a = 0; a < T;) {
+    // A run of rows reading the same keys (one session's rows of this step).
+    int64_t b = a + 1;
+    while (b < T && keys_base_host[size_t(b)] == keys_base_host[size_t(a)]) ++b;
+    int64_t n = 0, ns = 0;
+    for (int64_t t = a; t < b; ++t) {
+      n = std::max(n, n_vis_host[size_t(t)]);
+      ns = std::max(ns, n_scored_host[size_t(t)]);
+    }
+    const int64_t N = std::max<int64_t>(8, (n + 7) / 8 * 8);
+    // Rows per matmul: the bf16 dots (IH x N per row) within about 1 GiB.
+    const int64_t R = std::max<int64_t>(1, std::min<int64_t>(b - a, int64_t((size_t(1) << 30) / (size_t(IH) * N * 2))));
+    uint16_t* keys = FB_TRY(tc.scratch(4, N * ihd, st));
+    uint16_t* dots = FB_TRY(tc.scratch(5, R * IH * N, st));
+    if (n > 0) {
+      tc_index_keys_kernel<<<grid_of(N * (ihd / 8), 256), 256, 0, st>>>(reinterpret_cast<const uint8_t*>(keys_base_host[size_t(a)]), key_bytes, n, N,
+                                                                          ihd, keys);
+      FB_CUDA_LAUNCHED("tc_index_keys_kernel");
+    }
+    for (int64_t t0 = a; t0 < b; t0 += R) {
+      const int64_t r = std::min(R, b - t0);
+      if (n > 0) FB_RETURN_IF_ERROR(tc.matmul(iq + t0 * IH * int64_t(ihd), r * IH, ihd, ihd, keys, N, dots, N, GemmOut::kBf16, 1, 0, 0, 0, st));
+      if (ns > 0) {
+        tc_index_reduce_kernel<<<dim3(grid_of(ns, 256), unsigned(r)), 256, 0, st>>>(dots, N, wts, IH, t0, n_vis, n_scored, I, ld, mask, mask_ld,
+                                                                                   mask_len);
+        FB_CUDA_LAUNCHED("tc_index_reduce_kernel");
+      }
+    }
+    a = b;
   }
   return Status();
 }

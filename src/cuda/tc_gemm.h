@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "base/status.h"
 #include "cuda/device.h"
@@ -81,6 +82,17 @@ Status tc_bf16_gemm(TcGemm& tc, const uint16_t* x, int64_t M, int64_t K, int64_t
 // only the order inside the dots and the P.V sums differs from the CPU. Needs keys.max_keys.
 Status tc_sparse_attention(TcGemm& tc, const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale,
                            uint16_t* out, cudaStream_t st);
+
+// Index scores (ops.h index_scores) of a prefill step: per run of rows sharing one session's
+// index keys, the keys' exact bf16 values once, every (row, head) dot as one matmul rounded to
+// bf16 (the CPU's round_bf16(d)), then the CPU's chain per (row, entry): relu, times the head
+// weight (bf16), summed over heads in order, bf16. [reference-defining]: only the order inside
+// the 128-term dots differs. keys_base_host / n_vis_host / n_scored_host: the host copies of
+// the device lists (grouping and launch sizes).
+Status tc_index_scores(TcGemm& tc, const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, int ihd, const std::vector<uint64_t>& keys_base_host,
+                       const std::vector<int64_t>& n_vis_host, const std::vector<int64_t>& n_scored_host, int64_t key_bytes, const int64_t* n_vis,
+                       const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask = nullptr, int64_t mask_ld = 0,
+                       const int64_t* mask_len = nullptr);
 
 // ---- pieces of the grouped (by expert) MXFP4 path ----------------------------------------------
 // out [n, K] bf16: row i = exact value of act_quant row src[i] / src_div (src == nullptr: row i).
