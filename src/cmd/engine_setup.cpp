@@ -18,7 +18,7 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--model", model_dir, "model folder (default: the built-in tiny model, tiny-model/)");
   app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--no-dspark", no_dspark, "disable DSpark speculative decoding");
-  app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill step");
+  app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill step (default: 256 on the CPU, 2048 with CUDA tensor-core prefill)");
   app.add_flag("--prefill-replay", prefill_replay,
                "approximate prefill (SWA bounded replay, spec/11 sec. 8.4): decoder layers run only over the last window of a long prompt");
   app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");

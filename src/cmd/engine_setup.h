@@ -15,7 +15,7 @@ struct EngineSetup {
   std::string model_dir;          // empty: tiny-model/ in the working or source directory
   std::string backend = "cpu";
   bool no_dspark = false;
-  int prefill_chunk = 256;
+  int prefill_chunk = 0;          // 0: the executor's preference (CPU 256, CUDA 2048)
   bool prefill_replay = false;    // [approx-approved] SWA bounded replay of long prompts (spec/11 §8.4)
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429

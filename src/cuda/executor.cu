@@ -368,15 +368,18 @@ class CudaLayerOps {
   int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
   // GEMMs: the exact CUDA-core kernels, or in a step of prefill rows the tensor-core path
   // (tc_gemm.h, [reference-defining]: the same products, summed in the tensor cores' order).
+  static constexpr int64_t kTcMinGemmRows = 16;
   void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
-    step(tc_ ? tc_fp8_gemm_q(*tc_, q, M, w, y, st_) : fp8_gemm_q(q, M, w, y, st_));
+    step(tc_ && M >= kTcMinGemmRows ? tc_fp8_gemm_q(*tc_, q, M, w, y, st_) : fp8_gemm_q(q, M, w, y, st_));
   }
   void gemm_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y) {
-    step(tc_ ? tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_) : fp8_gemm(x, M, w, y, q_buf_, st_));
+    step(tc_ && M >= kTcMinGemmRows ? tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_) : fp8_gemm(x, M, w, y, q_buf_, st_));
   }
   void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
-    step(tc_ ? tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_)
+    // A few rows (the head's logit rows of a prefill step) stay on the GEMV kernel: cuBLASLt
+    // took 40+ ms for the 1-row head on the H200, the GEMV 0.45 ms.
+    step(tc_ && M >= kTcMinGemmRows ? tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_)
              : bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
   }
   // Routed experts of a prefill step on tensor cores: (row, slot) pairs grouped by expert on the

@@ -25,7 +25,7 @@ Generator::Generator(model::Executor& ex, GeneratorOptions opt) : ex_(&ex), opt_
   dspark_ok_ = opt.dspark && c.n_mtp_layers > 0 && block_ > 0 && tap_w_ > 0;
   max_context_ = c.max_position_embeddings > 0 ? c.max_position_embeddings : (int64_t(1) << 20);
   if (opt.max_context > 0) max_context_ = std::min(max_context_, opt.max_context);
-  if (opt_.prefill_chunk <= 0) opt_.prefill_chunk = 256;
+  if (opt_.prefill_chunk <= 0) opt_.prefill_chunk = int(ex.preferred_prefill_chunk());
   counters_.accepted_hist.assign(size_t(std::max(block_, 0) + 1), 0);
   counters_.verify_hist.assign(size_t(std::max(block_, 0) + 1), 0);
   cost_.steps_per_s = opt_.dspark_verify_sps;

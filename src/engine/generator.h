@@ -22,7 +22,7 @@
 namespace fb::engine {
 
 struct GeneratorOptions {
-  int prefill_chunk = 256;  // rows per prefill step
+  int prefill_chunk = 0;  // rows per prefill step; 0: the executor's preferred_prefill_chunk()
   bool dspark = true;       // use the draft loop (greedy and sampled) when the model has DSpark
   int dspark_verify = -1;   // forced drafted rows verified per round (0..B); -1 = the scheduler
   // Verify cost table for the scheduler (spec/13 §7): steps/s of a verify step with 1..B+1 rows.

@@ -55,6 +55,9 @@ class Executor {
   // Whether forward() honours Row::replay_start (SWA bounded replay, spec/11 §8.4). Callers ask
   // before sending such rows: an executor without it would run them exactly.
   virtual bool supports_bounded_replay() const { return false; }
+  // Prompt rows per prefill step that suit this executor when the user names none ([policy]:
+  // larger steps amortise per-step weight reads; outputs do not depend on it on the CPU).
+  virtual int64_t preferred_prefill_chunk() const { return 256; }
   // Runs the backbone over the rows; sessions[i] serves rows with session == i.
   virtual Result<StepOutput> forward(const Step& step, const std::vector<SessionState*>& sessions, Taps* taps = nullptr) = 0;
   // DSpark: write committed positions' tap rows (bf16 [n, n_taps*dim]) into the draft rings.
