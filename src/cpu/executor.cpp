@@ -388,6 +388,7 @@ class CpuStep : public CpuLayerOps {
     const int n_taps = int(c_.dspark_target_layer_ids.size()), hc = c_.hc_mult;
     const int64_t D = c_.dim;
     for (int64_t t : rows_) {
+      if (t < step_.taps_from_row) continue;  // the caller does not read these (model::Step): zeros
       const bf16_t* x = stream(t);
       bf16_t* out = &out_.taps[size_t((t * n_taps + tap) * D)];
       for (int64_t d = 0; d < D; ++d) {

@@ -105,9 +105,20 @@ class Arena {
 
   // Frames: device memory allocated after mark() is reused by allocations after release(m).
   // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
-  // never released (an upload's host copy may still be waiting for its transfer).
-  size_t mark() const { return dev_need_; }
-  void release(size_t m) { dev_need_ = std::min(dev_need_, m); }
+  // never released (an upload's host copy may still be waiting for its transfer). Fallback
+  // buffers (the workspace was too small: a first step of a new size) made inside the frame are
+  // freed after the stream drains, so that step peaks at one op's temporaries too.
+  struct Mark {
+    size_t dev, bufs;
+  };
+  Mark mark() const { return {dev_need_, bufs_.size()}; }
+  void release(const Mark& m) {
+    dev_need_ = std::min(dev_need_, m.dev);
+    if (bufs_.size() > m.bufs && !(ws_ && ws_->capturing)) {
+      cudaStreamSynchronize(st_);
+      bufs_.resize(m.bufs);
+    }
+  }
 
  private:
   static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
@@ -171,7 +182,7 @@ class CudaLayerOps {
   // outlive the op (members, selections, the candidate pool) are allocated before the frame.
   struct Frame {
     CudaLayerOps* o;
-    size_t m;
+    Arena::Mark m;
     explicit Frame(CudaLayerOps* ops) : o(ops), m(ops->arena_.mark()) {}
     ~Frame() { o->arena_.release(m); }
   };
@@ -377,8 +388,8 @@ class CudaLayerOps {
   }
   void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
-    // A few rows (the head's logit rows of a prefill step) stay on the GEMV kernel: cuBLASLt
-    // took 40+ ms for the 1-row head on the H200, the GEMV 0.45 ms.
+    // A few rows (the head's logit rows of a prefill step) stay on the exact GEMV kernel: it
+    // reads the weight once either way, and the logits then match the CPU bit for bit.
     step(tc_ && M >= kTcMinGemmRows ? tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_)
              : bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
   }
@@ -862,7 +873,15 @@ class CudaStep : public CudaLayerOps {
     float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
     head_rows(rows, m_.norm_, logits, nullptr);
     download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
-    download(out_.taps, taps_dev_, T_ * n_taps_ * c_.dim);
+    // Tap rows from step_.taps_from_row on (earlier rows stay zero: the caller does not read them).
+    const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, T_);
+    if (!m_.ws_.capturing) {
+      out_.taps.assign(size_t(T_ * tw), 0);
+      if (ok() && T_ > from && tw > 0)
+        step(cuda_status(cudaMemcpyAsync(out_.taps.data() + from * tw, taps_dev_ + from * tw, size_t((T_ - from) * tw) * 2,
+                                         cudaMemcpyDeviceToHost, st_),
+                         "download taps"));
+    }
     sync();
     if (!ok()) return;
     for (size_t s = 0; s < sessions_.size(); ++s) {

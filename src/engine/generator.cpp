@@ -173,6 +173,8 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
       }
       st.rows.push_back(r);
     }
+    // Only the chunk's last rows' taps are kept (remember_taps / commit_taps below).
+    st.taps_from_row = std::max<int64_t>(0, (s1 - s0) - int64_t(tap_hist_pos_.size()) - window_);
     model::StepOutput out;
     Status s = forward_rows(st, &out);
     if (!s.ok()) {

@@ -146,6 +146,57 @@ class OracleDrafts final : public model::Executor {
   std::vector<int32_t> full_;
 };
 
+// Step::taps_from_row: an executor may skip the tap rows before it. This one poisons them
+// (0xFFFF, a bf16 NaN) and flags any poisoned value the generator hands to the draft later, also
+// when a rollback re-seeds the rings from the generator's tap history.
+class TapPoison final : public model::Executor {
+ public:
+  explicit TapPoison(model::Executor& inner) : in_(inner) {}
+  const model::Config& config() const override { return in_.config(); }
+  const char* name() const override { return "tap-poison"; }
+  std::unique_ptr<model::SessionState> new_session() const override { return in_.new_session(); }
+  Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& s, model::Taps* t) override {
+    auto o = in_.forward(st, s, t);
+    if (!o.ok() || o->taps.empty()) return o;
+    const size_t w = o->taps.size() / st.rows.size();
+    std::fill(o->taps.begin(), o->taps.begin() + std::ptrdiff_t(size_t(std::max<int64_t>(0, st.taps_from_row)) * w), uint16_t(0xFFFF));
+    poisoned_rows += std::max<int64_t>(0, st.taps_from_row);
+    return o;
+  }
+  Status draft_commit(model::SessionState& s, int64_t f, const uint16_t* r, int64_t n) override {
+    const size_t w = size_t(config().dspark_target_layer_ids.size() * size_t(config().dim));
+    for (size_t i = 0; i < size_t(n) * w; ++i) read_poison += r[i] == 0xFFFF;
+    return in_.draft_commit(s, f, r, n);
+  }
+  Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap, int64_t p) override {
+    const size_t w = size_t(config().dspark_target_layer_ids.size() * size_t(config().dim));
+    for (size_t i = 0; i < w; ++i) read_poison += tap[i] == 0xFFFF;
+    return in_.draft(s, anchor, tap, p);
+  }
+  int64_t poisoned_rows = 0, read_poison = 0;
+
+ private:
+  model::Executor& in_;
+};
+
+TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  GeneratorOptions off;
+  off.dspark = false;
+  const auto plain = run(**ex, prompt, 20, off);
+  TapPoison tp(**ex);
+  GeneratorOptions on;
+  on.prefill_chunk = 1 << 20;  // one step: the longest prompt asks for the fewest taps
+  EXPECT_EQ(run(tp, prompt, 20, on), plain);
+  std::printf("%s: %lld tap rows not requested, %lld poisoned values read\n", GetParam(), (long long)tp.poisoned_rows,
+              (long long)tp.read_poison);
+  EXPECT_EQ(tp.read_poison, 0);
+}
+
 TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
   const std::string dir = fixture(GetParam());
   if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;

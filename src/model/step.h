@@ -39,6 +39,10 @@ struct Row {
 struct Step {
   std::vector<Row> rows;
   std::vector<uint16_t> embeddings;  // bf16 [n, dim] for rows with embed_row >= 0
+  // [policy] The caller reads DSpark tap rows only from this row on; an executor may return
+  // zeros for earlier rows (a 2,048-row prefill step then skips copying ~60 MB of taps the draft
+  // never reads: it keeps the last window of them).
+  int64_t taps_from_row = 0;
 };
 
 // Outputs of a step for the rows that asked for them.
