@@ -216,6 +216,7 @@ int run(const Args& a) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s0 = 0; s0 < N; s0 += a.prefill_chunk) {
         model::Step st;
+        st.taps_from_row = std::max<int64_t>(0, std::min(N - s0, a.prefill_chunk) - 2 * (*ex)->config().window_size - 16);
         for (int64_t p = s0; p < std::min(N, s0 + a.prefill_chunk); ++p) {
           model::Row r;
           r.pos = p;
@@ -261,6 +262,8 @@ int run(const Args& a) {
         }
         std::vector<model::SessionState*> ss{s.get()};
         model::Step st;
+        // Like the engine's generator, read the DSpark taps of the chunk's last rows only.
+        st.taps_from_row = std::max<int64_t>(0, C - 2 * (*ex)->config().window_size - 16);
         for (int64_t p = L - C; p < L; ++p) {
           model::Row r;
           r.pos = p;
