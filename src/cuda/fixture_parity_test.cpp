@@ -21,21 +21,16 @@ std::string fixtures_dir() {
   return std::string(FB_SHARED_DIR) + "/fixtures";
 }
 
-// The exact path: tensor-core prefill off (it is on by default from 64 rows).
-Result<std::unique_ptr<model::Executor>> make_cuda(const std::string& ckpt) {
+// tc false: the exact path (tensor-core prefill is on by default from 64 rows); true: tensor-core
+// matmuls, attention and indexer dots for every prefill step ([reference-defining], tc_gemm.h).
+Result<std::unique_ptr<model::Executor>> load_cuda(const std::string& ckpt, bool tc) {
   auto m = CudaExecutor::load(ckpt);
   if (!m.ok()) return m.status();
-  m.value()->set_tensor_core_prefill(false);
+  m.value()->set_tensor_core_prefill(tc, 1);
   return std::unique_ptr<model::Executor>(std::move(m.value()));
 }
-
-// Tensor-core GEMMs and attention for every prefill step ([reference-defining], tc_gemm.h).
-Result<std::unique_ptr<model::Executor>> make_cuda_tc(const std::string& ckpt) {
-  auto m = CudaExecutor::load(ckpt);
-  if (!m.ok()) return m.status();
-  m.value()->set_tensor_core_prefill(true, 1);
-  return std::unique_ptr<model::Executor>(std::move(m.value()));
-}
+Result<std::unique_ptr<model::Executor>> make_cuda(const std::string& ckpt) { return load_cuda(ckpt, false); }
+Result<std::unique_ptr<model::Executor>> make_cuda_tc(const std::string& ckpt) { return load_cuda(ckpt, true); }
 
 Result<std::unique_ptr<model::Executor>> make_cpu(const std::string& ckpt) {
   auto m = cpu::CpuModel::load(ckpt);
@@ -43,13 +38,27 @@ Result<std::unique_ptr<model::Executor>> make_cpu(const std::string& ckpt) {
   return std::unique_ptr<model::Executor>(std::move(m.value()));
 }
 
+// The fixture's folder, or "" when the test must skip (no GPU, fixture absent: *why says which).
+std::string runnable_fixture(const std::string& name, std::string* why) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    *why = "no CUDA device";
+    return "";
+  }
+  const std::string dir = fixtures_dir() + "/" + name;
+  if (!std::filesystem::exists(dir)) {
+    *why = dir + " not present";
+    return "";
+  }
+  return dir;
+}
+
 class FixtureParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixtures_dir() + "/" + GetParam();
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  std::string why;
+  const std::string dir = runnable_fixture(GetParam(), &why);
+  if (dir.empty()) GTEST_SKIP() << why;
   engine::FixtureCheckOptions opt;
   opt.make_reference = make_cpu;
   auto rep = engine::check_fixture(dir, make_cuda, opt);
@@ -68,10 +77,9 @@ TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
 // (measured on the H200: see docs/numerics.md). These fixtures are chaotic (one flipped indexer
 // choice moves logits by O(1)), so this also shows no selection flipped.
 TEST_P(FixtureParity, TensorCorePrefillNearCpu) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixtures_dir() + "/" + GetParam();
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  std::string why;
+  const std::string dir = runnable_fixture(GetParam(), &why);
+  if (dir.empty()) GTEST_SKIP() << why;
   engine::FixtureCheckOptions opt;
   opt.make_reference = make_cpu;
   for (int64_t chunk : {int64_t(0), int64_t(7)}) {
@@ -102,10 +110,9 @@ model::Row make_row(int s, int64_t pos, int32_t tok, model::RowKind kind, int64_
 // Ragged multi-session steps and a rollback: two sessions' prefill rows in one step, then decode
 // and verify-style rows of both sessions together, then a rejected row rolled back and re-run.
 TEST(FixtureParity, MultiSessionStepsAndRollback) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixtures_dir() + "/tiny-s1-long";
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  std::string why;
+  const std::string dir = runnable_fixture("tiny-s1-long", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
   auto cu = make_cuda(dir + "/checkpoint");
   auto cp = make_cpu(dir + "/checkpoint");
   ASSERT_TRUE(cu.ok() && cp.ok());

@@ -20,6 +20,15 @@ __device__ __forceinline__ uint16_t to_bf(float f) {
   return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 __device__ __forceinline__ float round_bf16(float f) { return bf(to_bf(f)); }
+// Eight bf16 values as one 16-byte store (dst 16-byte aligned).
+__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const uint16_t (&v)[8]) {
+  uint4 pack;
+  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
+  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
+  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
+  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
+  *reinterpret_cast<uint4*>(dst) = pack;
+}
 // std::max / std::min semantics (first argument wins unless the second compares larger/smaller).
 __device__ __forceinline__ float smax(float a, float b) { return a < b ? b : a; }
 __device__ __forceinline__ float smin(float a, float b) { return b < a ? b : a; }

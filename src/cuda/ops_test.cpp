@@ -203,17 +203,27 @@ TEST(CudaOps, Fp4ExpertGemm) {
   }
 }
 
+// grouped wo_a: 64 heads x 512 = 32768 wide o, 16 groups of 2048 -> 1024 each; M rows of o, the
+// group weights, and the CPU's outputs.
+struct GroupedWoA {
+  static constexpr int64_t G = 16, GI = 2048, OR = 1024, QD = G * GI;
+  int64_t M;
+  std::vector<bf16_t> o, w, want;
+  GroupedWoA(Rng& rng, int64_t rows) : M(rows), o(rng.act(rows * QD, 0.5f)), w(rng.act(G * OR * GI, 0.02f)) {
+    want.resize(static_cast<size_t>(M * G * OR));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < G; ++g)
+        cpu::bf16_gemm(&o[size_t(m * QD + g * GI)], 1, GI, &w[size_t(g * OR * GI)], OR, &want[size_t(m * G * OR + g * OR)]);
+  }
+};
+
 TEST(CudaOps, Bf16GemmGroupedAndF32) {
   NEED_GPU();
   Rng rng(3);
-  // grouped wo_a: 64 heads x 512 = 32768 wide o, 16 groups of 2048 -> 1024 each
-  const int64_t M = 2, G = 16, GI = 2048, OR = 1024, QD = G * GI;
-  auto o = rng.act(M * QD, 0.5f);
-  auto w = rng.act(G * OR * GI, 0.02f);
-  std::vector<bf16_t> want(static_cast<size_t>(M * G * OR));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) cpu::bf16_gemm(&o[size_t(m * QD + g * GI)], 1, GI, &w[size_t(g * OR * GI)], OR, &want[size_t(m * G * OR + g * OR)]);
-  Dev<bf16_t> dx(o), dw(w), dy(want.size());
+  const GroupedWoA c(rng, 2);
+  const int64_t M = c.M, G = c.G, GI = c.GI, OR = c.OR, QD = c.QD;
+  const auto& want = c.want;
+  Dev<bf16_t> dx(c.o), dw(c.w), dy(want.size());
   ASSERT_TRUE(bf16_gemm(dx.p(), M, GI, QD, dw.p(), OR, dy.p(), G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, nullptr).ok());
   expect_same(dy.get(), want, "bf16_gemm grouped");
   // f32 output (compressor projections, head): x bf16 promoted exactly, as cpu::f32_gemm_bf16w
@@ -917,12 +927,9 @@ TEST(CudaOps, TensorCoreBf16GroupedAndF32) {
   ASSERT_TRUE(tc);
   Rng rng(13);
   // grouped wo_a at prefill size, as the executor calls it
-  const int64_t M = 80, G = 16, GI = 2048, OR = 1024, QD = G * GI;
-  auto o = rng.act(M * QD, 0.5f);
-  auto w = rng.act(G * OR * GI, 0.02f);
-  std::vector<bf16_t> want(static_cast<size_t>(M * G * OR));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) cpu::bf16_gemm(&o[size_t(m * QD + g * GI)], 1, GI, &w[size_t(g * OR * GI)], OR, &want[size_t(m * G * OR + g * OR)]);
+  const GroupedWoA c(rng, 80);
+  const int64_t M = c.M, G = c.G, GI = c.GI, OR = c.OR, QD = c.QD;
+  const auto &o = c.o, &w = c.w, &want = c.want;
   Dev<bf16_t> dx(o), dw(w), dy(want.size());
   ASSERT_TRUE(tc_bf16_gemm(*tc, dx.p(), M, GI, QD, dw.p(), OR, dy.p(), G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, nullptr).ok());
   const auto got = dy.get();

@@ -51,12 +51,7 @@ __global__ void tc_attn_gather_kernel(AttnKeys keys, int64_t t0, int64_t R, int 
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = to_bf(fm::mul(e2m1_val(e2m1_code_at(p, c0 + e)), s));
   }
-  uint4 pack;
-  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-  *reinterpret_cast<uint4*>(Kg + (r * NK + j) * d + c0) = pack;
+  store_bf16x8(Kg + (r * NK + j) * d + c0, v);
   if (c0 == 0) valid[r * NK + j] = p ? 1 : 0;
 }
 
@@ -138,12 +133,7 @@ __global__ void tc_index_keys_kernel(const uint8_t* __restrict__ kb, int64_t key
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = to_bf(fm::mul(e2m1_val(e2m1_code_at(k, c0 + e)), s));
   }
-  uint4 pack;
-  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-  *reinterpret_cast<uint4*>(out + j * ihd + c0) = pack;
+  store_bf16x8(out + j * ihd + c0, v);
 }
 
 // Thread per (row t0 + y, entry j): the CPU's head chain over the bf16 dots Dots [(y, h), N].

@@ -42,12 +42,7 @@ __global__ void dequant_act_kernel(const uint8_t* __restrict__ codes, const floa
   uint16_t v[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
-  uint4 pack;
-  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-  *reinterpret_cast<uint4*>(out + r * K + k0) = pack;
+  store_bf16x8(out + r * K + k0, v);
 }
 
 // FP8 [N, K] with e8m0 scales [ceil(N/32), K/32]: thread per 8 elements.
@@ -61,12 +56,7 @@ __global__ void dequant_fp8_kernel(const uint8_t* __restrict__ W, const uint8_t*
   uint16_t v[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
-  uint4 pack;
-  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-  *reinterpret_cast<uint4*>(out + n * K + k0) = pack;
+  store_bf16x8(out + n * K + k0, v);
 }
 
 // MXFP4 packed [N, K/2] (element 2j in the low nibble) with e8m0 [N, K/32]: thread per 8 elements.
@@ -79,12 +69,7 @@ __global__ void dequant_fp4_kernel(const uint8_t* __restrict__ W, const uint8_t*
   uint16_t v[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e2m1_val(uint8_t((raw >> (4 * j)) & 0xF)), s);
-  uint4 pack;
-  pack.x = uint32_t(v[0]) | uint32_t(v[1]) << 16;
-  pack.y = uint32_t(v[2]) | uint32_t(v[3]) << 16;
-  pack.z = uint32_t(v[4]) | uint32_t(v[5]) << 16;
-  pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
-  *reinterpret_cast<uint4*>(out + n * K + k0) = pack;
+  store_bf16x8(out + n * K + k0, v);
 }
 
 __global__ void gather_f32_kernel(const float* __restrict__ v, const int32_t* __restrict__ idx, int64_t n, float* __restrict__ out) {

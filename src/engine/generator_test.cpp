@@ -116,19 +116,33 @@ TEST_P(GeneratorFixture, PrefixReuseEqualsFreshSession) {
   EXPECT_EQ(reused, run(**ex, turn2, 12, on));
 }
 
-// Drafts from an oracle (the plain greedy continuation, every fourth position corrupted) exercise
-// acceptance of 1..B drafts, partial rejections and rollbacks, which a random tiny model's own
-// drafts almost never reach; the output must still equal plain greedy decoding.
-class OracleDrafts final : public model::Executor {
+// Test doubles: an executor that forwards everything to another; subclasses override what they
+// change.
+class Forwarding : public model::Executor {
  public:
-  OracleDrafts(model::Executor& inner, std::vector<int32_t> full) : in_(inner), full_(std::move(full)) {}
+  explicit Forwarding(model::Executor& inner) : in_(inner) {}
   const model::Config& config() const override { return in_.config(); }
-  const char* name() const override { return "oracle-drafts"; }
   std::unique_ptr<model::SessionState> new_session() const override { return in_.new_session(); }
+  int64_t preferred_prefill_chunk() const override { return in_.preferred_prefill_chunk(); }
   Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& s, model::Taps* t) override {
     return in_.forward(st, s, t);
   }
   Status draft_commit(model::SessionState& s, int64_t f, const uint16_t* r, int64_t n) override { return in_.draft_commit(s, f, r, n); }
+  Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap, int64_t p) override {
+    return in_.draft(s, anchor, tap, p);
+  }
+
+ protected:
+  model::Executor& in_;
+};
+
+// Drafts from an oracle (the plain greedy continuation, every fourth position corrupted) exercise
+// acceptance of 1..B drafts, partial rejections and rollbacks, which a random tiny model's own
+// drafts almost never reach; the output must still equal plain greedy decoding.
+class OracleDrafts final : public Forwarding {
+ public:
+  OracleDrafts(model::Executor& inner, std::vector<int32_t> full) : Forwarding(inner), full_(std::move(full)) {}
+  const char* name() const override { return "oracle-drafts"; }
   Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap, int64_t p) override {
     auto d = in_.draft(s, anchor, tap, p);
     if (!d.ok()) return d;
@@ -142,19 +156,16 @@ class OracleDrafts final : public model::Executor {
   }
 
  private:
-  model::Executor& in_;
   std::vector<int32_t> full_;
 };
 
 // Step::taps_from_row: an executor may skip the tap rows before it. This one poisons them
 // (0xFFFF, a bf16 NaN) and flags any poisoned value the generator hands to the draft later, also
 // when a rollback re-seeds the rings from the generator's tap history.
-class TapPoison final : public model::Executor {
+class TapPoison final : public Forwarding {
  public:
-  explicit TapPoison(model::Executor& inner) : in_(inner) {}
-  const model::Config& config() const override { return in_.config(); }
+  explicit TapPoison(model::Executor& inner) : Forwarding(inner) {}
   const char* name() const override { return "tap-poison"; }
-  std::unique_ptr<model::SessionState> new_session() const override { return in_.new_session(); }
   Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& s, model::Taps* t) override {
     auto o = in_.forward(st, s, t);
     if (!o.ok() || o->taps.empty()) return o;
@@ -164,31 +175,47 @@ class TapPoison final : public model::Executor {
     return o;
   }
   Status draft_commit(model::SessionState& s, int64_t f, const uint16_t* r, int64_t n) override {
-    const size_t w = size_t(config().dspark_target_layer_ids.size() * size_t(config().dim));
-    for (size_t i = 0; i < size_t(n) * w; ++i) read_poison += r[i] == 0xFFFF;
+    count_poison(r, n);
     return in_.draft_commit(s, f, r, n);
   }
   Result<model::DraftOutput> draft(model::SessionState& s, int32_t anchor, const uint16_t* tap, int64_t p) override {
-    const size_t w = size_t(config().dspark_target_layer_ids.size() * size_t(config().dim));
-    for (size_t i = 0; i < w; ++i) read_poison += tap[i] == 0xFFFF;
+    count_poison(tap, 1);
     return in_.draft(s, anchor, tap, p);
   }
   int64_t poisoned_rows = 0, read_poison = 0;
 
  private:
-  model::Executor& in_;
+  void count_poison(const uint16_t* rows, int64_t n) {
+    const size_t w = config().dspark_target_layer_ids.size() * size_t(config().dim);
+    for (size_t i = 0; i < size_t(n) * w; ++i) read_poison += rows[i] == 0xFFFF;
+  }
 };
+
+// The fixture's CPU model, or nullptr when the fixture is absent (the caller skips); a fixture that
+// is present but does not load fails the test.
+std::unique_ptr<cpu::CpuModel> fixture_model(const std::string& dir) {
+  if (!fs::exists(dir + "/checkpoint/config.json")) return nullptr;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  if (!ex.ok()) {
+    ADD_FAILURE() << ex.status().to_string();
+    return nullptr;
+  }
+  return std::move(ex.value());
+}
+
+std::vector<int32_t> plain_greedy(model::Executor& ex, const std::vector<int32_t>& prompt, int n) {
+  GeneratorOptions off;
+  off.dspark = false;
+  return run(ex, prompt, n, off);
+}
 
 TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
-  GeneratorOptions off;
-  off.dspark = false;
-  const auto plain = run(**ex, prompt, 20, off);
-  TapPoison tp(**ex);
+  const auto plain = plain_greedy(*ex, prompt, 20);
+  TapPoison tp(*ex);
   GeneratorOptions on;
   on.prefill_chunk = 1 << 20;  // one step: the longest prompt asks for the fewest taps
   EXPECT_EQ(run(tp, prompt, 20, on), plain);
@@ -199,19 +226,16 @@ TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
 
 TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
-  GeneratorOptions off;
-  off.dspark = false;
-  const auto plain = run(**ex, prompt, 44, off);
+  const auto plain = plain_greedy(*ex, prompt, 44);
   std::vector<int32_t> full = prompt;
   full.insert(full.end(), plain.begin(), plain.end());
-  OracleDrafts oracle(**ex, full);
+  OracleDrafts oracle(*ex, full);
   DsparkCounters cnt;
   GeneratorOptions on;
-  on.dspark_verify = (*ex)->config().dspark_block_size;
+  on.dspark_verify = ex->config().dspark_block_size;
   EXPECT_EQ(run(oracle, prompt, 44, on, &cnt), plain);
   EXPECT_GT(cnt.accepted, 0);
   int shapes = 0;

@@ -22,7 +22,10 @@ struct PlanInputs {
   int n_sessions = 1;
   int64_t context_tokens = 131072;  // per session
   bool dspark = true;
-  uint64_t hbm_workspace_bytes = 4 * kGiB;  // activations, GEMM scratch, one prefill chunk
+  // activations, GEMM scratch, one prefill step: a 2,048-row tensor-core prefill step at the
+  // released dimensions needs about 3.3 GiB by count (step buffers ~0.6, the largest op's
+  // temporaries ~0.6, tc_gemm scratch <= 2 x 1 GiB + expanded weights; not yet measured)
+  uint64_t hbm_workspace_bytes = 4 * kGiB;
   uint64_t host_staging_bytes = 0;          // 0: double-buffered reads of two layers' picks
   double host_prefix_kv_share = 0.0;        // share of the host remainder kept for prefix KV
   int expert_slots = -1;                    // per layer in HBM; -1: from the remainder
