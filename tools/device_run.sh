@@ -56,6 +56,12 @@ if [ $bc -eq 0 ]; then
   tail -2 "$LOG/fixture_chunk7.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
   # Tensor-core prefill GEMMs forced on for every prefill step ([reference-defining], not bit-
   # identical by design): how far the fixture logits move from the exact CPU reference.
+  # Tensor-core GEMVs for decode / verify rows (mma_gemv.h, off by default): distance from the CPU.
+  for c in tiny-s0 tiny-s1-long; do
+    FB_MMA_GEMV=1 FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_mma_$c.log" 2>&1
+    row "check-fixture $c, mma decode GEMVs" "rc=$?"
+    tail -2 "$LOG/fixture_mma_$c.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
+  done
   for c in tiny-s0 tiny-s1-long; do
     FB_TC_PREFILL_MIN_ROWS=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
     row "check-fixture $c, tensor-core prefill" "rc=$?"

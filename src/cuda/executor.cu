@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "cpu/session_cache.h"
+#include "cuda/mma_gemv.h"
 #include "model/forward.h"
 
 namespace fb::cuda {
@@ -328,6 +329,18 @@ class CudaLayerOps {
                experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
     if (tc_) {
       routed_experts_tc(w, r.n_experts, K, experts, weights, ye);
+    } else if (m_.mma_gemv_ && mma_gemv_ok(D, uq_.codes, w.w1.w, w.w1.w_stride, true) && mma_gemv_ok(I, q_buf_.codes, w.w2.w, w.w2.w_stride, true)) {
+      // Rows grouped by expert on the device (rows sharing an expert widen its weights once).
+      const int64_t n = T_ * K;
+      int32_t* gs = alloc<int32_t>(mma_group_ints(n));
+      if (!ok()) return;
+      const MmaGroups groups = mma_groups_at(gs, n);
+      const int64_t slots = std::min<int64_t>(n, r.n_experts);
+      step(mma_group_rows(experts, n, r.n_experts, groups, st_));
+      step(mma_fp4_gemm_q(uq_, n, K, w.w1, groups, slots, a, st_));
+      step(mma_fp4_gemm_q(uq_, n, K, w.w3, groups, slots, b, st_));
+      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      step(mma_fp4_gemm_q(q_buf_, n, 1, w.w2, groups, slots, ye, st_));
     } else {
       step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
       step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
@@ -381,10 +394,17 @@ class CudaLayerOps {
   // (tc_gemm.h, [reference-defining]: the same products, summed in the tensor cores' order).
   static constexpr int64_t kTcMinGemmRows = 16;
   void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
-    step(tc_ && M >= kTcMinGemmRows ? tc_fp8_gemm_q(*tc_, q, M, w, y, st_) : fp8_gemm_q(q, M, w, y, st_));
+    if (tc_ && M >= kTcMinGemmRows) step(tc_fp8_gemm_q(*tc_, q, M, w, y, st_));
+    else if (m_.mma_gemv_ && mma_gemv_ok(w.K, q.codes, w.w, 0, false)) step(mma_fp8_gemm_q(q, M, w, y, st_));
+    else step(fp8_gemm_q(q, M, w, y, st_));
   }
   void gemm_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y) {
-    step(tc_ && M >= kTcMinGemmRows ? tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_) : fp8_gemm(x, M, w, y, q_buf_, st_));
+    if (tc_ && M >= kTcMinGemmRows) {
+      step(tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_));
+      return;
+    }
+    step(act_quant(x, M, w.K, q_buf_, st_));
+    gemm_q(q_buf_, M, w, y);
   }
   void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
@@ -1130,6 +1150,8 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     max_pos = std::max(max_pos, r.pos);
   }
   if (step.rows.empty()) return model::StepOutput{};
+  // Read per step so that `bench --ab-env FB_MMA_GEMV=0,1` can interleave the two paths.
+  if (const char* v = std::getenv("FB_MMA_GEMV")) mma_gemv_ = v[0] == '1';
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

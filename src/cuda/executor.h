@@ -210,6 +210,9 @@ class CudaExecutor final : public model::Executor {
   TcGemm* tc_for(const model::Step& step) const;
   mutable std::unique_ptr<TcGemm> tc_;
   bool tc_on_ = true;
+  // FB_MMA_GEMV=1 (read at every forward): decode / verify / draft GEMVs on tensor cores
+  // (mma_gemv.h; off by default until measured on the device).
+  bool mma_gemv_ = false;
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
