@@ -279,7 +279,8 @@ class CpuStep : public CpuLayerOps {
       if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
     }
     const int n_taps = int(c_.dspark_target_layer_ids.size());
-    out_.taps.assign(size_t(T_ * n_taps * c_.dim), 0);
+    out_.taps_first_row = std::clamp<int64_t>(step.taps_from_row, 0, T_);
+    out_.taps.assign(size_t((T_ - out_.taps_first_row) * n_taps * c_.dim), 0);
     // Token history for Engram: the sessions' past plus this step's rows.
     for (int64_t t = 0; t < T_; ++t) {
       SessionCache* s = sessions_[size_t(step.rows[size_t(t)].session)];
@@ -388,9 +389,9 @@ class CpuStep : public CpuLayerOps {
     const int n_taps = int(c_.dspark_target_layer_ids.size()), hc = c_.hc_mult;
     const int64_t D = c_.dim;
     for (int64_t t : rows_) {
-      if (t < step_.taps_from_row) continue;  // the caller does not read these (model::Step): zeros
+      if (t < out_.taps_first_row) continue;  // the caller does not read these (model::Step)
       const bf16_t* x = stream(t);
-      bf16_t* out = &out_.taps[size_t((t * n_taps + tap) * D)];
+      bf16_t* out = &out_.taps[size_t(((t - out_.taps_first_row) * n_taps + tap) * D)];
       for (int64_t d = 0; d < D; ++d) {
         float s = 0.0f;
         for (int i = 0; i < hc; ++i) s = fm::add(s, bf(x[i * D + d]));

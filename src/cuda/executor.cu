@@ -238,8 +238,12 @@ class CudaLayerOps {
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
-    step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
-                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
+    if (tc_ && T_ >= kTcMinGemmRows)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
+      step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                       a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
+    else
+      step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                          a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
     if (a) copy_d2d(residual_, X_, T_ * c_.hc_mult * c_.dim * 2);  // R of spec/11 §3
   }
 
@@ -893,15 +897,10 @@ class CudaStep : public CudaLayerOps {
     float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
     head_rows(rows, m_.norm_, logits, nullptr);
     download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
-    // Tap rows from step_.taps_from_row on (earlier rows stay zero: the caller does not read them).
+    // Tap rows from step_.taps_from_row on (the caller reads no earlier row).
     const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, T_);
-    if (!m_.ws_.capturing) {
-      out_.taps.assign(size_t(T_ * tw), 0);
-      if (ok() && T_ > from && tw > 0)
-        step(cuda_status(cudaMemcpyAsync(out_.taps.data() + from * tw, taps_dev_ + from * tw, size_t((T_ - from) * tw) * 2,
-                                         cudaMemcpyDeviceToHost, st_),
-                         "download taps"));
-    }
+    out_.taps_first_row = from;
+    download(out_.taps, taps_dev_ + from * tw, (T_ - from) * tw);
     sync();
     if (!ok()) return;
     for (size_t s = 0; s < sessions_.size(); ++s) {

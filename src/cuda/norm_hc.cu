@@ -476,6 +476,39 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
   return Status();
 }
 
+namespace {
+// raw[1 + j] of row t = dots[t, j] (the mix dots computed elsewhere, tc_hc_mixes).
+__global__ void hc_park_dots_kernel(const float* dots, int64_t T, int n_mix, HcMix* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * n_mix) return;
+  reinterpret_cast<float*>(out + i / n_mix)[1 + i % n_mix] = dots[i];
+}
+}  // namespace
+
+Status hc_mixes_with_dots(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* dots, float norm_eps, const float* scale,
+                          const float* base, int iters, float eps, HcMix* out, cudaStream_t st) {
+  FB_CHECK(hc >= 1 && hc <= 16) << "hc_mult " << hc;
+  if (T == 0) return Status();
+  const int n_mix = (2 + hc) * hc;
+  const int64_t n = int64_t(hc) * dim;
+  const size_t smem = size_t(n) * sizeof(float);
+  FB_CHECK(smem <= 200 * 1024 && 1 + n_mix <= int(sizeof(HcMix) / sizeof(float))) << "hc mixes n=" << n;
+  // The squares' sum exactly as hc_mixes computes it (task 0 of hc_dots_kernel only).
+  if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  hc_dots_kernel<<<unsigned(T), kHcDotThreads, smem, st>>>(x, n, 1, nullptr, out);
+  FB_CUDA_LAUNCHED("hc_dots_kernel");
+  hc_park_dots_kernel<<<blocks_for(T * n_mix, 256), 256, 0, st>>>(dots, T, n_mix, out);
+  FB_CUDA_LAUNCHED("hc_park_dots_kernel");
+  if (n_mix <= 32) {
+    hc_sinkhorn_reg_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+    FB_CUDA_LAUNCHED("hc_sinkhorn_reg_kernel");
+  } else {
+    hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+    FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
+  }
+  return Status();
+}
+
 Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride, uint16_t* y,
               cudaStream_t st) {
   if (n == 0) return Status();

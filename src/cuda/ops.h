@@ -72,6 +72,10 @@ Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, cons
 // ---- mHC (cpu::hc_mixes_raw + hc_split_sinkhorn, hc_pre, hc_post) -------------------------------
 Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                 int iters, float eps, HcMix* out, cudaStream_t st);
+// hc_mixes with the (2 + hc) hc mix dots of each row given (dots [T, (2 + hc) hc] f32, e.g. from
+// tensor cores, tc_hc_mixes): the squares' sum, the scaling and Sinkhorn exactly as hc_mixes.
+Status hc_mixes_with_dots(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* dots, float norm_eps, const float* scale,
+                          const float* base, int iters, float eps, HcMix* out, cudaStream_t st);
 // y [n, dim] = sum_a pre[a] X_a for rows rows[i] (nullptr: row i); pre of row t at pre + t*pre_stride.
 Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride, uint16_t* y,
               cudaStream_t st);

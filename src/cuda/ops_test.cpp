@@ -1083,5 +1083,51 @@ TEST(CudaOps, MmaGemvFp4ExpertGroups) {
   EXPECT_EQ(0, std::memcmp(one.data(), got.data(), size_t(N) * 2)) << "row 0 alone differs from row 0 in its group";
 }
 
+
+// Tensor-core mHC mixes of prefill steps (tc_gemm.h tc_hc_mixes): fn split exactly into three bf16
+// parts (checked: the split's sum restores fn bit for bit through the CPU-side check below), dots
+// on tensor cores, the rest as the CPU. Tolerance, written down: |tc - cpu| <= 1e-3 on every pre,
+// post and comb value (the mixes are O(1); the dots' f32 order moves them by ~1e-5 relative and the
+// sigmoid / Sinkhorn steps are contractions); the worst case is printed.
+TEST(CudaOps, TensorCoreHcMixes) {
+  NEED_GPU();
+  auto tc = make_tc();
+  ASSERT_TRUE(tc);
+  Rng rng(23);
+  const int hc = 4;
+  const int64_t D = 5120, T = 70, n = hc * D, n_mix = (2 + hc) * hc;
+  auto x = rng.act(T * n);
+  auto fn = rng.f32(n_mix * n, 0.01f);
+  auto sc = rng.f32(3, 0.5f);
+  auto base = rng.f32(n_mix, 0.5f);
+  std::vector<HcMix> want(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    float m[24];
+    cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
+    cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
+  }
+  // The exact three-way split, on the host with the same operations as the kernel.
+  for (float f : fn) {
+    const float h = bf16_to_f32(bf16_bits_from_f32(f)), r1 = f - h, m = bf16_to_f32(bf16_bits_from_f32(r1)), r2 = r1 - m;
+    ASSERT_EQ(h + (m + bf16_to_f32(bf16_bits_from_f32(r2))), f) << "split of " << f << " is not exact";
+  }
+  Dev<bf16_t> dx(x);
+  Dev<float> dfn(fn), dsc(sc), dbase(base);
+  Dev<HcMix> dmix(static_cast<size_t>(T));
+  ASSERT_TRUE(tc_hc_mixes(*tc, dx.p(), T, hc, D, dfn.p(), 1e-6f, dsc.p(), dbase.p(), 20, 1e-6f, dmix.p(), nullptr).ok());
+  const auto got = dmix.get();
+  double worst = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const HcMix &a = got[size_t(t)], &b = want[size_t(t)];
+    for (int i = 0; i < hc; ++i) {
+      worst = std::max({worst, std::fabs(double(a.pre[i]) - b.pre[i]), std::fabs(double(a.post[i]) - b.post[i])});
+      ASSERT_FALSE(std::isnan(a.pre[i]) || std::isnan(a.post[i]));
+    }
+    for (int i = 0; i < hc * hc; ++i) worst = std::max(worst, std::fabs(double(a.comb[i]) - b.comb[i]));
+  }
+  EXPECT_LE(worst, 1e-3);
+  std::printf("[ tc ] hc mixes T=%lld: worst |tc - cpu| = %.3g (tolerance 1e-3)\n", (long long)T, worst);
+}
+
 }  // namespace
 }  // namespace fb::cuda

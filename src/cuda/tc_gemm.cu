@@ -72,6 +72,21 @@ __global__ void dequant_fp4_kernel(const uint8_t* __restrict__ W, const uint8_t*
   store_bf16x8(out + n * K + k0, v);
 }
 
+// f = hi + mid + lo exactly (each a bf16; f32 has 24 significant bits).
+__global__ void split_f32_bf16x3_kernel(const float* __restrict__ f, int64_t n, uint16_t* __restrict__ hi, uint16_t* __restrict__ mid,
+                                        uint16_t* __restrict__ lo) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = f[i];
+  const uint16_t h = to_bf(v);
+  const float r1 = fm::add(v, -bf(h));  // exact: v and bf16(v) share the leading bits
+  const uint16_t m = to_bf(r1);
+  const float r2 = fm::add(r1, -bf(m));
+  hi[i] = h;
+  mid[i] = m;
+  lo[i] = to_bf(r2);
+}
+
 __global__ void gather_f32_kernel(const float* __restrict__ v, const int32_t* __restrict__ idx, int64_t n, float* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = v[idx[i]];
@@ -230,6 +245,21 @@ bool tc_gemm_shape_ok(const void* x, int64_t K, int64_t ldx, int64_t gx, const v
                       GemmOut out) {
   const int64_t d_el = out == GemmOut::kBf16 ? 8 : 4;  // elements per 16 bytes
   return a16(x) && a16(w) && a16(d) && K % 8 == 0 && ldx % 8 == 0 && gx % 8 == 0 && gw % 8 == 0 && ldd % d_el == 0 && gd % d_el == 0;
+}
+
+Status tc_hc_mixes(TcGemm& tc, const uint16_t* x, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale,
+                   const float* base, int iters, float eps, HcMix* out, cudaStream_t st) {
+  const int64_t n = int64_t(hc) * dim, n_mix = int64_t(2 + hc) * hc;
+  if (T == 0) return Status();
+  if (!tc_gemm_shape_ok(x, n, n, 0, fn, 0, x, n_mix, 0, GemmOut::kF32))  // odd widths: the CUDA-core kernels
+    return hc_mixes(x, T, hc, dim, fn, norm_eps, scale, base, iters, eps, out, st);
+  uint16_t* parts = static_cast<uint16_t*>(FB_TRY(tc.scratch_bytes(6, size_t(3 * n_mix * n) * 2, st)));
+  float* dots = static_cast<float*>(FB_TRY(tc.scratch_bytes(7, size_t(T * n_mix) * 4, st)));
+  split_f32_bf16x3_kernel<<<grid_for(n_mix * n, 256), 256, 0, st>>>(fn, n_mix * n, parts, parts + n_mix * n, parts + 2 * n_mix * n);
+  FB_CUDA_LAUNCHED("tc_split_f32_bf16x3_kernel");
+  for (int k = 0; k < 3; ++k)  // dots = x . hi, then += x . mid, += x . lo
+    FB_RETURN_IF_ERROR(tc.matmul(x, T, n, n, parts + k * n_mix * n, n_mix, dots, n_mix, k == 0 ? GemmOut::kF32 : GemmOut::kF32Add, 1, 0, 0, 0, st));
+  return hc_mixes_with_dots(x, T, hc, dim, dots, norm_eps, scale, base, iters, eps, out, st);
 }
 
 Status tc_fp8_gemm_q(TcGemm& tc, const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {

@@ -94,6 +94,14 @@ Status tc_index_scores(TcGemm& tc, const uint16_t* iq, const uint16_t* wts, int6
                        const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask = nullptr, int64_t mask_ld = 0,
                        const int64_t* mask_len = nullptr);
 
+// mHC mixes (ops.h hc_mixes) of a prefill step: the f32 weights fn split exactly into three bf16
+// parts (fn = hi + mid + lo: 8 + 8 + 8 significant bits), so x . fn = x . hi + x . mid + x . lo
+// with every product exact; three tensor-core matmuls accumulate into the dots, then the squares'
+// sum, the scaling and Sinkhorn exactly as the CPU (hc_mixes_with_dots). [reference-defining]:
+// only the summation order and the two extra f32 roundings of the three partial sums differ.
+Status tc_hc_mixes(TcGemm& tc, const uint16_t* x, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale,
+                   const float* base, int iters, float eps, HcMix* out, cudaStream_t st);
+
 // ---- pieces of the grouped (by expert) MXFP4 path ----------------------------------------------
 // out [n, K] bf16: row i = exact value of act_quant row src[i] / src_div (src == nullptr: row i).
 Status tc_dequant_act(const QuantBuf& q, int64_t K, const int32_t* src, int64_t src_div, int64_t n, uint16_t* out, cudaStream_t st);

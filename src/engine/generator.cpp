@@ -183,11 +183,12 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     }
     history_.insert(history_.end(), prompt.begin() + s0, prompt.begin() + s1);
     if (dspark_ok_) {
-      FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - s0) * tap_w_);
+      const int64_t have = s0 + out.taps_first_row;  // the first row with tap values
+      FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - have) * tap_w_);
       // Rows that left at the encoder have no tap rows of decoder layers: commit replayed rows only.
-      const int64_t first = std::max(s0, replay);
+      const int64_t first = std::max({s0, replay, have});
       if (first < s1) {
-        FB_RETURN_IF_ERROR(commit_taps(first, out.taps.data() + (first - s0) * tap_w_, s1 - first));
+        FB_RETURN_IF_ERROR(commit_taps(first, out.taps.data() + (first - have) * tap_w_, s1 - first));
         tap_.assign(out.taps.end() - tap_w_, out.taps.end());
       }
     }

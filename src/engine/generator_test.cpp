@@ -159,19 +159,24 @@ class OracleDrafts final : public Forwarding {
   std::vector<int32_t> full_;
 };
 
-// Step::taps_from_row: an executor may skip the tap rows before it. This one poisons them
-// (0xFFFF, a bf16 NaN) and flags any poisoned value the generator hands to the draft later, also
-// when a rollback re-seeds the rings from the generator's tap history.
+// Step::taps_from_row: the executor returns only the tap rows from it on. This double hands the
+// generator every row instead, the skipped ones poisoned (0xFFFF, a bf16 NaN), and flags any
+// poisoned value the generator passes to the draft later, also when a rollback re-seeds the
+// rings from the generator's tap history.
 class TapPoison final : public Forwarding {
  public:
   explicit TapPoison(model::Executor& inner) : Forwarding(inner) {}
   const char* name() const override { return "tap-poison"; }
   Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& s, model::Taps* t) override {
     auto o = in_.forward(st, s, t);
-    if (!o.ok() || o->taps.empty()) return o;
-    const size_t w = o->taps.size() / st.rows.size();
-    std::fill(o->taps.begin(), o->taps.begin() + std::ptrdiff_t(size_t(std::max<int64_t>(0, st.taps_from_row)) * w), uint16_t(0xFFFF));
-    poisoned_rows += std::max<int64_t>(0, st.taps_from_row);
+    if (!o.ok()) return o;
+    const int64_t skipped = o->taps_first_row, rows = int64_t(st.rows.size());
+    const size_t w = config().dspark_target_layer_ids.size() * size_t(config().dim);
+    if (skipped == 0 || o->taps.empty()) return o;
+    EXPECT_EQ(o->taps.size(), size_t(rows - skipped) * w) << "rows from taps_first_row only";
+    o->taps.insert(o->taps.begin(), size_t(skipped) * w, uint16_t(0xFFFF));
+    o->taps_first_row = 0;
+    poisoned_rows += skipped;
     return o;
   }
   Status draft_commit(model::SessionState& s, int64_t f, const uint16_t* r, int64_t n) override {

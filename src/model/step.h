@@ -39,9 +39,9 @@ struct Row {
 struct Step {
   std::vector<Row> rows;
   std::vector<uint16_t> embeddings;  // bf16 [n, dim] for rows with embed_row >= 0
-  // [policy] The caller reads DSpark tap rows only from this row on; an executor may return
-  // zeros for earlier rows (a 2,048-row prefill step then skips copying ~60 MB of taps the draft
-  // never reads: it keeps the last window of them).
+  // [policy] The caller reads DSpark tap rows only from this row on: the executor returns the
+  // rows from here (StepOutput::taps_first_row). A 2,048-row prefill step then neither copies nor
+  // allocates ~60 MB of taps the draft never reads (it keeps the last window of them).
   int64_t taps_from_row = 0;
 };
 
@@ -49,7 +49,8 @@ struct Step {
 struct StepOutput {
   std::vector<int> logit_rows;   // row index of each logits row
   std::vector<float> logits;     // f32 [logit_rows.size(), vocab]
-  std::vector<uint16_t> taps;    // bf16 [rows, n_taps * dim]: DSpark tap rows of every row
+  std::vector<uint16_t> taps;    // bf16 [rows - taps_first_row, n_taps * dim]: DSpark tap rows
+  int64_t taps_first_row = 0;    // = the step's taps_from_row (clamped to the row count)
 };
 
 }  // namespace fb::model
