@@ -63,7 +63,7 @@ if [ $bc -eq 0 ]; then
     tail -2 "$LOG/fixture_mma_$c.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
   done
   for c in tiny-s0 tiny-s1-long; do
-    FB_TC_PREFILL_MIN_ROWS=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
+    FB_TC_PREFILL_MIN_ROWS=1 FB_TC_HC_MIXES=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
     row "check-fixture $c, tensor-core prefill" "rc=$?"
     tail -2 "$LOG/fixture_tc_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
   done

@@ -238,7 +238,7 @@ class CudaLayerOps {
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
-    if (tc_ && T_ >= kTcMinGemmRows)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
+    if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
       step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
     else
@@ -1151,6 +1151,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   if (step.rows.empty()) return model::StepOutput{};
   // Read per step so that `bench --ab-env FB_MMA_GEMV=0,1` can interleave the two paths.
   if (const char* v = std::getenv("FB_MMA_GEMV")) mma_gemv_ = v[0] == '1';
+  if (const char* v = std::getenv("FB_TC_HC_MIXES")) tc_hc_mixes_ = v[0] == '1';
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

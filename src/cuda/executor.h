@@ -213,6 +213,9 @@ class CudaExecutor final : public model::Executor {
   // FB_MMA_GEMV=1 (read at every forward): decode / verify / draft GEMVs on tensor cores
   // (mma_gemv.h; off by default until measured on the device).
   bool mma_gemv_ = false;
+  // FB_TC_HC_MIXES=1 (read at every forward): the mHC mix dots of tensor-core prefill steps on
+  // tensor cores too (tc_hc_mixes; off until it has run on the device).
+  bool tc_hc_mixes_ = false;
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
