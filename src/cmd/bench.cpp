@@ -295,8 +295,14 @@ int run(const Args& a) {
           csv.row("prefill_profile_" + name + "_ms", L, ms, "ms per chunk (CUDA events)");
         }
       }
-      const double gflop_tok = bench::decode_step_cost((*ex)->config(), L - C / 2, true).flops / 1e9;
+      const bench::StepCost cost = bench::decode_step_cost((*ex)->config(), L - C / 2, true);
+      const double gflop_tok = cost.flops / 1e9;
       const double tflops = gflop_tok * double(C) / sec / 1e3;
+      // Bytes a row of the step moves at least: the active weights once per step (shared by its
+      // rows) plus the row's own cache reads, against the copy rate measured in this run.
+      const double bytes_tok = cost.weight_bytes / double(C) + cost.cache_bytes;
+      csv.row("prefill_frontier_bytes", L, bytes_tok / 1e6, "MB/token (active weights once per step + the row's cache reads)",
+              lim->d2d_gbps > 0 ? bytes_tok * double(C) / sec / 1e9 / lim->d2d_gbps : -1);
       std::fprintf(stderr, "bench: prefill chunk of %lld rows ending at %lld: %.2f s, %.1f tok/s\n", (long long)C, (long long)L, sec,
                    double(C) / sec);
       const std::string unit = "tok/s of one " + std::to_string(C) + "-row chunk ending at this context";
