@@ -22,12 +22,30 @@
 #include "bench/limits.h"
 #include "cmd/commands.h"
 #include "cuda/executor.h"
+#include "engine/generator.h"
 #include "loader/synthetic.h"
 #include "loader/tiny_model.h"
 
 namespace fb::cmd {
 
 namespace {
+
+// Prefill rows [s0, s1) of an `end`-token prompt of synthetic token ids (p * 7919 + salt), the last
+// prompt row asking for logits, and the DSpark taps asked for as the engine's generator does.
+model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t end, int64_t salt) {
+  model::Step st;
+  st.taps_from_row = engine::Generator::prefill_taps_from_row(s1 - s0, c.window_size);
+  for (int64_t p = s0; p < s1; ++p) {
+    model::Row r;
+    r.pos = p;
+    r.token = int32_t((p * 7919 + salt) % c.vocab_size);
+    r.kind = model::RowKind::kPrefill;
+    r.prefill_end = end;
+    r.want_logits = p == end - 1;
+    st.rows.push_back(r);
+  }
+  return st;
+}
 
 struct Args {
   bool limits = false;
@@ -215,17 +233,7 @@ int run(const Args& a) {
       std::vector<model::SessionState*> ss{s.get()};
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s0 = 0; s0 < N; s0 += a.prefill_chunk) {
-        model::Step st;
-        st.taps_from_row = std::max<int64_t>(0, std::min(N - s0, a.prefill_chunk) - 2 * (*ex)->config().window_size - 16);
-        for (int64_t p = s0; p < std::min(N, s0 + a.prefill_chunk); ++p) {
-          model::Row r;
-          r.pos = p;
-          r.token = int32_t((p * 7919 + 5) % (*ex)->config().vocab_size);
-          r.kind = model::RowKind::kPrefill;
-          r.prefill_end = N;
-          r.want_logits = p == N - 1;
-          st.rows.push_back(r);
-        }
+        const model::Step st = prefill_step((*ex)->config(), s0, std::min(N, s0 + a.prefill_chunk), N, 5);
         if (auto o = (*ex)->forward(st, ss); !o.ok()) {
           std::fprintf(stderr, "bench: prefill %lld: %s\n", (long long)N, o.status().to_string().c_str());
           return 1;
@@ -261,18 +269,7 @@ int run(const Args& a) {
           return 1;
         }
         std::vector<model::SessionState*> ss{s.get()};
-        model::Step st;
-        // Like the engine's generator, read the DSpark taps of the chunk's last rows only.
-        st.taps_from_row = std::max<int64_t>(0, C - 2 * (*ex)->config().window_size - 16);
-        for (int64_t p = L - C; p < L; ++p) {
-          model::Row r;
-          r.pos = p;
-          r.token = int32_t((p * 7919 + 5) % (*ex)->config().vocab_size);
-          r.kind = model::RowKind::kPrefill;
-          r.prefill_end = L;
-          r.want_logits = p == L - 1;
-          st.rows.push_back(r);
-        }
+        const model::Step st = prefill_step((*ex)->config(), L - C, L, L, 5);
         const auto t0 = std::chrono::steady_clock::now();
         if (auto o = (*ex)->forward(st, ss); !o.ok()) {
           std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, o.status().to_string().c_str());
@@ -361,16 +358,7 @@ int run(const Args& a) {
     }
     auto s = (*ex)->new_session();
     std::vector<model::SessionState*> ss{s.get()};
-    model::Step st;
-    for (int64_t p = 0; p < a.prompt_len; ++p) {
-      model::Row r;
-      r.pos = p;
-      r.token = int32_t((p * 7919 + 3) % (*ex)->config().vocab_size);
-      r.kind = model::RowKind::kPrefill;
-      r.prefill_end = a.prompt_len;
-      r.want_logits = p == a.prompt_len - 1;
-      st.rows.push_back(r);
-    }
+    const model::Step st = prefill_step((*ex)->config(), 0, a.prompt_len, a.prompt_len, 3);
     if (auto o = (*ex)->forward(st, ss); !o.ok()) {
       std::fprintf(stderr, "bench: prefill: %s\n", o.status().to_string().c_str());
       return 1;

@@ -326,21 +326,34 @@ TEST(CudaOps, RmsNormAndRope) {
     }
 }
 
+// mHC at hc 4 x 5120 for T rows: streams, mix weights, scales, biases and the CPU's mixes.
+struct HcCase {
+  static constexpr int hc = 4;
+  static constexpr int64_t D = 5120, n = hc * D, n_mix = (2 + hc) * hc;
+  int64_t T;
+  std::vector<bf16_t> x;
+  std::vector<float> fn, sc, base;
+  std::vector<HcMix> want;
+  HcCase(Rng& rng, int64_t rows)
+      : T(rows), x(rng.act(rows * n)), fn(rng.f32(n_mix * n, 0.01f)), sc(rng.f32(3, 0.5f)), base(rng.f32(n_mix, 0.5f)) {
+    want.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      float m[n_mix];
+      cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
+      cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
+    }
+  }
+};
+
 TEST(CudaOps, HcMixesSinkhornPrePost) {
   NEED_GPU();
   Rng rng(6);
-  const int hc = 4;
-  const int64_t D = 5120, T = 3, n = hc * D, n_mix = (2 + hc) * hc;
-  auto x = rng.act(T * n);
-  auto fn = rng.f32(n_mix * n, 0.01f);
-  auto sc = rng.f32(3, 0.5f);
-  auto base = rng.f32(n_mix, 0.5f);
-  std::vector<HcMix> want(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    float m[24];
-    cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
-    cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
-  }
+  const HcCase c(rng, 3);
+  const int hc = c.hc;
+  const int64_t D = c.D, T = c.T, n = c.n;
+  const auto& x = c.x;
+  const auto &fn = c.fn, &sc = c.sc, &base = c.base;
+  const auto& want = c.want;
   Dev<bf16_t> dx(x);
   Dev<float> dfn(fn), dsc(sc), dbase(base);
   Dev<HcMix> dmix(static_cast<size_t>(T));
@@ -1094,18 +1107,12 @@ TEST(CudaOps, TensorCoreHcMixes) {
   auto tc = make_tc();
   ASSERT_TRUE(tc);
   Rng rng(23);
-  const int hc = 4;
-  const int64_t D = 5120, T = 70, n = hc * D, n_mix = (2 + hc) * hc;
-  auto x = rng.act(T * n);
-  auto fn = rng.f32(n_mix * n, 0.01f);
-  auto sc = rng.f32(3, 0.5f);
-  auto base = rng.f32(n_mix, 0.5f);
-  std::vector<HcMix> want(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    float m[24];
-    cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
-    cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
-  }
+  const HcCase c(rng, 70);
+  const int hc = c.hc;
+  const int64_t D = c.D, T = c.T;
+  const auto& x = c.x;
+  const auto &fn = c.fn, &sc = c.sc, &base = c.base;
+  const auto& want = c.want;
   // The exact three-way split, on the host with the same operations as the kernel.
   for (float f : fn) {
     const float h = bf16_to_f32(bf16_bits_from_f32(f)), r1 = f - h, m = bf16_to_f32(bf16_bits_from_f32(r1)), r2 = r1 - m;

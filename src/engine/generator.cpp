@@ -78,6 +78,10 @@ Status Generator::forward_rows(const model::Step& st, model::StepOutput* out) {
   return Status();
 }
 
+int64_t Generator::prefill_taps_from_row(int64_t rows, int64_t window) {
+  return std::max<int64_t>(0, rows - (window + kTapHistoryExtra) - window);
+}
+
 void Generator::remember_taps(int64_t first_pos, const uint16_t* rows, int64_t n) {
   if (!dspark_ok_) return;
   const int64_t S = int64_t(tap_hist_pos_.size());
@@ -174,7 +178,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
       st.rows.push_back(r);
     }
     // Only the chunk's last rows' taps are kept (remember_taps / commit_taps below).
-    st.taps_from_row = std::max<int64_t>(0, (s1 - s0) - int64_t(tap_hist_pos_.size()) - window_);
+    st.taps_from_row = prefill_taps_from_row(s1 - s0, window_);
     model::StepOutput out;
     Status s = forward_rows(st, &out);
     if (!s.ok()) {

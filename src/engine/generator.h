@@ -68,6 +68,10 @@ class Generator {
  public:
   Generator(model::Executor& ex, GeneratorOptions opt);
 
+  // The first row of a `rows`-row prefill step whose DSpark taps the generator reads (it keeps the
+  // last window + 16 of them and commits the last window): model::Step::taps_from_row.
+  static int64_t prefill_taps_from_row(int64_t rows, int64_t window);
+
   // Prepares the session for `prompt`: keeps the longest common prefix the cache can roll back
   // to, prefills the rest in chunks. progress(done, total) after each chunk; returning false
   // cancels (kCancelled). Errors: empty prompt, id outside the vocabulary, context overflow.

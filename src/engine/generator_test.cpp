@@ -214,6 +214,34 @@ std::vector<int32_t> plain_greedy(model::Executor& ex, const std::vector<int32_t
   return run(ex, prompt, n, off);
 }
 
+// GeneratorOptions::prefill_chunk = 0 takes the executor's preferred_prefill_chunk().
+class PrefersSevenRows final : public Forwarding {
+ public:
+  explicit PrefersSevenRows(model::Executor& inner) : Forwarding(inner) {}
+  const char* name() const override { return "prefers-7"; }
+  int64_t preferred_prefill_chunk() const override { return 7; }
+  Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& s, model::Taps* t) override {
+    if (!st.rows.empty() && st.rows[0].kind == model::RowKind::kPrefill) {
+      ++prefill_steps;
+      max_rows = std::max(max_rows, int64_t(st.rows.size()));
+    }
+    return in_.forward(st, s, t);
+  }
+  int64_t prefill_steps = 0, max_rows = 0;
+};
+
+TEST_P(GeneratorFixture, DefaultPrefillStepIsTheExecutors) {
+  const std::string dir = fixture(GetParam());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
+  const auto prompt = load_prompt(dir);
+  PrefersSevenRows seven(*ex);
+  GeneratorOptions opt;  // prefill_chunk = 0
+  EXPECT_EQ(run(seven, prompt, 4, opt), plain_greedy(*ex, prompt, 4));
+  EXPECT_EQ(seven.max_rows, 7);
+  EXPECT_EQ(seven.prefill_steps, (int64_t(prompt.size()) + 6) / 7);
+}
+
 TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
   const std::string dir = fixture(GetParam());
   auto ex = fixture_model(dir);
