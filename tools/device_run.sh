@@ -67,6 +67,11 @@ if [ $bc -eq 0 ]; then
     row "check-fixture $c, tensor-core prefill" "rc=$?"
     tail -2 "$LOG/fixture_tc_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
   done
+  # Routed experts through 2 HBM slots per layer (4 experts, 2 per row: misses and waves).
+  FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --compare-cpu --expert-slots 2 --chunk 7 \
+    >"$LOG/fixture_slots.log" 2>&1
+  row "check-fixture tiny-s1-long, 2 expert slots" "rc=$?"
+  grep -E "compare|HBM expert slots" "$LOG/fixture_slots.log" | head -2 | sed 's/^/    /' >>"$LOG/table.txt"
 fi
 row "total" "$(($(date +%s) - t0))s"
 echo "==================== device_run summary ===================="

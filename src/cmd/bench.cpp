@@ -20,6 +20,7 @@
 #include "bench/dspark_sweep.h"
 #include "bench/fake_context.h"
 #include "bench/limits.h"
+#include "bench/tier_sweep.h"
 #include "cmd/commands.h"
 #include "cuda/executor.h"
 #include "engine/generator.h"
@@ -71,6 +72,10 @@ struct Args {
   std::vector<int64_t> prefill_at;
   std::vector<int64_t> prefill_gemms;
   std::string ab_env;
+  int expert_slots = 0;
+  std::vector<double> skews = {0.30, 0.45, 0.60};
+  int64_t tier_prefill_rows = 2048;
+  int tier_warm_steps = 64;
 };
 
 class Csv {
@@ -108,6 +113,62 @@ void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::Dec
   if (t.draft_ms > 0) csv.row("draft_ms", L, t.draft_ms, "ms/draft block");
 }
 
+// issue 9: the expert-tier sweep on the synthetic model with HBM slots (bench/tier_sweep.h). The
+// host copy of the experts is page-locked first, so misses copy at the pinned rate, as from the
+// host tier of a real run.
+int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
+  auto slots = ex.expert_slots();
+  if (!slots) {
+    std::fprintf(stderr, "bench: --expert-slots %d holds every expert of a layer: nothing is tiered\n", a.expert_slots);
+    return 1;
+  }
+  size_t pinned = 0, failed = 0;
+  for (const auto& [p, n] : ex.snapshot().memory_blocks()) {
+    if (n < (size_t(1) << 20)) continue;  // small tensors: not expert payload
+    if (slots->pin_host(p, n).ok()) pinned += n;
+    else ++failed;
+  }
+  std::fprintf(stderr, "bench: page-locked %.2f GB of synthetic host tensors (%zu blocks failed); %d slots x %.1f MB per tiered layer\n",
+               double(pinned) / 1e9, failed, a.expert_slots, double(slots->slot_bytes()) / 1e6);
+  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
+  auto s = ex.new_session();
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
+    return 1;
+  }
+  bench::TierSweepOptions o;
+  o.skews = a.skews;
+  o.steps = a.steps;
+  o.warm_steps = a.tier_warm_steps;
+  o.prefill_rows = a.tier_prefill_rows;
+  const model::Config& c = ex.config();
+  auto pts = bench::run_tier_sweep(ex, *s, o, h2d_peak_gbps,
+                                   [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
+  if (!pts.ok()) {
+    std::fprintf(stderr, "bench: tier sweep: %s\n", pts.status().to_string().c_str());
+    return 1;
+  }
+  csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+  csv.row("tier_expert_mb", L, double(slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
+  for (const bench::TierPoint& p : *pts) {
+    const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
+    csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
+    csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
+    csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
+    csv.row(k + "_misses_per_token", L, p.misses_per_token, "expert copies per token");
+    csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
+    csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
+    csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");
+    if (p.prefill_s > 0) {
+      csv.row(k + "_prefill_chunk_s", a.tier_prefill_rows, p.prefill_s, "s per prefill chunk (expert sweep included)");
+      csv.row(k + "_prefill_hbm_hit", a.tier_prefill_rows, p.prefill_hit_rate, "HBM slot hit rate in the chunk");
+      csv.row(k + "_prefill_misses", a.tier_prefill_rows, p.prefill_misses, "expert copies in the chunk");
+      csv.row(k + "_prefill_copy_gbps", a.tier_prefill_rows, p.prefill_copy_gbps, "GB/s H2D", h2d_peak_gbps > 0 ? p.prefill_copy_gbps / h2d_peak_gbps : -1);
+    }
+  }
+  return 0;
+}
+
 int run(const Args& a) {
   auto dev = bench::device_info();
   if (!dev.ok()) {
@@ -133,19 +194,26 @@ int run(const Args& a) {
   if (a.synthetic) {
     const std::string cfg = loader::released_synthetic_config_json(a.experts, a.draft_experts, a.engram_vocab);
     const auto t0 = std::clock();
-    auto snap = loader::synthetic_snapshot(cfg, 1);
+    // With --expert-slots the experts beyond the 16th share bytes with the first 16 (host memory
+    // and generation time of 16 per layer), and only the slots live in HBM.
+    constexpr int kDistinct = 16;
+    auto snap = loader::synthetic_snapshot(cfg, 1, a.expert_slots > 0 ? kDistinct : 0);
     if (!snap.ok()) {
       std::fprintf(stderr, "bench: %s\n", snap.status().to_string().c_str());
       return 1;
     }
     auto map = (*snap)->engram_token_map();
-    auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map);
+    cuda::CudaLoadOptions lo;
+    lo.expert_slots = a.expert_slots;
+    auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) {
       std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
       return 1;
     }
-    std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer) resident, %.1f s CPU\n", a.experts,
+    std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer, %s) ready, %.1f s CPU\n", a.experts,
+                 a.expert_slots > 0 ? (std::to_string(a.expert_slots) + " HBM slots per layer").c_str() : "all resident",
                  double(std::clock() - t0) / CLOCKS_PER_SEC);
+    if (a.expert_slots > 0) return run_tier_sweep_rows(a, csv, **ex, lim->h2d_pinned_gbps);
     for (int64_t L : a.contexts) {
       auto s = (*ex)->new_session();
       Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
@@ -179,6 +247,8 @@ int run(const Args& a) {
         for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
         // One-row steps and steps of --verify-rows rows.
         std::map<std::string, std::vector<double>> ms, mv;
+        const char* before = std::getenv(name.c_str());
+        const std::string before_v = before ? before : "";
         const int vr = std::max(1, a.verify_rows);
         for (int rep = 0; rep < 3; ++rep)
           for (const auto& v : values) {
@@ -191,7 +261,8 @@ int run(const Args& a) {
               std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
             }
           }
-        unsetenv(name.c_str());
+        if (before) setenv(name.c_str(), before_v.c_str(), 1);  // as it was: later rows measure the default
+        else unsetenv(name.c_str());
         for (const auto& v : values) {
           auto& x = ms[v];
           auto& y = mv[v];
@@ -290,6 +361,36 @@ int run(const Args& a) {
         for (const auto& [ms, name] : rows) {
           std::fprintf(stderr, "  %-18s %9.3f ms  (%lld calls)\n", name.c_str(), ms, (long long)cx.profile().at(name).calls);
           csv.row("prefill_profile_" + name + "_ms", L, ms, "ms per chunk (CUDA events)");
+        }
+      }
+      if (!a.ab_env.empty()) {
+        // The same chunk under each value of the --ab-env switch, interleaved, medians of 3.
+        const size_t eq = a.ab_env.find('=');
+        const std::string name = a.ab_env.substr(0, eq);
+        std::vector<std::string> values;
+        std::stringstream vs(eq == std::string::npos ? std::string() : a.ab_env.substr(eq + 1));
+        for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
+        const char* before = std::getenv(name.c_str());
+        const std::string before_v = before ? before : "";
+        std::map<std::string, std::vector<double>> tv;
+        for (int rep = 0; rep < 3; ++rep)
+          for (const auto& v : values) {
+            setenv(name.c_str(), v.c_str(), 1);
+            auto s = (*ex)->new_session();
+            if (!bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17).ok()) continue;
+            std::vector<model::SessionState*> ss{s.get()};
+            const auto t0 = std::chrono::steady_clock::now();
+            if (!(*ex)->forward(prefill_step((*ex)->config(), L - C, L, L, 5), ss).ok()) continue;
+            tv[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          }
+        if (before) setenv(name.c_str(), before_v.c_str(), 1);
+        else unsetenv(name.c_str());
+        for (auto& [v, x] : tv) {
+          std::sort(x.begin(), x.end());
+          const double med = x[x.size() / 2];
+          std::fprintf(stderr, "bench: prefill chunk ending at %lld: A/B %s=%s: %.1f ms, %.1f tok/s (median of %zu interleaved runs)\n",
+                       (long long)L, name.c_str(), v.c_str(), med * 1e3, double(C) / med, x.size());
+          csv.row("ab_" + name + "=" + v + "_prefill_tok_s", L, double(C) / med, "tok/s of the chunk, interleaved A/B, median");
         }
       }
       const bench::StepCost cost = bench::decode_step_cost((*ex)->config(), L - C / 2, true);
@@ -399,12 +500,18 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
-  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0)");
+  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0), on the decode rows and the --prefill-at chunks");
   app.add_flag("--graph-step", a->graph_step,
                "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
   app.add_flag("--profile-kernels", a->profile_kernels,
                "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
   app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
+  app.add_option("--expert-slots", a->expert_slots,
+                 "with --synthetic: routed experts per layer in HBM slots, the rest copied from pinned host memory on a miss; runs the "
+                 "tier sweep (issue 9) at the first --contexts value instead of the other rows");
+  app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
+  app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
+  app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
   return [a] { return run(*a); };

@@ -28,6 +28,9 @@ struct Args {
 
 int run(const Args& a) {
   std::vector<std::shared_ptr<storage::TieredExperts>> tiers;  // kept to report hit/miss counters
+#ifdef FB_HAVE_CUDA_EXECUTOR
+  std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
+#endif
   auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
     if (a.backend == "cpu") {
       auto m = cpu::CpuModel::load(ckpt);
@@ -43,11 +46,15 @@ int run(const Args& a) {
       }
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
-    if (a.expert_slots > 0) return FB_ERROR(kUnsupported) << "--expert-slots with --backend " << a.backend << " (tiers are wired for cpu only)";
 #ifdef FB_HAVE_CUDA_EXECUTOR
     if (a.backend == "cuda") {
-      auto m = cuda::CudaExecutor::load(ckpt);
+      // --expert-slots: routed experts in that many HBM slots per layer, misses copied from the
+      // snapshot (cuda/expert_slots.h); the outputs must not change.
+      cuda::CudaLoadOptions lo;
+      lo.expert_slots = int(a.expert_slots);
+      auto m = cuda::CudaExecutor::load(ckpt, {}, lo);
       if (!m.ok()) return m.status();
+      if (auto t = m.value()->expert_slots()) cuda_tiers.push_back(std::move(t));
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
 #endif
@@ -74,6 +81,15 @@ int run(const Args& a) {
       continue;
     }
     if (!rep->pass) rc = std::max(rc, 1);
+#ifdef FB_HAVE_CUDA_EXECUTOR
+    for (const auto& x : cuda_tiers) {
+      const cuda::ExpertSlotStats t = x->stats();
+      std::fprintf(stderr, "check-fixture: HBM expert slots: %llu hits, %llu misses, %llu waves over %llu MoE calls, %.1f MB copied\n",
+                   (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)t.waves, (unsigned long long)t.calls,
+                   double(t.copied_bytes) / 1e6);
+    }
+    cuda_tiers.clear();
+#endif
     if (rep->reference.ran) std::printf("%s\n", rep->reference.line().c_str());
     std::printf("%s\n", rep->summary_line().c_str());
     std::fflush(stdout);

@@ -321,40 +321,112 @@ class CudaLayerOps {
     if (!ok()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
-    const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active;
-    int32_t* experts = alloc<int32_t>(T_ * K);
-    float* weights = alloc<float>(T_ * K);
-    uint16_t* a = alloc<uint16_t>(T_ * K * I);
-    uint16_t* b = alloc<uint16_t>(T_ * K * I);
-    uint16_t* ye = alloc<uint16_t>(T_ * K * D);
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
+    int32_t* experts = alloc<int32_t>(n);
+    float* weights = alloc<float>(n);
+    uint16_t* a = alloc<uint16_t>(n * I);
+    uint16_t* b = alloc<uint16_t>(n * I);
+    uint16_t* ye = alloc<uint16_t>(n * D);
     uint16_t* ys = alloc<uint16_t>(T_ * D);
     if (!ok()) return;
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
-    if (tc_) {
-      routed_experts_tc(w, r.n_experts, K, experts, weights, ye);
-    } else if (m_.mma_gemv_ && mma_gemv_ok(D, uq_.codes, w.w1.w, w.w1.w_stride, true) && mma_gemv_ok(I, q_buf_.codes, w.w2.w, w.w2.w_stride, true)) {
+    bool shared_done = false;
+    auto shared = [&] {  // independent of the routed experts: issued while their copies run
+      if (shared_done) return;
+      shared_done = true;
+      gemm_q(uq_, T_, w.sh_w1, a);  // one stream: a, b and q_buf_ are reused in issue order
+      gemm_q(uq_, T_, w.sh_w3, b);
+      step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+      gemm_q(q_buf_, T_, w.sh_w2, ys);
+    };
+    if (m_.tiered(l)) {
+      if (m_.ws_.capturing) {
+        step(FB_ERROR(kUnsupported) << "a step with tiered experts cannot be captured into a CUDA graph (it waits for the routing)");
+        return;
+      }
+      std::vector<int32_t> ids;
+      download(ids, experts, n);
+      sync();
+      if (!ok()) return;
+      if (m_.route_override_) m_.route_override_(l, ids, T_, int(K));
+      for (int32_t e : ids)
+        if (e < 0 || e >= r.n_experts) {
+          step(FB_ERROR(kInternal) << "routing picked expert " << e << " of " << r.n_experts);
+          return;
+        }
+      if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
+      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared);
+    } else if (tc_) {
+      std::vector<int32_t> ids;
+      download(ids, experts, n);
+      sync();
+      if (!ok()) return;
+      routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
+    } else {
+      routed_experts(w, K, experts, weights, a, b, ye, r.n_experts);
+    }
+    shared();
+    step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
+  }
+
+  // Routed experts on the exact GEMV kernels (or FB_MMA_GEMV's), ids indexing w's arrays (n_ids
+  // entries: experts, or a tiered layer's slots); ids < 0 are skipped (rows of another wave).
+  void routed_experts(const DevLayer& w, int64_t K, const int32_t* ids, const float* weights, uint16_t* a, uint16_t* b, uint16_t* ye,
+                      int n_ids) {
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
+    if (m_.mma_gemv_ && mma_gemv_ok(D, uq_.codes, w.w1.w, w.w1.w_stride, true) && mma_gemv_ok(I, q_buf_.codes, w.w2.w, w.w2.w_stride, true)) {
       // Rows grouped by expert on the device (rows sharing an expert widen its weights once).
-      const int64_t n = T_ * K;
       int32_t* gs = alloc<int32_t>(mma_group_ints(n));
       if (!ok()) return;
       const MmaGroups groups = mma_groups_at(gs, n);
-      const int64_t slots = std::min<int64_t>(n, r.n_experts);
-      step(mma_group_rows(experts, n, r.n_experts, groups, st_));
+      const int64_t slots = std::min<int64_t>(n, n_ids);
+      step(mma_group_rows(ids, n, n_ids, groups, st_));
       step(mma_fp4_gemm_q(uq_, n, K, w.w1, groups, slots, a, st_));
       step(mma_fp4_gemm_q(uq_, n, K, w.w3, groups, slots, b, st_));
       step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
       step(mma_fp4_gemm_q(q_buf_, n, 1, w.w2, groups, slots, ye, st_));
     } else {
-      step(fp4_gemm2_q(uq_, T_ * K, K, w.w1, w.w3, experts, a, b, st_));
-      step(swiglu_quant(a, b, T_ * K, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
-      step(fp4_gemm_q(q_buf_, T_ * K, 1, w.w2, experts, ye, st_));
+      step(fp4_gemm2_q(uq_, n, K, w.w1, w.w3, ids, a, b, st_));
+      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      step(fp4_gemm_q(q_buf_, n, 1, w.w2, ids, ye, st_));
     }
-    gemm_q(uq_, T_, w.sh_w1, a);
-    gemm_q(uq_, T_, w.sh_w3, b);
-    step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
-    gemm_q(q_buf_, T_, w.sh_w2, ys);
-    step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
+  }
+
+  // Distinct experts of `ids`, ascending.
+  static std::vector<int32_t> distinct(const std::vector<int32_t>& ids) {
+    std::vector<int32_t> v(ids);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  }
+
+  // Routed experts of a tiered layer on the GEMV kernels: waves of at most the layer's slots
+  // (one wave unless the step routes to more experts than that); each wave's rows see their
+  // expert's slot, the others -1 (skipped). Per row the arithmetic is the resident path's.
+  template <typename F>
+  void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
+                             uint16_t* ye, F& shared) {
+    DevExpertSlots& slots = *m_.slots_;
+    const std::vector<int32_t> want = distinct(ids);
+    std::vector<int32_t> slot_of(size_t(c_.roles[size_t(l)].n_experts), -1);
+    for (size_t from = 0; from < want.size() && ok();) {
+      auto next = slots.take(l, want, from, slot_of, st_);
+      if (!next.ok()) {
+        step(next.status());
+        return;
+      }
+      if (from == 0) shared();
+      step(slots.join(st_));
+      std::vector<int32_t> wave(ids.size(), -1);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const int32_t e = ids[i];
+        if (std::binary_search(want.begin() + ptrdiff_t(from), want.begin() + ptrdiff_t(*next), e)) wave[i] = slot_of[size_t(e)];
+      }
+      routed_experts(w, K, upload(wave), weights, a, b, ye, slots.slots(l));
+      slots.release(l);
+      from = *next;
+    }
   }
 
  protected:
@@ -418,16 +490,16 @@ class CudaLayerOps {
              : bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
   }
   // Routed experts of a prefill step on tensor cores: (row, slot) pairs grouped by expert on the
-  // host (one download of the routing), per expert the exact bf16 values of w1/w3/w2 and three
-  // matmuls, SwiGLU + act_quant exactly as the exact path, outputs scattered back to ye [T*K, D].
-  void routed_experts_tc(const DevLayer& w, int E, int64_t K, const int32_t* experts, const float* weights, uint16_t* ye) {
+  // host (`ids`: the routing, downloaded once), per expert the exact bf16 values of w1/w3/w2 and
+  // three matmuls, SwiGLU + act_quant exactly as the exact path, outputs scattered back to ye
+  // [T*K, D]. A tiered layer runs in waves of at most its slots (each wave's rows are contiguous:
+  // they are sorted by expert); SwiGLU and act_quant are per row, so waves change no bits.
+  template <typename F>
+  void routed_experts_tc(int l, const DevLayer& w, int E, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* ye,
+                         F& shared) {
     const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
-    std::vector<int32_t> ex_host;
-    download(ex_host, experts, n);
-    sync();
-    if (!ok()) return;
     std::vector<int64_t> count(size_t(E) + 1, 0);
-    for (int32_t e : ex_host) {
+    for (int32_t e : ids) {
       if (e < 0 || e >= E) {
         step(FB_ERROR(kInternal) << "router picked expert " << e);
         return;
@@ -438,7 +510,7 @@ class CudaLayerOps {
     std::vector<int32_t> perm(static_cast<size_t>(n));
     {
       std::vector<int64_t> at(count.begin(), count.end() - 1);
-      for (int64_t i = 0; i < n; ++i) perm[size_t(at[size_t(ex_host[size_t(i)])]++)] = int32_t(i);
+      for (int64_t i = 0; i < n; ++i) perm[size_t(at[size_t(ids[size_t(i)])]++)] = int32_t(i);
     }
     const int32_t* perm_d = upload(perm);
     uint16_t* xp = alloc<uint16_t>(n * D);
@@ -455,21 +527,46 @@ class CudaLayerOps {
     }
     step(tc_dequant_act(uq_, D, perm_d, K, n, xp, st_));  // row i of the group = activation row perm[i] / K
     step(tc_gather_f32(weights, perm_d, n, wp, st_));
-    for (int e = 0; e < E && ok(); ++e) {
-      const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-      if (m == 0) continue;
-      step(tc_dequant_fp4(w.w1, e, *w1, st_));
-      step(tc_dequant_fp4(w.w3, e, *w3, st_));
-      step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
-      step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
-    }
-    step(swiglu_quant(ap, bp, n, I, c_.swiglu_limit, wp, q_buf_, st_));  // routing weight before w2, as the exact path
-    step(tc_dequant_act(q_buf_, I, nullptr, 1, n, hp, st_));
-    for (int e = 0; e < E && ok(); ++e) {
-      const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-      if (m == 0) continue;
-      step(tc_dequant_fp4(w.w2, e, *w2, st_));
-      step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
+    std::vector<int32_t> want;
+    for (int e = 0; e < E; ++e)
+      if (count[size_t(e) + 1] > count[size_t(e)]) want.push_back(e);
+    const bool tiered = m_.tiered(l);
+    std::vector<int32_t> slot_of(size_t(E), -1);
+    for (size_t from = 0; from < want.size() && ok();) {
+      size_t to = want.size();
+      if (tiered) {
+        auto next = m_.slots_->take(l, want, from, slot_of, st_);
+        if (!next.ok()) {
+          step(next.status());
+          return;
+        }
+        to = *next;
+        if (from == 0) shared();
+        step(m_.slots_->join(st_));
+      } else {
+        for (size_t i = from; i < to; ++i) slot_of[size_t(want[i])] = want[i];
+      }
+      const DevLayer& ws = w;  // Fp4W views: the slot arrays of a tiered layer, the [E] arrays otherwise
+      for (size_t i = from; i < to && ok(); ++i) {
+        const int e = want[i];
+        const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+        step(tc_dequant_fp4(ws.w1, slot_of[size_t(e)], *w1, st_));
+        step(tc_dequant_fp4(ws.w3, slot_of[size_t(e)], *w3, st_));
+        step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+        step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      }
+      // The wave's rows: [count[first expert], count[last expert + 1]).
+      const int64_t r0 = count[size_t(want[from])], r1 = count[size_t(want[to - 1]) + 1];
+      step(swiglu_quant(ap + r0 * I, bp + r0 * I, r1 - r0, I, c_.swiglu_limit, wp + r0, q_buf_, st_));  // routing weight before w2
+      step(tc_dequant_act(q_buf_, I, nullptr, 1, r1 - r0, hp + r0 * I, st_));
+      for (size_t i = from; i < to && ok(); ++i) {
+        const int e = want[i];
+        const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+        step(tc_dequant_fp4(ws.w2, slot_of[size_t(e)], *w2, st_));
+        step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      }
+      if (tiered) m_.slots_->release(l);
+      from = to;
     }
     step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
   }
@@ -1036,6 +1133,7 @@ TcGemm* CudaExecutor::tc_for(const model::Step& step) const {
 
 Result<std::vector<CudaExecutor::GemmTiming>> CudaExecutor::time_prefill_gemms(int64_t M, int layer, int reps) {
   if (layer < 0 || layer >= cfg_.n_layers) return FB_ERROR(kInvalidArgument) << "layer " << layer;
+  if (tiered(layer)) return FB_ERROR(kUnsupported) << "GEMM timing needs every expert of layer " << layer << " resident (no --expert-slots)";
   if (!tc_) tc_ = FB_TRY(TcGemm::create());
   TcGemm& tc = *tc_;
   const DevLayer& w = layers_[size_t(layer)];
@@ -1150,8 +1248,11 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   }
   if (step.rows.empty()) return model::StepOutput{};
   // Read per step so that `bench --ab-env FB_MMA_GEMV=0,1` can interleave the two paths.
-  if (const char* v = std::getenv("FB_MMA_GEMV")) mma_gemv_ = v[0] == '1';
-  if (const char* v = std::getenv("FB_TC_HC_MIXES")) tc_hc_mixes_ = v[0] == '1';
+  // Unset means off (the A/B unsets the variable after its last run).
+  const char* mv = std::getenv("FB_MMA_GEMV");
+  mma_gemv_ = mv && mv[0] == '1';
+  const char* hv = std::getenv("FB_TC_HC_MIXES");
+  tc_hc_mixes_ = hv && hv[0] == '1';
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;
@@ -1164,6 +1265,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     out = ex.take_output();
     FB_RETURN_IF_ERROR(ex.status());
   }
+  if (slots_) slots_->settle();
   if (profile_) {
     OpProfile& p = prof_["step.wall"];
     p.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "cpu/ops.h"
 #include "cuda/device.h"
+#include "cuda/expert_slots.h"
 #include "cuda/ops.h"
 #include "cuda/tc_gemm.h"
 #include "cuda/vision.h"
@@ -126,12 +128,23 @@ struct OpProfile {
   int64_t calls = 0;
 };
 
+// Load-time choices of the CUDA executor.
+struct CudaLoadOptions {
+  // Routed experts per layer held in HBM slots (cuda/expert_slots.h); 0: every expert resident.
+  // A layer with no more experts than slots is filled once and never misses.
+  int expert_slots = 0;
+  storage::EvictionPolicy policy = storage::EvictionPolicy::kLfu;
+  // Where missing experts are read from; null: the snapshot's own (mapped) expert tensors.
+  std::shared_ptr<const model::ExpertSource> experts;
+};
+
 class CudaExecutor final : public model::Executor {
  public:
   // Same contract as cpu::CpuModel::load: validates the snapshot, then uploads every weight.
-  static Result<std::unique_ptr<CudaExecutor>> load(const std::string& dir, std::vector<int32_t> token_map = {});
+  static Result<std::unique_ptr<CudaExecutor>> load(const std::string& dir, std::vector<int32_t> token_map = {}, CudaLoadOptions opt = {});
   // The same from an opened (possibly in-memory, synthetic) snapshot.
-  static Result<std::unique_ptr<CudaExecutor>> from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map = {});
+  static Result<std::unique_ptr<CudaExecutor>> from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map = {},
+                                                             CudaLoadOptions opt = {});
   ~CudaExecutor() override;
 
   const model::Config& config() const override { return cfg_; }
@@ -179,12 +192,23 @@ class CudaExecutor final : public model::Executor {
   };
   Result<std::vector<GemmTiming>> time_prefill_gemms(int64_t rows, int layer, int reps);
 
+  // The HBM expert tier (null when every expert is resident): hit/miss and copy counters, and
+  // pin_host() for a source whose bytes should copy at the pinned rate.
+  // Shared so that counters can be read after the executor is gone (check-fixture).
+  std::shared_ptr<DevExpertSlots> expert_slots() const { return slots_; }
+  // Bench only (issue 9's skew sweep): rewrites a tiered layer's routing (ids [rows, top_k],
+  // each row ascending and distinct, values < n_experts) before the slots are looked up. The
+  // gate weights stay the router's, so outputs are noise; only traffic and timing are meaningful.
+  using RouteOverride = std::function<void(int layer, std::vector<int32_t>& ids, int64_t rows, int top_k)>;
+  void set_route_override(RouteOverride f) { route_override_ = std::move(f); }
+  const loader::Snapshot& snapshot() const { return *snap_; }
+
  private:
   friend class CudaLayerOps;
   friend class CudaStep;
   friend class CudaDraftStep;
   CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map);
-  Status upload_weights();
+  Status upload_weights(const CudaLoadOptions& opt);
   template <typename T>
   Result<const T*> up(const TensorView& v);
   Result<Fp8W> up8(const model::Fp8Linear& l);
@@ -219,6 +243,11 @@ class CudaExecutor final : public model::Executor {
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
+  // Expert tier (CudaLoadOptions::expert_slots > 0): layers with fewer slots than experts read
+  // their routed experts through it.
+  std::shared_ptr<DevExpertSlots> slots_;
+  RouteOverride route_override_;
+  bool tiered(int layer) const { return slots_ && slots_->slots(layer) > 0; }
 };
 
 // The name the engine's executor factory uses.

@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(256, 4) fp4_gemv2_kernel(const uint8_t* __rest
   const int64_t m = wid / per_row, j = wid % per_row;
   const int64_t KB = K / 32, xm = m / x_div, chunks = (KB + 15) / 16;
   const int64_t e = expert ? expert[m] : 0;
+  if (e < 0) return;  // a row of another wave of a tiered layer (whole warps: m is per warp)
   const int lane = int(threadIdx.x & 31), p = lane >> 1;
   const int64_t n0 = dual ? j : 2 * j, n1 = dual ? j : 2 * j + 1;
   const bool on1 = n1 < N;  // single mode, odd N: the second slot re-reads row n0 and is dropped
@@ -413,6 +414,7 @@ __global__ void fp4_gemm_kernel(const uint8_t* xc, const float* xs, int64_t M, i
   if (o >= M * N) return;
   const int64_t m = o / N, n = o % N, KB = K / 32, xm = m / x_div;
   const int64_t e = expert ? expert[m] : 0;
+  if (e < 0) return;  // a row of another wave of a tiered layer (the warp's output)
   const uint8_t* xr = xc + xm * K;
   const float* xsr = xs + xm * KB;
   const uint8_t* wr = W + e * w_stride + n * (K / 2);

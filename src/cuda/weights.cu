@@ -40,18 +40,20 @@ CudaExecutor::~CudaExecutor() {
   }
 }
 
-Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map) {
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map, CudaLoadOptions opt) {
   auto snap = FB_TRY(loader::Snapshot::open(dir));
-  return from_snapshot(std::move(snap), std::move(token_map));
+  return from_snapshot(std::move(snap), std::move(token_map), std::move(opt));
 }
 
-Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map) {
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map,
+                                                                CudaLoadOptions opt) {
+  if (opt.expert_slots < 0) return FB_ERROR(kInvalidArgument) << "expert slots per layer must be >= 0 (got " << opt.expert_slots << ")";
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return FB_ERROR(kUnsupported) << "no CUDA device is visible";
   FB_RETURN_IF_ERROR(loader::check_runnable(*snap, &token_map));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
-  FB_RETURN_IF_ERROR(ex->upload_weights());
+  FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
 }
 
@@ -112,7 +114,12 @@ Status CudaExecutor::up_experts(int l, DevLayer& d) {
   return Status();
 }
 
-Status CudaExecutor::upload_weights() {
+Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
+  if (opt.expert_slots > 0) {
+    std::shared_ptr<const model::ExpertSource> src = opt.experts;
+    if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
+    slots_ = FB_TRY(DevExpertSlots::create(cfg_, std::move(src), opt.expert_slots, opt.policy));
+  }
   embed_ = FB_TRY(up<uint16_t>(w_.embed));
   norm_ = FB_TRY(up<uint16_t>(w_.norm));
   head_ = FB_TRY(up<uint16_t>(w_.head));
@@ -159,7 +166,13 @@ Status CudaExecutor::upload_weights() {
     d.engram_wkv = FB_TRY(up8(w.engram_wkv));
     d.engram_q = FB_TRY(up<uint16_t>(w.engram_q));
     d.engram_k = FB_TRY(up<uint16_t>(w.engram_k));
-    FB_RETURN_IF_ERROR(up_experts(l, d));
+    if (tiered(l)) {  // routed experts live in the slots, filled on demand
+      d.w1 = slots_->w1(l);
+      d.w2 = slots_->w2(l);
+      d.w3 = slots_->w3(l);
+    } else {
+      FB_RETURN_IF_ERROR(up_experts(l, d));
+    }
   }
   if (cfg_.n_mtp_layers > 0) {
     draft_.main_proj = FB_TRY(up8(w_.draft.main_proj));

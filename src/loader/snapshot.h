@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/mapped_file.h"
@@ -57,6 +58,15 @@ class Snapshot {
   // Compressed-vocab map for Engram: `engram_token_map.i32` beside the config when present.
   // Empty when the file is absent (the tokenizer then derives it).
   const std::vector<int32_t>& engram_token_map() const { return engram_map_; }
+
+  // The byte blocks an in_memory() snapshot owns (empty for a mapped one): the bench page-locks
+  // them so a synthetic model's expert copies run at the pinned rate.
+  std::vector<std::pair<const uint8_t*, size_t>> memory_blocks() const {
+    std::vector<std::pair<const uint8_t*, size_t>> v;
+    for (const auto& b : storage_)
+      if (!b.empty()) v.push_back({b.data(), b.size()});
+    return v;
+  }
 
  private:
   struct Entry {

@@ -54,7 +54,7 @@ void parallel_fill(std::vector<uint8_t>& buf, const std::function<void(size_t, s
 
 }  // namespace
 
-Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed) {
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts) {
   model::Config c = FB_TRY(model::Config::from_hf_json(config_json));
   const auto specs = model::expected_tensors(c);
   int64_t max_code_bytes = 0;
@@ -82,6 +82,12 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
     const bool is_scale = n.size() > 6 && n.compare(n.size() - 6, 6, ".scale") == 0;
     if (s.dtype == DType::kF8E4M3 || s.dtype == DType::kI8) {
       v.data = pool;
+    } else if (distinct_experts > 0 && s.expert >= distinct_experts) {
+      // ".experts.<e>." -> ".experts.<e % distinct>.", generated earlier in this layer
+      const std::string tag = ".experts." + std::to_string(s.expert) + ".";
+      std::string src = n;
+      src.replace(src.find(tag), tag.size(), ".experts." + std::to_string(s.expert % distinct_experts) + ".");
+      v.data = views.at(src).data;
     } else if (s.dtype == DType::kF8E8M0 && is_scale) {
       // Power-of-two scales bring code RMS (~2.2 e4m3, ~3.2 e2m1) to gain / sqrt(fan_in).
       const std::string weight = n.substr(0, n.size() - 5) + "weight";

@@ -13,6 +13,9 @@
 
 namespace fb::loader {
 
-Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed);
+// distinct_experts > 0: routed expert e of a layer shares the scale bytes of expert
+// e % distinct_experts (the codes are shared anyway), so a model with 384 experts per layer costs
+// the host memory and generation time of `distinct_experts` (issue 9's tiered bench).
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts = 0);
 
 }  // namespace fb::loader

@@ -1,0 +1,162 @@
+#include "bench/tier_sweep.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <cmath>
+#include <random>
+
+#include "memory/tier_model.h"
+
+namespace fb::bench {
+
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Routing draws: per layer a random order of the experts (rank -> expert), picks by rank from a
+// Zipf CDF (or uniformly among the first `pool` ranks for the all-hit baseline), top_k distinct
+// per row, ascending as the router emits them.
+struct RouteDraw {
+  std::vector<std::vector<int32_t>> order;  // [layer][rank]
+  std::vector<double> cdf;                  // over ranks; empty: uniform over `pool`
+  int pool = 0;
+  std::mt19937_64 rng;
+
+  void draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k) {
+    const std::vector<int32_t>& ord = order.at(size_t(layer));
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t* row = ids.data() + r * k;
+      int got = 0;
+      while (got < k) {
+        size_t rank;
+        if (cdf.empty()) {
+          rank = size_t(rng() % uint64_t(pool));
+        } else {
+          rank = size_t(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
+          rank = std::min(rank, ord.size() - 1);
+        }
+        const int32_t e = ord[rank];
+        if (std::find(row, row + got, e) == row + got) row[got++] = e;
+      }
+      std::sort(row, row + k);
+    }
+  }
+};
+
+}  // namespace
+
+Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::SessionState& s, const TierSweepOptions& opt,
+                                              double h2d_peak_gbps,
+                                              const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step) {
+  const model::Config& c = ex.config();
+  std::shared_ptr<cuda::DevExpertSlots> slots = ex.expert_slots();
+  if (!slots) return FB_ERROR(kInvalidArgument) << "the tier sweep needs an executor with expert slots";
+  int n_exp = 0, S = 0, k = 0;
+  for (int l = 0; l < c.n_total_layers(); ++l)
+    if (slots->slots(l) > 0) {
+      n_exp = c.roles[size_t(l)].n_experts;
+      S = slots->slots(l);
+      k = c.roles[size_t(l)].n_active;
+    }
+  if (S == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
+  if (S < k) return FB_ERROR(kInvalidArgument) << S << " slots per layer cannot hold one row's " << k << " experts";
+  auto draw = std::make_shared<RouteDraw>();
+  draw->rng.seed(opt.seed);
+  draw->order.resize(size_t(c.n_total_layers()));
+  for (auto& o : draw->order) {
+    o.resize(size_t(n_exp));
+    for (int e = 0; e < n_exp; ++e) o[size_t(e)] = e;
+    std::shuffle(o.begin(), o.end(), draw->rng);
+  }
+  ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
+
+  std::vector<model::SessionState*> ss{&s};
+  const int64_t L = s.n_pos();
+  auto decode_steps = [&](int n, std::vector<double>* ms) -> Status {
+    for (int i = 0; i < n; ++i) {
+      model::Step st;
+      model::Row row;
+      row.pos = L;
+      row.token = int32_t((L * 31 + i * 7919) % c.vocab_size);
+      row.kind = model::RowKind::kDecode;
+      row.want_logits = true;
+      st.rows.push_back(row);
+      const double t0 = now_ms();
+      FB_TRY(ex.forward(st, ss));
+      if (ms) ms->push_back(now_ms() - t0);
+      FB_RETURN_IF_ERROR(s.rollback(L));
+    }
+    return Status();
+  };
+  const double expert_bytes = double(slots->slot_bytes());
+  const double peak = h2d_peak_gbps * 1e9;
+  std::vector<TierPoint> out;
+  double base_ms = 0;
+  std::vector<double> shares = {0.0};
+  shares.insert(shares.end(), opt.skews.begin(), opt.skews.end());
+  for (double share : shares) {
+    TierPoint p;
+    p.top10_share = share;
+    if (share <= 0) {
+      draw->cdf.clear();
+      draw->pool = S;
+      p.static_hit = 1.0;
+    } else {
+      const double expo = memory::zipf_exponent_for_top_share(n_exp, 10, share);
+      draw->cdf.assign(size_t(n_exp), 0.0);
+      double sum = 0;
+      for (int r = 0; r < n_exp; ++r) sum += std::pow(double(r + 1), -expo);
+      double acc = 0;
+      for (int r = 0; r < n_exp; ++r) {
+        acc += std::pow(double(r + 1), -expo) / sum;
+        draw->cdf[size_t(r)] = acc;
+      }
+      p.static_hit = memory::zipf_top_share(n_exp, S, expo);
+    }
+    FB_RETURN_IF_ERROR(decode_steps(opt.warm_steps, nullptr));
+    slots->reset_stats();
+    std::vector<double> ms;
+    FB_RETURN_IF_ERROR(decode_steps(opt.steps, &ms));
+    const cuda::ExpertSlotStats t = slots->stats();
+    std::sort(ms.begin(), ms.end());
+    p.ms_token = ms[ms.size() / 2];
+    p.hit_rate = t.hit_rate();
+    p.misses_per_token = double(t.misses) / double(opt.steps);
+    p.copy_gbps = t.copy_gbps();
+    if (share <= 0) base_ms = p.ms_token;
+    const double copy_ms = p.misses_per_token * expert_bytes / peak * 1e3;
+    p.floor_ms = base_ms + copy_ms;
+    p.ceiling_ms = std::max(base_ms, copy_ms);
+    if (opt.prefill_rows > 0) {
+      auto ps = ex.new_session();
+      std::vector<model::SessionState*> pss{ps.get()};
+      slots->reset_stats();
+      const double t0 = now_ms();
+      FB_TRY(ex.forward(prefill_step(0, opt.prefill_rows, opt.prefill_rows), pss));
+      p.prefill_s = (now_ms() - t0) / 1e3;
+      const cuda::ExpertSlotStats pt = slots->stats();
+      p.prefill_hit_rate = pt.hit_rate();
+      p.prefill_copy_gbps = pt.copy_gbps();
+      p.prefill_misses = double(pt.misses);
+    }
+    std::fprintf(stderr,
+                 "bench: tiers top-10 share %.2f: %.2f ms/token, HBM hits %.1f%% (static placement %.1f%%), %.1f misses/token, "
+                 "copies %.1f GB/s (peak %.1f), model floor %.2f / ceiling %.2f ms",
+                 share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
+                 p.ceiling_ms);
+    if (opt.prefill_rows > 0)
+      std::fprintf(stderr, "; prefill %lld rows %.2f s (hits %.1f%%, %.0f misses, %.1f GB/s)", (long long)opt.prefill_rows, p.prefill_s,
+                   100 * p.prefill_hit_rate, p.prefill_misses, p.prefill_copy_gbps);
+    std::fprintf(stderr, "\n");
+    out.push_back(p);
+  }
+  ex.set_route_override(nullptr);
+  return out;
+}
+
+}  // namespace fb::bench

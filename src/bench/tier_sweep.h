@@ -1,0 +1,46 @@
+// The expert-tier sweep of issue 9 (`flashbox bench --synthetic --experts 384 --expert-slots S
+// --skews 0.3,0.45,0.6`): the released-dimension model with more routed experts than HBM slots,
+// its routing replaced by draws from a Zipf law whose 10 hottest experts (a random set per layer)
+// carry a given share of a layer's routes. Per skew: batch-1 decode ms/token after a warm-up, the
+// HBM hit rate, the H2D rate of the miss copies against the measured pinned peak, and the
+// tier-bound floor / ceiling (docs/tiers.md) computed from the measured all-hit step time and the
+// measured misses; optionally one prefill chunk's expert sweep. [policy] benchmark-only: the
+// replaced routing makes the outputs noise; only traffic and time are measured.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "base/status.h"
+#include "cuda/executor.h"
+#include "model/step.h"
+
+namespace fb::bench {
+
+struct TierSweepOptions {
+  std::vector<double> skews = {0.30, 0.45, 0.60};  // share of a layer's routes on its 10 hottest experts
+  int warm_steps = 64;   // decode steps before the counters start (fills the slots, trains LFU)
+  int steps = 24;        // timed decode steps
+  int64_t prefill_rows = 0;  // > 0: also one prefill chunk of this many rows per skew
+  uint64_t seed = 7;
+};
+
+struct TierPoint {
+  double top10_share = 0;    // 0: the all-hit baseline (routes drawn from the slots' experts only)
+  double ms_token = 0;       // median decode step
+  double hit_rate = 0;       // HBM slot hits / expert lookups (decode, after the warm-up)
+  double static_hit = 0;     // hit rate of the best static placement (the S hottest experts resident)
+  double misses_per_token = 0;
+  double copy_gbps = 0;      // H2D rate of the miss copies (bytes / copy-stream GPU time)
+  double floor_ms = 0, ceiling_ms = 0;  // tier model: all-hit step + copies serial / overlapped
+  double prefill_s = 0, prefill_hit_rate = 0, prefill_copy_gbps = 0, prefill_misses = 0;
+};
+
+// `ex` must have tiered layers (CudaLoadOptions::expert_slots < experts); `s` a session at its
+// decode context; `prefill_step(s0, s1, end)` builds prefill rows [s0, s1) of an `end`-row prompt.
+// The first point is the all-hit baseline, then one per skew.
+Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::SessionState& s, const TierSweepOptions& opt,
+                                              double h2d_peak_gbps,
+                                              const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step);
+
+}  // namespace fb::bench

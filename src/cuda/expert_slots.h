@@ -1,0 +1,97 @@
+// DevExpertSlots: the HBM tier of the routed experts (issue 9, docs/tiers.md). Each layer gets S
+// device slots laid out exactly as the resident [E, ...] arrays (so every MoE kernel indexes a
+// slot where it would index an expert), keyed by a storage::SlotCache (the policy the host tiers
+// use). Missing experts are copied from a model::ExpertSource (the snapshot, TieredExperts, or the
+// bench's pinned synthetic pool) on a copy stream that waits for every earlier use of the slots and
+// that the compute stream waits for before the routed kernels: the copies start as soon as the
+// routing is known and overlap the shared expert. Bytes are copied, never changed, so the outputs
+// are bit-identical to the all-resident executor (cuda_fixture_parity_test ExpertSlots*).
+// One caller at a time (the executor's step); not thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "cuda/device.h"
+#include "cuda/ops.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "storage/slot_cache.h"
+
+namespace fb::cuda {
+
+struct ExpertSlotStats {
+  uint64_t hits = 0, misses = 0;  // expert lookups of MoE calls (one per distinct expert per call)
+  uint64_t copied_bytes = 0;      // host -> HBM
+  uint64_t waves = 0, calls = 0;  // waves > calls: a call needed more experts than a layer has slots
+  double copy_ms = 0;             // GPU time of the copy batches (copy stream, CUDA events)
+  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 1.0; }
+  double copy_gbps() const { return copy_ms > 0 ? double(copied_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0; }
+};
+
+class DevExpertSlots {
+ public:
+  struct Layout {  // bytes of one expert's six tensors, the slot stride of each array
+    int64_t w1 = 0, s1 = 0, w2 = 0, s2 = 0, w3 = 0, s3 = 0;
+    int64_t total() const { return w1 + s1 + w2 + s2 + w3 + s3; }
+  };
+  // `slots` slots for every layer of `c` with more routed experts than that (the others stay
+  // resident in the executor); w1/w2/w3(layer) view the slot arrays as the kernels' Fp4W.
+  static Result<std::unique_ptr<DevExpertSlots>> create(const model::Config& c, std::shared_ptr<const model::ExpertSource> src, int slots,
+                                                        storage::EvictionPolicy policy);
+  ~DevExpertSlots();
+  DevExpertSlots(const DevExpertSlots&) = delete;
+  DevExpertSlots& operator=(const DevExpertSlots&) = delete;
+
+  // 0: the layer is not tiered.
+  int slots(int layer) const { return layers_[size_t(layer)].cache ? layers_[size_t(layer)].cache->n_slots() : 0; }
+  const Fp4W& w1(int layer) const { return layers_[size_t(layer)].w1; }
+  const Fp4W& w2(int layer) const { return layers_[size_t(layer)].w2; }
+  const Fp4W& w3(int layer) const { return layers_[size_t(layer)].w3; }
+  const Layout& layout() const { return layout_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+
+  // One wave of a MoE call: pins slots for want[from], want[from + 1], ... (distinct experts) until
+  // the layer's slots are all pinned or `want` ends; slot_of[e] gets each taken expert's slot. The
+  // misses are copied on the copy stream after everything already issued on `compute`. Returns
+  // the index one past the last taken expert. Call join(compute) before kernels read the slots and
+  // release(layer) once they are issued.
+  Result<size_t> take(int layer, const std::vector<int32_t>& want, size_t from, std::vector<int32_t>& slot_of, cudaStream_t compute);
+  Status join(cudaStream_t compute);
+  void release(int layer);
+
+  // Page-locks a host range the source's views point into (the bench's synthetic pool) so that
+  // misses copy at the pinned rate; unregistered in the destructor.
+  Status pin_host(const void* p, size_t bytes);
+
+  // Adds the finished copy batches' GPU times to the stats (the caller's stream has drained).
+  void settle();
+  ExpertSlotStats stats() const { return stats_; }
+  void reset_stats() { stats_ = ExpertSlotStats{}; }
+
+ private:
+  DevExpertSlots() = default;
+  struct Layer {
+    std::unique_ptr<storage::SlotCache> cache;
+    DeviceBuffer bw1, bs1, bw2, bs2, bw3, bs3;
+    Fp4W w1, w2, w3;
+    std::vector<int> pinned;  // slots pinned by the current wave
+  };
+  Status copy_in(int layer, int e, int slot);
+  std::shared_ptr<const model::ExpertSource> src_;
+  std::vector<Layer> layers_;
+  Layout layout_;
+  uint64_t slot_bytes_ = 0;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers_;  // [0, used_) recorded since settle()
+  size_t used_ = 0;
+  std::vector<void*> pinned_host_;
+  ExpertSlotStats stats_;
+};
+
+}  // namespace fb::cuda
