@@ -33,6 +33,7 @@ struct TierPoint {
   double misses_per_token = 0;
   double copy_gbps = 0;      // H2D rate of the miss copies (bytes / copy-stream GPU time)
   double floor_ms = 0, ceiling_ms = 0;  // tier model: all-hit step + copies serial / overlapped
+  double plan_ms = 0;        // the plan's prediction: static-placement misses, serial, at the pinned peak
   double prefill_s = 0, prefill_hit_rate = 0, prefill_copy_gbps = 0, prefill_misses = 0;
 };
 

@@ -159,6 +159,7 @@ int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double 
     csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
     csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
     csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");
+    csv.row(k + "_plan_ms", L, p.plan_ms, "ms/token, plan: all-hit step + static-placement misses at the pinned peak", p.ms_token / p.plan_ms);
     if (p.prefill_s > 0) {
       csv.row(k + "_prefill_chunk_s", a.tier_prefill_rows, p.prefill_s, "s per prefill chunk (expert sweep included)");
       csv.row(k + "_prefill_hbm_hit", a.tier_prefill_rows, p.prefill_hit_rate, "HBM slot hit rate in the chunk");

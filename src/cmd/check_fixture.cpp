@@ -52,6 +52,19 @@ int run(const Args& a) {
       // snapshot (cuda/expert_slots.h); the outputs must not change.
       cuda::CudaLoadOptions lo;
       lo.expert_slots = int(a.expert_slots);
+      if (a.expert_slots > 0) {
+        // The misses come through the host tiers as on the CPU (host cache, then shard reads with
+        // O_DIRECT): HBM slots <- pinned-host cache <- drives, every byte copied unchanged.
+        auto snap = loader::Snapshot::open(ckpt);
+        if (!snap.ok()) return snap.status();
+        storage::TieredOptions to;
+        to.slots_per_layer = int(a.expert_slots);
+        to.host_experts = a.expert_slots;
+        auto src = storage::tiered_experts_for(*snap.value(), {}, to);
+        if (!src.ok()) return src.status();
+        tiers.push_back(src.value());
+        lo.experts = std::move(src.value());
+      }
       auto m = cuda::CudaExecutor::load(ckpt, {}, lo);
       if (!m.ok()) return m.status();
       if (auto t = m.value()->expert_slots()) cuda_tiers.push_back(std::move(t));

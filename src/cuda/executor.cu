@@ -408,8 +408,10 @@ class CudaLayerOps {
   void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
                              uint16_t* ye, F& shared) {
     DevExpertSlots& slots = *m_.slots_;
-    const std::vector<int32_t> want = distinct(ids);
-    std::vector<int32_t> slot_of(size_t(c_.roles[size_t(l)].n_experts), -1);
+    std::vector<int32_t> want = distinct(ids);
+    slots.resident_first(l, want);
+    const int E = c_.roles[size_t(l)].n_experts;
+    std::vector<int32_t> slot_of(size_t(E), -1);
     for (size_t from = 0; from < want.size() && ok();) {
       auto next = slots.take(l, want, from, slot_of, st_);
       if (!next.ok()) {
@@ -418,11 +420,11 @@ class CudaLayerOps {
       }
       if (from == 0) shared();
       step(slots.join(st_));
+      std::vector<char> in_wave(size_t(E), 0);
+      for (size_t i = from; i < *next; ++i) in_wave[size_t(want[i])] = 1;
       std::vector<int32_t> wave(ids.size(), -1);
-      for (size_t i = 0; i < ids.size(); ++i) {
-        const int32_t e = ids[i];
-        if (std::binary_search(want.begin() + ptrdiff_t(from), want.begin() + ptrdiff_t(*next), e)) wave[i] = slot_of[size_t(e)];
-      }
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (in_wave[size_t(ids[i])]) wave[i] = slot_of[size_t(ids[i])];
       routed_experts(w, K, upload(wave), weights, a, b, ye, slots.slots(l));
       slots.release(l);
       from = *next;
@@ -531,42 +533,47 @@ class CudaLayerOps {
     for (int e = 0; e < E; ++e)
       if (count[size_t(e) + 1] > count[size_t(e)]) want.push_back(e);
     const bool tiered = m_.tiered(l);
+    if (tiered) m_.slots_->resident_first(l, want);
     std::vector<int32_t> slot_of(size_t(E), -1);
-    for (size_t from = 0; from < want.size() && ok();) {
-      size_t to = want.size();
-      if (tiered) {
-        auto next = m_.slots_->take(l, want, from, slot_of, st_);
-        if (!next.ok()) {
-          step(next.status());
-          return;
-        }
-        to = *next;
-        if (from == 0) shared();
-        step(m_.slots_->join(st_));
-      } else {
-        for (size_t i = from; i < to; ++i) slot_of[size_t(want[i])] = want[i];
-      }
-      const DevLayer& ws = w;  // Fp4W views: the slot arrays of a tiered layer, the [E] arrays otherwise
-      for (size_t i = from; i < to && ok(); ++i) {
+    // Experts want[i0..i1), ascending and consecutive among the used ones, so their rows are the
+    // contiguous range [count[want[i0]], count[want[i1 - 1] + 1]): w1 / w3, SwiGLU + act_quant of
+    // the range (per row, so any split gives the same bits), w2.
+    auto run = [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1 && ok(); ++i) {
         const int e = want[i];
         const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-        step(tc_dequant_fp4(ws.w1, slot_of[size_t(e)], *w1, st_));
-        step(tc_dequant_fp4(ws.w3, slot_of[size_t(e)], *w3, st_));
+        step(tc_dequant_fp4(w.w1, slot_of[size_t(e)], *w1, st_));
+        step(tc_dequant_fp4(w.w3, slot_of[size_t(e)], *w3, st_));
         step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
         step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
       }
-      // The wave's rows: [count[first expert], count[last expert + 1]).
-      const int64_t r0 = count[size_t(want[from])], r1 = count[size_t(want[to - 1]) + 1];
+      const int64_t r0 = count[size_t(want[i0])], r1 = count[size_t(want[i1 - 1]) + 1];
       step(swiglu_quant(ap + r0 * I, bp + r0 * I, r1 - r0, I, c_.swiglu_limit, wp + r0, q_buf_, st_));  // routing weight before w2
       step(tc_dequant_act(q_buf_, I, nullptr, 1, r1 - r0, hp + r0 * I, st_));
-      for (size_t i = from; i < to && ok(); ++i) {
+      for (size_t i = i0; i < i1 && ok(); ++i) {
         const int e = want[i];
         const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-        step(tc_dequant_fp4(ws.w2, slot_of[size_t(e)], *w2, st_));
+        step(tc_dequant_fp4(w.w2, slot_of[size_t(e)], *w2, st_));
         step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
       }
-      if (tiered) m_.slots_->release(l);
-      from = to;
+    };
+    if (!tiered) {
+      for (int32_t e : want) slot_of[size_t(e)] = e;
+      if (!want.empty()) run(0, want.size());
+    }
+    // A tiered layer (w's arrays are its slots): waves of at most its slots, resident experts
+    // first; each expert runs alone, since a wave's experts are no longer consecutive.
+    for (size_t from = 0; tiered && from < want.size() && ok();) {
+      auto next = m_.slots_->take(l, want, from, slot_of, st_);
+      if (!next.ok()) {
+        step(next.status());
+        return;
+      }
+      if (from == 0) shared();
+      step(m_.slots_->join(st_));
+      for (size_t i = from; i < *next && ok(); ++i) run(i, i + 1);
+      m_.slots_->release(l);
+      from = *next;
     }
     step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
   }

@@ -143,6 +143,10 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   return i;
 }
 
+void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const {
+  std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return resident(layer, e); });
+}
+
 Status DevExpertSlots::join(cudaStream_t compute) {
   FB_CUDA_TRY(cudaStreamWaitEvent(compute, done_, 0));
   return Status();

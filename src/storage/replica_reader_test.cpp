@@ -171,6 +171,23 @@ TEST(SlotCache, LruAndLfuEvictionWithPins) {
   EXPECT_EQ(lfu.misses(), 3u);
 }
 
+// LFU keeps the use history of evicted keys: hot key 1 (6 uses) pushed out once by a cold key
+// and brought back is not the next victim; with per-residency counts it would be (1 use).
+TEST(SlotCache, LfuHistorySurvivesEviction) {
+  SlotCache lfu(2, EvictionPolicy::kLfu);
+  for (int i = 0; i < 5; ++i) lfu.release(lfu.acquire(1).slot);
+  for (int i = 0; i < 5; ++i) lfu.release(lfu.acquire(2).slot);
+  auto c1 = lfu.acquire(10);  // tie 5 / 5: the older (1) goes
+  EXPECT_EQ(c1.evicted_key, 1);
+  lfu.release(c1.slot);
+  auto back = lfu.acquire(1);  // the cold key goes, not hot 2
+  EXPECT_EQ(back.evicted_key, 10);
+  lfu.release(back.slot);
+  auto c2 = lfu.acquire(11);  // 1 has 6 uses, 2 has 5
+  EXPECT_EQ(c2.evicted_key, 2);
+  lfu.release(c2.slot);
+}
+
 TEST(DriveProbe, MeasuresRates) {
   auto r = probe_drive(fs::temp_directory_path().string(), 32u << 20, 0.2);
   ASSERT_TRUE(r.ok()) << r.status().to_string();

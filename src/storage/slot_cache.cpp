@@ -1,5 +1,7 @@
 #include "storage/slot_cache.h"
 
+#include <iterator>
+
 #include "base/check.h"
 
 namespace fb::storage {
@@ -11,15 +13,25 @@ int SlotCache::find(int64_t key) const {
   return it == where_.end() ? -1 : it->second;
 }
 
+uint64_t SlotCache::uses(const Slot& s) const {
+  auto it = freq_.find(s.key);
+  return it == freq_.end() ? 0 : it->second;
+}
+
 SlotCache::Lookup SlotCache::acquire(int64_t key) {
   ++clock_;
-  if (policy_ == EvictionPolicy::kLfu && !slots_.empty() && clock_ % (slots_.size() * 8) == 0)
-    for (Slot& s : slots_) s.uses /= 2;
+  if (policy_ == EvictionPolicy::kLfu) {
+    if (!slots_.empty() && clock_ % (slots_.size() * 8) == 0)
+      for (auto it = freq_.begin(); it != freq_.end();) {  // aging; forgotten keys leave the table
+        it->second /= 2;
+        it = it->second == 0 ? freq_.erase(it) : std::next(it);
+      }
+    ++freq_[key];
+  }
   Lookup r;
   if (int s = find(key); s >= 0) {
     Slot& sl = slots_[size_t(s)];
     ++sl.pins;
-    ++sl.uses;
     sl.last_use = clock_;
     ++hits_;
     r.slot = s;
@@ -41,7 +53,7 @@ SlotCache::Lookup SlotCache::acquire(int64_t key) {
     }
     const Slot& v = slots_[size_t(victim)];
     const bool lower = policy_ == EvictionPolicy::kLru ? s.last_use < v.last_use
-                                                       : (s.uses < v.uses || (s.uses == v.uses && s.last_use < v.last_use));
+                                                       : (uses(s) < uses(v) || (uses(s) == uses(v) && s.last_use < v.last_use));
     if (lower) victim = i;
   }
   if (victim < 0) return r;
@@ -53,7 +65,6 @@ SlotCache::Lookup SlotCache::acquire(int64_t key) {
   }
   v.key = key;
   v.pins = 1;
-  v.uses = 1;
   v.last_use = clock_;
   where_[key] = victim;
   r.slot = victim;

@@ -3,6 +3,10 @@
 // CUDA executor keys its device slots with the same policy the CPU tiers use.
 // Eviction: the unpinned slot with the lowest key; LRU keys by last use, LFU by a use count that
 // halves every `n_slots * 8` accesses (aging), ties broken by last use. Pinned slots never move.
+// LFU counts every key's uses, resident or not (the history survives eviction): an evicted hot
+// key that comes back is not the next victim, so a stream of cold keys churns through the
+// coldest slot instead of pushing the hot set out (measured on the H200 expert-tier sweep,
+// docs/tiers.md).
 #pragma once
 
 #include <cstddef>
@@ -42,11 +46,12 @@ class SlotCache {
     int64_t key = -1;
     int pins = 0;
     uint64_t last_use = 0;
-    uint64_t uses = 0;
   };
+  uint64_t uses(const Slot& s) const;
   EvictionPolicy policy_;
   std::vector<Slot> slots_;
   std::unordered_map<int64_t, int> where_;
+  std::unordered_map<int64_t, uint64_t> freq_;  // LFU: uses of every key seen (aged)
   uint64_t clock_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
 };
 
