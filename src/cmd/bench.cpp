@@ -72,6 +72,7 @@ struct Args {
   std::vector<int64_t> prefill_at;
   std::vector<int64_t> prefill_gemms;
   std::string ab_env;
+  std::string prefill_ab_env;
   int expert_slots = 0;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
@@ -364,12 +365,12 @@ int run(const Args& a) {
           csv.row("prefill_profile_" + name + "_ms", L, ms, "ms per chunk (CUDA events)");
         }
       }
-      if (!a.ab_env.empty()) {
-        // The same chunk under each value of the --ab-env switch, interleaved, medians of 3.
-        const size_t eq = a.ab_env.find('=');
-        const std::string name = a.ab_env.substr(0, eq);
+      if (!a.prefill_ab_env.empty()) {
+        // The same chunk under each value of the --prefill-ab-env switch, interleaved, medians of 3.
+        const size_t eq = a.prefill_ab_env.find('=');
+        const std::string name = a.prefill_ab_env.substr(0, eq);
         std::vector<std::string> values;
-        std::stringstream vs(eq == std::string::npos ? std::string() : a.ab_env.substr(eq + 1));
+        std::stringstream vs(eq == std::string::npos ? std::string() : a.prefill_ab_env.substr(eq + 1));
         for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
         const char* before = std::getenv(name.c_str());
         const std::string before_v = before ? before : "";
@@ -501,7 +502,8 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
-  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0), on the decode rows and the --prefill-at chunks");
+  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch on the decode rows, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0)");
+  app.add_option("--prefill-ab-env", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a switch on each chunk, NAME=v1,v2");
   app.add_flag("--graph-step", a->graph_step,
                "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
   app.add_flag("--profile-kernels", a->profile_kernels,
