@@ -64,7 +64,7 @@ if [ $bc -eq 0 ]; then
   done
   for c in tiny-s0 tiny-s1-long; do
     FB_TC_PREFILL_MIN_ROWS=1 FB_TC_HC_MIXES=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
-    row "check-fixture $c, tensor-core prefill" "rc=$?"
+    row "check-fixture $c, tensor-core prefill + mixes" "rc=$?"
     tail -2 "$LOG/fixture_tc_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
   done
   # Routed experts through 2 HBM slots per layer (4 experts, 2 per row: misses and waves).

@@ -76,7 +76,7 @@ struct Args {
   int expert_slots = 0;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
-  int tier_warm_steps = 64;
+  int tier_warm_steps = 256;
 };
 
 class Csv {

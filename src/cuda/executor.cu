@@ -1255,11 +1255,12 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   }
   if (step.rows.empty()) return model::StepOutput{};
   // Read per step so that `bench --ab-env FB_MMA_GEMV=0,1` can interleave the two paths.
-  // Unset means off (the A/B unsets the variable after its last run).
+  // Set: overrides the executor's choice for this step; unset: the choice (set_tc_hc_mixes; the
+  // mma GEMVs are env-only and off).
   const char* mv = std::getenv("FB_MMA_GEMV");
   mma_gemv_ = mv && mv[0] == '1';
   const char* hv = std::getenv("FB_TC_HC_MIXES");
-  tc_hc_mixes_ = hv && hv[0] == '1';
+  tc_hc_mixes_ = hv ? hv[0] == '1' : tc_hc_mixes_choice_;
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

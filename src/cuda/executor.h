@@ -182,6 +182,9 @@ class CudaExecutor final : public model::Executor {
     tc_min_rows_ = std::max<int64_t>(1, min_rows);
   }
   bool tensor_core_prefill() const { return tc_on_; }
+  // The mHC mix dots of those steps on tensor cores as well (f32 weights split exactly into three
+  // bf16 parts; on by default). Off: the exact CUDA-core mixes inside tensor-core prefill.
+  void set_tc_hc_mixes(bool on) { tc_hc_mixes_choice_ = on; }
   // The GEMM work of one prefill chunk of `rows` rows through layer `layer`'s weights on the
   // tensor-core path (operand expansion included), each GEMM timed alone (median of `reps`):
   // the bench's "share of the tensor-core roofline for the GEMM work" (issue 7).
@@ -237,9 +240,11 @@ class CudaExecutor final : public model::Executor {
   // FB_MMA_GEMV=1 (read at every forward): decode / verify / draft GEMVs on tensor cores
   // (mma_gemv.h; off by default until measured on the device).
   bool mma_gemv_ = false;
-  // FB_TC_HC_MIXES=1 (read at every forward): the mHC mix dots of tensor-core prefill steps on
-  // tensor cores too (tc_hc_mixes; off until it has run on the device).
-  bool tc_hc_mixes_ = false;
+  // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
+  // [reference-defining]): on by default (+17-20% prefill tok/s on the H200, docs/results.md);
+  // set_tc_hc_mixes or FB_TC_HC_MIXES=0/1 (read at every forward, wins when set).
+  bool tc_hc_mixes_choice_ = true;
+  bool tc_hc_mixes_ = true;
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;

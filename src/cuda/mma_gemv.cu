@@ -30,7 +30,7 @@ namespace {
 constexpr int kWarps = 4;  // warps per CTA, splitting the K blocks (b = warp, warp + 4, ...)
 constexpr int kRows = 16;  // activation rows per instruction
 constexpr int kCols = 8;   // weight rows (outputs) per CTA
-constexpr int kUnroll = 8; // blocks whose loads a warp issues before the first mma (4 -> 8: more bytes in flight)
+constexpr int kUnroll = 4; // blocks whose loads a warp issues before the first mma
 
 __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4]) {
   asm volatile(
@@ -121,22 +121,16 @@ __global__ void __launch_bounds__(32 * kWarps) mma_gemv_kernel(Params p) {
         const uint32_t bb[2] = {bv[u].x, bv[u].y};
         float d[4];
         mma_e4m3(a, bb, d);
-        // acc += dot * (x_scale * w_scale): the CPU's blocks16 step for this block. Scales are
-        // loaded once per (row, block) and (column, block): FP8's block scale is shared by the
-        // CTA's 8 columns (n0 is a multiple of 8, so they sit in one 32-row scale block).
-        const float xsc0 = ok[0] ? p.xs[xr[0] * KB + b] : 0.0f, xsc1 = ok[1] ? p.xs[xr[1] * KB + b] : 0.0f;
-        const int64_t c0 = n0 + 2 * t, c1 = c0 + 1;
-        float wsc0, wsc1;
-        if (kFp4) {
-          wsc0 = c0 < p.N ? e8m0_val(S[c0 * KB + b]) : 0.0f;
-          wsc1 = c1 < p.N ? e8m0_val(S[c1 * KB + b]) : 0.0f;
-        } else {
-          wsc0 = wsc1 = e8m0_val(S[(n0 / 32) * KB + b]);
+        // acc += dot * (x_scale * w_scale): the CPU's blocks16 step for this block.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int h = i >> 1;
+          const int64_t col = n0 + 2 * t + (i & 1);
+          if (!ok[h] || col >= p.N) continue;
+          const float xsc = p.xs[xr[h] * KB + b];
+          const float wsc = kFp4 ? e8m0_val(S[col * KB + b]) : e8m0_val(S[(col / 32) * KB + b]);
+          acc[i] = fm::add(acc[i], fm::mul(d[i], fm::mul(xsc, wsc)));
         }
-        acc[0] = fm::add(acc[0], fm::mul(d[0], fm::mul(xsc0, wsc0)));
-        acc[1] = fm::add(acc[1], fm::mul(d[1], fm::mul(xsc0, wsc1)));
-        acc[2] = fm::add(acc[2], fm::mul(d[2], fm::mul(xsc1, wsc0)));
-        acc[3] = fm::add(acc[3], fm::mul(d[3], fm::mul(xsc1, wsc1)));
       }
     }
     part[warp][g][2 * t] = acc[0];
