@@ -37,4 +37,4 @@ if [ "${FB_REF:-0}" = 1 ] && [ -f .oracle/bench_ref.py ]; then
 fi
 sed -n '/device_run summary/,$p' "$LOG/device_run.out"
 # The device returns a handful of files: the CSVs, and everything else in one archive.
-(cd "$LOG" && tar czf logs.tgz --exclude='*.csv' --exclude=logs.tgz . && find . -maxdepth 1 -type f ! -name '*.csv' ! -name logs.tgz -delete)
+tar czf /tmp/fb_logs.tgz -C "$LOG" --exclude='*.csv' . && find "$LOG" -maxdepth 1 -type f ! -name '*.csv' -delete && mv /tmp/fb_logs.tgz "$LOG/logs.tgz"

@@ -134,6 +134,7 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     p.ms_token = ms[ms.size() / 2];
     p.hit_rate = t.hit_rate();
     p.misses_per_token = double(t.misses) / double(opt.steps);
+    p.bypassed_per_token = double(t.bypassed) / double(opt.steps);
     p.copy_gbps = t.copy_gbps();
     if (share <= 0) base_ms = p.ms_token;
     const double copy_ms = p.misses_per_token * expert_bytes / peak * 1e3;
@@ -155,9 +156,9 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
       p.prefill_misses = double(pt.misses);
     }
     std::fprintf(stderr,
-                 "bench: tiers top-10 share %.2f: %.2f ms/token, HBM hits %.1f%% (static placement %.1f%%), %.1f misses/token, "
+                 "bench: tiers top-10 share %.2f: %.2f ms/token, HBM hits %.1f%% (static placement %.1f%%), %.1f misses/token (%.1f staged), "
                  "copies %.1f GB/s (peak %.1f), model floor %.2f / ceiling %.2f ms, plan %.2f ms (measured %.2fx)",
-                 share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
+                 share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.bypassed_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
                  p.ceiling_ms, p.plan_ms, p.ms_token / p.plan_ms);
     if (opt.prefill_rows > 0)
       std::fprintf(stderr, "; prefill %lld rows %.2f s (hits %.1f%%, %.0f misses, %.1f GB/s)", (long long)opt.prefill_rows, p.prefill_s,

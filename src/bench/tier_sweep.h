@@ -31,6 +31,7 @@ struct TierPoint {
   double hit_rate = 0;       // HBM slot hits / expert lookups (decode, after the warm-up)
   double static_hit = 0;     // hit rate of the best static placement (the S hottest experts resident)
   double misses_per_token = 0;
+  double bypassed_per_token = 0;  // misses staged, not admitted (LFU admission)
   double copy_gbps = 0;      // H2D rate of the miss copies (bytes / copy-stream GPU time)
   double floor_ms = 0, ceiling_ms = 0;  // tier model: all-hit step + copies serial / overlapped
   double plan_ms = 0;        // the plan's prediction: static-placement misses, serial, at the pinned peak

@@ -74,6 +74,7 @@ struct Args {
   std::string ab_env;
   std::string prefill_ab_env;
   int expert_slots = 0;
+  int expert_staging = 0;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
   int tier_warm_steps = 256;
@@ -150,6 +151,7 @@ int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double 
     return 1;
   }
   csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+  csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
   csv.row("tier_expert_mb", L, double(slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
   for (const bench::TierPoint& p : *pts) {
     const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
@@ -207,6 +209,7 @@ int run(const Args& a) {
     auto map = (*snap)->engram_token_map();
     cuda::CudaLoadOptions lo;
     lo.expert_slots = a.expert_slots;
+    lo.expert_staging = a.expert_staging;
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) {
       std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
@@ -512,6 +515,8 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--expert-slots", a->expert_slots,
                  "with --synthetic: routed experts per layer in HBM slots, the rest copied from pinned host memory on a miss; runs the "
                  "tier sweep (issue 9) at the first --contexts value instead of the other rows");
+  app.add_option("--expert-staging", a->expert_staging,
+                 "with --expert-slots: staging slots per layer for LFU admission (cold misses do not evict hotter experts)");
   app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");

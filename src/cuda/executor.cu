@@ -425,7 +425,7 @@ class CudaLayerOps {
       std::vector<int32_t> wave(ids.size(), -1);
       for (size_t i = 0; i < ids.size(); ++i)
         if (in_wave[size_t(ids[i])]) wave[i] = slot_of[size_t(ids[i])];
-      routed_experts(w, K, upload(wave), weights, a, b, ye, slots.slots(l));
+      routed_experts(w, K, upload(wave), weights, a, b, ye, slots.entries(l));
       slots.release(l);
       from = *next;
     }

@@ -134,6 +134,8 @@ struct CudaLoadOptions {
   // A layer with no more experts than slots is filled once and never misses.
   int expert_slots = 0;
   storage::EvictionPolicy policy = storage::EvictionPolicy::kLfu;
+  // Staging slots per tiered layer for LFU admission (DevExpertSlots::create); 0: admit every miss.
+  int expert_staging = 0;
   // Where missing experts are read from; null: the snapshot's own (mapped) expert tensors.
   std::shared_ptr<const model::ExpertSource> experts;
 };

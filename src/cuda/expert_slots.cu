@@ -14,11 +14,13 @@ Status alloc_array(DeviceBuffer& b, int64_t per_slot, int n) { return b.alloc(si
 }  // namespace
 
 Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Config& c, std::shared_ptr<const model::ExpertSource> src,
-                                                               int slots, storage::EvictionPolicy policy) {
+                                                               int slots, storage::EvictionPolicy policy, int staging) {
   if (!src) return FB_ERROR(kInvalidArgument) << "expert slots need an expert source";
   if (slots < 1) return FB_ERROR(kInvalidArgument) << "expert slots per layer must be >= 1 (got " << slots << ")";
+  if (staging < 0) return FB_ERROR(kInvalidArgument) << "staging slots must be >= 0";
   std::unique_ptr<DevExpertSlots> d(new DevExpertSlots());
   d->src_ = std::move(src);
+  d->staging_ = staging;
   d->layers_.resize(size_t(c.n_total_layers()));
   bool have_layout = false;
   for (int l = 0; l < c.n_total_layers(); ++l) {
@@ -33,9 +35,9 @@ Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Conf
                lay.w3 != d->layout_.w3 || lay.s3 != d->layout_.s3) {
       return FB_ERROR(kCorrupt) << "routed experts of layer " << l << " differ in size from the first layer's";
     }
-    const int S = slots;
+    const int S = slots + staging;  // array entries: the cache's slots, then the staging slots
     Layer& L = d->layers_[size_t(l)];
-    L.cache = std::make_unique<storage::SlotCache>(S, policy);
+    L.cache = std::make_unique<storage::SlotCache>(slots, policy);
     FB_RETURN_IF_ERROR(alloc_array(L.bw1, lay.w1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bs1, lay.s1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bw2, lay.w2, S));
@@ -107,14 +109,30 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
   const int S = L.cache->n_slots();
   bool copying = false;
+  int staged = 0;  // staging slots used by this wave
   size_t i = from;
-  for (; i < want.size() && int(L.pinned.size()) < S; ++i) {
+  for (; i < want.size() && (int(L.pinned.size()) < S || staged < staging_); ++i) {
     const int32_t e = want[i];
-    const storage::SlotCache::Lookup lk = L.cache->acquire(e);
-    FB_CHECK(lk.slot >= 0) << "an unpinned slot was counted but not found";
-    L.pinned.push_back(lk.slot);
-    slot_of.at(size_t(e)) = lk.slot;
-    if (lk.hit) {
+    int slot = -1;
+    bool hit = false;
+    if (int(L.pinned.size()) < S) {
+      // While staging slots remain, a miss colder than its victim is staged, not admitted.
+      const storage::SlotCache::Lookup lk = L.cache->acquire(e, /*admit_colder=*/staged >= staging_);
+      if (lk.bypass) {
+        slot = S + staged++;
+        ++stats_.bypassed;
+      } else {
+        FB_CHECK(lk.slot >= 0) << "an unpinned slot was counted but not found";
+        L.pinned.push_back(lk.slot);
+        slot = lk.slot;
+        hit = lk.hit;
+      }
+    } else {
+      slot = S + staged++;  // every cache slot is pinned by this wave
+      ++stats_.bypassed;
+    }
+    slot_of.at(size_t(e)) = slot;
+    if (hit) {
       ++stats_.hits;
       continue;
     }
@@ -131,7 +149,7 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
       FB_CUDA_TRY(cudaEventRecord(timers_[used_].first, copy_));
       copying = true;
     }
-    FB_RETURN_IF_ERROR(copy_in(layer, e, lk.slot));
+    FB_RETURN_IF_ERROR(copy_in(layer, e, slot));
   }
   if (copying) {
     FB_CUDA_TRY(cudaEventRecord(timers_[used_].second, copy_));

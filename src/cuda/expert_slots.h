@@ -27,6 +27,7 @@ namespace fb::cuda {
 struct ExpertSlotStats {
   uint64_t hits = 0, misses = 0;  // expert lookups of MoE calls (one per distinct expert per call)
   uint64_t copied_bytes = 0;      // host -> HBM
+  uint64_t bypassed = 0;          // misses served from a staging slot, not admitted (LFU admission)
   uint64_t waves = 0, calls = 0;  // waves > calls: a call needed more experts than a layer has slots
   double copy_ms = 0;             // GPU time of the copy batches (copy stream, CUDA events)
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 1.0; }
@@ -41,14 +42,19 @@ class DevExpertSlots {
   };
   // `slots` slots for every layer of `c` with more routed experts than that (the others stay
   // resident in the executor); w1/w2/w3(layer) view the slot arrays as the kernels' Fp4W.
+  // `staging` extra slots per tiered layer serve misses that LFU admission keeps out of the cache
+  // (SlotCache::acquire with admit_colder false): a cold expert is copied and used once without
+  // evicting a hotter one. 0: every miss is admitted.
   static Result<std::unique_ptr<DevExpertSlots>> create(const model::Config& c, std::shared_ptr<const model::ExpertSource> src, int slots,
-                                                        storage::EvictionPolicy policy);
+                                                        storage::EvictionPolicy policy, int staging = 0);
   ~DevExpertSlots();
   DevExpertSlots(const DevExpertSlots&) = delete;
   DevExpertSlots& operator=(const DevExpertSlots&) = delete;
 
   // 0: the layer is not tiered.
   int slots(int layer) const { return layers_[size_t(layer)].cache ? layers_[size_t(layer)].cache->n_slots() : 0; }
+  // Entries of the layer's arrays (cache slots, then staging slots): what the kernels index.
+  int entries(int layer) const { return slots(layer) > 0 ? slots(layer) + staging_ : 0; }
   const Fp4W& w1(int layer) const { return layers_[size_t(layer)].w1; }
   const Fp4W& w2(int layer) const { return layers_[size_t(layer)].w2; }
   const Fp4W& w3(int layer) const { return layers_[size_t(layer)].w3; }
@@ -91,6 +97,7 @@ class DevExpertSlots {
   std::vector<Layer> layers_;
   Layout layout_;
   uint64_t slot_bytes_ = 0;
+  int staging_ = 0;
   cudaStream_t copy_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers_;  // [0, used_) recorded since settle()

@@ -109,12 +109,17 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
   std::string why;
   const std::string dir = runnable_fixture(GetParam(), &why);
   if (dir.empty()) GTEST_SKIP() << why;
+  struct Case {
+    int slots, staging;
+  };
   for (bool tc : {false, true}) {
-    for (int slots : {2, 3}) {
+    for (const Case k : {Case{2, 0}, Case{3, 0}, Case{2, 2}}) {
+      const int slots = k.slots;
       std::vector<std::shared_ptr<DevExpertSlots>> tiers;
       auto make_tiered = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
         CudaLoadOptions lo;
         lo.expert_slots = slots;
+        lo.expert_staging = k.staging;  // 2: LFU admission, cold misses staged
         auto m = CudaExecutor::load(ckpt, {}, lo);
         if (!m.ok()) return m.status();
         m.value()->set_tensor_core_prefill(tc, 1);
@@ -135,13 +140,17 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
         st.misses += x.misses;
         st.waves += x.waves;
         st.calls += x.calls;
+        st.bypassed += x.bypassed;
       }
-      std::printf("[ tc ] %s expert slots %d (%s): %llu hits %llu misses, %llu waves / %llu calls: %s\n", GetParam(), slots,
+      std::printf("[ tc ] %s expert slots %d + %d staging (%s): %llu hits %llu misses (%llu staged), %llu waves / %llu calls: %s\n",
+                  GetParam(), slots, k.staging,
                   tc ? "tensor-core prefill vs resident" : "exact vs cpu", (unsigned long long)st.hits, (unsigned long long)st.misses,
+                  (unsigned long long)st.bypassed,
                   (unsigned long long)st.waves, (unsigned long long)st.calls, rep->reference.line().c_str());
       const engine::ReferenceComparison& c = rep->reference;
       EXPECT_GT(st.misses, 0u);
-      if (slots == 2) EXPECT_GT(st.waves, st.calls) << "7-row prefill steps route to more than 2 experts";
+      if (k.staging == 0 && slots == 2) EXPECT_GT(st.waves, st.calls) << "7-row prefill steps route to more than 2 experts";
+      if (k.staging > 0) EXPECT_GT(st.bypassed, 0u) << "no miss was staged";
       EXPECT_EQ(c.ids_same, c.rows);
       EXPECT_EQ(c.rows_bitwise, c.rows) << "max |dlogit| " << c.max_dlogit;
       EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "max tap |d| " << c.tap_max;

@@ -171,6 +171,27 @@ TEST(SlotCache, LruAndLfuEvictionWithPins) {
   EXPECT_EQ(lfu.misses(), 3u);
 }
 
+// Admission: a cold key is served around the cache (bypass) until its uses pass the coldest
+// resident's; the resident set does not move meanwhile.
+TEST(SlotCache, LfuAdmissionBypassesColderKeys) {
+  SlotCache lfu(2, EvictionPolicy::kLfu);
+  for (int i = 0; i < 3; ++i) lfu.release(lfu.acquire(1).slot);
+  for (int i = 0; i < 2; ++i) lfu.release(lfu.acquire(2).slot);
+  auto a = lfu.acquire(5, /*admit_colder=*/false);  // 1 use < 2's 2 uses
+  EXPECT_TRUE(a.bypass);
+  EXPECT_EQ(a.slot, -1);
+  EXPECT_EQ(lfu.find(5), -1);
+  EXPECT_GE(lfu.find(2), 0);
+  auto b = lfu.acquire(5, false);  // 2 uses: not fewer than 2's, admitted in its place
+  EXPECT_FALSE(b.bypass);
+  EXPECT_EQ(b.evicted_key, 2);
+  lfu.release(b.slot);
+  auto c = lfu.acquire(6, true);  // admit_colder: the old behaviour
+  EXPECT_FALSE(c.bypass);
+  EXPECT_GE(c.slot, 0);
+  lfu.release(c.slot);
+}
+
 // LFU keeps the use history of evicted keys: hot key 1 (6 uses) pushed out once by a cold key
 // and brought back is not the next victim; with per-residency counts it would be (1 use).
 TEST(SlotCache, LfuHistorySurvivesEviction) {

@@ -18,7 +18,7 @@ uint64_t SlotCache::uses(const Slot& s) const {
   return it == freq_.end() ? 0 : it->second;
 }
 
-SlotCache::Lookup SlotCache::acquire(int64_t key) {
+SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
   ++clock_;
   if (policy_ == EvictionPolicy::kLfu) {
     if (!slots_.empty() && clock_ % (slots_.size() * 8) == 0)
@@ -58,6 +58,10 @@ SlotCache::Lookup SlotCache::acquire(int64_t key) {
   }
   if (victim < 0) return r;
   Slot& v = slots_[size_t(victim)];
+  if (!admit_colder && policy_ == EvictionPolicy::kLfu && v.key >= 0 && freq_[key] < uses(v)) {
+    r.bypass = true;
+    return r;
+  }
   if (v.key >= 0) {
     r.evicted_key = v.key;
     where_.erase(v.key);

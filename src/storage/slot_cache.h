@@ -23,12 +23,15 @@ class SlotCache {
   SlotCache(int n_slots, EvictionPolicy policy);
 
   struct Lookup {
-    int slot = -1;            // -1: every slot is pinned
+    int slot = -1;            // -1: every slot is pinned, or (bypass) the key was not admitted
     bool hit = false;
+    bool bypass = false;      // a miss not admitted: the LFU victim has more uses than the key
     int64_t evicted_key = -1; // the key that lost the slot on a miss (-1: the slot was empty)
   };
-  // Finds `key` or assigns it a slot, and pins that slot (release() unpins).
-  Lookup acquire(int64_t key);
+  // Finds `key` or assigns it a slot, and pins that slot (release() unpins). With admit_colder
+  // false (LFU only), a missing key with fewer uses than the slot it would evict is not admitted
+  // (Lookup::bypass): the caller serves it from a staging buffer and the resident set stays.
+  Lookup acquire(int64_t key, bool admit_colder = true);
   void release(int slot);
   int find(int64_t key) const;
   // Drops the key of an unpinned slot (the tier is shrinking or the bytes are being reused).
