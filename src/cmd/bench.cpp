@@ -75,6 +75,7 @@ struct Args {
   std::string prefill_ab_env;
   int expert_slots = 0;
   int expert_staging = 0;
+  int lfu_aging = 8;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
   int tier_warm_steps = 256;
@@ -152,6 +153,8 @@ int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double 
   }
   csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
   csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
+  csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
+  csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
   csv.row("tier_expert_mb", L, double(slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
   for (const bench::TierPoint& p : *pts) {
     const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
@@ -210,6 +213,7 @@ int run(const Args& a) {
     cuda::CudaLoadOptions lo;
     lo.expert_slots = a.expert_slots;
     lo.expert_staging = a.expert_staging;
+    lo.lfu_aging = a.lfu_aging;
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) {
       std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
@@ -517,6 +521,7 @@ Runner add_bench(CLI::App& app) {
                  "tier sweep (issue 9) at the first --contexts value instead of the other rows");
   app.add_option("--expert-staging", a->expert_staging,
                  "with --expert-slots: staging slots per layer for LFU admission (cold misses do not evict hotter experts)");
+  app.add_option("--lfu-aging", a->lfu_aging, "with --expert-slots: LFU counts halve every N x slots lookups of a layer");
   app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");

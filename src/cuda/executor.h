@@ -136,6 +136,8 @@ struct CudaLoadOptions {
   storage::EvictionPolicy policy = storage::EvictionPolicy::kLfu;
   // Staging slots per tiered layer for LFU admission (DevExpertSlots::create); 0: admit every miss.
   int expert_staging = 0;
+  // LFU aging of the slot caches: counts halve every lfu_aging x slots lookups of a layer.
+  int lfu_aging = 8;
   // Where missing experts are read from; null: the snapshot's own (mapped) expert tensors.
   std::shared_ptr<const model::ExpertSource> experts;
 };

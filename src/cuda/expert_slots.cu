@@ -14,7 +14,7 @@ Status alloc_array(DeviceBuffer& b, int64_t per_slot, int n) { return b.alloc(si
 }  // namespace
 
 Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Config& c, std::shared_ptr<const model::ExpertSource> src,
-                                                               int slots, storage::EvictionPolicy policy, int staging) {
+                                                               int slots, storage::EvictionPolicy policy, int staging, int lfu_aging) {
   if (!src) return FB_ERROR(kInvalidArgument) << "expert slots need an expert source";
   if (slots < 1) return FB_ERROR(kInvalidArgument) << "expert slots per layer must be >= 1 (got " << slots << ")";
   if (staging < 0) return FB_ERROR(kInvalidArgument) << "staging slots must be >= 0";
@@ -37,7 +37,7 @@ Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Conf
     }
     const int S = slots + staging;  // array entries: the cache's slots, then the staging slots
     Layer& L = d->layers_[size_t(l)];
-    L.cache = std::make_unique<storage::SlotCache>(slots, policy);
+    L.cache = std::make_unique<storage::SlotCache>(slots, policy, lfu_aging);
     FB_RETURN_IF_ERROR(alloc_array(L.bw1, lay.w1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bs1, lay.s1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bw2, lay.w2, S));

@@ -46,7 +46,7 @@ class DevExpertSlots {
   // (SlotCache::acquire with admit_colder false): a cold expert is copied and used once without
   // evicting a hotter one. 0: every miss is admitted.
   static Result<std::unique_ptr<DevExpertSlots>> create(const model::Config& c, std::shared_ptr<const model::ExpertSource> src, int slots,
-                                                        storage::EvictionPolicy policy, int staging = 0);
+                                                        storage::EvictionPolicy policy, int staging = 0, int lfu_aging = 8);
   ~DevExpertSlots();
   DevExpertSlots(const DevExpertSlots&) = delete;
   DevExpertSlots& operator=(const DevExpertSlots&) = delete;

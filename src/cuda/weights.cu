@@ -118,7 +118,7 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
   if (opt.expert_slots > 0) {
     std::shared_ptr<const model::ExpertSource> src = opt.experts;
     if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
-    slots_ = FB_TRY(DevExpertSlots::create(cfg_, std::move(src), opt.expert_slots, opt.policy, opt.expert_staging));
+    slots_ = FB_TRY(DevExpertSlots::create(cfg_, std::move(src), opt.expert_slots, opt.policy, opt.expert_staging, opt.lfu_aging));
   }
   embed_ = FB_TRY(up<uint16_t>(w_.embed));
   norm_ = FB_TRY(up<uint16_t>(w_.norm));

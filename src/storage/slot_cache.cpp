@@ -6,7 +6,8 @@
 
 namespace fb::storage {
 
-SlotCache::SlotCache(int n_slots, EvictionPolicy policy) : policy_(policy), slots_(size_t(std::max(0, n_slots))) {}
+SlotCache::SlotCache(int n_slots, EvictionPolicy policy, int aging)
+    : policy_(policy), aging_(std::max(1, aging)), slots_(size_t(std::max(0, n_slots))) {}
 
 int SlotCache::find(int64_t key) const {
   auto it = where_.find(key);
@@ -21,7 +22,7 @@ uint64_t SlotCache::uses(const Slot& s) const {
 SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
   ++clock_;
   if (policy_ == EvictionPolicy::kLfu) {
-    if (!slots_.empty() && clock_ % (slots_.size() * 8) == 0)
+    if (!slots_.empty() && clock_ % (slots_.size() * size_t(aging_)) == 0)
       for (auto it = freq_.begin(); it != freq_.end();) {  // aging; forgotten keys leave the table
         it->second /= 2;
         it = it->second == 0 ? freq_.erase(it) : std::next(it);

@@ -20,7 +20,9 @@ enum class EvictionPolicy { kLru, kLfu };
 
 class SlotCache {
  public:
-  SlotCache(int n_slots, EvictionPolicy policy);
+  // aging: LFU counts halve every `aging * n_slots` accesses (a longer window estimates a steady
+  // routing distribution better and follows a drifting one more slowly).
+  SlotCache(int n_slots, EvictionPolicy policy, int aging = 8);
 
   struct Lookup {
     int slot = -1;            // -1: every slot is pinned, or (bypass) the key was not admitted
@@ -52,6 +54,7 @@ class SlotCache {
   };
   uint64_t uses(const Slot& s) const;
   EvictionPolicy policy_;
+  int aging_ = 8;
   std::vector<Slot> slots_;
   std::unordered_map<int64_t, int> where_;
   std::unordered_map<int64_t, uint64_t> freq_;  // LFU: uses of every key seen (aged)
