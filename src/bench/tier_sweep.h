@@ -19,7 +19,7 @@ namespace fb::bench {
 
 struct TierSweepOptions {
   std::vector<double> skews = {0.30, 0.45, 0.60};  // share of a layer's routes on its 10 hottest experts
-  int warm_steps = 256;  // decode steps before the counters start (fills the slots, trains LFU)
+  int warm_steps = 512;  // decode steps before the counters start (fills the slots, trains LFU)
   int steps = 24;        // timed decode steps
   int64_t prefill_rows = 0;  // > 0: also one prefill chunk of this many rows per skew
   uint64_t seed = 7;

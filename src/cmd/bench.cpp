@@ -75,10 +75,10 @@ struct Args {
   std::string prefill_ab_env;
   int expert_slots = 0;
   int expert_staging = 0;
-  int lfu_aging = 8;
+  int lfu_aging = 64;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
-  int tier_warm_steps = 256;
+  int tier_warm_steps = 512;
 };
 
 class Csv {

@@ -22,6 +22,13 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_flag("--prefill-replay", prefill_replay,
                "approximate prefill (SWA bounded replay, spec/11 sec. 8.4): decoder layers run only over the last window of a long prompt");
   app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");
+  app.add_option("--expert-slots", tiers.expert_slots,
+                 "routed experts per layer kept resident (CUDA: HBM slots; CPU: the first host tier); the rest are read through the "
+                 "host cache and the drives on demand (0: every expert resident)");
+  app.add_option("--host-experts", tiers.host_experts, "with --expert-slots: expert records in the host-RAM cache (default: --expert-slots)");
+  app.add_option("--expert-store", tiers.expert_store,
+                 "with --expert-slots: expert-store replicas written by flashbox convert (default: read the snapshot's shards)");
+  app.add_option("--expert-staging", tiers.expert_staging, "with --expert-slots on CUDA: staging slots per layer for LFU admission");
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }
@@ -66,7 +73,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
     ex = std::make_unique<engine::ScriptedExecutor>(le.tok->vocab_size(), std::move(scripts), s.max_context > 0 ? s.max_context : 65536);
     le.model_name = "scripted";
   } else {
-    ex = FB_TRY(engine::make_executor(s.backend, dir));
+    ex = FB_TRY(engine::make_executor(s.backend, dir, s.tiers));
     if (s.prefill_replay && !ex->supports_bounded_replay())
       return FB_ERROR(kUnsupported) << "--prefill-replay: the " << ex->name() << " executor does not run bounded replay (use --backend cpu)";
     le.model_dir = dir;

@@ -8,6 +8,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/executor_factory.h"
 
 namespace fb::cmd {
 
@@ -20,6 +21,7 @@ struct EngineSetup {
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
+  engine::ExecutorOptions tiers;  // routed experts through the tiers (--expert-slots ...)
   void add_flags(CLI::App& app);
 };
 
