@@ -698,6 +698,7 @@ class CudaStep : public CudaLayerOps {
       model::engram_row_ids(m_.engram_, c_.engram_max_ngram, H, m_.pad_class_, r.pos, cls, &hashes[size_t(t * n_tab * n_ord * H)]);
     }
     hashes_ = upload(hashes);
+    if (m_.engram_host_) hashes_host_ = std::move(hashes);
   }
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
@@ -712,7 +713,30 @@ class CudaStep : public CudaLayerOps {
     uint16_t* E = alloc<uint16_t>(T_ * n_cols * hd);
     uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
     if (!ok()) return;
-    step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E, st_));
+    if (m_.engram_host_) {
+      // Tables on the host: copy this step's rows (codes and scales, unchanged) from the mapped
+      // snapshot into a compact [T, n_cols] table, then the same gather over identity ids.
+      const model::LayerWeights& hw = m_.w_.layers[size_t(l)];
+      const int64_t rows_total = hw.engram_table.dim(0), sb = hd / 32, n = T_ * n_cols;
+      std::vector<uint8_t> codes(size_t(n * hd)), scales(size_t(n * sb));
+      std::vector<int64_t> ident(static_cast<size_t>(n));
+      for (int64_t t = 0; t < T_; ++t)
+        for (int col = 0; col < n_cols; ++col) {
+          const int64_t i = t * n_cols + col;
+          const int64_t row = hashes_host_[size_t(t * n_tab * n_cols + int64_t(tab) * n_cols + col)];
+          if (row < 0 || row >= rows_total) {
+            step(FB_ERROR(kInternal) << "engram row " << row << " outside the table (" << rows_total << " rows)");
+            return;
+          }
+          std::memcpy(&codes[size_t(i * hd)], hw.engram_table.data + row * hd, size_t(hd));
+          std::memcpy(&scales[size_t(i * sb)], hw.engram_table_scale.data + row * sb, size_t(sb));
+          ident[size_t(i)] = i;
+        }
+      step(engram_gather(upload(codes), upload(scales), upload(ident), n_cols, T_, n_cols, hd, E, st_));
+    } else {
+      step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E,
+                         st_));
+    }
     gemm_x(E, T_, w.engram_wkv, kv);
     step(engram_gate(X_, kv, w.engram_q, w.engram_k, T_, hc, D, c_.norm_eps, float(1.0 / std::sqrt(double(D))), image_, st_));
   }
@@ -1030,6 +1054,7 @@ class CudaStep : public CudaLayerOps {
   int n_taps_ = 0;
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]
+  std::vector<int64_t> hashes_host_;  // the same on the host when the tables are (CudaExecutor::engram_host_)
   std::map<int, Selection> selections_;
   uint8_t* pool_mask_ = nullptr;
   int64_t pool_ld_ = 0;

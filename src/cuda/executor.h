@@ -128,8 +128,17 @@ struct OpProfile {
   int64_t calls = 0;
 };
 
+// Where the Engram tables live (spec/12: 189 GiB in the release, more than any one GPU).
+enum class EngramPlace {
+  kAuto,  // HBM up to kEngramHbmMaxBytes of tables, the host (mapped snapshot) beyond
+  kHbm,
+  kHost,  // each step gathers its rows on the host (the hashes are host math) and uploads them
+};
+constexpr uint64_t kEngramHbmMaxBytes = uint64_t(16) << 30;
+
 // Load-time choices of the CUDA executor.
 struct CudaLoadOptions {
+  EngramPlace engram = EngramPlace::kAuto;
   // Routed experts per layer held in HBM slots (cuda/expert_slots.h); 0: every expert resident.
   // A layer with no more experts than slots is filled once and never misses.
   int expert_slots = 0;
@@ -258,6 +267,9 @@ class CudaExecutor final : public model::Executor {
   // their routed experts through it.
   std::shared_ptr<DevExpertSlots> slots_;
   RouteOverride route_override_;
+  // Engram tables left on the host (CudaLoadOptions::engram): DevLayer::engram_table is null and
+  // the rows are gathered from w_'s mapped views.
+  bool engram_host_ = false;
   bool tiered(int layer) const { return slots_ && slots_->slots(layer) > 0; }
 };
 

@@ -115,6 +115,10 @@ Status CudaExecutor::up_experts(int l, DevLayer& d) {
 }
 
 Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
+  uint64_t table_bytes = 0;
+  for (const model::LayerWeights& lw : w_.layers)
+    if (lw.engram_table.valid()) table_bytes += uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
+  engram_host_ = table_bytes > 0 && (opt.engram == EngramPlace::kHost || (opt.engram == EngramPlace::kAuto && table_bytes > kEngramHbmMaxBytes));
   if (opt.expert_slots > 0) {
     std::shared_ptr<const model::ExpertSource> src = opt.experts;
     if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
@@ -161,8 +165,10 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     d.sh_w1 = FB_TRY(up8(w.sh_w1));
     d.sh_w2 = FB_TRY(up8(w.sh_w2));
     d.sh_w3 = FB_TRY(up8(w.sh_w3));
-    d.engram_table = FB_TRY(up<uint8_t>(w.engram_table));
-    d.engram_table_scale = FB_TRY(up<uint8_t>(w.engram_table_scale));
+    if (!engram_host_) {
+      d.engram_table = FB_TRY(up<uint8_t>(w.engram_table));
+      d.engram_table_scale = FB_TRY(up<uint8_t>(w.engram_table_scale));
+    }
     d.engram_wkv = FB_TRY(up8(w.engram_wkv));
     d.engram_q = FB_TRY(up<uint16_t>(w.engram_q));
     d.engram_k = FB_TRY(up<uint16_t>(w.engram_k));
