@@ -8,6 +8,7 @@
 #ifdef FB_HAVE_CUDA_EXECUTOR
 #include "cuda/executor.h"
 #endif
+#include "engine/executor_factory.h"
 #include "engine/fixture_check.h"
 #include "storage/tiered_experts.h"
 
@@ -53,14 +54,11 @@ int run(const Args& a) {
       cuda::CudaLoadOptions lo;
       lo.expert_slots = int(a.expert_slots);
       if (a.expert_slots > 0) {
-        // The misses come through the host tiers as on the CPU (host cache, then shard reads with
-        // O_DIRECT): HBM slots <- pinned-host cache <- drives, every byte copied unchanged.
-        auto snap = loader::Snapshot::open(ckpt);
-        if (!snap.ok()) return snap.status();
-        storage::TieredOptions to;
-        to.slots_per_layer = int(a.expert_slots);
-        to.host_experts = a.expert_slots;
-        auto src = storage::tiered_experts_for(*snap.value(), {}, to);
+        // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
+        // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
+        engine::ExecutorOptions eo;
+        eo.expert_slots = int(a.expert_slots);
+        auto src = engine::make_host_tiers("cuda", ckpt, eo);
         if (!src.ok()) return src.status();
         tiers.push_back(src.value());
         lo.experts = std::move(src.value());

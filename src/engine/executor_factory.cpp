@@ -1,5 +1,7 @@
 #include "engine/executor_factory.h"
 
+#include <algorithm>
+
 #include "cpu/executor.h"
 #include "loader/snapshot.h"
 #include "storage/tiered_experts.h"
@@ -9,19 +11,30 @@
 
 namespace fb::engine {
 
-namespace {
-
-// The host tiers of the routed experts: a host cache of records over the drives (the expert store
-// replicas, or the snapshot's own shards read with O_DIRECT).
-Result<std::shared_ptr<storage::TieredExperts>> host_tiers(const std::string& model_dir, const ExecutorOptions& opt, int first_tier_slots) {
+Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::string& backend, const std::string& model_dir,
+                                                                const ExecutorOptions& opt) {
   auto snap = FB_TRY(loader::Snapshot::open(model_dir));
   storage::TieredOptions to;
-  to.slots_per_layer = first_tier_slots;
   to.host_experts = opt.host_experts > 0 ? opt.host_experts : opt.expert_slots;
+  if (backend == "cuda") {
+    to.slots_per_layer = 1;  // unused: the executor copies from the host records themselves
+    to.host_views = true;
+    to.host_experts = std::max<int64_t>(to.host_experts, 64);  // a layer's picks stay in the cache while they are copied
+#ifdef FB_HAVE_CUDA_EXECUTOR
+    // Page-locked records copy at ~55 GB/s instead of the pageable rate; a failed registration
+    // only costs speed.
+    to.on_host_alloc = [](void* p, size_t n) {
+      if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) (void)cudaGetLastError();
+    };
+    to.on_host_free = [](void* p, size_t) {
+      if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+    };
+#endif
+  } else {
+    to.slots_per_layer = opt.expert_slots;
+  }
   return storage::tiered_experts_for(*snap, opt.expert_store, to);
 }
-
-}  // namespace
 
 Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt) {
   if (opt.expert_slots < 0 || opt.expert_staging < 0 || opt.host_experts < 0)
@@ -31,7 +44,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   if (backend == "cpu") {
     auto m = cpu::CpuModel::load(model_dir);
     if (!m.ok()) return m.status();
-    if (opt.expert_slots > 0) m.value()->set_expert_source(FB_TRY(host_tiers(model_dir, opt, opt.expert_slots)));
+    if (opt.expert_slots > 0) m.value()->set_expert_source(FB_TRY(make_host_tiers(backend, model_dir, opt)));
     return std::unique_ptr<model::Executor>(std::move(m).value());
   }
   if (backend == "cuda") {
@@ -41,7 +54,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     cuda::CudaLoadOptions lo;
     lo.expert_slots = opt.expert_slots;
     lo.expert_staging = opt.expert_staging;
-    if (opt.expert_slots > 0) lo.experts = FB_TRY(host_tiers(model_dir, opt, 8));
+    if (opt.expert_slots > 0) lo.experts = FB_TRY(make_host_tiers(backend, model_dir, opt));
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kOutOfMemory)

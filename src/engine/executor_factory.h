@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "model/executor.h"
+#include "storage/tiered_experts.h"
 
 namespace fb::engine {
 
@@ -23,5 +24,12 @@ struct ExecutorOptions {
 
 Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir,
                                                        const ExecutorOptions& opt = {});
+
+// The host tiers of the routed experts for `backend` (what make_executor uses; check-fixture keeps
+// the pointer for its counters): a host cache over the drives (the expert store replicas, or the
+// snapshot's shards read with O_DIRECT). For "cuda" the cache hands out views of its records
+// (no first-tier copy) and page-locks them, so the executor's copies run at the pinned rate.
+Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::string& backend, const std::string& model_dir,
+                                                                const ExecutorOptions& opt);
 
 }  // namespace fb::engine

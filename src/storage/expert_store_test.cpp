@@ -86,6 +86,42 @@ TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
     EXPECT_EQ(ledger.usage(memory::Tier::kHost).used_bytes(), 0u);
   }
 
+  // host_views (the CUDA executor's source): views straight into the host cache records, valid
+  // for the whole layer epoch (all of a layer's experts held at once, more than the cache has
+  // records: the rest come from overflow buffers), the page-lock hooks called once per record.
+  {
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 3;
+    o.host_views = true;
+    int64_t allocs = 0, frees = 0;
+    o.on_host_alloc = [&](void*, size_t n) {
+      ++allocs;
+      EXPECT_EQ(n, shared->layout().stride_bytes);
+    };
+    o.on_host_free = [&](void*, size_t) { ++frees; };
+    {
+      auto tiers = TieredExperts::create(store_locator(shared), {out, rep}, o);
+      ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+      const model::Config& c = (*snap)->config();
+      for (int pass = 0; pass < 2; ++pass)
+        for (int l = 0; l < c.n_total_layers(); ++l) {
+          std::vector<model::ExpertWeights> held;
+          for (int e = 0; e < c.roles[size_t(l)].n_experts; ++e) held.push_back((*tiers)->expert(l, e));
+          held.push_back((*tiers)->expert(l, 0));  // again in the same epoch: a host hit, pinned twice
+          for (int e = 0; e < c.roles[size_t(l)].n_experts; ++e)
+            ASSERT_TRUE(same(held[size_t(e)], direct.expert(l, e))) << "layer " << l << " expert " << e << " pass " << pass;
+          ASSERT_TRUE(same(held.back(), direct.expert(l, 0)));
+        }
+      const TierStats s = (*tiers)->stats();
+      EXPECT_EQ(s.slot_hits + s.slot_misses, 0u) << "host views never touch the first tier";
+      EXPECT_GT(s.host_hits, 0u);
+      EXPECT_GT(s.overflow, 0u);
+      EXPECT_EQ(allocs, 3);
+    }
+    EXPECT_EQ(frees, allocs);
+  }
+
   // A corrupted record fails its checksum; a truncated copy fails on open.
   {
     std::fstream f(rep + "/experts.fbx", std::ios::in | std::ios::out | std::ios::binary);

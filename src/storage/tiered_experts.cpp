@@ -62,6 +62,9 @@ Result<std::shared_ptr<TieredExperts>> TieredExperts::create(std::unique_ptr<Exp
 TieredExperts::~TieredExperts() {
   if (ledger_ && owner_id_ >= 0) ledger_->unregister_owner(owner_id_);
   reader_.reset();  // waits for straggling reads before any buffer is freed
+  if (opt_.on_host_free)
+    for (AlignedBuffer& b : host_buf_)
+      if (b.size() > 0) opt_.on_host_free(b.data(), b.size());
 }
 
 uint64_t TieredExperts::shrink_host(uint64_t want) {
@@ -73,6 +76,7 @@ uint64_t TieredExperts::shrink_host(uint64_t want) {
     (void)reader_->drain(host_buf_[size_t(s)].data(), host_buf_[size_t(s)].size());
     freed += host_grants_[size_t(s)].bytes();
     host_grants_[size_t(s)].release();
+    if (opt_.on_host_free) opt_.on_host_free(host_buf_[size_t(s)].data(), host_buf_[size_t(s)].size());
     host_buf_[size_t(s)] = AlignedBuffer();
   }
   return freed;
@@ -80,51 +84,65 @@ uint64_t TieredExperts::shrink_host(uint64_t want) {
 
 Status TieredExperts::fetch_record_locked(int layer, int e, uint8_t* dst) const {
   const uint64_t stride = loc_->layout().stride_bytes;
-  auto read_into = [&](uint8_t* p) -> Status {
-    FB_RETURN_IF_ERROR(reader_->drain(p, stride));
-    std::vector<ReadRange> r = loc_->ranges(layer, e, p);
-    FB_RETURN_IF_ERROR(reader_->read(r).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer)));
-    ++stats_.drive_reads;
-    for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
-    return loc_->check(layer, e, p);
-  };
-  if (host_->n_slots() > 0) {
-    const SlotCache::Lookup h = host_->acquire(host_key(layer, e));
-    if (h.slot >= 0) {
-      AlignedBuffer& b = host_buf_[size_t(h.slot)];
-      if (h.hit) {
-        ++stats_.host_hits;
-        std::memcpy(dst, b.data(), stride);
-        host_->release(h.slot);
-        return Status();
-      }
-      ++stats_.host_misses;
-      bool ok = true;
-      if (b.size() == 0) {
-        if (ledger_) {
-          auto g = ledger_->admit(memory::Tier::kHost, memory::Kind::kElastic, stride, "host expert cache");
-          if (g.ok()) host_grants_[size_t(h.slot)] = std::move(g.value());
-          else ok = false;
-        }
-        if (ok) b = AlignedBuffer(stride);
-      }
-      if (ok) {
-        Status st = read_into(b.data());
-        host_->release(h.slot);
-        if (!st.ok()) {
-          host_->evict_slot(h.slot);
-          return st;
-        }
-        std::memcpy(dst, b.data(), stride);
-        return Status();
-      }
-      host_->release(h.slot);
-      host_->evict_slot(h.slot);  // the ledger had no room: read past the host tier
-    } else {
-      ++stats_.host_misses;
+  const int h = FB_TRY(host_slot_locked(layer, e));
+  if (h >= 0) {
+    std::memcpy(dst, host_buf_[size_t(h)].data(), stride);
+    host_->release(h);
+    return Status();
+  }
+  FB_RETURN_IF_ERROR(reader_->drain(dst, stride));
+  std::vector<ReadRange> r = loc_->ranges(layer, e, dst);
+  FB_RETURN_IF_ERROR(reader_->read(r).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer)));
+  ++stats_.drive_reads;
+  for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
+  return loc_->check(layer, e, dst);
+}
+
+Result<int> TieredExperts::host_slot_locked(int layer, int e) const {
+  const uint64_t stride = loc_->layout().stride_bytes;
+  if (host_->n_slots() == 0) return -1;
+  const SlotCache::Lookup h = host_->acquire(host_key(layer, e));
+  if (h.slot < 0) {
+    ++stats_.host_misses;
+    return -1;
+  }
+  AlignedBuffer& b = host_buf_[size_t(h.slot)];
+  if (h.hit) {
+    ++stats_.host_hits;
+    return h.slot;
+  }
+  ++stats_.host_misses;
+  bool ok = true;
+  if (b.size() == 0) {
+    if (ledger_) {
+      auto g = ledger_->admit(memory::Tier::kHost, memory::Kind::kElastic, stride, "host expert cache");
+      if (g.ok()) host_grants_[size_t(h.slot)] = std::move(g.value());
+      else ok = false;
+    }
+    if (ok) {
+      b = AlignedBuffer(stride);
+      if (opt_.on_host_alloc) opt_.on_host_alloc(b.data(), b.size());
     }
   }
-  return read_into(dst);
+  if (!ok) {
+    host_->release(h.slot);
+    host_->evict_slot(h.slot);  // the ledger had no room: read past the host tier
+    return -1;
+  }
+  Status st = reader_->drain(b.data(), stride);
+  std::vector<ReadRange> r = loc_->ranges(layer, e, b.data());
+  if (st.ok()) st = reader_->read(r).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer));
+  if (st.ok()) {
+    ++stats_.drive_reads;
+    for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
+    st = loc_->check(layer, e, b.data());
+  }
+  if (!st.ok()) {
+    host_->release(h.slot);
+    host_->evict_slot(h.slot);
+    return st;
+  }
+  return h.slot;
 }
 
 Result<int> TieredExperts::pin_locked(int layer, int e, AlignedBuffer* spare) const {
@@ -180,8 +198,27 @@ model::ExpertWeights TieredExperts::expert(int layer, int e) const {
       for (int s : old.epoch_pins) old.slots->release(s);
       old.epoch_pins.clear();
     }
+    for (int h : epoch_host_pins_) host_->release(h);
+    epoch_host_pins_.clear();
     overflow_.clear();
     epoch_layer_ = layer;
+  }
+  if (opt_.host_views && host_->n_slots() > 0) {
+    // The record itself, pinned in the host cache until the epoch ends (no first-tier copy).
+    FB_CHECK(layer >= 0 && layer < int(layers_.size())) << "layer " << layer;
+    FB_CHECK(e >= 0 && e < loc_->n_experts(layer)) << "expert " << e << " of layer " << layer;
+    auto h = host_slot_locked(layer, e);
+    FB_CHECK(h.ok()) << h.status().to_string();
+    if (*h >= 0) {
+      epoch_host_pins_.push_back(*h);
+      return loc_->layout().view(host_buf_[size_t(*h)].data());
+    }
+    AlignedBuffer spare(loc_->layout().stride_bytes);  // every host slot pinned by this layer: read past the cache
+    Status st = fetch_record_locked(layer, e, spare.data());
+    FB_CHECK(st.ok()) << st.to_string();
+    ++stats_.overflow;
+    overflow_.push_back(std::move(spare));
+    return loc_->layout().view(overflow_.back().data());
   }
   AlignedBuffer spare;
   auto s = pin_locked(layer, e, &spare);

@@ -8,6 +8,7 @@
 // pins until a call for another layer arrives: executors finish a layer's MoE before the next.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,13 @@ struct TieredOptions {
   int64_t host_experts = 0;  // records in the host cache (0: none, drives feed the slots directly)
   EvictionPolicy policy = EvictionPolicy::kLfu;
   ReaderOptions reader;
+  // For a consumer that copies the bytes out itself (the CUDA executor's HBM slots): expert()
+  // returns views straight into the host cache record, pinned there until a call for another
+  // layer, instead of copying the record into a first-tier slot. Needs host_experts > 0.
+  bool host_views = false;
+  // Called on each host cache buffer right after it is allocated and right before it is freed
+  // (the CUDA executor page-locks them, so its copies run at the pinned rate).
+  std::function<void(void*, size_t)> on_host_alloc, on_host_free;
 };
 
 struct TierStats {
@@ -78,6 +86,9 @@ class TieredExperts final : public model::ExpertSource {
   // With mu_ held: the slot holding (layer, e), pinned; -1 with every slot pinned (`spare` filled).
   Result<int> pin_locked(int layer, int e, AlignedBuffer* spare) const;
   Status fetch_record_locked(int layer, int e, uint8_t* dst) const;
+  // With mu_ held: the host cache slot holding (layer, e), filled from the drives on a miss and
+  // pinned (release with host_->release); -1: no host cache, every slot pinned, or no ledger room.
+  Result<int> host_slot_locked(int layer, int e) const;
   void unpin(int layer, int slot) const;
   uint64_t shrink_host(uint64_t want);
 
@@ -94,6 +105,7 @@ class TieredExperts final : public model::ExpertSource {
   mutable AlignedBuffer staging_;
   mutable int epoch_layer_ = -1;
   mutable std::vector<AlignedBuffer> overflow_;
+  mutable std::vector<int> epoch_host_pins_;  // host_views: host slots pinned by expert() in the current epoch
   mutable TierStats stats_;
 };
 
