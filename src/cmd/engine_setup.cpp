@@ -24,7 +24,8 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--max-context", max_context, "context limit in tokens (default: the model's)");
   app.add_option("--expert-slots", tiers.expert_slots,
                  "routed experts per layer kept resident (CUDA: HBM slots; CPU: the first host tier); the rest are read through the "
-                 "host cache and the drives on demand (0: every expert resident)");
+                 "host cache and the drives on demand (0: every expert resident; default -1: CUDA plans the slots from its free HBM, "
+                 "all resident when they fit; the CPU keeps every expert)");
   app.add_option("--host-experts", tiers.host_experts, "with --expert-slots: expert records in the host-RAM cache (default: --expert-slots)");
   app.add_option("--expert-store", tiers.expert_store,
                  "with --expert-slots: expert-store replicas written by flashbox convert (default: read the snapshot's shards)");
@@ -73,7 +74,9 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
     ex = std::make_unique<engine::ScriptedExecutor>(le.tok->vocab_size(), std::move(scripts), s.max_context > 0 ? s.max_context : 65536);
     le.model_name = "scripted";
   } else {
-    ex = FB_TRY(engine::make_executor(s.backend, dir, s.tiers));
+    engine::ExecutorOptions eo = s.tiers;
+    if (s.max_context > 0) eo.context_tokens = s.max_context;
+    ex = FB_TRY(engine::make_executor(s.backend, dir, eo));
     if (s.prefill_replay && !ex->supports_bounded_replay())
       return FB_ERROR(kUnsupported) << "--prefill-replay: the " << ex->name() << " executor does not run bounded replay (use --backend cpu)";
     le.model_dir = dir;

@@ -21,7 +21,12 @@ struct EngineSetup {
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
-  engine::ExecutorOptions tiers;  // routed experts through the tiers (--expert-slots ...)
+  engine::ExecutorOptions tiers = auto_tiers();  // routed experts through the tiers (--expert-slots ...)
+  static engine::ExecutorOptions auto_tiers() {
+    engine::ExecutorOptions o;
+    o.expert_slots = engine::ExecutorOptions::kAutoSlots;
+    return o;
+  }
   void add_flags(CLI::App& app);
 };
 

@@ -1,6 +1,11 @@
 #include "engine/executor_factory.h"
 
+#include <sys/sysinfo.h>
+
 #include <algorithm>
+
+#include "base/log.h"
+#include "memory/plan.h"
 
 #include "cpu/executor.h"
 #include "loader/snapshot.h"
@@ -36,9 +41,43 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   return storage::tiered_experts_for(*snap, opt.expert_store, to);
 }
 
-Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt) {
-  if (opt.expert_slots < 0 || opt.expert_staging < 0 || opt.host_experts < 0)
-    return FB_ERROR(kInvalidArgument) << "expert slots, staging slots and host experts must be >= 0";
+namespace {
+
+// ExecutorOptions::kAutoSlots on CUDA: the plan for this GPU's free HBM and a host budget of
+// min(75% of RAM, free RAM - 4 GiB), as `flashbox probe` plans.
+Result<ExecutorOptions> resolve_auto(const std::string& backend, const std::string& model_dir, ExecutorOptions opt) {
+  if (opt.expert_slots != ExecutorOptions::kAutoSlots) return opt;
+  opt.expert_slots = 0;
+  if (backend != "cuda") return opt;
+#ifdef FB_HAVE_CUDA_EXECUTOR
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return opt;  // no device: the loader reports it
+  }
+  struct sysinfo si {};
+  sysinfo(&si);
+  const double ram_total = double(si.totalram) * si.mem_unit, ram_free = double(si.freeram + si.bufferram) * si.mem_unit;
+  const uint64_t host = uint64_t(std::max(0.0, std::min(ram_total * 0.75, ram_free - 4.0 * double(memory::kGiB))));
+  auto snap = FB_TRY(loader::Snapshot::open(model_dir));
+  auto p = memory::auto_expert_placement(snap->config(), free_b, host, opt.context_tokens);
+  if (!p.ok()) return p.status().with_context("planning the GPU's memory (flashbox probe --model DIR shows the plan)");
+  opt.expert_slots = p->expert_slots;
+  if (opt.host_experts == 0) opt.host_experts = p->host_experts;
+  if (opt.expert_slots > 0)
+    FB_LOG(kInfo) << "experts: " << opt.expert_slots << " of " << p->plan.n_experts_per_layer << " per layer in HBM slots, "
+                  << opt.host_experts << " in the host cache, the rest read from the drives (plan for "
+                  << free_b / memory::kGiB << " GiB of free HBM; --expert-slots overrides)";
+#endif
+  return opt;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt_in) {
+  if (opt_in.expert_slots < ExecutorOptions::kAutoSlots || opt_in.expert_staging < 0 || opt_in.host_experts < 0)
+    return FB_ERROR(kInvalidArgument) << "expert slots (or -1: auto), staging slots and host experts must be >= 0";
+  const ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
   if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0))
     return FB_ERROR(kInvalidArgument) << "--host-experts, --expert-store and --expert-staging need --expert-slots N (experts are all resident otherwise)";
   if (backend == "cpu") {

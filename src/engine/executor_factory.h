@@ -16,7 +16,11 @@ namespace fb::engine {
 // Routed experts through the tiers (issue 9, docs/tiers.md) instead of all resident.
 struct ExecutorOptions {
   // Experts per layer kept resident: HBM slots on CUDA, the first host tier on the CPU. 0: all.
+  // kAutoSlots: CUDA sizes the slots from the memory plan (every expert resident when they fit,
+  // memory::auto_expert_placement); the CPU keeps every expert (the mapped snapshot).
   int expert_slots = 0;
+  static constexpr int kAutoSlots = -1;
+  int64_t context_tokens = 131072;   // the session context the plan reserves KV for
   int expert_staging = 0;            // CUDA: staging slots for LFU admission (0: admit every miss)
   int64_t host_experts = 0;          // host cache records (0: as many as expert_slots per layer x 1)
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards

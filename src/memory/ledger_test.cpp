@@ -153,6 +153,19 @@ TEST(Plan, ReleasedModelOnH200) {
   auto bad = plan_memory(*c, in);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kResourceExhausted);
+
+  // The executor's default placement: an H200's free HBM tiers the experts with the plan's slot
+  // count; a GPU large enough for every expert keeps them all resident; too little HBM is refused.
+  auto h200 = auto_expert_placement(*c, uint64_t(139.3 * double(kGiB)), 100 * kGiB, 131072);
+  ASSERT_TRUE(h200.ok()) << h200.status().to_string();
+  EXPECT_EQ(h200->expert_slots, h200->plan.hbm_slots_per_layer);
+  EXPECT_GT(h200->expert_slots, 100);
+  EXPECT_LT(h200->expert_slots, 384);
+  EXPECT_GT(h200->host_experts, 0);
+  auto huge = auto_expert_placement(*c, 1024 * kGiB, 100 * kGiB, 131072);
+  ASSERT_TRUE(huge.ok()) << huge.status().to_string();
+  EXPECT_EQ(huge->expert_slots, 0);
+  EXPECT_FALSE(auto_expert_placement(*c, 12 * kGiB, 100 * kGiB, 131072).ok());
 }
 
 }  // namespace

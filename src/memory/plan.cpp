@@ -162,4 +162,19 @@ std::string MemoryPlan::to_string() const {
   return os.str();
 }
 
+Result<ExpertPlacement> auto_expert_placement(const model::Config& c, uint64_t hbm_free, uint64_t host_budget, int64_t context_tokens,
+                                              uint64_t reserve) {
+  if (hbm_free <= reserve) return FB_ERROR(kResourceExhausted) << "only " << hbm_free / kGiB << " GiB of HBM free";
+  PlanInputs in;
+  in.hbm_target_bytes = hbm_free - reserve;
+  in.host_target_bytes = host_budget;
+  in.context_tokens = context_tokens;
+  ExpertPlacement out;
+  out.plan = FB_TRY(plan_memory(c, in));
+  if (out.plan.hbm_slots_per_layer >= out.plan.n_experts_per_layer) return out;  // all resident
+  out.expert_slots = out.plan.hbm_slots_per_layer;
+  out.host_experts = out.plan.host_cache_experts;
+  return out;
+}
+
 }  // namespace fb::memory

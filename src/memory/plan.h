@@ -60,6 +60,18 @@ struct MemoryPlan {
 // kResourceExhausted when mandatory state alone exceeds a target (the message says by how much).
 Result<MemoryPlan> plan_memory(const model::Config& c, const PlanInputs& in);
 
+// The executor's default expert placement on a GPU with `hbm_free` bytes free and a host budget:
+// every expert resident when the plan fits them all (slots 0), else the plan's HBM slots per layer
+// and host cache records. `reserve` stays unplanned (allocator slack, embedding and head copies
+// the plan counts elsewhere). kResourceExhausted when the mandatory state alone does not fit.
+struct ExpertPlacement {
+  int expert_slots = 0;     // 0: every expert resident
+  int64_t host_experts = 0;
+  MemoryPlan plan;
+};
+Result<ExpertPlacement> auto_expert_placement(const model::Config& c, uint64_t hbm_free, uint64_t host_budget, int64_t context_tokens,
+                                              uint64_t reserve = 3 * kGiB);
+
 // Admits the plan into `ledger`, mandatory items first; the grants hold the bytes.
 Result<std::vector<Grant>> admit_plan(Ledger& ledger, const MemoryPlan& plan);
 
