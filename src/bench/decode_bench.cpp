@@ -65,19 +65,22 @@ Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, in
   return out;
 }
 
+model::Step decode_row_step(const model::Config& c, int64_t L, int k) {
+  model::Step st;
+  model::Row row;
+  row.pos = L;
+  row.token = int32_t((L * 31 + int64_t(k) * 7919) % c.vocab_size);
+  row.kind = model::RowKind::kDecode;
+  row.want_logits = true;
+  st.rows.push_back(row);
+  return st;
+}
+
 Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps) {
-  const model::Config& c = ex.config();
   std::vector<model::SessionState*> ss{&s};
   const int64_t L = s.n_pos();
   for (int k = 0; k < steps; ++k) {
-    model::Step st;
-    model::Row row;
-    row.pos = L;
-    row.token = int32_t((L * 31 + k * 7919) % c.vocab_size);
-    row.kind = model::RowKind::kDecode;
-    row.want_logits = true;
-    st.rows.push_back(row);
-    FB_TRY(ex.forward(st, ss));
+    FB_TRY(ex.forward(decode_row_step(ex.config(), L, k), ss));
     FB_RETURN_IF_ERROR(s.rollback(L));
   }
   return Status();

@@ -20,6 +20,9 @@ struct DecodeTiming {
 // Runs on a session already at its context (prefilled or filled). `steps` timed repetitions.
 Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, int steps, int max_verify_rows);
 
+// One decode row at position L (token from L and k), asking for logits.
+model::Step decode_row_step(const model::Config& c, int64_t L, int k);
+
 // `steps` one-row decode steps at the session's context, each rolled back (for profiling).
 Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "bench/decode_bench.h"
 #include "memory/tier_model.h"
 
 namespace fb::bench {
@@ -80,15 +81,8 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   const int64_t L = s.n_pos();
   auto decode_steps = [&](int n, std::vector<double>* ms) -> Status {
     for (int i = 0; i < n; ++i) {
-      model::Step st;
-      model::Row row;
-      row.pos = L;
-      row.token = int32_t((L * 31 + i * 7919) % c.vocab_size);
-      row.kind = model::RowKind::kDecode;
-      row.want_logits = true;
-      st.rows.push_back(row);
       const double t0 = now_ms();
-      FB_TRY(ex.forward(st, ss));
+      FB_TRY(ex.forward(decode_row_step(c, L, i), ss));
       if (ms) ms->push_back(now_ms() - t0);
       FB_RETURN_IF_ERROR(s.rollback(L));
     }

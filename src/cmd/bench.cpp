@@ -48,6 +48,32 @@ model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t
   return st;
 }
 
+// An interleaved A/B of an environment switch the executor reads at every forward, NAME=v1,v2,...:
+// rounds() calls f(value) for `n` rounds over the values, then puts the variable back as it was
+// (later rows measure the default).
+struct EnvAb {
+  std::string name;
+  std::vector<std::string> values;
+  explicit EnvAb(const std::string& spec) {
+    const size_t eq = spec.find('=');
+    name = spec.substr(0, eq);
+    std::stringstream vs(eq == std::string::npos ? std::string() : spec.substr(eq + 1));
+    for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
+  }
+  template <typename F>
+  void rounds(int n, F&& f) const {
+    const char* before = std::getenv(name.c_str());
+    const std::string before_v = before ? before : "";
+    for (int rep = 0; rep < n; ++rep)
+      for (const auto& v : values) {
+        setenv(name.c_str(), v.c_str(), 1);
+        f(v);
+      }
+    if (before) setenv(name.c_str(), before_v.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
 struct Args {
   bool limits = false;
   bool synthetic = false;
@@ -248,30 +274,22 @@ int run(const Args& a) {
         }
       }
       if (!a.ab_env.empty()) {
-        // Interleaved A/B of an environment switch read by the kernels' launchers: NAME=v1,v2,...
-        const size_t eq = a.ab_env.find('=');
-        const std::string name = a.ab_env.substr(0, eq);
-        std::vector<std::string> values;
-        std::stringstream vs(eq == std::string::npos ? std::string() : a.ab_env.substr(eq + 1));
-        for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
-        // One-row steps and steps of --verify-rows rows.
+        // Interleaved A/B of an environment switch read by the kernels' launchers: one-row steps
+        // and steps of --verify-rows rows.
+        const EnvAb ab(a.ab_env);
+        const std::string& name = ab.name;
+        const std::vector<std::string>& values = ab.values;
         std::map<std::string, std::vector<double>> ms, mv;
-        const char* before = std::getenv(name.c_str());
-        const std::string before_v = before ? before : "";
         const int vr = std::max(1, a.verify_rows);
-        for (int rep = 0; rep < 3; ++rep)
-          for (const auto& v : values) {
-            setenv(name.c_str(), v.c_str(), 1);
-            auto tv = bench::time_decode(**ex, *s, a.steps, vr);
-            if (tv.ok()) {
-              ms[v].push_back(tv->decode_ms);
-              mv[v].push_back(tv->verify_ms.back());
-            } else {
-              std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
-            }
+        ab.rounds(3, [&](const std::string& v) {
+          auto tv = bench::time_decode(**ex, *s, a.steps, vr);
+          if (tv.ok()) {
+            ms[v].push_back(tv->decode_ms);
+            mv[v].push_back(tv->verify_ms.back());
+          } else {
+            std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
           }
-        if (before) setenv(name.c_str(), before_v.c_str(), 1);  // as it was: later rows measure the default
-        else unsetenv(name.c_str());
+        });
         for (const auto& v : values) {
           auto& x = ms[v];
           auto& y = mv[v];
@@ -374,26 +392,17 @@ int run(const Args& a) {
       }
       if (!a.prefill_ab_env.empty()) {
         // The same chunk under each value of the --prefill-ab-env switch, interleaved, medians of 3.
-        const size_t eq = a.prefill_ab_env.find('=');
-        const std::string name = a.prefill_ab_env.substr(0, eq);
-        std::vector<std::string> values;
-        std::stringstream vs(eq == std::string::npos ? std::string() : a.prefill_ab_env.substr(eq + 1));
-        for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
-        const char* before = std::getenv(name.c_str());
-        const std::string before_v = before ? before : "";
+        const EnvAb ab(a.prefill_ab_env);
+        const std::string& name = ab.name;
         std::map<std::string, std::vector<double>> tv;
-        for (int rep = 0; rep < 3; ++rep)
-          for (const auto& v : values) {
-            setenv(name.c_str(), v.c_str(), 1);
-            auto s = (*ex)->new_session();
-            if (!bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17).ok()) continue;
-            std::vector<model::SessionState*> ss{s.get()};
-            const auto t0 = std::chrono::steady_clock::now();
-            if (!(*ex)->forward(prefill_step((*ex)->config(), L - C, L, L, 5), ss).ok()) continue;
-            tv[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-          }
-        if (before) setenv(name.c_str(), before_v.c_str(), 1);
-        else unsetenv(name.c_str());
+        ab.rounds(3, [&](const std::string& v) {
+          auto s = (*ex)->new_session();
+          if (!bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17).ok()) return;
+          std::vector<model::SessionState*> ss{s.get()};
+          const auto t0 = std::chrono::steady_clock::now();
+          if (!(*ex)->forward(prefill_step((*ex)->config(), L - C, L, L, 5), ss).ok()) return;
+          tv[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        });
         for (auto& [v, x] : tv) {
           std::sort(x.begin(), x.end());
           const double med = x[x.size() / 2];
