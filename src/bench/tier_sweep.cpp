@@ -4,11 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <cmath>
-#include <random>
 
 #include "bench/decode_bench.h"
-#include "memory/tier_model.h"
+#include "storage/route_sim.h"
 
 namespace fb::bench {
 
@@ -17,37 +15,6 @@ namespace {
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Routing draws: per layer a random order of the experts (rank -> expert), picks by rank from a
-// Zipf CDF (or uniformly among the first `pool` ranks for the all-hit baseline), top_k distinct
-// per row, ascending as the router emits them.
-struct RouteDraw {
-  std::vector<std::vector<int32_t>> order;  // [layer][rank]
-  std::vector<double> cdf;                  // over ranks; empty: uniform over `pool`
-  int pool = 0;
-  std::mt19937_64 rng;
-
-  void draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k) {
-    const std::vector<int32_t>& ord = order.at(size_t(layer));
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      int32_t* row = ids.data() + r * k;
-      int got = 0;
-      while (got < k) {
-        size_t rank;
-        if (cdf.empty()) {
-          rank = size_t(rng() % uint64_t(pool));
-        } else {
-          rank = size_t(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
-          rank = std::min(rank, ord.size() - 1);
-        }
-        const int32_t e = ord[rank];
-        if (std::find(row, row + got, e) == row + got) row[got++] = e;
-      }
-      std::sort(row, row + k);
-    }
-  }
-};
 
 }  // namespace
 
@@ -67,14 +34,8 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     }
   if (S == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
   if (S < k) return FB_ERROR(kInvalidArgument) << S << " slots per layer cannot hold one row's " << k << " experts";
-  auto draw = std::make_shared<RouteDraw>();
-  draw->rng.seed(opt.seed);
-  draw->order.resize(size_t(c.n_total_layers()));
-  for (auto& o : draw->order) {
-    o.resize(size_t(n_exp));
-    for (int e = 0; e < n_exp; ++e) o[size_t(e)] = e;
-    std::shuffle(o.begin(), o.end(), draw->rng);
-  }
+  // The routing the sweep forces: storage::ZipfRouting (route_sim.h replays these runs on the host).
+  auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
   ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
 
   std::vector<model::SessionState*> ss{&s};
@@ -98,20 +59,11 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     TierPoint p;
     p.top10_share = share;
     if (share <= 0) {
-      draw->cdf.clear();
-      draw->pool = S;
+      draw->set_skew(0, 10, S);  // uniform over each layer's S hottest: every lookup hits once warm
       p.static_hit = 1.0;
     } else {
-      const double expo = memory::zipf_exponent_for_top_share(n_exp, 10, share);
-      draw->cdf.assign(size_t(n_exp), 0.0);
-      double sum = 0;
-      for (int r = 0; r < n_exp; ++r) sum += std::pow(double(r + 1), -expo);
-      double acc = 0;
-      for (int r = 0; r < n_exp; ++r) {
-        acc += std::pow(double(r + 1), -expo) / sum;
-        draw->cdf[size_t(r)] = acc;
-      }
-      p.static_hit = memory::zipf_top_share(n_exp, S, expo);
+      draw->set_skew(share);
+      p.static_hit = draw->static_hit(S);
     }
     FB_RETURN_IF_ERROR(decode_steps(opt.warm_steps, nullptr));
     if (share <= 0)  // the baseline must start with every pool expert resident: warm until a block misses none

@@ -5,7 +5,10 @@
 // HBM hit rate, the H2D rate of the miss copies against the measured pinned peak, and the
 // tier-bound floor / ceiling (docs/tiers.md) computed from the measured all-hit step time and the
 // measured misses; optionally one prefill chunk's expert sweep. [policy] benchmark-only: the
-// replaced routing makes the outputs noise; only traffic and time are measured.
+// replaced routing makes the outputs noise; only traffic and time are measured. The points run in
+// order on the same slots (the baseline leaves each layer's S hottest experts resident), so a short
+// warm-up starts near the static placement; storage::SlotSim replays a sweep on the host and gives
+// the cold-start steady state (storage_route_sim_test).
 #pragma once
 
 #include <functional>

@@ -1,0 +1,122 @@
+#include "storage/route_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "base/check.h"
+#include "memory/tier_model.h"
+
+namespace fb::storage {
+
+ZipfRouting::ZipfRouting(int n_layers, int n_experts, uint64_t seed) : n_experts_(n_experts), rng_(seed) {
+  order_.resize(size_t(n_layers));
+  for (auto& o : order_) {
+    o.resize(size_t(n_experts));
+    for (int e = 0; e < n_experts; ++e) o[size_t(e)] = e;
+    std::shuffle(o.begin(), o.end(), rng_);
+  }
+}
+
+void ZipfRouting::set_skew(double share, int top, int pool) {
+  FB_CHECK(share > 0 || pool > 0) << "uniform routing needs a pool of experts";
+  cdf_.clear();
+  pool_ = pool;
+  exponent_ = 0;
+  if (share <= 0) return;
+  exponent_ = memory::zipf_exponent_for_top_share(n_experts_, top, share);
+  cdf_.assign(size_t(n_experts_), 0.0);
+  double sum = 0, acc = 0;
+  for (int r = 0; r < n_experts_; ++r) sum += std::pow(double(r + 1), -exponent_);
+  for (int r = 0; r < n_experts_; ++r) {
+    acc += std::pow(double(r + 1), -exponent_) / sum;
+    cdf_[size_t(r)] = acc;
+  }
+}
+
+double ZipfRouting::static_hit(int slots) const {
+  if (cdf_.empty()) return slots >= pool_ ? 1.0 : double(slots) / double(pool_);
+  return memory::zipf_top_share(n_experts_, slots, exponent_);
+}
+
+void ZipfRouting::draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k) {
+  const std::vector<int32_t>& ord = order_.at(size_t(layer));
+  FB_CHECK(k <= (cdf_.empty() ? pool_ : n_experts_)) << k << " distinct experts per row from " << (cdf_.empty() ? pool_ : n_experts_);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t* row = ids.data() + r * k;
+    int got = 0;
+    while (got < k) {
+      size_t rank;
+      if (cdf_.empty()) {
+        rank = size_t(rng_() % uint64_t(std::max(1, pool_)));
+      } else {
+        rank = size_t(std::lower_bound(cdf_.begin(), cdf_.end(), u(rng_)) - cdf_.begin());
+        rank = std::min(rank, ord.size() - 1);
+      }
+      const int32_t e = ord[rank];
+      if (std::find(row, row + got, e) == row + got) row[got++] = e;
+    }
+    std::sort(row, row + k);
+  }
+}
+
+SlotSim::SlotSim(int n_layers, const SlotSimOptions& o) : o_(o) {
+  for (int l = 0; l < n_layers; ++l) caches_.emplace_back(o.slots, o.policy, o.aging);
+}
+
+void SlotSim::call(int layer, std::vector<int32_t> want) {
+  SlotCache& c = caches_.at(size_t(layer));
+  std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return c.find(e) >= 0; });
+  for (size_t i = 0; i < want.size();) {  // waves
+    std::vector<int> pinned;
+    int staged = 0;
+    for (; i < want.size() && (int(pinned.size()) < o_.slots || staged < o_.staging); ++i) {
+      if (int(pinned.size()) >= o_.slots) {  // every slot pinned by this wave: staged
+        ++staged;
+        ++misses_;
+        continue;
+      }
+      const SlotCache::Lookup lk = c.acquire(want[i], /*admit_colder=*/staged >= o_.staging);
+      if (lk.bypass) ++staged;
+      else pinned.push_back(lk.slot);
+      (lk.hit ? hits_ : misses_) += 1;
+    }
+    for (int s : pinned) c.release(s);
+  }
+}
+
+void SlotSim::decode(ZipfRouting& r, int64_t tokens) {
+  std::vector<int32_t> ids(size_t(o_.top_k));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int l = 0; l < int(caches_.size()); ++l) {
+      r.draw(l, ids, 1, o_.top_k);
+      call(l, ids);
+    }
+  tokens_ += tokens;
+}
+
+void SlotSim::prefill(ZipfRouting& r, int64_t rows) {
+  std::vector<int32_t> ids(size_t(rows * o_.top_k));
+  for (int l = 0; l < int(caches_.size()); ++l) {
+    r.draw(l, ids, rows, o_.top_k);
+    std::vector<int32_t> want(ids);
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    call(l, want);
+  }
+}
+
+void SlotSim::reset_counts() {
+  hits_ = misses_ = 0;
+  tokens_ = 0;
+}
+
+SlotSimResult SlotSim::result() const {
+  SlotSimResult r;
+  r.hit_rate = hits_ + misses_ ? double(hits_) / double(hits_ + misses_) : 1.0;
+  r.misses_per_token = tokens_ > 0 ? double(misses_) / double(tokens_) : 0.0;
+  return r;
+}
+
+}  // namespace fb::storage

@@ -1,0 +1,72 @@
+// Synthetic MoE routing and a host-side replay of the slot policy (issue 9, docs/tiers.md).
+// ZipfRouting draws what the tier sweep forces on the GPU (bench/tier_sweep.h): per layer a random
+// order of the experts, picks by rank from a Zipf law whose `top` hottest carry a given share, top_k
+// distinct per row, ascending. simulate_slots() runs SlotCache over such a stream exactly as
+// DevExpertSlots looks experts up in decode (one call per layer per token), so policies (LFU aging,
+// admission, LRU) can be compared in seconds and checked against the device's measured hit rates.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "storage/slot_cache.h"
+
+namespace fb::storage {
+
+class ZipfRouting {
+ public:
+  // `share` <= 0: uniform over the first `pool` ranks (the all-hit baseline of the sweep).
+  ZipfRouting(int n_layers, int n_experts, uint64_t seed);
+  void set_skew(double share, int top = 10, int pool = 0);
+  // ids [rows, k]: each row k distinct experts of `layer`, ascending.
+  void draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k);
+  // The share of picks the `slots` hottest experts of a layer get (the best static placement).
+  double static_hit(int slots) const;
+  int n_experts() const { return n_experts_; }
+
+ private:
+  int n_experts_;
+  std::vector<std::vector<int32_t>> order_;  // [layer][rank]
+  std::vector<double> cdf_;                  // over ranks; empty: uniform over pool_
+  int pool_ = 0;
+  double exponent_ = 0;
+  std::mt19937_64 rng_;
+};
+
+struct SlotSimOptions {
+  int slots = 128;
+  int aging = 8;                 // SlotCache aging (x slots lookups)
+  int staging = 0;               // admission staging slots (0: admit every miss)
+  EvictionPolicy policy = EvictionPolicy::kLfu;
+  int top_k = 6;
+};
+
+struct SlotSimResult {
+  double hit_rate = 0;           // over the lookups since reset_counts()
+  double misses_per_token = 0;   // per decode token, summed over layers
+};
+
+// One SlotCache per layer, looked up as DevExpertSlots::take does: a MoE call takes its distinct
+// experts in waves (resident ones first), pinning up to `slots` per wave, staging colder misses
+// while staging slots remain. State persists across calls, so a sequence of runs (the device
+// sweep's order) can be replayed.
+class SlotSim {
+ public:
+  SlotSim(int n_layers, const SlotSimOptions& o);
+  void call(int layer, std::vector<int32_t> want);
+  // `tokens` batch-1 decode tokens: every layer routes one row.
+  void decode(ZipfRouting& r, int64_t tokens);
+  // One prefill chunk of `rows` rows: every layer calls once with the distinct experts of its rows.
+  void prefill(ZipfRouting& r, int64_t rows);
+  void reset_counts();
+  SlotSimResult result() const;
+
+ private:
+  SlotSimOptions o_;
+  std::vector<SlotCache> caches_;
+  uint64_t hits_ = 0, misses_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace fb::storage
