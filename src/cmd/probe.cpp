@@ -15,6 +15,7 @@
 #include "memory/tier_model.h"
 #include "model/config.h"
 #include "storage/drive_probe.h"
+#include "storage/route_sim.h"
 #ifdef FB_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -37,6 +38,7 @@ struct ProbeArgs {
   int sessions = 1;
   int64_t context = 131072;
   bool no_dspark = false;
+  bool no_sim = false;
 };
 
 struct Gpu {
@@ -172,6 +174,26 @@ int run_probe(const ProbeArgs& a) {
                 "overlapped (%.1f tok/s)\n",
                 share * 100, l.hbm_hit * 100, l.host_hit * 100, (1 - l.hbm_hit - l.host_hit) * 100, b.serial_s * 1e3,
                 b.floor_tok_per_s(), b.overlapped_s * 1e3, b.ceiling_tok_per_s());
+    if (plan->hbm_slots_per_layer > 0 && plan->hbm_slots_per_layer < n && !a.no_sim) {
+      // What the executor's policy reaches (CUDA default: LFU, aging 64): the lookups replayed on
+      // the host from a cold start (storage::SlotSim; within ~1.3 points of the H200 sweep).
+      storage::ZipfRouting r(layers, n, 7);
+      r.set_skew(share);
+      storage::SlotSimOptions so;
+      so.slots = plan->hbm_slots_per_layer;
+      so.aging = 64;
+      so.top_k = k;
+      storage::SlotSim sim(layers, so);
+      sim.decode(r, 3000);
+      sim.reset_counts();
+      sim.decode(r, 300);
+      memory::DecodeLoad lf = l;
+      lf.hbm_hit = sim.result().hit_rate;
+      lf.host_hit = std::max(0.0, l.hbm_hit + l.host_hit - lf.hbm_hit);
+      const memory::DecodeBound bf = memory::decode_bound(lf, rates);
+      std::printf("    LFU slots (aging 64, simulated steady state): HBM %.1f%% -> %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped\n",
+                  lf.hbm_hit * 100, bf.serial_s * 1e3, bf.floor_tok_per_s(), bf.overlapped_s * 1e3);
+    }
   }
   return 0;
 }
@@ -182,6 +204,7 @@ Runner add_probe(CLI::App& app) {
   auto a = std::make_shared<ProbeArgs>();
   app.add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
   app.add_option("--model", a->model, "snapshot folder or config.json (default: the released config)");
+  app.add_flag("--no-sim", a->no_sim, "skip the simulated LFU hit rates (a few seconds)");
   app.add_option("--seconds", a->seconds, "seconds per drive measurement");
   app.add_option("--file-mib", a->file_mib, "size of the scratch file per drive");
   app.add_option("--hbm-target-gib", a->hbm_target_gib, "override the HBM byte target");
