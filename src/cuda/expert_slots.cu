@@ -107,32 +107,15 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   Layer& L = layers_.at(size_t(layer));
   if (!L.cache) return FB_ERROR(kInternal) << "layer " << layer << " has no expert slots";
   if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
-  const int S = L.cache->n_slots();
   bool copying = false;
-  int staged = 0;  // staging slots used by this wave
-  size_t i = from;
-  for (; i < want.size() && (int(L.pinned.size()) < S || staged < staging_); ++i) {
-    const int32_t e = want[i];
-    int slot = -1;
-    bool hit = false;
-    if (int(L.pinned.size()) < S) {
-      // While staging slots remain, a miss colder than its victim is staged, not admitted.
-      const storage::SlotCache::Lookup lk = L.cache->acquire(e, /*admit_colder=*/staged >= staging_);
-      if (lk.bypass) {
-        slot = S + staged++;
-        ++stats_.bypassed;
-      } else {
-        FB_CHECK(lk.slot >= 0) << "an unpinned slot was counted but not found";
-        L.pinned.push_back(lk.slot);
-        slot = lk.slot;
-        hit = lk.hit;
-      }
-    } else {
-      slot = S + staged++;  // every cache slot is pinned by this wave
-      ++stats_.bypassed;
-    }
+  std::vector<storage::WaveTake> wave;
+  const size_t next = storage::take_wave(*L.cache, want, from, staging_, L.pinned, wave);  // the policy (storage::SlotSim replays it)
+  for (const storage::WaveTake& t : wave) {
+    const int32_t e = t.expert;
+    const int slot = t.entry;
     slot_of.at(size_t(e)) = slot;
-    if (hit) {
+    if (t.staged) ++stats_.bypassed;
+    if (t.hit) {
       ++stats_.hits;
       continue;
     }
@@ -158,12 +141,10 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   FB_CUDA_TRY(cudaEventRecord(done_, copy_));
   ++stats_.waves;
   if (from == 0) ++stats_.calls;
-  return i;
+  return next;
 }
 
-void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const {
-  std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return resident(layer, e); });
-}
+void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const { storage::resident_first(*layers_[size_t(layer)].cache, want); }
 
 Status DevExpertSlots::join(cudaStream_t compute) {
   FB_CUDA_TRY(cudaStreamWaitEvent(compute, done_, 0));

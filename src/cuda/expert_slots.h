@@ -58,16 +58,15 @@ class DevExpertSlots {
   const Fp4W& w1(int layer) const { return layers_[size_t(layer)].w1; }
   const Fp4W& w2(int layer) const { return layers_[size_t(layer)].w2; }
   const Fp4W& w3(int layer) const { return layers_[size_t(layer)].w3; }
-  // Whether expert e of a tiered layer sits in a slot now.
-  bool resident(int layer, int e) const { return layers_[size_t(layer)].cache->find(e) >= 0; }
   // Orders `want` so that resident experts come first (stable): a call that needs more experts
   // than slots uses what is resident before the later waves evict it.
   void resident_first(int layer, std::vector<int32_t>& want) const;
   const Layout& layout() const { return layout_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
 
-  // One wave of a MoE call: pins slots for want[from], want[from + 1], ... (distinct experts) until
-  // the layer's slots are all pinned or `want` ends; slot_of[e] gets each taken expert's slot. The
+  // One wave of a MoE call (storage::take_wave): pins slots for want[from], want[from + 1], ...
+  // (distinct experts) until the layer's slots and staging entries are used or `want` ends;
+  // slot_of[e] gets each taken expert's array entry. The
   // misses are copied on the copy stream after everything already issued on `compute`. Returns
   // the index one past the last taken expert. Call join(compute) before kernels read the slots and
   // release(layer) once they are issued.

@@ -451,6 +451,22 @@ Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, cons
   return Status();
 }
 
+namespace {
+// The scaling and Sinkhorn of the mixes whose raw dots (and squares' sum) sit in `out`: the
+// register kernel when (2 + hc) x hc mixes fit a warp, the shared-memory one otherwise.
+Status hc_sinkhorn(int64_t T, int hc, int64_t n, float norm_eps, const float* scale, const float* base, int iters, float eps, HcMix* out,
+                   cudaStream_t st) {
+  if ((2 + hc) * hc <= 32) {
+    hc_sinkhorn_reg_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+    FB_CUDA_LAUNCHED("hc_sinkhorn_reg_kernel");
+  } else {
+    hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
+    FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
+  }
+  return Status();
+}
+}  // namespace
+
 Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                 int iters, float eps, HcMix* out, cudaStream_t st) {
   FB_CHECK(hc >= 1 && hc <= 16) << "hc_mult " << hc;
@@ -462,14 +478,7 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
     if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     hc_dots_kernel<<<unsigned(T * n_task), kHcDotThreads, smem, st>>>(x, n, n_task, fn, out);
     FB_CUDA_LAUNCHED("hc_dots_kernel");
-    if ((2 + hc) * hc <= 32) {
-      hc_sinkhorn_reg_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
-      FB_CUDA_LAUNCHED("hc_sinkhorn_reg_kernel");
-    } else {
-      hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
-      FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
-    }
-    return Status();
+    return hc_sinkhorn(T, hc, n, norm_eps, scale, base, iters, eps, out, st);
   }
   hc_mixes_kernel<<<unsigned(T), 256, 0, st>>>(x, hc, dim, fn, norm_eps, scale, base, iters, eps, out);
   FB_CUDA_LAUNCHED("hc_mixes_kernel");
@@ -499,14 +508,7 @@ Status hc_mixes_with_dots(const uint16_t* x, int64_t T, int hc, int64_t dim, con
   FB_CUDA_LAUNCHED("hc_dots_kernel");
   hc_park_dots_kernel<<<blocks_for(T * n_mix, 256), 256, 0, st>>>(dots, T, n_mix, out);
   FB_CUDA_LAUNCHED("hc_park_dots_kernel");
-  if (n_mix <= 32) {
-    hc_sinkhorn_reg_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
-    FB_CUDA_LAUNCHED("hc_sinkhorn_reg_kernel");
-  } else {
-    hc_sinkhorn_kernel<<<unsigned(T), 32, 0, st>>>(out, hc, n, norm_eps, scale, base, iters, eps);
-    FB_CUDA_LAUNCHED("hc_sinkhorn_kernel");
-  }
-  return Status();
+  return hc_sinkhorn(T, hc, n, norm_eps, scale, base, iters, eps, out, st);
 }
 
 Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t dim, const float* pre, int64_t pre_stride, uint16_t* y,

@@ -816,6 +816,27 @@ struct TcCheck {
   }
 };
 
+// TcCheck of an FP8 GEMM's outputs (got) against the CPU's (want), x [M, K] bf16 activations,
+// w [N, K] e4m3 codes with 32x32 e8m0 block scales ws: the bound A of each output sums |x w| over
+// the act_quant values of x and the exact weight values.
+void check_fp8_gemm(const std::vector<bf16_t>& x, const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws, int64_t M, int64_t N,
+                    int64_t K, const std::vector<bf16_t>& got, const std::vector<bf16_t>& want, const char* what) {
+  const int64_t KB = K / 32;
+  std::vector<uint8_t> codes(static_cast<size_t>(M * K));
+  std::vector<float> scales(static_cast<size_t>(M * KB));
+  for (int64_t m = 0; m < M; ++m) cpu::act_quant_row(&x[size_t(m * K)], K, &codes[size_t(m * K)], &scales[size_t(m * KB)]);
+  TcCheck chk;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double A = 0;
+      for (int64_t k = 0; k < K; ++k)
+        A += std::fabs(double(e4m3_to_f32(codes[size_t(m * K + k)])) * scales[size_t(m * KB + k / 32)] * e4m3_to_f32(w[size_t(n * K + k)]) *
+                       e8m0_to_f32(ws[size_t((n / 32) * KB + k / 32)]));
+      chk.add(bf16_to_f32(got[size_t(m * N + n)]), bf16_to_f32(want[size_t(m * N + n)]), A, K);
+    }
+  chk.expect(what);
+}
+
 TEST(CudaOps, TensorCoreFp8Gemm) {
   NEED_GPU();
   auto tc = make_tc();
@@ -851,20 +872,7 @@ TEST(CudaOps, TensorCoreFp8Gemm) {
         wb_want[size_t(n * cs.K + k)] =
             bf16_bits_from_f32(e4m3_to_f32(w[size_t(n * cs.K + k)]) * e8m0_to_f32(ws[size_t((n / 32) * KB + k / 32)]));
     expect_same(wb, wb_want, "tc_dequant_fp8");
-    // Tolerance check against the CPU reference.
-    std::vector<uint8_t> codes(static_cast<size_t>(cs.M * cs.K));
-    std::vector<float> scales(static_cast<size_t>(cs.M * KB));
-    for (int64_t m = 0; m < cs.M; ++m) cpu::act_quant_row(&x[size_t(m * cs.K)], cs.K, &codes[size_t(m * cs.K)], &scales[size_t(m * KB)]);
-    TcCheck chk;
-    for (int64_t m = 0; m < cs.M; ++m)
-      for (int64_t n = 0; n < cs.N; ++n) {
-        double A = 0;
-        for (int64_t k = 0; k < cs.K; ++k)
-          A += std::fabs(double(e4m3_to_f32(codes[size_t(m * cs.K + k)])) * scales[size_t(m * KB + k / 32)] *
-                         bf16_to_f32(wb_want[size_t(n * cs.K + k)]));
-        chk.add(bf16_to_f32(got[size_t(m * cs.N + n)]), bf16_to_f32(want[size_t(m * cs.N + n)]), A, cs.K);
-      }
-    chk.expect("tc_fp8_gemm");
+    check_fp8_gemm(x, w, ws, cs.M, cs.N, cs.K, got, want, "tc_fp8_gemm");  // tolerance against the CPU reference
   }
 }
 
@@ -1012,19 +1020,7 @@ TEST(CudaOps, MmaGemvFp8RowsIndependent) {
     ASSERT_TRUE(act_quant(dx.p(), cs.M, cs.K, q, nullptr).ok());
     ASSERT_TRUE(mma_fp8_gemm_q(q, cs.M, fw, dy.p(), nullptr).ok());
     const auto got = dy.get();
-    std::vector<uint8_t> codes(static_cast<size_t>(cs.M * cs.K));
-    std::vector<float> scales(static_cast<size_t>(cs.M * KB));
-    for (int64_t m = 0; m < cs.M; ++m) cpu::act_quant_row(&x[size_t(m * cs.K)], cs.K, &codes[size_t(m * cs.K)], &scales[size_t(m * KB)]);
-    TcCheck chk;
-    for (int64_t m = 0; m < cs.M; ++m)
-      for (int64_t n = 0; n < cs.N; ++n) {
-        double A = 0;
-        for (int64_t k = 0; k < cs.K; ++k)
-          A += std::fabs(double(e4m3_to_f32(codes[size_t(m * cs.K + k)])) * scales[size_t(m * KB + k / 32)] *
-                         e4m3_to_f32(w[size_t(n * cs.K + k)]) * e8m0_to_f32(ws[size_t((n / 32) * KB + k / 32)]));
-        chk.add(bf16_to_f32(got[size_t(m * cs.N + n)]), bf16_to_f32(want[size_t(m * cs.N + n)]), A, cs.K);
-      }
-    chk.expect("mma fp8 gemv");
+    check_fp8_gemm(x, w, ws, cs.M, cs.N, cs.K, got, want, "mma fp8 gemv");
     // The last row alone (its codes at the front of a one-row buffer): the same bits.
     const int64_t last = cs.M - 1;
     QuantBuf q1{qc.p() + last * cs.K, qs.p() + last * KB, cs.K};

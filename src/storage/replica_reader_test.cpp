@@ -192,6 +192,37 @@ TEST(SlotCache, LfuAdmissionBypassesColderKeys) {
   lfu.release(c.slot);
 }
 
+// The wave of a MoE call shared by the CUDA slots and SlotSim: cache slots while unpinned ones
+// remain, then staging entries numbered after the cache slots; the next wave starts after them.
+TEST(SlotCache, TakeWaveFillsSlotsThenStaging) {
+  SlotCache c(2, EvictionPolicy::kLfu);
+  c.release(c.acquire(7).slot);
+  std::vector<int32_t> want{3, 7, 9, 11, 12};
+  resident_first(c, want);
+  EXPECT_EQ(want, (std::vector<int32_t>{7, 3, 9, 11, 12}));
+  std::vector<int> pinned;
+  std::vector<WaveTake> w;
+  size_t next = take_wave(c, want, 0, 2, pinned, w);
+  ASSERT_EQ(next, 4u);  // 2 cache slots + 2 staging entries
+  ASSERT_EQ(w.size(), 4u);
+  EXPECT_TRUE(w[0].hit);
+  EXPECT_FALSE(w[0].staged);
+  // 3 takes the empty slot; 9 and 11 find both slots pinned and are staged as entries 2 and 3.
+  EXPECT_FALSE(w[1].staged);
+  EXPECT_TRUE(w[2].staged);
+  EXPECT_EQ(w[2].entry, 2);
+  EXPECT_EQ(w[3].entry, 3);
+  EXPECT_EQ(pinned.size(), 2u);
+  for (int s : pinned) c.release(s);
+  pinned.clear();
+  next = take_wave(c, want, next, 0, pinned, w);
+  EXPECT_EQ(next, want.size());
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].expert, 12);
+  EXPECT_FALSE(w[0].staged);  // no staging: admitted, evicting an unpinned slot
+  for (int s : pinned) c.release(s);
+}
+
 // LFU keeps the use history of evicted keys: hot key 1 (6 uses) pushed out once by a cold key
 // and brought back is not the next victim; with per-residency counts it would be (1 use).
 TEST(SlotCache, LfuHistorySurvivesEviction) {

@@ -67,21 +67,12 @@ SlotSim::SlotSim(int n_layers, const SlotSimOptions& o) : o_(o) {
 
 void SlotSim::call(int layer, std::vector<int32_t> want) {
   SlotCache& c = caches_.at(size_t(layer));
-  std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return c.find(e) >= 0; });
-  for (size_t i = 0; i < want.size();) {  // waves
+  resident_first(c, want);
+  std::vector<WaveTake> wave;
+  for (size_t i = 0; i < want.size();) {  // the waves of DevExpertSlots::take
     std::vector<int> pinned;
-    int staged = 0;
-    for (; i < want.size() && (int(pinned.size()) < o_.slots || staged < o_.staging); ++i) {
-      if (int(pinned.size()) >= o_.slots) {  // every slot pinned by this wave: staged
-        ++staged;
-        ++misses_;
-        continue;
-      }
-      const SlotCache::Lookup lk = c.acquire(want[i], /*admit_colder=*/staged >= o_.staging);
-      if (lk.bypass) ++staged;
-      else pinned.push_back(lk.slot);
-      (lk.hit ? hits_ : misses_) += 1;
-    }
+    i = take_wave(c, want, i, o_.staging, pinned, wave);
+    for (const WaveTake& t : wave) (t.hit ? hits_ : misses_) += 1;
     for (int s : pinned) c.release(s);
   }
 }

@@ -1,5 +1,6 @@
 #include "storage/slot_cache.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "base/check.h"
@@ -89,6 +90,39 @@ bool SlotCache::evict_slot(int slot) {
   s = Slot{};
   ++evictions_;
   return true;
+}
+
+size_t take_wave(SlotCache& c, const std::vector<int32_t>& want, size_t from, int staging, std::vector<int>& pinned,
+                 std::vector<WaveTake>& out) {
+  const int S = c.n_slots();
+  FB_CHECK(S + staging > 0) << "a wave needs a cache slot or a staging entry";
+  out.clear();
+  int staged = 0;
+  size_t i = from;
+  for (; i < want.size() && (int(pinned.size()) < S || staged < staging); ++i) {
+    WaveTake t;
+    t.expert = want[i];
+    if (int(pinned.size()) < S) {
+      const SlotCache::Lookup lk = c.acquire(t.expert, /*admit_colder=*/staged >= staging);
+      if (lk.bypass) {
+        t.staged = true;
+      } else {
+        FB_CHECK(lk.slot >= 0) << "an unpinned slot was counted but not found";
+        pinned.push_back(lk.slot);
+        t.entry = lk.slot;
+        t.hit = lk.hit;
+      }
+    } else {
+      t.staged = true;  // every cache slot is pinned by this wave
+    }
+    if (t.staged) t.entry = S + staged++;
+    out.push_back(t);
+  }
+  return i;
+}
+
+void resident_first(const SlotCache& c, std::vector<int32_t>& want) {
+  std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return c.find(e) >= 0; });
 }
 
 }  // namespace fb::storage

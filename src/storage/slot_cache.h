@@ -61,4 +61,22 @@ class SlotCache {
   uint64_t clock_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
 };
 
+// One wave of a MoE call's lookups, shared by the CUDA executor's HBM slots (DevExpertSlots) and
+// their host replay (SlotSim): from want[from] on, each expert gets a cache slot (pinned; the slot
+// is appended to `pinned`) while unpinned slots remain. While `staging` staging entries remain, a
+// miss colder than its LFU victim is staged instead of admitted, and so is every expert once all
+// cache slots are pinned; staged entries are numbered n_slots(), n_slots() + 1, ... Returns one
+// past the last expert taken (the next wave starts there after the caller releases `pinned`).
+struct WaveTake {
+  int32_t expert = -1;
+  int entry = -1;       // cache slot, or n_slots() + k for the k-th staged expert of the wave
+  bool hit = false;
+  bool staged = false;
+};
+size_t take_wave(SlotCache& c, const std::vector<int32_t>& want, size_t from, int staging, std::vector<int>& pinned,
+                 std::vector<WaveTake>& out);
+// Resident keys first (stable): a call that needs more experts than slots uses its hits before
+// its later waves evict them.
+void resident_first(const SlotCache& c, std::vector<int32_t>& want);
+
 }  // namespace fb::storage
