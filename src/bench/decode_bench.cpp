@@ -76,13 +76,27 @@ model::Step decode_row_step(const model::Config& c, int64_t L, int k) {
   return st;
 }
 
-Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps) {
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows) {
   std::vector<model::SessionState*> ss{&s};
   const int64_t L = s.n_pos();
   for (int k = 0; k < steps; ++k) {
-    FB_TRY(ex.forward(decode_row_step(ex.config(), L, k), ss));
+    model::Step st;
+    for (int r = 0; r < std::max(1, rows); ++r) {
+      model::Step one = decode_row_step(ex.config(), L + r, k);
+      st.rows.push_back(one.rows[0]);
+    }
+    FB_TRY(ex.forward(st, ss));
     FB_RETURN_IF_ERROR(s.rollback(L));
   }
+  return Status();
+}
+
+Status run_drafts(model::Executor& ex, model::SessionState& s, int n) {
+  const model::Config& c = ex.config();
+  const int64_t L = s.n_pos();
+  if (c.n_mtp_layers == 0 || L < 2) return Status();
+  std::vector<uint16_t> tap(size_t(c.dspark_target_layer_ids.size()) * size_t(c.dim), 0x3C00);  // 1.0
+  for (int k = 0; k < n; ++k) FB_TRY(ex.draft(s, 5, tap.data(), L - 1));
   return Status();
 }
 

@@ -23,8 +23,10 @@ Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, in
 // One decode row at position L (token from L and k), asking for logits.
 model::Step decode_row_step(const model::Config& c, int64_t L, int k);
 
-// `steps` one-row decode steps at the session's context, each rolled back (for profiling).
-Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps);
+// `steps` decode steps of `rows` rows at the session's context, each rolled back (for profiling).
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows = 1);
+// `n` DSpark draft calls at the session's context (for profiling; no-op without draft stages).
+Status run_drafts(model::Executor& ex, model::SessionState& s, int n);
 
 // Bytes one batch-1 decode step must read at context L (weights in their executor formats +
 // cache rows), and its FLOPs. wo_a_bf16: the executor holds wo_a as BF16 (twice the FP8 bytes).

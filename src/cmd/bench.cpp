@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -303,25 +304,38 @@ int run(const Args& a) {
         }
       }
       if (a.profile || a.profile_kernels) {
+        // Per-op GPU time of a one-row decode step, a step of --verify-rows rows (which ops grow
+        // with rows) and a DSpark draft block.
         cuda::CudaExecutor& cx = **ex;
-        cx.clear_profile();
-        cx.set_profile(true);
-        cx.set_kernel_profile(a.profile_kernels);
-        st = bench::run_decode_steps(cx, *s, a.steps);
-        cx.set_profile(false);
-        cx.set_kernel_profile(false);
-        if (!st.ok()) {
-          std::fprintf(stderr, "bench: profile at %lld: %s\n", (long long)L, st.to_string().c_str());
-          return 1;
-        }
-        std::vector<std::pair<double, std::string>> rows;
-        for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms / a.steps, name});
-        std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-        std::fprintf(stderr, "bench: profile at context %lld (ms per decode step, summed over layers):\n", (long long)L);
-        for (const auto& [ms, name] : rows) {
-          std::fprintf(stderr, "  %-18s %9.3f ms  (%lld calls/step)\n", name.c_str(), ms,
-                       (long long)(cx.profile().at(name).calls / a.steps));
-          csv.row("profile_" + name + "_ms", L, ms, "ms/step (CUDA events)");
+        struct Run {
+          const char* what;
+          std::string tag;
+          std::function<Status()> go;
+        };
+        const int vr = std::max(1, a.verify_rows);
+        std::vector<Run> runs{{"decode step", "", [&] { return bench::run_decode_steps(cx, *s, a.steps, 1); }}};
+        if (vr > 1)
+          runs.push_back({"verify step", "verify" + std::to_string(vr) + "_", [&] { return bench::run_decode_steps(cx, *s, a.steps, vr); }});
+        if (cx.config().n_mtp_layers > 0) runs.push_back({"draft block", "draft_", [&] { return bench::run_drafts(cx, *s, a.steps); }});
+        for (const Run& run : runs) {
+          cx.clear_profile();
+          cx.set_profile(true);
+          cx.set_kernel_profile(a.profile_kernels);
+          st = run.go();
+          cx.set_profile(false);
+          cx.set_kernel_profile(false);
+          if (!st.ok()) {
+            std::fprintf(stderr, "bench: profile (%s) at %lld: %s\n", run.what, (long long)L, st.to_string().c_str());
+            return 1;
+          }
+          std::vector<std::pair<double, std::string>> rows;
+          for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms / a.steps, name});
+          std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+          std::fprintf(stderr, "bench: profile of a %s at context %lld (ms per call, summed over layers):\n", run.what, (long long)L);
+          for (const auto& [ms, name] : rows) {
+            std::fprintf(stderr, "  %-18s %9.3f ms  (%lld calls)\n", name.c_str(), ms, (long long)(cx.profile().at(name).calls / a.steps));
+            csv.row("profile_" + run.tag + name + "_ms", L, ms, "ms per call (CUDA events)");
+          }
         }
       }
     }

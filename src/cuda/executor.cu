@@ -1284,6 +1284,8 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   // mma GEMVs are env-only and off).
   const char* mv = std::getenv("FB_MMA_GEMV");
   mma_gemv_ = mv && mv[0] == '1';
+  const char* fv = std::getenv("FB_FP8_FMA");
+  set_fp8_gemv_fma(!(fv && fv[0] == '0'));
   const char* hv = std::getenv("FB_TC_HC_MIXES");
   tc_hc_mixes_ = hv ? hv[0] == '1' : tc_hc_mixes_choice_;
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));

@@ -6,6 +6,8 @@
 // base/fmath.h). The scalar kernels remain for unaligned or odd shapes.
 #include <cuda_fp16.h>
 
+#include <atomic>
+
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
@@ -146,7 +148,7 @@ __device__ __forceinline__ void e4m3x16(const uint4& v, float* f) {
 }
 // FP8 weight x act_quant rows, blocks16. Warp = (row tile of MR rows, output n); the chunk c of
 // lane L is bytes [c*512 + L*16, +16) of the row = half (L & 1) of block 16c + L/2.
-template <int MR>
+template <int MR, bool FMA>
 __global__ void __launch_bounds__(256) fp8_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
                                                        const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K,
                                                        uint16_t* __restrict__ y) {
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(256) fp8_gemv_kernel(const uint8_t* __restrict
           float xf[16];
           e4m3x16(xv, xf);
 #pragma unroll
-          for (int i = 0; i < 16; ++i) half = fm::add(half, fm::mul(xf[i], wf[i]));
+          for (int i = 0; i < 16; ++i) half = FMA ? fma_exact_product(xf[i], wf[i], half) : fm::add(half, fm::mul(xf[i], wf[i]));
         }
         const float dot = fm::add(half, __shfl_xor_sync(kFull, half, 1));
         if (on) acc[r] = fm::add(acc[r], fm::mul(dot, fm::mul(xs[m * KB + b], ws[q])));
@@ -486,6 +488,12 @@ Status fp8_dequant_rows(const uint64_t* rows, int64_t n, int64_t K, uint16_t* ou
   return Status();
 }
 
+namespace {
+std::atomic<bool> g_fp8_gemv_fma{true};
+}  // namespace
+
+void set_fp8_gemv_fma(bool on) { g_fp8_gemv_fma.store(on, std::memory_order_relaxed); }
+
 Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && w.w && w.s) << "fp8 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
@@ -493,10 +501,12 @@ Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cuda
     const int mr = rows_per_warp(M);
     const int64_t warps = w.N * ((M + mr - 1) / mr);
     const unsigned grid = blocks_for(warps, kWarps);
-    if (mr == 1) fp8_gemv_kernel<1><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
-    else if (mr == 2) fp8_gemv_kernel<2><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
-    else if (mr == 4) fp8_gemv_kernel<4><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
-    else fp8_gemv_kernel<8><<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
+    const bool fma = g_fp8_gemv_fma.load(std::memory_order_relaxed);
+    auto launch = [&](auto kernel) { kernel<<<grid, 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y); };
+    if (mr == 1) fma ? launch(fp8_gemv_kernel<1, true>) : launch(fp8_gemv_kernel<1, false>);
+    else if (mr == 2) fma ? launch(fp8_gemv_kernel<2, true>) : launch(fp8_gemv_kernel<2, false>);
+    else if (mr == 4) fma ? launch(fp8_gemv_kernel<4, true>) : launch(fp8_gemv_kernel<4, false>);
+    else fma ? launch(fp8_gemv_kernel<8, true>) : launch(fp8_gemv_kernel<8, false>);
     FB_CUDA_LAUNCHED("fp8_gemv_kernel");
     return Status();
   }

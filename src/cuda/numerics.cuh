@@ -29,6 +29,11 @@ __device__ __forceinline__ void store_bf16x8(uint16_t* dst, const uint16_t (&v)[
   pack.w = uint32_t(v[6]) | uint32_t(v[7]) << 16;
   *reinterpret_cast<uint4*>(dst) = pack;
 }
+// c + a * b with ONE rounding, for operands whose product is exact in f32 (e4m3 x e4m3: at most
+// 8 significant bits, |a * b| in [2^-18, 448^2], so never subnormal, never overflowing). Then
+// round(a * b) = a * b and fm::add(c, fm::mul(a, b)) is this bit for bit (NaN in, NaN out; a zero
+// product takes the sign rules of the add either way). Saves one issue slot per element.
+__device__ __forceinline__ float fma_exact_product(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 // std::max / std::min semantics (first argument wins unless the second compares larger/smaller).
 __device__ __forceinline__ float smax(float a, float b) { return a < b ? b : a; }
 __device__ __forceinline__ float smin(float a, float b) { return b < a ? b : a; }

@@ -147,8 +147,14 @@ TEST(CudaOps, Fp8GemmReleasedAndRagged) {
     Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(cs.M * cs.K));
     Dev<float> qs(static_cast<size_t>(cs.M * KB));
     QuantBuf q{qc.p(), qs.p(), cs.M * cs.K};
-    ASSERT_TRUE(fp8_gemm(dx.p(), cs.M, Fp8W{dw.p(), dws.p(), cs.N, cs.K}, dy.p(), q, nullptr).ok());
-    expect_same(dy.get(), want, "fp8_gemm");
+    // Both forms of the per-element step (fused multiply-add of the exact e4m3 products, and the
+    // CPU's separate multiply and add) must give the CPU's bits.
+    for (bool fma : {false, true}) {
+      set_fp8_gemv_fma(fma);
+      ASSERT_TRUE(fp8_gemm(dx.p(), cs.M, Fp8W{dw.p(), dws.p(), cs.N, cs.K}, dy.p(), q, nullptr).ok());
+      expect_same(dy.get(), want, fma ? "fp8_gemm (fma)" : "fp8_gemm (mul, add)");
+    }
+    set_fp8_gemv_fma(true);
     // act_quant itself
     std::vector<uint8_t> codes(static_cast<size_t>(cs.M * cs.K));
     std::vector<float> scales(static_cast<size_t>(cs.M * KB));
