@@ -148,10 +148,12 @@ __device__ __forceinline__ void stage_key_refs(const AttnKeys& keys, int64_t t, 
 
 // Dequantise nb staged keys into the bf16 tile [64][d]: chunk c = (key j, dims i0..i0+7), one
 // 16-byte store each; empty keys become zeros. The caller synchronises before use.
-__device__ __forceinline__ void dequant_key_tile(const uint8_t* const* kp, const int* kfp4, int nb, int d, const float* lut8, uint16_t* tile) {
-  const int tid = int(threadIdx.x), nthr = int(blockDim.x), cpr = d / 8, total = nb * cpr;
+// Chunks [c_begin, c_end) only (a CTA's share of a tile that several CTAs dequantise).
+__device__ __forceinline__ void dequant_key_chunks(const uint8_t* const* kp, const int* kfp4, int d, const float* lut8, uint16_t* tile,
+                                                   int c_begin, int total) {
+  const int tid = int(threadIdx.x), nthr = int(blockDim.x), cpr = d / 8;
   constexpr int kBatch = 4;  // chunks whose loads a thread issues before converting the first
-  for (int c0 = tid; c0 < total; c0 += kBatch * nthr) {
+  for (int c0 = c_begin + tid; c0 < total; c0 += kBatch * nthr) {
     uint2 raw[kBatch];
     uint8_t sraw[kBatch];
 #pragma unroll
@@ -208,6 +210,9 @@ __device__ __forceinline__ void dequant_key_tile(const uint8_t* const* kp, const
       *reinterpret_cast<uint4*>(tile + size_t(j) * d + i0) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
+}
+__device__ __forceinline__ void dequant_key_tile(const uint8_t* const* kp, const int* kfp4, int nb, int d, const float* lut8, uint16_t* tile) {
+  dequant_key_chunks(kp, kfp4, d, lut8, tile, 0, nb * (d / 8));
 }
 
 
@@ -344,10 +349,26 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
 // by the same operations in the same order as the CPU: exact.
 constexpr int kSplitHeads = 2;  // heads per CTA (the key tile is dequantised once per CTA)
 
+__device__ __forceinline__ int row_keys(const AttnKeys& keys, int64_t t, int& w0, int& n_win) {
+  w0 = keys.win_off[t];
+  n_win = keys.win_off[t + 1] - w0;
+  return n_win + (keys.sel ? keys.sel_count[t] : 0);
+}
+
 struct SplitScratch {
   float *z, *bmax, *alpha, *psum, *pv;
-  int nblk;  // block capacity per row
+  uint16_t* keys;  // [T][nblk][64][d] bf16: every key tile dequantised ONCE per step, shared by all head groups
+  int nblk;        // block capacity per row
 };
+
+// Floats before the key tiles (rounded up to 16 bytes) and in all.
+__host__ __device__ __forceinline__ int64_t split_head_floats(int64_t T, int H, int d, int nblk) {
+  const int64_t rows = T * H * int64_t(nblk);
+  return (rows * (64 + 3 + d) + 3) / 4 * 4;
+}
+__host__ __device__ __forceinline__ int64_t split_total_floats(int64_t T, int H, int d, int nblk) {
+  return split_head_floats(T, H, d, nblk) + T * int64_t(nblk) * 64 * d / 2;
+}
 
 __device__ __forceinline__ SplitScratch split_scratch(float* base, int64_t T, int H, int d, int max_keys) {
   SplitScratch s;
@@ -358,22 +379,52 @@ __device__ __forceinline__ SplitScratch split_scratch(float* base, int64_t T, in
   s.alpha = s.bmax + rows;
   s.psum = s.alpha + rows;
   s.pv = s.psum + rows;
+  s.keys = reinterpret_cast<uint16_t*>(base + split_head_floats(T, H, d, s.nblk));
   return s;
 }
 
-__device__ __forceinline__ int row_keys(const AttnKeys& keys, int64_t t, int& w0, int& n_win) {
-  w0 = keys.win_off[t];
-  n_win = keys.win_off[t + 1] - w0;
-  return n_win + (keys.sel ? keys.sel_count[t] : 0);
+// The dequantised tile of (row t, block b), nb keys, into shared memory (16-byte copies).
+__device__ __forceinline__ void load_key_tile(const SplitScratch& sc, int64_t t, int b, int nb, int d, uint16_t* tile) {
+  const uint4* src = reinterpret_cast<const uint4*>(sc.keys + (t * sc.nblk + b) * int64_t(64) * d);
+  uint4* dst = reinterpret_cast<uint4*>(tile);
+  const int n16 = nb * d / 8;
+  for (int i = int(threadIdx.x); i < n16; i += int(blockDim.x)) dst[i] = src[i];
 }
 
+constexpr int kKeyParts = 8;  // CTAs per 64-key tile in the dequantisation pass
+
+// CTA (t, block b, part): dequantises its share of the tile's chunks into sc.keys (the same
+// values dequant_key_tile writes to shared memory: same function, same bits).
+__global__ void __launch_bounds__(256) attn_split_keys_kernel(int64_t T, int n_heads, int d, AttnKeys keys) {
+  __shared__ float lut8[256];
+  __shared__ const uint8_t* kp[64];
+  __shared__ int kfp4[64];
+  __shared__ unsigned s_valid[2];
+  const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
+  const int part = int(blockIdx.x % kKeyParts);
+  const int b = int((blockIdx.x / kKeyParts) % sc.nblk);
+  const int64_t t = int64_t(blockIdx.x / kKeyParts / sc.nblk);
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win), b0 = b * 64;
+  if (b0 >= n) return;  // whole CTA
+  const int nb = n - b0 < 64 ? n - b0 : 64;
+  lut8[threadIdx.x] = e4m3_val(uint8_t(threadIdx.x));
+  stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
+  __syncthreads();
+  const int total = nb * (d / 8), per = (total + kKeyParts - 1) / kKeyParts;
+  const int c_begin = part * per, c_end = c_begin + per < total ? c_begin + per : total;
+  dequant_key_chunks(kp, kfp4, d, lut8, sc.keys + (t * sc.nblk + b) * int64_t(64) * d, c_begin, c_end);
+}
+
+
 // CTA (t, block b, head group g): tile of keys 64b.., dots for kSplitHeads heads, block maxima.
+template <bool kPre>
 __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const uint16_t* q, int64_t T, int n_heads, int d, AttnKeys keys,
                                                                           float scale) {
   extern __shared__ __align__(16) unsigned char smraw[];
   uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);                       // [64][d]
   float* qf = reinterpret_cast<float*>(smraw + size_t(64) * size_t(d) * 2);  // [kSplitHeads][d]
-  __shared__ float lut8[256];
+  __shared__ float lut8[kPre ? 1 : 256];
   __shared__ const uint8_t* kp[64];
   __shared__ int kfp4[64];
   __shared__ float z[kSplitHeads][64];
@@ -390,10 +441,14 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const 
   const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
   const int tid = int(threadIdx.x), nthr = int(blockDim.x);
   for (int i = tid; i < hn * d; i += nthr) qf[i] = bf(q[(t * n_heads + h0) * int64_t(d) + i]);
-  if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
   stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
-  __syncthreads();
-  dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
+  if (kPre) {
+    load_key_tile(sc, t, b, nb, d, tile);
+  } else {
+    if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
+    __syncthreads();
+    dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
+  }
   __syncthreads();
   for (int hh = 0; hh < hn; ++hh) tile_dots(qf + int64_t(hh) * d, tile, kp, nb, d, scale, z[hh]);
   __syncthreads();
@@ -412,10 +467,11 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const 
 
 // Same CTAs: m_b from the prefix of block maxima, exps, p-sum (sequential in j), the block's P.V
 // sums S_b[i] (sequential in j), alpha_b.
+template <bool kPre>
 __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T, int n_heads, int d, AttnKeys keys) {
   extern __shared__ __align__(16) unsigned char smraw[];
   uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);  // [64][d]
-  __shared__ float lut8[256];
+  __shared__ float lut8[kPre ? 1 : 256];
   __shared__ const uint8_t* kp[64];
   __shared__ int kfp4[64];
   __shared__ float pf[kSplitHeads][64], pr[kSplitHeads][64];
@@ -432,8 +488,9 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T,
   const int nb = n - b0 < 64 ? n - b0 : 64, h0 = g * kSplitHeads;
   const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
   const int tid = int(threadIdx.x), nthr = int(blockDim.x);
-  if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
   stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
+  if (kPre) load_key_tile(sc, t, b, nb, d, tile);
+  else if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
   if (tid < hn) {
     const float* bm = sc.bmax + (t * n_heads + h0 + tid) * sc.nblk;
     float m = -1e30f;
@@ -443,7 +500,7 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T,
     sc.alpha[(t * n_heads + h0 + tid) * sc.nblk + b] = fm::exp(fm::add(m, -m2));
   }
   __syncthreads();
-  dequant_key_tile(kp, kfp4, nb, d, lut8, tile);
+  if (!kPre) dequant_key_tile(kp, kfp4, nb, d, lut8, tile);  // read after the next barrier
   const uint64_t valid = uint64_t(s_valid[0]) | uint64_t(s_valid[1]) << 32;
   for (int i = tid; i < hn * nb; i += nthr) {
     const int hh = i / nb, j = i - hh * nb;
@@ -504,8 +561,7 @@ constexpr int64_t kSplitMaxRows = 16;
 
 int64_t attention_split_floats(int64_t T, int n_heads, int d, int max_keys) {
   if (T <= 0 || T > kSplitMaxRows || d > kTiledMaxD || max_keys <= 64) return 0;
-  const int64_t rows = T * n_heads * ((max_keys + 63) / 64);
-  return rows * (64 + 3 + d);
+  return split_total_floats(T, n_heads, d, (max_keys + 63) / 64);
 }
 
 Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, uint16_t* out,
@@ -517,11 +573,17 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
     const unsigned grid = unsigned(T * nblk * groups);
     const size_t smem_a = size_t(64) * size_t(d) * 2 + size_t(kSplitHeads) * size_t(d) * sizeof(float);
     const size_t smem_b = size_t(64) * size_t(d) * 2;
-    if (smem_a > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(attn_split_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_a)));
-    if (smem_b > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(attn_split_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_b)));
-    attn_split_scores_kernel<<<grid, kTiledThreads, smem_a, st>>>(q, T, n_heads, d, keys, scale);
+    auto scores = keys.predequant ? attn_split_scores_kernel<true> : attn_split_scores_kernel<false>;
+    auto pv = keys.predequant ? attn_split_pv_kernel<true> : attn_split_pv_kernel<false>;
+    if (smem_a > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(scores, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_a)));
+    if (smem_b > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(pv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_b)));
+    if (keys.predequant) {
+      attn_split_keys_kernel<<<unsigned(T * nblk * kKeyParts), 256, 0, st>>>(T, n_heads, d, keys);
+      FB_CUDA_LAUNCHED("attn_split_keys_kernel");
+    }
+    scores<<<grid, kTiledThreads, smem_a, st>>>(q, T, n_heads, d, keys, scale);
     FB_CUDA_LAUNCHED("attn_split_scores_kernel");
-    attn_split_pv_kernel<<<grid, kTiledThreads, smem_b, st>>>(T, n_heads, d, keys);
+    pv<<<grid, kTiledThreads, smem_b, st>>>(T, n_heads, d, keys);
     FB_CUDA_LAUNCHED("attn_split_pv_kernel");
     attn_split_fold_kernel<<<unsigned(T * n_heads), kTiledThreads, 0, st>>>(T, n_heads, d, keys, sinks, out);
     FB_CUDA_LAUNCHED("attn_split_fold_kernel");

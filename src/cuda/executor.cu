@@ -578,9 +578,11 @@ class CudaLayerOps {
     step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
   }
   // Scratch for the key-block split of attention when it applies (few rows, long key lists).
-  // FB_ATTN_SPLIT=0 turns it off (A/B measurement only; both paths give the same bits).
+  // FB_ATTN_SPLIT=0 turns it off, FB_ATTN_KEYS=0 dequantises the key tiles inside the score and
+  // P.V kernels again (A/B measurements only; every path gives the same bits).
   void split_scratch(AttnKeys& keys, int max_keys) {
     keys.max_keys = max_keys;
+    if (const char* v = std::getenv("FB_ATTN_KEYS"); v && v[0] == '0') keys.predequant = false;
     if (const char* v = std::getenv("FB_ATTN_SPLIT"); v && v[0] == '0') return;
     const int64_t n = attention_split_floats(T_, c_.n_heads, int(c_.head_dim), max_keys);
     if (n > 0) keys.split = alloc<float>(n);

@@ -114,6 +114,9 @@ struct AttnKeys {
   // attention_split_floats(...) elements; without them (or for many rows) one CTA per (row, head).
   int max_keys = 0;
   float* split = nullptr;
+  // With the split: dequantise every 64-key tile once into the scratch (one pass), and the score
+  // and P.V kernels of every head group copy it (same values, fewer instructions).
+  bool predequant = true;
 };
 // f32 scratch for the key-block split, 0 when the split is not used for this shape.
 int64_t attention_split_floats(int64_t T, int n_heads, int d, int max_keys);

@@ -489,8 +489,13 @@ void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<i
     Dev<bf16_t> dout2(want.size());
     k.max_keys = max_keys;
     k.split = scratch.p();
-    ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout2.p(), nullptr).ok());
-    expect_same(dout2.get(), want, "sparse_attention (key-block split)");
+    // Key tiles dequantised once into the scratch (default), or inside every head group's CTA.
+    for (bool pre : {true, false}) {
+      k.predequant = pre;
+      ASSERT_TRUE(sparse_attention(dq.p(), T, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), dout2.p(), nullptr).ok());
+      expect_same(dout2.get(), want, pre ? "sparse_attention (key-block split, keys dequantised once)" : "sparse_attention (key-block split)");
+    }
+    k.predequant = true;
   }
   // Tensor-core path of prefill steps ([reference-defining]: dots and P.V sums in the tensor
   // cores' order, the rest as the CPU). Tolerance per output, written down: one bf16 rounding of
