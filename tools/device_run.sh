@@ -72,6 +72,22 @@ if [ $bc -eq 0 ]; then
     >"$LOG/fixture_slots.log" 2>&1
   row "check-fixture tiny-s1-long, 2 expert slots" "rc=$?"
   grep -E "compare|HBM expert slots" "$LOG/fixture_slots.log" | head -2 | sed 's/^/    /' >>"$LOG/table.txt"
+  # The three tiers end to end under the GPU on the built-in tiny model: HBM slots (2 of its
+  # experts per layer) <- page-locked host cache (2 records) <- two expert-store replicas on the
+  # disk (flashbox convert). Greedy text must equal the all-resident run's.
+  T=/tmp/fb_tiers
+  rm -rf "$T" && mkdir -p "$T"
+  "$BUILD/flashbox" make-tiny --out "$T/model" >"$LOG/tiers_cli.log" 2>&1 &&
+    "$BUILD/flashbox" convert --model "$T/model" --out "$T/store1" --replicas "$T/store2" >>"$LOG/tiers_cli.log" 2>&1
+  rc=$?
+  A=$("$BUILD/flashbox" run --model "$T/model" --backend cuda --temperature 0 --max-tokens 24 -p "Hello" 2>>"$LOG/tiers_cli.log")
+  B=$("$BUILD/flashbox" run --model "$T/model" --backend cuda --temperature 0 --max-tokens 24 -p "Hello" --expert-slots 2 --host-experts 2 \
+      --expert-store "$T/store1" "$T/store2" 2>>"$LOG/tiers_cli.log")
+  C=$("$BUILD/flashbox" run --model "$T/model" --backend cpu --temperature 0 --max-tokens 24 -p "Hello" 2>>"$LOG/tiers_cli.log")
+  same="DIFFERENT"
+  [ -n "$A" ] && [ "$A" = "$B" ] && [ "$A" = "$C" ] && same="IDENTICAL"
+  row "run: cuda resident / cuda 2 slots+host+drives / cpu" "$same (setup rc=$rc, ${#A} chars)"
+  grep -iE "expert|slots|tier|error" "$LOG/tiers_cli.log" | tail -4 | sed 's/^/    /' >>"$LOG/table.txt"
 fi
 row "total" "$(($(date +%s) - t0))s"
 echo "==================== device_run summary ===================="

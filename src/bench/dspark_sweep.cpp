@@ -10,7 +10,7 @@ Result<std::vector<engine::ForcedAcceptanceReport>> dspark_sweep(model::Executor
   for (int64_t i = 0; i < prompt_len; ++i) prompt[size_t(i)] = int32_t((i * 7919 + 17) % c.vocab_size);
   engine::GeneratorOptions opt;
   opt.prefill_chunk = 256;
-  opt.dspark_verify = verify_rows;  // forced length, so the speed model is checkable
+  opt.dspark_verify = verify_rows;  // forced length (the speed model is checkable); -1: the scheduler
   return engine::run_forced_acceptance(ex, prompt, n_tokens, ps, opt);
 }
 

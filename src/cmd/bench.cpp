@@ -89,6 +89,7 @@ struct Args {
   int64_t prompt_len = 64;
   int verify_rows = 6;
   bool dspark_sweep = false;
+  bool sweep_schedule = false;
   std::vector<int64_t> prefill;  // prompt lengths for --synthetic prefill rows
   int64_t prefill_chunk = 2048;
   std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
@@ -465,16 +466,22 @@ int run(const Args& a) {
       csv.row("prefill_gemm_layer_tflops", M, tf, "TFLOP/s, one layer's GEMM work (share: of the FP8 rate)", tf / lim->fp8_tflops);
       csv.row("prefill_gemm_layer_bf16_share", M, tf / lim->bf16_tflops, "share of the measured BF16 tensor-core rate");
     }
-    if (a.dspark_sweep) {
-      // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5).
-      auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, (*ex)->config().dspark_block_size);
+    // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5), and with
+    // --sweep-schedule also under the confidence scheduler and its back-off (the default path).
+    for (int pass = 0; pass < (a.dspark_sweep ? (a.sweep_schedule ? 2 : 1) : 0); ++pass) {
+      const bool sched = pass == 1;
+      auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, sched ? -1 : (*ex)->config().dspark_block_size);
       if (!rep.ok()) {
         std::fprintf(stderr, "bench: dspark sweep: %s\n", rep.status().to_string().c_str());
         return 1;
       }
       for (const auto& r : *rep) {
-        char tag[32];
-        std::snprintf(tag, sizeof tag, "dspark_p%.2f_", r.p);
+        char tag[40];
+        std::snprintf(tag, sizeof tag, sched ? "dspark_sched_p%.2f_" : "dspark_p%.2f_", r.p);
+        std::fprintf(stderr, "bench: dspark %s p=%.2f: %.1f tok/s (plain %.1f), %.2f tokens/round, %lld rounds, %lld back-off steps, equal=%d\n",
+                     sched ? "scheduled" : "full blocks", r.p, r.tok_per_s, r.plain_tok_per_s, r.tokens_per_round, (long long)r.rounds,
+                     (long long)r.backoff_steps, int(r.matches_plain));
+        if (sched) csv.row(std::string(tag) + "backoff_steps", 256, double(r.backoff_steps), "plain steps: drafting did not pay");
         csv.row(std::string(tag) + "tokens_per_round", 256, r.tokens_per_round, "tokens/round");
         csv.row(std::string(tag) + "model_tokens_per_round", 256, r.expected_tokens_per_round, "tokens/round (speed model)");
         csv.row(std::string(tag) + "tok_s", 256, r.tok_per_s, "tok/s (DSpark on)");
@@ -531,6 +538,7 @@ Runner add_bench(CLI::App& app) {
       ->delimiter(',');
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
+  app.add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
   app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch on the decode rows, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0)");
   app.add_option("--prefill-ab-env", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a switch on each chunk, NAME=v1,v2");

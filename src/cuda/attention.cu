@@ -391,7 +391,7 @@ __device__ __forceinline__ void load_key_tile(const SplitScratch& sc, int64_t t,
   for (int i = int(threadIdx.x); i < n16; i += int(blockDim.x)) dst[i] = src[i];
 }
 
-constexpr int kKeyParts = 8;  // CTAs per 64-key tile in the dequantisation pass
+constexpr int kKeyParts = 16;  // CTAs per 64-key tile in the dequantisation pass (one 8-element chunk per thread)
 
 // CTA (t, block b, part): dequantises its share of the tile's chunks into sc.keys (the same
 // values dequant_key_tile writes to shared memory: same function, same bits).
@@ -575,8 +575,8 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
     const size_t smem_b = size_t(64) * size_t(d) * 2;
     auto scores = keys.predequant ? attn_split_scores_kernel<true> : attn_split_scores_kernel<false>;
     auto pv = keys.predequant ? attn_split_pv_kernel<true> : attn_split_pv_kernel<false>;
-    if (smem_a > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(scores, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_a)));
-    if (smem_b > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(pv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_b)));
+    FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(scores), smem_a));
+    FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(pv), smem_b));
     if (keys.predequant) {
       attn_split_keys_kernel<<<unsigned(T * nblk * kKeyParts), 256, 0, st>>>(T, n_heads, d, keys);
       FB_CUDA_LAUNCHED("attn_split_keys_kernel");
@@ -591,13 +591,13 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
   }
   if (d <= kTiledMaxD) {
     const size_t smem = size_t(64) * size_t(d) * 2 + size_t(2 * d) * sizeof(float);
-    if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(sparse_attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(sparse_attention_tiled_kernel), smem));
     sparse_attention_tiled_kernel<<<unsigned(T * n_heads), kTiledThreads, smem, st>>>(q, n_heads, d, keys, sinks, scale, out);
     FB_CUDA_LAUNCHED("sparse_attention_tiled_kernel");
     return Status();
   }
   const size_t smem = size_t(2 * d) * sizeof(float);
-  if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(sparse_attention_kernel), smem));
   sparse_attention_kernel<<<unsigned(T * n_heads), kThreads, smem, st>>>(q, n_heads, d, keys, sinks, scale, out);
   FB_CUDA_LAUNCHED("sparse_attention_kernel");
   return Status();

@@ -29,6 +29,11 @@ void kprof_mark(const char* kernel);
 void kprof_end(void (*add)(void* ctx, const std::string& name, double ms), void* ctx);
 bool kprof_on();
 
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) only when `bytes` exceeds the
+// 48 KB default and what this process already allowed for `kernel` (a host API call per launch
+// costs microseconds on the decode step's critical path). Thread-safe.
+Status allow_dynamic_smem(const void* kernel, size_t bytes);
+
 }  // namespace fb::cuda
 
 #define FB_CUDA_TRY(expr) FB_RETURN_IF_ERROR(::fb::cuda::cuda_status((expr), #expr))

@@ -6,6 +6,7 @@
 #include "cuda/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <chrono>
 #include <cstddef>
@@ -13,6 +14,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "base/check.h"
 #include "cpu/session_cache.h"
@@ -454,6 +457,25 @@ class CudaLayerOps {
   T* upload(const std::vector<T>& v) {
     return arena_.upload<T>(v, status_);
   }
+  // Several host vectors staged together and sent in ONE copy (each upload is its own copy on
+  // the stream, a few microseconds of host and GPU time on the decode step's critical path); the
+  // device pointer of each, 16-byte aligned, in argument order (all nullptr on failure).
+  template <typename... Ts>
+  std::tuple<Ts*...> upload_all(const std::vector<Ts>&... vs) {
+    constexpr size_t kAlign = 16;
+    std::array<size_t, sizeof...(Ts)> off{};
+    size_t total = 0, i = 0;
+    ((off[i++] = total, total += (vs.size() * sizeof(Ts) + kAlign - 1) / kAlign * kAlign), ...);
+    std::vector<uint8_t> pack(std::max<size_t>(total, 1));
+    i = 0;
+    ((vs.empty() ? void() : void(std::memcpy(pack.data() + off[i], vs.data(), vs.size() * sizeof(Ts))), ++i), ...);
+    uint8_t* base = upload(pack);
+    return pointers_at<Ts...>(base, off, std::index_sequence_for<Ts...>{});
+  }
+  template <typename... Ts, size_t... I>
+  static std::tuple<Ts*...> pointers_at(uint8_t* base, const std::array<size_t, sizeof...(Ts)>& off, std::index_sequence<I...>) {
+    return std::tuple<Ts*...>{(base ? reinterpret_cast<Ts*>(base + off[I]) : nullptr)...};
+  }
   void copy_d2d(void* dst, const void* src, int64_t bytes) {
     if (ok()) step(cuda_status(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, st_), "copy"));
     kprof_mark("memcpy_d2d");
@@ -588,8 +610,7 @@ class CudaLayerOps {
     if (n > 0) keys.split = alloc<float>(n);
   }
   void set_rows(const std::vector<int64_t>& pos, const std::vector<uint8_t>& image) {
-    pos_ = upload(pos);
-    image_ = upload(image);
+    std::tie(pos_, image_) = upload_all(pos, image);
   }
   void embed_tokens(const std::vector<uint64_t>& src) {
     if (!ok()) return;
@@ -815,7 +836,9 @@ class CudaStep : public CudaLayerOps {
       if (ratio == 2) {
         uint16_t* pooled = alloc<uint16_t>(E * hd);
         if (!ok()) return;
-        step(ratio2_pool(upload(even), upload(odd), E, hd, pooled, st_));
+        const auto [even_d, odd_d] = upload_all(even, odd);
+        if (!ok()) return;
+        step(ratio2_pool(even_d, odd_d, E, hd, pooled, st_));
         step(rms_norm(pooled, E, hd, w.comp_norm, c_.norm_eps, latent, st_));
       } else {
         step(rms_norm(lat1, E, hd, w.comp_norm, c_.norm_eps, latent, st_));  // every row emits, in row order
@@ -836,8 +859,10 @@ class CudaStep : public CudaLayerOps {
         s_key.push_back(addr(key_stage + i * keyb));
         d_key.push_back(addr(cc.keys.get<uint8_t>() + j * cc.key_bytes));
       }
-      step(copy_rows(upload(s_kv), upload(d_kv), E, kvb, st_));
-      step(copy_rows(upload(s_key), upload(d_key), E, keyb, st_));
+      const auto [s_kv_d, d_kv_d, s_key_d, d_key_d] = upload_all(s_kv, d_kv, s_key, d_key);
+      if (!ok()) return;
+      step(copy_rows(s_kv_d, d_kv_d, E, kvb, st_));
+      step(copy_rows(s_key_d, d_key_d, E, keyb, st_));
     }
     // Tails (ratio 2): every row's (k, g) into its position slot (newest row per slot), written
     // after the pooling read them (cpu::CpuStep::compress, cpu::kTailSlots).
@@ -849,7 +874,8 @@ class CudaStep : public CudaLayerOps {
         tail_src.push_back(addr(kg + t * 2 * hd));
         tail_dst.push_back(addr(tail + key.second * 2 * hd));
       }
-      step(copy_rows(upload(tail_src), upload(tail_dst), int64_t(tail_src.size()), 2 * hd * int64_t(sizeof(float)), st_));
+      const auto [tail_src_d, tail_dst_d] = upload_all(tail_src, tail_dst);
+      if (ok()) step(copy_rows(tail_src_d, tail_dst_d, int64_t(tail_src.size()), 2 * hd * int64_t(sizeof(float)), st_));
     }
     for (size_t s = 0; s < sessions_.size(); ++s) sessions_[s]->comp[size_t(l)].n_entries += added[s];
   }
@@ -891,8 +917,7 @@ class CudaStep : public CudaLayerOps {
     uint16_t* iq = alloc<uint16_t>(T_ * IH * ihd);
     uint16_t* wts = alloc<uint16_t>(T_ * IH);
     float* I = alloc<float>(T_ * ld);
-    const int64_t* nv = upload(n_vis);
-    const uint64_t* kb = upload(keys_base);
+    const auto [nv, kb] = upload_all(n_vis, keys_base);
     if (!ok()) return;
     gemm_q(qrq_, T_, w.idx_wq_b, iq);
     step(rope(iq, T_, IH, ihd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
@@ -964,8 +989,9 @@ class CudaStep : public CudaLayerOps {
       if (r.ratio > 0) comp_base[size_t(t)] = addr(sessions_[size_t(s)]->comp[size_t(r.kv_layer)].kv.get());
     }
     AttnKeys keys;
-    keys.win = upload(win);
-    keys.win_off = upload(off);
+    const auto [win_d, off_d, comp_base_d] = upload_all(win, off, comp_base);
+    keys.win = win_d;
+    keys.win_off = off_d;
     if (r.ratio > 0) {
       auto it = selections_.find(r.index_layer);
       if (it == selections_.end()) {
@@ -975,7 +1001,7 @@ class CudaStep : public CudaLayerOps {
       keys.sel = it->second.ids;
       keys.sel_count = it->second.count;
       keys.sel_ld = it->second.ld;
-      keys.comp_base = upload(comp_base);
+      keys.comp_base = comp_base_d;
     }
     int max_win = 0;
     for (size_t t = 0; t + 1 < off.size(); ++t) max_win = std::max(max_win, off[t + 1] - off[t]);
@@ -1007,7 +1033,8 @@ class CudaStep : public CudaLayerOps {
       src.push_back(v.first);
       dst.push_back(v.second);
     }
-    step(copy_rows(upload(src), upload(dst), int64_t(src.size()), row_bytes(), st_));
+    const auto [src_d, dst_d] = upload_all(src, dst);
+    if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st_));
     if (taps_ && taps_->enabled) {
       if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
       download(taps_->after_block[size_t(l)], X_, T_ * c_.hc_mult * c_.dim);
@@ -1098,8 +1125,7 @@ class CudaDraftStep : public CudaLayerOps {
       off.push_back(int32_t(win.size()));
     }
     AttnKeys keys;
-    keys.win = upload(win);
-    keys.win_off = upload(off);
+    std::tie(keys.win, keys.win_off) = upload_all(win, off);
     split_scratch(keys, int(n + T_));
     if (!ok()) return;
     step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))), o_, st_));

@@ -475,7 +475,7 @@ Status hc_mixes(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* 
   const int64_t n = int64_t(hc) * dim;
   const size_t smem = size_t(n) * sizeof(float);
   if (n_task <= int(sizeof(HcMix) / sizeof(float)) && smem <= 200 * 1024) {
-    if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(hc_dots_kernel), smem));
     hc_dots_kernel<<<unsigned(T * n_task), kHcDotThreads, smem, st>>>(x, n, n_task, fn, out);
     FB_CUDA_LAUNCHED("hc_dots_kernel");
     return hc_sinkhorn(T, hc, n, norm_eps, scale, base, iters, eps, out, st);
@@ -503,7 +503,7 @@ Status hc_mixes_with_dots(const uint16_t* x, int64_t T, int hc, int64_t dim, con
   const size_t smem = size_t(n) * sizeof(float);
   FB_CHECK(smem <= 200 * 1024 && 1 + n_mix <= int(sizeof(HcMix) / sizeof(float))) << "hc mixes n=" << n;
   // The squares' sum exactly as hc_mixes computes it (task 0 of hc_dots_kernel only).
-  if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(hc_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(hc_dots_kernel), smem));
   hc_dots_kernel<<<unsigned(T), kHcDotThreads, smem, st>>>(x, n, 1, nullptr, out);
   FB_CUDA_LAUNCHED("hc_dots_kernel");
   hc_park_dots_kernel<<<blocks_for(T * n_mix, 256), 256, 0, st>>>(dots, T, n_mix, out);

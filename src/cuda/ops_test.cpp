@@ -765,35 +765,38 @@ TEST(CudaOps, MarkovArgmaxConfidence) {
   NEED_GPU();
   Rng rng(12);
   const int64_t V = 129280, D = 5120;
-  const int r = 32;
-  auto lk = rng.f32(V, 1.0f);
-  auto em = rng.act(V * r, 0.1f), hm = rng.act(V * r, 0.1f), hH = rng.act(D), wc = rng.act(D + r, 0.05f);
-  const int32_t prev = 4242;
-  auto want = lk;
-  for (int64_t v = 0; v < V; ++v)
-    want[size_t(v)] = fm::add(want[size_t(v)], fm::lanes32_sum(r, [&](int64_t j) {
-                                return fm::mul(bf16_to_f32(em[size_t(prev * r + j)]), bf16_to_f32(hm[size_t(v * r + j)]));
-                              }));
-  want[777] = want[90000] = 1e9f;  // exact tie: the first index wins
-  int32_t best = 0;
-  for (int64_t v = 1; v < V; ++v)
-    if (want[size_t(v)] > want[size_t(best)]) best = int32_t(v);
-  const float conf = fm::lanes32_sum(D + r, [&](int64_t i) {
-    const float a = i < D ? bf16_to_f32(hH[size_t(i)]) : bf16_to_f32(em[size_t(prev * r + i - D)]);
-    return fm::mul(a, bf16_to_f32(wc[size_t(i)]));
-  });
-  lk[777] = lk[90000] = 1e9f;  // survives the bias add (1e9 + small = 1e9 in f32)
-  Dev<float> dlk(lk), dconf(1);
-  Dev<bf16_t> dem(em), dhm(hm), dhH(hH), dwc(wc);
-  Dev<int32_t> dprev(std::vector<int32_t>{prev}), dbest(1);
-  ASSERT_TRUE(markov_bias(dlk.p(), V, r, dem.p(), dhm.p(), dprev.p(), nullptr).ok());
-  ASSERT_TRUE(argmax(dlk.p(), V, dbest.p(), nullptr).ok());
-  ASSERT_TRUE(confidence(dhH.p(), D, dem.p(), r, dprev.p(), dwc.p(), dconf.p(), nullptr).ok());
-  auto got = dlk.get();
-  got[777] = got[90000] = 1e9f;
-  expect_same(got, want, "markov bias");
-  EXPECT_EQ(dbest.get()[0], best);
-  expect_same(dconf.get(), std::vector<float>{conf}, "confidence");
+  // r = 32 and the released 256 take the 16-byte-load path, r = 36 the scalar one.
+  for (const int r : {32, 256, 36}) {
+    SCOPED_TRACE(r);
+    auto lk = rng.f32(V, 1.0f);
+    auto em = rng.act(V * r, 0.1f), hm = rng.act(V * r, 0.1f), hH = rng.act(D), wc = rng.act(D + r, 0.05f);
+    const int32_t prev = 4242;
+    auto want = lk;
+    for (int64_t v = 0; v < V; ++v)
+      want[size_t(v)] = fm::add(want[size_t(v)], fm::lanes32_sum(r, [&](int64_t j) {
+                                  return fm::mul(bf16_to_f32(em[size_t(prev * r + j)]), bf16_to_f32(hm[size_t(v * r + j)]));
+                                }));
+    want[777] = want[90000] = 1e9f;  // exact tie: the first index wins
+    int32_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (want[size_t(v)] > want[size_t(best)]) best = int32_t(v);
+    const float conf = fm::lanes32_sum(D + r, [&](int64_t i) {
+      const float a = i < D ? bf16_to_f32(hH[size_t(i)]) : bf16_to_f32(em[size_t(prev * r + i - D)]);
+      return fm::mul(a, bf16_to_f32(wc[size_t(i)]));
+    });
+    lk[777] = lk[90000] = 1e9f;  // survives the bias add (1e9 + small = 1e9 in f32)
+    Dev<float> dlk(lk), dconf(1);
+    Dev<bf16_t> dem(em), dhm(hm), dhH(hH), dwc(wc);
+    Dev<int32_t> dprev(std::vector<int32_t>{prev}), dbest(1);
+    ASSERT_TRUE(markov_bias(dlk.p(), V, r, dem.p(), dhm.p(), dprev.p(), nullptr).ok());
+    ASSERT_TRUE(argmax(dlk.p(), V, dbest.p(), nullptr).ok());
+    ASSERT_TRUE(confidence(dhH.p(), D, dem.p(), r, dprev.p(), dwc.p(), dconf.p(), nullptr).ok());
+    auto got = dlk.get();
+    got[777] = got[90000] = 1e9f;
+    expect_same(got, want, "markov bias");
+    EXPECT_EQ(dbest.get()[0], best);
+    expect_same(dconf.get(), std::vector<float>{conf}, "confidence");
+  }
 }
 
 

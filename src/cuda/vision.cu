@@ -155,7 +155,7 @@ Status vit_attention(const uint16_t* qkv, int64_t N, int H, int hd, float scale,
   const size_t smem = size_t(N) * sizeof(float);
   FB_CHECK(smem <= 227 * 1024) << "vit_attention: " << N << " patches exceed one block's shared memory";
   FB_CHECK(N <= 2147483647) << "vit_attention: grid";
-  if (smem > 48 * 1024) FB_CUDA_TRY(cudaFuncSetAttribute(vit_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(vit_attention_kernel), smem));
   vit_attention_kernel<<<dim3(unsigned(N), unsigned(H)), 256, smem, st>>>(qkv, N, H, hd, scale, o);
   FB_CUDA_LAUNCHED("vit_attention_kernel");
   return Status();

@@ -75,6 +75,7 @@ Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executo
     FB_RETURN_IF_ERROR(g.next(sp, rng, &first));
     FB_RETURN_IF_ERROR(g.calibrate_verify_cost());
     on.dspark_verify_sps = g.verify_cost().steps_per_s;
+    on.dspark_draft_s = g.verify_cost().draft_s;
   }
   std::vector<ForcedAcceptanceReport> reports;
   for (double p : ps) {
@@ -98,6 +99,7 @@ Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executo
     r.accepted_hist = c.accepted_hist;
     r.verify_hist = c.verify_hist;
     r.draft_s = c.draft_s;
+    r.backoff_steps = c.backoff_steps;
     r.verify_s = c.verify_s;
     r.tok_per_s = r.decode_s > 0 ? double(n_tokens) / r.decode_s : 0;
     r.plain_tok_per_s = plain_s > 0 ? double(n_plain) / plain_s : 0;

@@ -47,6 +47,7 @@ struct ForcedAcceptanceReport {
   double expected_tokens_per_round = 0; // speed model: mean over rounds of 1 + sum_{j<=L} p^j
   std::vector<int64_t> accepted_hist, verify_hist;
   double draft_s = 0, verify_s = 0, decode_s = 0;
+  int64_t backoff_steps = 0;            // plain steps taken because drafting did not pay (scheduled runs)
   double tok_per_s = 0;                 // generated tokens / decode wall time (DSpark on)
   double plain_tok_per_s = 0;           // the same generation with DSpark off
   bool matches_plain = false;           // greedy output equal to plain greedy (exactness)

@@ -46,6 +46,14 @@ int choose_verify_len(std::span<const double> survival, const VerifyCostTable& c
   return best_b;
 }
 
+bool drafting_pays(std::span<const double> survival, const VerifyCostTable& cost, int L) {
+  if (L <= 0) return false;
+  if (cost.empty() || cost.draft_s <= 0) return true;
+  const double tokens = expected_tokens_per_round(survival, L);
+  const double round_s = 1.0 / cost.sps(1 + L) + cost.draft_s;
+  return tokens / round_s >= cost.sps(1);
+}
+
 double expected_tokens_per_round(std::span<const double> survival, int L) {
   double t = 1.0;
   for (int j = 0; j < L && j < int(survival.size()); ++j) t += survival[size_t(j)];

@@ -19,6 +19,7 @@ std::vector<double> dspark_survival(std::span<const float> confidence_logits, st
 // table the cost per row of the last entry is extrapolated linearly.
 struct VerifyCostTable {
   std::vector<double> steps_per_s;  // [n - 1] = steps/s with n rows
+  double draft_s = 0;               // seconds per draft block; 0 = not measured
   bool empty() const { return steps_per_s.empty(); }
   double sps(int64_t rows) const;
   // A flat table (every row count costs the same): the memory-bound single-stream case.
@@ -40,6 +41,13 @@ enum class ScheduleRule {
 // per second Theta(b) = (1 + sum_{j<=b} S_j) * SPS(1 + b). An empty table counts as flat
 // (always the full block).
 int choose_verify_len(std::span<const double> survival, const VerifyCostTable& cost, int max_len, ScheduleRule rule);
+
+// Whether a round that drafts and verifies L drafts commits tokens faster than plain decoding,
+// counting the draft block's own time: (1 + sum_{j<=L} S_j) / (1/SPS(1+L) + draft_s) >= SPS(1).
+// With the draft unmeasured (draft_s == 0) only L == 0 counts as not paying. The generator uses
+// the answer of one round to decide whether the NEXT rounds draft at all ([policy]: any verify
+// length, zero included, keeps greedy output and the sampling distribution exact).
+bool drafting_pays(std::span<const double> survival, const VerifyCostTable& cost, int L);
 
 // Expected committed tokens per round (anchor's successor included) for L verified drafts:
 // 1 + sum_{j<=L} S_j. With a per-draft acceptance p, S_j = p^j.

@@ -67,6 +67,30 @@ TEST(DsparkSchedule, SteepCostVerifiesShorterBlocks) {
   EXPECT_NEAR(steep.sps(12), steep.sps(6) * 6 / 12, 1e-12);
 }
 
+TEST(DsparkSchedule, DraftingPaysCountsTheDraftBlock) {
+  // One-row step 1 s, each extra row +0.2 s; a draft block of 0.25 s.
+  VerifyCostTable t;
+  for (int n = 1; n <= 6; ++n) t.steps_per_s.push_back(1.0 / (1.0 + 0.2 * (n - 1)));
+  t.draft_s = 0.25;
+  auto geo = [](double p) {
+    std::vector<double> S;
+    double s = 1;
+    for (int j = 0; j < 5; ++j) S.push_back(s *= p);
+    return S;
+  };
+  EXPECT_FALSE(drafting_pays(geo(0.99), t, 0));  // nothing verified: the draft was pure cost
+  // L = 1: (1 + p) / (1.2 + 0.25) >= 1  <=>  p >= 0.45
+  EXPECT_TRUE(drafting_pays(geo(0.46), t, 1));
+  EXPECT_FALSE(drafting_pays(geo(0.44), t, 1));
+  // L = 5, p = 0.9: 1 + 4.095 tokens in 2.25 s
+  EXPECT_TRUE(drafting_pays(geo(0.9), t, 5));
+  EXPECT_FALSE(drafting_pays(geo(0.2), t, 5));
+  // Draft time unknown: any verified draft counts as paying.
+  t.draft_s = 0;
+  EXPECT_TRUE(drafting_pays(geo(0.01), t, 1));
+  EXPECT_FALSE(drafting_pays(geo(0.01), t, 0));
+}
+
 TEST(DsparkSchedule, ArgmaxIsTheBestPrefixAndEarlyStopIsAStoppingTime) {
   Rng rng(5);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -484,6 +508,35 @@ TEST(DsparkHarness, ScheduledRoundsUseTheConfidence) {
     EXPECT_TRUE(x.matches_plain);
     EXPECT_NEAR(x.tokens_per_round, x.expected_tokens_per_round, 4.5 * (kB / 2.0) / std::sqrt(double(x.rounds)));
   }
+}
+
+TEST(DsparkHarness, BackOffDecodesPlainlyWhileDraftsDoNotPay) {
+  // A steep table and a draft block costing 0.3 of a step: at p = 0.05 the scheduler verifies
+  // nothing, so the generator backs off to plain steps (1, 2, 4, 8, 8, ...); at p = 0.95 every
+  // round pays and it never backs off. Greedy output equals plain decoding either way.
+  MarkovExecutor ex;
+  GeneratorOptions opt;
+  for (int n = 1; n <= kB + 1; ++n) opt.dspark_verify_sps.push_back(1.0 / (1.0 + 0.2 * (n - 1)));
+  opt.dspark_draft_s = 0.3;
+  const std::vector<int32_t> prompt = {2, 5, 1};
+  const std::vector<double> ps = {0.05, 0.95};
+  auto r = run_forced_acceptance(ex, prompt, 400, ps, opt, 5);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const auto& low = (*r)[0];
+  const auto& high = (*r)[1];
+  EXPECT_TRUE(low.matches_plain);
+  EXPECT_TRUE(high.matches_plain);
+  // Every round at p = 0.05 is followed by up to 8 plain steps: rounds ~ 400 / 9.
+  EXPECT_GT(low.backoff_steps, 300);
+  EXPECT_LT(low.rounds, 60);
+  EXPECT_EQ(high.backoff_steps, 0);
+  // Without back-off every token costs a round.
+  opt.dspark_max_backoff = 0;
+  auto r0 = run_forced_acceptance(ex, prompt, 400, std::vector<double>{0.05}, opt, 5);
+  ASSERT_TRUE(r0.ok());
+  EXPECT_EQ((*r0)[0].backoff_steps, 0);
+  EXPECT_GT((*r0)[0].rounds, 350);
+  EXPECT_TRUE((*r0)[0].matches_plain);
 }
 
 }  // namespace

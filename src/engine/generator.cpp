@@ -29,6 +29,7 @@ Generator::Generator(model::Executor& ex, GeneratorOptions opt) : ex_(&ex), opt_
   counters_.accepted_hist.assign(size_t(std::max(block_, 0) + 1), 0);
   counters_.verify_hist.assign(size_t(std::max(block_, 0) + 1), 0);
   cost_.steps_per_s = opt_.dspark_verify_sps;
+  cost_.draft_s = opt_.dspark_draft_s;
   reset();
 }
 
@@ -48,6 +49,7 @@ void DsparkCounters::add_since(const DsparkCounters& now, const DsparkCounters& 
   draft_s += now.draft_s - before.draft_s;
   verify_s += now.verify_s - before.verify_s;
   calibrate_s += now.calibrate_s - before.calibrate_s;
+  backoff_steps += now.backoff_steps - before.backoff_steps;
 }
 
 void Generator::reset() {
@@ -59,6 +61,7 @@ void Generator::reset() {
   tap_hist_.assign(dspark_ok_ ? size_t((window_ + kTapHistoryExtra) * tap_w_) : 0, 0);
   tap_hist_pos_.assign(dspark_ok_ ? size_t(window_ + kTapHistoryExtra) : 0, -1);
   reused_ = 0;
+  backoff_left_ = backoff_next_ = 0;
 }
 
 int64_t Generator::reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds) const {
@@ -104,6 +107,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
                           const PromptEmbeddings* embeds) {
   const int64_t N = int64_t(prompt.size());
   if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
+  backoff_left_ = backoff_next_ = 0;  // a new prompt: draft again from its first round
   const int64_t dim = ex_->config().dim;
   if (embeds && (embeds->row.size() != prompt.size() || embeds->key.size() != prompt.size()))
     return FB_ERROR(kInvalidArgument) << "prompt embeddings cover " << embeds->row.size() << " positions, the prompt has " << N;
@@ -224,7 +228,11 @@ Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>*
   const int64_t H = int64_t(history_.size());
   if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
   // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
-  if (dspark_ok_ && H >= 2 && H + 2 < max_context_) return dspark_step(sp, rng, out, lp, top_n);
+  if (dspark_ok_ && H >= 2 && H + 2 < max_context_) {
+    if (backoff_left_ <= 0) return dspark_step(sp, rng, out, lp, top_n);
+    --backoff_left_;
+    ++counters_.backoff_steps;
+  }
   return plain_step(sp, rng, out, lp, top_n);
 }
 
@@ -281,18 +289,30 @@ Status Generator::calibrate_verify_cost() {
   }
   cost_.steps_per_s.resize(size_t(rows_max));
   for (int64_t n = 0; n < rows_max; ++n) cost_.steps_per_s[size_t(n)] = 1.0 / std::max(best[size_t(n)], 1e-9);
+  // The draft block at the same position (its ring write of H-1 repeats the committed row: same
+  // bytes), so the back-off rule can weigh drafting's own cost.
+  double draft_best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < reps; ++rep) {
+    const double a = now_s();
+    auto d = ex_->draft(*session_, pending_token_, tap_.data(), H - 1);
+    if (!d.ok()) return d.status();
+    draft_best = std::min(draft_best, now_s() - a);
+  }
+  cost_.draft_s = draft_best;
   counters_.calibrate_s += now_s() - t0;
   return Status();
 }
 
-int64_t Generator::verify_len(const model::DraftOutput& d, bool greedy) const {
+int64_t Generator::verify_len(const model::DraftOutput& d, bool greedy, std::vector<double>* survival) const {
   const int64_t drafted = std::min<int64_t>(int64_t(d.ids.size()) - 1, block_);
   if (opt_.dspark_verify >= 0) return std::min<int64_t>(opt_.dspark_verify, drafted);
   // Missing confidences count as c = 1 (full block).
   std::vector<float> z(size_t(std::max<int64_t>(drafted, 0)), NAN);
   std::copy_n(d.confidence.begin(), std::min(z.size(), d.confidence.size()), z.begin());
-  const std::vector<double> S = dspark_survival(z, opt_.dspark_sts_temps);
-  return choose_verify_len(S, cost_, int(drafted), greedy ? ScheduleRule::kArgmax : ScheduleRule::kEarlyStop);
+  std::vector<double> S = dspark_survival(z, opt_.dspark_sts_temps);
+  const int64_t L = choose_verify_len(S, cost_, int(drafted), greedy ? ScheduleRule::kArgmax : ScheduleRule::kEarlyStop);
+  if (survival) *survival = std::move(S);
+  return L;
 }
 
 Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
@@ -320,9 +340,20 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
   double t1 = now_s();
   // SCHEDULE (spec/13 §7): from the confidences and the cost table only, before any acceptance
   // draw; rows p+1..p+1+L must fit the context.
-  int64_t L = verify_len(d, greedy);
+  std::vector<double> S;
+  int64_t L = verify_len(d, greedy, &S);
   L = std::min<int64_t>(L, max_context_ - (p + 2) - 1);
   L = std::max<int64_t>(L, 0);
+  // Back-off ([policy], exact either way): when this round's drafts do not pay for the draft
+  // block, the next rounds decode plainly (1, 2, 4, ... steps), probing again after them.
+  if (opt_.dspark_verify < 0 && opt_.dspark_max_backoff > 0) {
+    if (drafting_pays(S, cost_, int(L))) {
+      backoff_next_ = 0;
+    } else {
+      backoff_next_ = std::min(opt_.dspark_max_backoff, std::max(1, 2 * backoff_next_));
+      backoff_left_ = backoff_next_;
+    }
+  }
   if (!greedy) FB_CHECK_GE(int64_t(q.size()), L);
   // VERIFY: one target step over [anchor, d1..dL], decode rows (same arithmetic as plain decode).
   model::Step st;

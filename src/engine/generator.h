@@ -28,7 +28,12 @@ struct GeneratorOptions {
   // Verify cost table for the scheduler (spec/13 §7): steps/s of a verify step with 1..B+1 rows.
   // Empty: measured on the live session at the first DSpark round (calibrate_verify_cost).
   std::vector<double> dspark_verify_sps;
+  double dspark_draft_s = 0;  // seconds per draft block for the back-off rule (0: measured with the table)
   int dspark_calibrate_reps = 2;         // timed repetitions per row count (min taken)
+  // [policy] When a scheduled round finds that drafting does not pay (drafting_pays), the next
+  // rounds decode plainly: 1, 2, 4, ... up to this many steps, reset by a round that pays. 0 = never
+  // back off. Forced lengths (dspark_verify >= 0) never back off.
+  int dspark_max_backoff = 8;
   std::vector<double> dspark_sts_temps;  // confidence temperatures T_1..T_B (spec/13 §4.8); empty: 1
   int64_t max_context = 0;  // 0 = the model's max_position_embeddings
   // [approx-approved] SWA bounded replay (spec/11 §8.4): a prompt longer than the window runs
@@ -60,6 +65,7 @@ struct DsparkCounters {
   std::vector<int64_t> verify_hist;    // [B + 1] rounds that verified L drafts (the schedule)
   double draft_s = 0, verify_s = 0;    // time drafting (chain draws included) / verifying
   double calibrate_s = 0;              // time measuring the verify cost table
+  int64_t backoff_steps = 0;           // plain decode steps taken because drafting did not pay
   // this += now - before (per-request deltas of a generator's running counters).
   void add_since(const DsparkCounters& now, const DsparkCounters& before);
 };
@@ -97,8 +103,9 @@ class Generator {
   // The scheduler's verify cost table (empty until given or measured).
   const VerifyCostTable& verify_cost() const { return cost_; }
   // Times target verify steps of 1..B+1 decode rows at the session's next position (after a
-  // prefill or emission; each step is rolled back) and keeps the table; a flat table when the
-  // context has no room. Runs by itself at the first scheduled round when no table was given.
+  // prefill or emission; each step is rolled back) and a draft block, and keeps the table; a flat
+  // table when the context has no room. Runs by itself at the first scheduled round when no table
+  // was given.
   Status calibrate_verify_cost();
 
  private:
@@ -110,7 +117,8 @@ class Generator {
   Status plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
   Status dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
   // Drafted rows to verify this round (forced, or the scheduler over the confidences).
-  int64_t verify_len(const model::DraftOutput& d, bool greedy) const;
+  // survival (optional): the S_j the scheduler used (empty for forced lengths).
+  int64_t verify_len(const model::DraftOutput& d, bool greedy, std::vector<double>* survival = nullptr) const;
   Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
 
   model::Executor* ex_;
@@ -134,6 +142,8 @@ class Generator {
   int64_t reused_ = 0;
   DsparkCounters counters_;
   VerifyCostTable cost_;
+  int backoff_next_ = 0;  // plain steps the next unpaying round imposes
+  int backoff_left_ = 0;  // plain steps still to take before drafting again
 };
 
 }  // namespace fb::engine

@@ -57,6 +57,7 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_decode_seconds_total", "counter", "time in decode", s.decode_s);
   m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
   m("flashbox_dspark_proposals_total", "counter", "drafted tokens verified", double(s.dspark.proposals));
+  m("flashbox_dspark_backoff_steps_total", "counter", "plain decode steps taken because drafting did not pay", double(s.dspark.backoff_steps));
   m("flashbox_dspark_accepted_total", "counter", "drafted tokens accepted", double(s.dspark.accepted));
   m("flashbox_dspark_verify_rows_total", "counter", "target rows run by verification", double(s.dspark.verify_rows));
   m("flashbox_dspark_draft_seconds_total", "counter", "time drafting", s.dspark.draft_s);
