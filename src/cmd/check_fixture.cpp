@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--chunk N] [--expert-slots N] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -22,6 +22,8 @@ struct Args {
   int64_t chunk = 0;
   bool bounded_replay = false;
   int64_t expert_slots = 0;
+  int64_t host_experts = 0;
+  std::vector<std::string> expert_store;
   bool verbose = false;
   bool compare_cpu = false;
   std::string dump, inject;
@@ -39,8 +41,8 @@ int run(const Args& a) {
       if (a.expert_slots > 0) {  // experts through the tiers: slots, host cache, shard reads
         storage::TieredOptions to;
         to.slots_per_layer = int(a.expert_slots);
-        to.host_experts = a.expert_slots;
-        auto src = storage::tiered_experts_for(m.value()->snapshot(), {}, to);
+        to.host_experts = a.host_experts > 0 ? a.host_experts : a.expert_slots;
+        auto src = storage::tiered_experts_for(m.value()->snapshot(), a.expert_store, to);
         if (!src.ok()) return src.status();
         tiers.push_back(src.value());
         m.value()->set_expert_source(std::move(src.value()));
@@ -58,6 +60,8 @@ int run(const Args& a) {
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
         engine::ExecutorOptions eo;
         eo.expert_slots = int(a.expert_slots);
+        eo.host_experts = a.host_experts;
+        eo.expert_store = a.expert_store;
         auto src = engine::make_host_tiers("cuda", ckpt, eo);
         if (!src.ok()) return src.status();
         tiers.push_back(src.value());
@@ -119,6 +123,8 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_flag("--bounded-replay", a->bounded_replay,
                "approximate prefill (SWA bounded replay, spec/11 sec. 8.4); the fixtures are exact, so expect FAIL");
   app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
+  app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; CUDA keeps >= 64)");
+  app.add_option("--expert-store", a->expert_store, "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   app.add_flag("--compare-cpu", a->compare_cpu, "also run the CPU reference in lockstep and compare logits, taps and drafts bit for bit");
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");

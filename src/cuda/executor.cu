@@ -238,7 +238,7 @@ class CudaLayerOps {
 
   void hc_mixes(int l, Site site) {
     ProfScope prof_scope_(this, "hc_mixes");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
     if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
@@ -254,7 +254,7 @@ class CudaLayerOps {
   // FFN site with the attention site's pre.
   void hc_collapse_norm(int l, Site site) {
     ProfScope prof_scope_(this, "hc_collapse_norm");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const int hc = c_.hc_mult;
     if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
@@ -268,7 +268,7 @@ class CudaLayerOps {
   void attn_q(int l) {
     ProfScope prof_scope_(this, "attn_q");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
@@ -283,7 +283,7 @@ class CudaLayerOps {
   void attn_kv(int l) {
     ProfScope prof_scope_(this, "attn_kv");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t hd = c_.head_dim;
@@ -298,7 +298,7 @@ class CudaLayerOps {
   void attn_output(int l) {
     ProfScope prof_scope_(this, "attn_output");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
@@ -311,7 +311,7 @@ class CudaLayerOps {
 
   void hc_expand(int l, Site site) {
     ProfScope prof_scope_(this, "hc_expand");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
     if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
   }
@@ -321,7 +321,7 @@ class CudaLayerOps {
   void moe(int l) {
     ProfScope prof_scope_(this, "moe");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
@@ -671,7 +671,8 @@ class CudaStep : public CudaLayerOps {
       if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
     }
     n_taps_ = int(c_.dspark_target_layer_ids.size());
-    taps_dev_ = alloc<uint16_t>(T_ * n_taps_ * c_.dim);
+    taps_dev_ = taps_first_ = alloc<uint16_t>(T_ * n_taps_ * c_.dim);
+    X_first_ = X_;
     if (taps_dev_ && n_taps_ > 0) step_status(cudaMemsetAsync(taps_dev_, 0, size_t(T_ * n_taps_ * c_.dim) * 2, st_));
     for (int64_t t = 0; t < T_; ++t) {
       CudaSession* s = sessions_[size_t(step.rows[size_t(t)].session)];
@@ -701,9 +702,70 @@ class CudaStep : public CudaLayerOps {
     embed_tokens(src);
   }
 
-  // Bounded replay (Row::replay_start) is not implemented here: forward() refuses such rows.
-  bool leave_begin(int) { return false; }
-  void leave_end(int) {}
+  // Bounded replay (spec/11 §8.4, cpu::CpuStep::leave_begin): at Config::decoder_start the rows
+  // below their replay_start (the step's first rows: forward() checks it) become the only rows for
+  // their collapse and compressor, then leave: every row buffer of the step is advanced past
+  // them, so the decoder runs on the rest with the same kernels.
+  bool leave_begin(int) {
+    int64_t n = 0;
+    while (n < T_ && row(n).kind == RowKind::kPrefill && row(n).pos < row(n).replay_start) ++n;
+    if (n == 0) return false;
+    T_all_ = T_;
+    T_ = n;
+    return true;
+  }
+  void leave_end(int l) {
+    const int64_t n = T_, D = c_.dim, hc = c_.hc_mult;
+    // Their slots in the decoder rings are marked empty (those rings hold replayed rows only).
+    for (int64_t t = 0; t < n; ++t) {
+      CudaSession* s = sessions_[size_t(row(t).session)];
+      for (int d = l; d < c_.n_layers; ++d) {
+        DevRing& ring = s->rings[size_t(d)];
+        ring.pos[size_t(row(t).pos % ring.slots)] = -1;
+      }
+    }
+    X_ += n * hc * D;
+    residual_ += n * hc * D;
+    pre_ += n * hc;
+    mix_a_ += n;
+    mix_f_ += n;
+    u_ += n * D;
+    y_ += n * D;
+    h_ += n * D;
+    qr_ += n * c_.q_lora_rank;
+    q_ += n * c_.q_dim();
+    o_ += n * c_.q_dim();
+    kv_ += n * c_.head_dim;
+    kv_codes_ += n * row_bytes();
+    auto advance = [n](QuantBuf& b, int64_t per_row) {
+      b.codes += n * per_row;
+      b.scales += n * per_row / 32;
+      b.capacity -= n * per_row;
+    };
+    advance(uq_, D);
+    advance(qrq_, c_.q_lora_rank);
+    pos_ += n;
+    image_ += n;
+    taps_dev_ += n * n_taps_ * D;
+    const int64_t hash_row = int64_t(m_.engram_.size()) * (c_.engram_max_ngram - 1) * c_.engram_n_heads;
+    if (hashes_) hashes_ += n * hash_row;
+    if (!hashes_host_.empty()) hashes_host_.erase(hashes_host_.begin(), hashes_host_.begin() + n * hash_row);
+    for (auto& [layer, sel] : selections_) {
+      sel.ids += n * sel.ld;
+      sel.count += n;
+    }
+    if (pool_mask_) pool_mask_ += n * pool_ld_;
+    if (pool_len_) pool_len_ += n;
+    row0_ += n;
+    T_ = T_all_ - n;
+    // Window keys of the step's own rows come from kv_codes_ from the first remaining row on.
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      first_row_[s] = -1;
+      for (int64_t t = 0; t < T_ && first_row_[s] < 0; ++t)
+        if (row(t).session == int(s)) first_row_[s] = t;
+      if (first_row_[s] >= 0) start_[s] = row(first_row_[s]).pos;
+    }
+  }
 
   // spec/11 §6.3 row ids of both tables (host integer math: model::engram_row_ids, as the CPU).
   void engram_hash() {
@@ -712,7 +774,7 @@ class CudaStep : public CudaLayerOps {
     const int n_tab = int(m_.engram_.size()), n_ord = c_.engram_max_ngram - 1, H = c_.engram_n_heads;
     std::vector<int64_t> hashes(size_t(T_ * n_tab * n_ord * H), 0);
     for (int64_t t = 0; t < T_; ++t) {
-      const Row& r = step_.rows[size_t(t)];
+      const Row& r = row(t);
       const CudaSession* s = sessions_[size_t(r.session)];
       auto cls = [&](int64_t p) -> int64_t {
         if (s->image[size_t(p)]) return -1;
@@ -728,7 +790,7 @@ class CudaStep : public CudaLayerOps {
   void engram(int l) {
     ProfScope prof_scope_(this, "engram");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
     const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
@@ -766,7 +828,7 @@ class CudaStep : public CudaLayerOps {
 
   void dspark_tap(int tap) {
     ProfScope prof_scope_(this, "dspark_tap");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     step(stream_mean(X_, T_, c_.hc_mult, c_.dim, taps_dev_ + int64_t(tap) * c_.dim, int64_t(n_taps_) * c_.dim, st_));
   }
 
@@ -774,7 +836,7 @@ class CudaStep : public CudaLayerOps {
   // compressed entries and index keys BEFORE any scoring of this step.
   void compress(int l) {
     ProfScope prof_scope_(this, "compress");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const int ratio = c_.roles[size_t(l)].ratio;
     const int64_t D = c_.dim, hd = c_.head_dim, ihd = c_.index_head_dim;
@@ -800,13 +862,13 @@ class CudaStep : public CudaLayerOps {
     std::vector<int64_t> added(sessions_.size(), 0);
     std::map<std::pair<int, int64_t>, int64_t> tail_writer;  // (session, slot) -> newest row
     for (int64_t t = 0; t < T_; ++t) {
-      const int s = step_.rows[size_t(t)].session;
-      const int64_t p = step_.rows[size_t(t)].pos;
+      const int s = row(t).session;
+      const int64_t p = row(t).pos;
       DevCompressed& cc = sessions_[size_t(s)]->comp[size_t(l)];
       if (ratio == 2) {
         tail_writer[{s, p % cpu::kTailSlots}] = t;
         if (p % 2 == 0) continue;
-        const bool prev_here = t > 0 && step_.rows[size_t(t - 1)].session == s && step_.rows[size_t(t - 1)].pos == p - 1;
+        const bool prev_here = t > 0 && row(t - 1).session == s && row(t - 1).pos == p - 1;
         even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>() + ((p - 1) % cpu::kTailSlots) * 2 * hd));
         odd.push_back(addr(kg + t * 2 * hd));
       }
@@ -869,7 +931,7 @@ class CudaStep : public CudaLayerOps {
     if (ratio == 2) {
       for (const auto& [key, t] : tail_writer) {
         DevCompressed& tcc = sessions_[size_t(key.first)]->comp[size_t(l)];
-        tcc.tail_pos[size_t(key.second)] = step_.rows[size_t(t)].pos;
+        tcc.tail_pos[size_t(key.second)] = row(t).pos;
         float* tail = tcc.tail.get<float>();
         tail_src.push_back(addr(kg + t * 2 * hd));
         tail_dst.push_back(addr(tail + key.second * 2 * hd));
@@ -883,7 +945,7 @@ class CudaStep : public CudaLayerOps {
   // Indexer (spec/11 §4.7-4.9): bf16 score chain, candidate pool, top-k selection per row.
   void index_select(int l) {
     ProfScope prof_scope_(this, "index_select");
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int ratio = r.ratio, IH = c_.index_n_heads, ihd = c_.index_head_dim;
@@ -894,7 +956,7 @@ class CudaStep : public CudaLayerOps {
     std::vector<uint64_t> keys_base(static_cast<size_t>(T_));
     int64_t ld = 1;
     for (int64_t t = 0; t < T_; ++t) {
-      const Row& row = step_.rows[size_t(t)];
+      const Row& row = this->row(t);
       n_vis[size_t(t)] = (row.pos + 1) / ratio;
       n_scored[size_t(t)] = row.kind == RowKind::kPrefill ? row.prefill_end / ratio : n_vis[size_t(t)];
       ld = std::max(ld, n_scored[size_t(t)]);
@@ -951,7 +1013,7 @@ class CudaStep : public CudaLayerOps {
   void attention(int l) {
     ProfScope prof_scope_(this, "attention");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t hd = c_.head_dim, W = c_.window_size;
@@ -960,7 +1022,7 @@ class CudaStep : public CudaLayerOps {
     std::vector<int32_t> off{0};
     std::vector<uint64_t> comp_base(static_cast<size_t>(T_), 0);
     for (int64_t t = 0; t < T_; ++t) {
-      const Row& row = step_.rows[size_t(t)];
+      const Row& row = this->row(t);
       const int s = row.session;
       const int64_t p = row.pos, start = start_[size_t(s)], t0 = first_row_[size_t(s)];
       const DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
@@ -971,7 +1033,9 @@ class CudaStep : public CudaLayerOps {
         if (!b) missing = true;
         return addr(b);
       };
-      const int64_t lo = std::max<int64_t>(0, p - W + 1);
+      int64_t lo = std::max<int64_t>(0, p - W + 1);
+      // Bounded replay: a decoder layer's window holds no key below the replay start (§8.4).
+      if (row.kind == RowKind::kPrefill && c_.decoder_start >= 0 && l >= c_.decoder_start) lo = std::max(lo, row.replay_start);
       const size_t n0 = win.size();
       if (row.kind == RowKind::kPrefill) {
         const int64_t width = std::min<int64_t>(row.prefill_end, W);
@@ -1022,9 +1086,9 @@ class CudaStep : public CudaLayerOps {
     // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
     std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
     for (int64_t t = 0; t < T_; ++t) {
-      const int s = step_.rows[size_t(t)].session;
+      const int s = row(t).session;
       DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
-      const int64_t p = step_.rows[size_t(t)].pos;
+      const int64_t p = row(t).pos;
       writes[(int64_t(s) << 40) + p % ring.slots] = {addr(kv_codes_ + t * row_bytes()), addr(ring.slot(p))};
       ring.pos[size_t(p % ring.slots)] = p;
     }
@@ -1037,7 +1101,8 @@ class CudaStep : public CudaLayerOps {
     if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st_));
     if (taps_ && taps_->enabled) {
       if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
-      download(taps_->after_block[size_t(l)], X_, T_ * c_.hc_mult * c_.dim);
+      // Every row of the step (rows that left keep the stream they left with, as on the CPU).
+      download(taps_->after_block[size_t(l)], X_first_, int64_t(step_.rows.size()) * c_.hc_mult * c_.dim);
       sync();
     }
   }
@@ -1047,17 +1112,18 @@ class CudaStep : public CudaLayerOps {
     if (!ok()) return;
     std::vector<int32_t> rows;
     for (int64_t t = 0; t < T_; ++t)
-      if (step_.rows[size_t(t)].want_logits) {
-        out_.logit_rows.push_back(int(t));
+      if (row(t).want_logits) {
+        out_.logit_rows.push_back(int(row0_ + t));  // index into the step's rows
         rows.push_back(int32_t(t));
       }
     float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
     head_rows(rows, m_.norm_, logits, nullptr);
     download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
     // Tap rows from step_.taps_from_row on (the caller reads no earlier row).
-    const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, T_);
+    const int64_t n_rows = int64_t(step_.rows.size());
+    const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, n_rows);
     out_.taps_first_row = from;
-    download(out_.taps, taps_dev_ + from * tw, (T_ - from) * tw);
+    download(out_.taps, taps_first_ + from * tw, (n_rows - from) * tw);
     sync();
     if (!ok()) return;
     for (size_t s = 0; s < sessions_.size(); ++s) {
@@ -1074,8 +1140,14 @@ class CudaStep : public CudaLayerOps {
     int64_t ld = 0;
   };
   void step_status(cudaError_t e) { step(cuda_status(e, "step")); }
+  // Row t of the rows still running (after bounded-replay rows left: step_.rows[row0_ + t]).
+  const Row& row(int64_t t) const { return step_.rows[size_t(row0_ + t)]; }
 
   const model::Step& step_;
+  int64_t row0_ = 0;   // rows that left at the decoder (bounded replay)
+  int64_t T_all_ = 0;  // the step's rows while some are about to leave
+  uint16_t* X_first_ = nullptr;     // X_ of row 0 (detailed taps cover every row of the step)
+  uint16_t* taps_first_ = nullptr;  // taps_dev_ of row 0
   const std::vector<CudaSession*>& sessions_;
   model::Taps* taps_;
   model::StepOutput out_;
@@ -1112,7 +1184,7 @@ class CudaDraftStep : public CudaLayerOps {
   void attention(int l) {
     ProfScope prof_scope_(this, "attention");
     Frame frame_(this);
-    if (!ok()) return;
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const int64_t hd = c_.head_dim;
     const DevRing& ring = s_.draft_rings[size_t(l - c_.n_layers)];
@@ -1294,6 +1366,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   std::vector<int64_t> next(ss.size());
   for (size_t s = 0; s < ss.size(); ++s) next[s] = ss[s]->next_pos;
   int64_t max_pos = 0;
+  bool staying_seen = false;
   for (const Row& r : step.rows) {
     if (r.session < 0 || size_t(r.session) >= ss.size()) return FB_ERROR(kInvalidArgument) << "row names session " << r.session;
     if (r.pos != next[size_t(r.session)])
@@ -1302,7 +1375,18 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
       return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
-    if (r.replay_start != 0) return FB_ERROR(kUnsupported) << "bounded replay (Row::replay_start) is not implemented in the CUDA executor";
+    if (r.replay_start != 0) {
+      if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
+      if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
+      if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";
+      if (r.want_logits && r.pos < r.replay_start) return FB_ERROR(kInvalidArgument) << "row " << r.pos << " wants logits but ends at the encoder";
+    }
+    // Rows that leave at the decoder (CudaStep::leave_begin) are the step's first rows: the
+    // decoder then runs on the rest of every row buffer.
+    const bool leaves = r.kind == RowKind::kPrefill && r.pos < r.replay_start;
+    if (leaves && staying_seen)
+      return FB_ERROR(kUnsupported) << "bounded replay on CUDA: rows below replay_start must come before every other row of the step";
+    staying_seen = staying_seen || !leaves;
     ++next[size_t(r.session)];
     max_pos = std::max(max_pos, r.pos);
   }

@@ -79,6 +79,29 @@ TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
   EXPECT_EQ(c.draft_ids_same, c.draft_ids_total);
 }
 
+// SWA bounded replay ([approx-approved], spec/11 §8.4) on both executors: the prompt rows below
+// the replay start leave at the decoder; the CUDA step advances its row buffers past them. Same
+// bits as the CPU's replay, one shot and in chunks of 7 (rows of a later chunk all stay).
+TEST_P(FixtureParity, BoundedReplayMatchesCpu) {
+  std::string why;
+  const std::string dir = runnable_fixture(GetParam(), &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  for (int64_t chunk : {int64_t(0), int64_t(7)}) {
+    engine::FixtureCheckOptions opt;
+    opt.make_reference = make_cpu;
+    opt.bounded_replay = true;
+    opt.chunk = chunk;
+    auto rep = engine::check_fixture(dir, make_cuda, opt);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    std::printf("[ tc ] %s bounded replay, chunk %lld: %s\n", GetParam(), (long long)chunk, rep->reference.line().c_str());
+    const engine::ReferenceComparison& c = rep->reference;
+    EXPECT_EQ(c.ids_same, c.rows) << "chunk " << chunk;
+    EXPECT_EQ(c.rows_bitwise, c.rows) << "chunk " << chunk << ": max |dlogit| " << c.max_dlogit;
+    EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "chunk " << chunk << ": max tap |d| " << c.tap_max;
+    EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "chunk " << chunk;
+  }
+}
+
 // Tensor-core prefill (decode rows stay exact): not bit-identical by design. Written-down
 // tolerance: the same greedy ids as the CPU on every teacher-forced row and max |dlogit| <= 1e-3
 // (measured on the H200: see docs/numerics.md). These fixtures are chaotic (one flipped indexer
