@@ -78,7 +78,7 @@ if [ $bc -eq 0 ]; then
   # replay, one shot and chunked (the fixtures are exact prefill, so the oracle line FAILs).
   for c in tiny-s0 tiny-s1-long; do
     for k in 0 7; do
-      FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu --bounded-replay --chunk $k \
+      FB_CUDA_REPLAY=1 FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu --bounded-replay --chunk $k \
         >"$LOG/fixture_replay_${c}_$k.log" 2>&1
       row "check-fixture $c --bounded-replay --chunk $k" "rc=$?"
       grep -E "compare" "$LOG/fixture_replay_${c}_$k.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"

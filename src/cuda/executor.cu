@@ -1376,6 +1376,9 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
       return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
     if (r.replay_start != 0) {
+      if (!bounded_replay_enabled())
+        return FB_ERROR(kUnsupported) << "bounded replay on CUDA is built but not yet validated on a GPU (FB_CUDA_REPLAY=1 enables it for "
+                                         "that validation); use the CPU backend or exact prefill";
       if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
       if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
       if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -178,8 +179,14 @@ class CudaExecutor final : public model::Executor {
   // Tensor-core prefill: 2,048-row steps (the routed experts' weights are expanded once per
   // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/results.md).
   int64_t preferred_prefill_chunk() const override { return tc_on_ ? 2048 : 256; }
-  // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start.
-  bool supports_bounded_replay() const override { return cfg_.decoder_start >= 0; }
+  // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start. Gated
+  // by FB_CUDA_REPLAY=1 until a device run has shown it equal to the CPU's replay bit for bit
+  // (cuda_fixture_parity_test BoundedReplayMatchesCpu); otherwise forward() refuses such rows.
+  static bool bounded_replay_enabled() {
+    const char* v = std::getenv("FB_CUDA_REPLAY");
+    return v && v[0] == '1';
+  }
+  bool supports_bounded_replay() const override { return bounded_replay_enabled() && cfg_.decoder_start >= 0; }
   cudaStream_t stream() const { return stream_; }
   // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);
   // entries "<op>" sum GPU ms over layers and steps, "step.gpu" / "step.wall" whole steps.

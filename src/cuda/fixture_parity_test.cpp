@@ -86,6 +86,7 @@ TEST_P(FixtureParity, BoundedReplayMatchesCpu) {
   std::string why;
   const std::string dir = runnable_fixture(GetParam(), &why);
   if (dir.empty()) GTEST_SKIP() << why;
+  setenv("FB_CUDA_REPLAY", "1", 1);  // the gate this test exists to lift (CudaExecutor::bounded_replay_enabled)
   for (int64_t chunk : {int64_t(0), int64_t(7)}) {
     engine::FixtureCheckOptions opt;
     opt.make_reference = make_cpu;
