@@ -382,6 +382,21 @@ TEST(DsparkSampling, ScheduledLengthsEmitTheTargetDistribution) {
   expect_target_distribution(r, "scheduled");
 }
 
+TEST(DsparkSampling, BackOffKeepsTheTargetDistribution) {
+  // A steep table and a costly draft block: rounds whose drafts look weak do not pay, and the
+  // generator then decodes plainly for 1..8 steps. Whether a round drafts depends on earlier
+  // rounds' draws only, so every emitted token still follows the target chain.
+  MarkovExecutor ex;
+  GeneratorOptions opt;
+  for (int n = 1; n <= kB + 1; ++n) opt.dspark_verify_sps.push_back(1.0 / (1.0 + 0.3 * (n - 1)));
+  opt.dspark_draft_s = 0.35;
+  const SampledRun r = run_sampled(ex, opt, kSeeds, kLen);
+  std::printf("back-off: %lld plain steps, %lld rounds\n", (long long)r.counters.backoff_steps, (long long)r.counters.steps);
+  EXPECT_GT(r.counters.backoff_steps, r.counters.steps / 4) << "the draft cost should make some rounds back off";
+  EXPECT_GT(r.counters.steps, 0);
+  expect_target_distribution(r, "back-off");
+}
+
 TEST(DsparkSampling, DefaultSampledDraftOfTheInterfaceIsExact) {
   // An executor without its own sampled chain: the interface default cuts the block at the first
   // pick that differs from the greedy chain.
