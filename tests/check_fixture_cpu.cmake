@@ -1,21 +1,31 @@
-# Runs `flashbox check-fixture` (CPU) on the official fixtures one-shot and with 7-row chunks.
-# Asserts: it runs (exit 0 PASS or 1 FAIL, never 2), prints the contract's summary line, and the
-# chunked run's summary equals the one-shot run's (chunked prefill is bit-identical). The strict
-# PASS gate is reported, not asserted: see docs/reference-executor.md for why these synthetic
-# fixtures cannot meet it on a CPU other than the one that made them.
-foreach(case tiny-s0 tiny-s1-long)
+# The fixture gates of `flashbox check-fixture` (CPU; CLARIFICATIONS "Fixture gates"):
+#  1. every public fixture PASSes (exit 0), one shot and with 7-row chunks, and the chunked run
+#     prints the same summary (chunked prefill is bit-identical, the layer gate included);
+#  2. mutated copies FAIL (exit 1) on the gate they break: a shifted logits row of the smooth case
+#     (end-to-end gate), a perturbed injected attention output of a chaotic case (layer gate), a
+#     perturbed aligner row of the vision case (vision gate);
+#  3. a fixture missing a file the layer gate needs cannot run (exit 2) and names the file.
+# Needs FLASHBOX, SHARED, WORK and PYTHON.
+function(run_check out_rc out_line)
+  execute_process(COMMAND ${FLASHBOX} check-fixture ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX MATCH "check-fixture [^\n]*" line "${out}")
+  set(${out_rc} ${rc} PARENT_SCOPE)
+  set(${out_line} "${line}" PARENT_SCOPE)
+  set(last_err "${err}" PARENT_SCOPE)
+  set(last_out "${out}" PARENT_SCOPE)
+endfunction()
+
+foreach(case tiny-s0 tiny-s1-long tiny-smooth tiny-vision)
   set(lines "")
   foreach(chunk 0 7)
-    execute_process(COMMAND ${FLASHBOX} check-fixture ${SHARED}/fixtures/${case} --chunk ${chunk}
-                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-    if(NOT (rc EQUAL 0 OR rc EQUAL 1))
-      message(FATAL_ERROR "check-fixture ${case} --chunk ${chunk}: exit ${rc}\n${out}\n${err}")
-    endif()
-    string(REGEX MATCH "check-fixture [^\n]*" line "${out}")
-    if(line STREQUAL "")
-      message(FATAL_ERROR "no summary line for ${case}:\n${out}")
-    endif()
+    run_check(rc line ${SHARED}/fixtures/${case} --chunk ${chunk})
     message(STATUS "${line}")
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "check-fixture ${case} --chunk ${chunk}: exit ${rc}, want 0 (PASS)\n${last_out}\n${last_err}")
+    endif()
+    if(NOT line MATCHES "^check-fixture ${case}: PASS ids=[0-9]+/[0-9]+ max_dlogit=[^ ]+ mean_dlogit=[^ ]+ taps=[^ ]+ drafts=")
+      message(FATAL_ERROR "summary line of ${case} breaks the contract:\n${line}")
+    endif()
     list(APPEND lines "${line}")
   endforeach()
   list(GET lines 0 a)
@@ -23,4 +33,32 @@ foreach(case tiny-s0 tiny-s1-long)
   if(NOT a STREQUAL b)
     message(FATAL_ERROR "chunked prefill changed the result:\n  ${a}\n  ${b}")
   endif()
+  if(NOT case STREQUAL "tiny-vision" AND NOT a MATCHES " layer=PASS\\(blocks=6 ")
+    message(FATAL_ERROR "${case}: the layer gate did not run:\n${a}")
+  endif()
 endforeach()
+
+# Mutations: each must FAIL, on the gate it breaks.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+function(expect_fail name want_rc want_regex)
+  execute_process(COMMAND ${PYTHON} ${CMAKE_CURRENT_LIST_DIR}/mutate_fixture.py ${ARGN} RESULT_VARIABLE mrc ERROR_VARIABLE merr)
+  if(NOT mrc EQUAL 0)
+    message(FATAL_ERROR "mutate_fixture.py ${ARGN}: exit ${mrc}\n${merr}")
+  endif()
+  list(GET ARGN 1 dst)
+  run_check(rc line ${dst})
+  message(STATUS "${name}: exit ${rc}: ${line}${last_err}")
+  if(NOT rc EQUAL want_rc)
+    message(FATAL_ERROR "${name}: exit ${rc}, want ${want_rc}\n${last_out}\n${last_err}")
+  endif()
+  if(NOT "${line}${last_err}" MATCHES "${want_regex}")
+    message(FATAL_ERROR "${name}: output does not match '${want_regex}':\n${line}\n${last_err}")
+  endif()
+endfunction()
+expect_fail(smooth-logit-row 1 ": FAIL .* e2e=FAIL" ${SHARED}/fixtures/tiny-smooth ${WORK}/smooth-logit logit-row 7 0.5)
+expect_fail(smooth-attn-out 1 ": FAIL .* layer=FAIL.*first_bad=L2.attn_out:row11" ${SHARED}/fixtures/tiny-smooth ${WORK}/smooth-attn inject L2.attn_out.f32 11 0.5)
+expect_fail(chaotic-ffn-out 1 ": FAIL .* layer=FAIL.*first_bad=L1.ffn_out:row30" ${SHARED}/fixtures/tiny-s0 ${WORK}/s0-ffn inject L1.ffn_out.f32 30 0.5)
+expect_fail(vision-aligned-row 1 ": FAIL .* vision=FAIL" ${SHARED}/fixtures/tiny-vision ${WORK}/vision-aligned bf16-row aligned.bf16 2 256 0.5)
+expect_fail(missing-inject-file 2 "inject/L3.pre_in.f32" ${SHARED}/fixtures/tiny-s0 ${WORK}/s0-missing remove inject/L3.pre_in.f32)
+expect_fail(missing-inject-dir 2 "inject is missing" ${SHARED}/fixtures/tiny-smooth ${WORK}/smooth-noinject remove inject)

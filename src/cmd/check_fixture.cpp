@@ -26,7 +26,7 @@ struct Args {
   std::vector<std::string> expert_store;
   bool verbose = false;
   bool compare_cpu = false;
-  std::string dump, inject;
+  std::string dump;
 };
 
 int run(const Args& a) {
@@ -87,7 +87,6 @@ int run(const Args& a) {
     opt.bounded_replay = a.bounded_replay;
     opt.verbose = a.verbose;
     opt.dump_dir = a.dump;
-    opt.inject_dir = a.inject;
     if (a.compare_cpu) opt.make_reference = make_cpu;
     auto rep = engine::check_fixture(dir, make, opt);
     if (!rep.ok()) {
@@ -128,7 +127,6 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   app.add_flag("--compare-cpu", a->compare_cpu, "also run the CPU reference in lockstep and compare logits, taps and drafts bit for bit");
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");
-  app.add_option("--inject-taps", a->inject, "debug: replace each block's input with L<l>.x_in.f32 / L<l>.pre_in.f32 from this folder");
   return [a] { return run(*a); };
 }
 

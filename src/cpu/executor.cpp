@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "loader/bind.h"
 #include "model/forward.h"
+#include "model/selection.h"
 #include "vision/span.h"
 #include "vision/tower.h"
 
@@ -84,14 +85,24 @@ class CpuLayerOps {
     if (detail_) detail_->named[key] = std::move(v);
   }
   std::string L(int l, const char* what) const { return "L" + std::to_string(l) + "." + what; }
+  static std::vector<float> to_f32(const std::vector<bf16_t>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = bf(v[i]);
+    return out;
+  }
 
   void hc_mixes(int l, Site site) {
-    if (site == Site::kAttn && detail_ && detail_->inject_x.count(l)) {
-      const auto& x = detail_->inject_x.at(l);
-      const auto& p = detail_->inject_pre.at(l);
-      FB_CHECK_EQ(x.size(), X_.size());
-      for (size_t i = 0; i < x.size(); ++i) X_[i] = to_bf(x[i]);
-      pre_ = p;
+    if (site == Site::kAttn && probe_ && l < c_.n_layers) {
+      // Layer gate: what the Engram module made of its (injected) input, then the block input.
+      if (c_.roles[size_t(l)].engram_table >= 0) probe_->blocks[l].engram_out = to_f32(X_);
+      if (probe_->inject_x.count(l)) {
+        const auto& x = probe_->inject_x.at(l);
+        const auto& p = probe_->inject_pre.at(l);
+        FB_CHECK_EQ(x.size(), X_.size());
+        FB_CHECK_EQ(p.size(), pre_.size());
+        for (size_t i = 0; i < x.size(); ++i) X_[i] = to_bf(x[i]);
+        pre_ = p;
+      }
     }
     const auto& w = m_.w_.layers[size_t(l)];
     const TensorView& fn = site == Site::kAttn ? w.hc_attn_fn : w.hc_ffn_fn;
@@ -170,6 +181,11 @@ class CpuLayerOps {
       fp8_gemm(z.data(), 1, w.wo_b.w, w.wo_b.scale, &y_[size_t(t * c_.dim)]);
     });
     record(L(l, "attn_out"), y_);
+    if (probe_ && l < c_.n_layers) {
+      auto& b = probe_->blocks[l];
+      b.attn_out = to_f32(y_);
+      b.attn_margin = attn_margin_.empty() ? std::vector<float>(size_t(T_), INFINITY) : attn_margin_;
+    }
   }
 
   void hc_expand(int l, Site site) {
@@ -189,10 +205,12 @@ class CpuLayerOps {
     const auto& w = m_.w_.layers[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim;
+    std::vector<float> router_margin(size_t(T_), INFINITY);
     for_rows([&](int64_t t) {
       const bf16_t* u = &u_[size_t(t * D)];
       const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
       Routing rt = route(u, D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
+      router_margin[size_t(t)] = rt.margin;
       std::vector<std::pair<int, float>> picks;
       for (size_t k = 0; k < rt.experts.size(); ++k) picks.push_back({rt.experts[k], rt.weights[k]});
       std::sort(picks.begin(), picks.end());
@@ -213,6 +231,13 @@ class CpuLayerOps {
       for (int64_t d = 0; d < D; ++d) y_[size_t(t * D + d)] = to_bf(acc[size_t(d)] + bf(ye[size_t(d)]));
     });
     record(L(l, "moe_out"), y_);
+    if (probe_ && l < c_.n_layers) {
+      auto& b = probe_->blocks[l];
+      b.ffn_out = to_f32(y_);
+      b.ffn_margin = router_margin;
+      for (size_t t = 0; t < b.ffn_margin.size() && t < b.attn_margin.size(); ++t)
+        b.ffn_margin[t] = std::min(b.ffn_margin[t], b.attn_margin[t]);
+    }
   }
 
  protected:
@@ -260,6 +285,8 @@ class CpuLayerOps {
   std::vector<uint8_t> image_;
   std::vector<int64_t> rows_;      // rows the ops run on, ascending (see CpuStep::leave_begin)
   model::Taps* detail_ = nullptr;  // set when detailed taps are requested
+  model::Taps* probe_ = nullptr;   // set for the layer gate (Taps::probe): injection and block outputs
+  std::vector<float> attn_margin_;  // per row: selection margin of this layer's attention (probe only)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -269,6 +296,7 @@ class CpuStep : public CpuLayerOps {
   CpuStep(const CpuModel& m, const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps)
       : CpuLayerOps(m, int64_t(step.rows.size())), step_(step), sessions_(sessions), taps_(taps) {
     if (taps && taps->enabled && taps->detailed) detail_ = taps;
+    if (taps && taps->probe) probe_ = taps;
     for (int64_t t = 0; t < T_; ++t) {
       pos_[size_t(t)] = step.rows[size_t(t)].pos;
       image_[size_t(t)] = step.rows[size_t(t)].image;
@@ -353,6 +381,11 @@ class CpuStep : public CpuLayerOps {
     const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
     const int64_t D = c_.dim;
     const float inv_sqrt_d = float(1.0 / std::sqrt(double(D)));
+    if (probe_ && probe_->inject_engram_in.count(l)) {
+      const auto& x = probe_->inject_engram_in.at(l);
+      FB_CHECK_EQ(x.size(), X_.size());
+      for (size_t i = 0; i < x.size(); ++i) X_[i] = to_bf(x[i]);
+    }
     for_rows([&](int64_t t) {
       std::vector<bf16_t> E(static_cast<size_t>(n_cols * hd));
       for (int col = 0; col < n_cols; ++col) {
@@ -477,6 +510,12 @@ class CpuStep : public CpuLayerOps {
     sel.assign(size_t(T_), {});
     std::vector<std::vector<uint8_t>>* pool = r.candidate_source ? &pools_ : nullptr;
     if (pool) pool->assign(size_t(T_), {});
+    if (probe_) {
+      sel_margin_[l].assign(size_t(T_), INFINITY);
+      if (r.candidate_source) pool_margin_.assign(size_t(T_), INFINITY);
+      if (pool_margin_.empty()) pool_margin_.assign(size_t(T_), INFINITY);
+    }
+    std::vector<float>* selm = probe_ ? &sel_margin_[l] : nullptr;
     // Dequantised index keys of the KV source, per session.
     std::map<int, std::vector<bf16_t>> keys_of;
     for (size_t s = 0; s < sessions_.size(); ++s) {
@@ -516,13 +555,21 @@ class CpuStep : public CpuLayerOps {
         }
         I[size_t(j)] = round_bf16(tot);
       }
-      if (r.candidate_source) (*pool)[size_t(t)] = candidate_pool(I, n_vis);
+      if (r.candidate_source) {
+        (*pool)[size_t(t)] = candidate_pool(I, n_vis);
+        if (probe_) pool_margin_[size_t(t)] = model::pool_margin(I.data(), n_scored, n_vis, c_.candidate_block_size, c_.candidate_topk_blocks);
+      }
       if (r.pool_restricted) {
         const std::vector<uint8_t>& mask = pools_[size_t(t)];
         for (int64_t j = 0; j < n_scored; ++j)
           if (j >= int64_t(mask.size()) || !mask[size_t(j)]) I[size_t(j)] = -INFINITY;
       }
       const int64_t k = std::min<int64_t>(c_.index_topk, n_scored);
+      if (probe_) {
+        float m = model::selection_margin(I.data(), n_scored, k);
+        if (r.pool_restricted) m = std::min(m, pool_margin_[size_t(t)]);
+        (*selm)[size_t(t)] = m;
+      }
       std::vector<int32_t> ids(static_cast<size_t>(n_scored));
       std::iota(ids.begin(), ids.end(), 0);
       std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
@@ -574,6 +621,7 @@ class CpuStep : public CpuLayerOps {
       }
     }
     const std::vector<std::vector<int32_t>>* sel = r.ratio > 0 ? &selections_.at(r.index_layer) : nullptr;
+    if (probe_) attn_margin_ = sel ? sel_margin_.at(r.index_layer) : std::vector<float>(size_t(T_), INFINITY);
     for_rows([&](int64_t t) {
       const Row& row = step_.rows[size_t(t)];
       const int s = row.session;
@@ -667,6 +715,9 @@ class CpuStep : public CpuLayerOps {
   std::vector<int64_t> hashes_;  // [rows, tables, orders * heads]
   std::map<int, std::vector<std::vector<int32_t>>> selections_;  // per index layer, per row
   std::vector<std::vector<uint8_t>> pools_;                       // candidate mask per row
+  // Probe only (layer gate): selection margins per index layer and row, of the newest pool.
+  std::map<int, std::vector<float>> sel_margin_;
+  std::vector<float> pool_margin_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/fmath.h"
+#include "model/selection.h"
 
 namespace fb::cpu {
 
@@ -351,6 +352,7 @@ Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const floa
     return a < b;
   });
   Routing r;
+  r.margin = model::selection_margin(biased.data(), E, top_k);
   r.experts.assign(idx.begin(), idx.begin() + top_k);
   float sum = 0.0f;
   for (int e : r.experts) {

@@ -80,6 +80,7 @@ void hc_post(const bf16_t* y, const bf16_t* x_streams, int hc, int64_t dim, cons
 struct Routing {
   std::vector<int> experts;     // top-k in the reference's order (descending biased score)
   std::vector<float> weights;   // normalised x route_scale
+  float margin = 0.0f;          // model::selection_margin of the biased scores (near-tie report)
 };
 Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const float* bias, int top_k, float gate_temp, bool norm_topk,
               float route_scale);

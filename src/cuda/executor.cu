@@ -21,6 +21,7 @@
 #include "cpu/session_cache.h"
 #include "cuda/mma_gemv.h"
 #include "model/forward.h"
+#include "model/selection.h"
 
 namespace fb::cuda {
 
@@ -332,8 +333,11 @@ class CudaLayerOps {
     uint16_t* ye = alloc<uint16_t>(n * D);
     uint16_t* ys = alloc<uint16_t>(T_ * D);
     if (!ok()) return;
+    float* route_scratch = alloc<float>(2 * T_ * r.n_experts);
+    if (!ok()) return;
+    route_biased_ = route_scratch + T_ * r.n_experts;  // [T, E] biased scores (the layer gate's margins)
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
-               experts, weights, alloc<float>(2 * T_ * r.n_experts), st_));
+               experts, weights, route_scratch, st_));
     bool shared_done = false;
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
@@ -644,6 +648,7 @@ class CudaLayerOps {
   QuantBuf q_buf_;
   QuantBuf uq_, qrq_;  // act_quant of u (per sublayer) and of qr (attention q path and indexer)
   TcGemm* tc_ = nullptr;  // non-null: this step's GEMMs run on tensor cores (prefill rows only)
+  const float* route_biased_ = nullptr;  // the last moe()'s biased router scores [T, E] (its frame: valid until the next allocation)
   std::vector<ProfEvent> prof_;
   cudaEvent_t prof_begin_ = nullptr;
   std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
@@ -670,6 +675,7 @@ class CudaStep : public CudaLayerOps {
       const int s = step.rows[size_t(t)].session;
       if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
     }
+    if (taps && taps->probe) probe_ = taps;
     n_taps_ = int(c_.dspark_target_layer_ids.size());
     taps_dev_ = taps_first_ = alloc<uint16_t>(T_ * n_taps_ * c_.dim);
     X_first_ = X_;
@@ -795,6 +801,7 @@ class CudaStep : public CudaLayerOps {
     const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
     const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
     const int64_t D = c_.dim;
+    if (probe_ && probe_->inject_engram_in.count(l)) inject_rows(probe_->inject_engram_in.at(l), X_, T_ * hc * D);
     uint16_t* E = alloc<uint16_t>(T_ * n_cols * hd);
     uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
     if (!ok()) return;
@@ -1007,7 +1014,55 @@ class CudaStep : public CudaLayerOps {
       step(FB_ERROR(kInternal) << "layer " << l << " is pool-restricted but no candidate pool was published");
       return;
     }
+    if (probe_) probe_index_margins(l, r, I, ld, n_vis, n_scored);
     step(topk_select(I, T_, ld, ns, nv, mask, pool_ld_, pool_len_, sel.ld, sel.ids, sel.count, st_));
+  }
+
+  // ---- layer gate (Taps::probe): injection, sublayer outputs and selection margins ----------
+  // The backbone calls these wrappers (model::run_backbone is a template over CudaStep), which
+  // add the probe's work around the shared ops; without a probe they only forward.
+  void hc_mixes(int l, Site site) {
+    if (probe_ && site == Site::kAttn && l < c_.n_layers && ok()) {
+      const int64_t n = T_ * c_.hc_mult * c_.dim;
+      if (c_.roles[size_t(l)].engram_table >= 0) probe_->blocks[l].engram_out = download_f32(X_, n);
+      if (probe_->inject_x.count(l)) {
+        inject_rows(probe_->inject_x.at(l), X_, n);
+        const std::vector<float>& p = probe_->inject_pre.at(l);
+        if (int64_t(p.size()) != T_ * c_.hc_mult) {
+          step(FB_ERROR(kInvalidArgument) << "injected pre of layer " << l << " has " << p.size() << " values for " << T_ << " rows");
+          return;
+        }
+        step(cuda_status(cudaMemcpyAsync(pre_, p.data(), p.size() * sizeof(float), cudaMemcpyHostToDevice, st_), "inject"));
+        sync();
+      }
+    }
+    CudaLayerOps::hc_mixes(l, site);
+  }
+  void attn_output(int l) {
+    CudaLayerOps::attn_output(l);
+    if (!probe_ || l >= c_.n_layers || !ok()) return;
+    model::Taps::BlockProbe& b = probe_->blocks[l];
+    b.attn_out = download_f32(y_, T_ * c_.dim);
+    const LayerRole& r = c_.roles[size_t(l)];
+    auto it = r.ratio > 0 ? sel_margin_.find(r.index_layer) : sel_margin_.end();
+    b.attn_margin = it != sel_margin_.end() ? it->second : std::vector<float>(size_t(T_), INFINITY);
+  }
+  void moe(int l) {
+    CudaLayerOps::moe(l);
+    if (!probe_ || l >= c_.n_layers || !ok()) return;
+    model::Taps::BlockProbe& b = probe_->blocks[l];
+    b.ffn_out = download_f32(y_, T_ * c_.dim);
+    // The router's biased scores of this call (route()'s scratch, kept by CudaLayerOps::moe).
+    const int E = c_.roles[size_t(l)].n_experts, K = c_.roles[size_t(l)].n_active;
+    std::vector<float> biased;
+    download(biased, route_biased_, T_ * E);
+    sync();
+    if (!ok()) return;
+    b.ffn_margin.assign(size_t(T_), INFINITY);
+    for (int64_t t = 0; t < T_; ++t) {
+      const float am = size_t(t) < b.attn_margin.size() ? b.attn_margin[size_t(t)] : INFINITY;
+      b.ffn_margin[size_t(t)] = std::min(am, model::selection_margin(&biased[size_t(t * E)], E, K));
+    }
   }
 
   void attention(int l) {
@@ -1140,6 +1195,58 @@ class CudaStep : public CudaLayerOps {
     int64_t ld = 0;
   };
   void step_status(cudaError_t e) { step(cuda_status(e, "step")); }
+  // Probe helpers (layer gate): host f32 rows -> bf16 device rows, device bf16 -> host f32.
+  void inject_rows(const std::vector<float>& x, uint16_t* dst, int64_t n) {
+    if (!ok()) return;
+    if (int64_t(x.size()) != n || row0_ != 0) {
+      step(FB_ERROR(kInvalidArgument) << "injected rows hold " << x.size() << " values, the step needs " << n);
+      return;
+    }
+    std::vector<uint16_t> b(x.size());
+    for (size_t i = 0; i < x.size(); ++i) b[i] = bf16_bits_from_f32(x[i]);
+    step(cuda_status(cudaMemcpyAsync(dst, b.data(), b.size() * 2, cudaMemcpyHostToDevice, st_), "inject"));
+    sync();  // b goes out of scope
+  }
+  std::vector<float> download_f32(const uint16_t* src, int64_t n) {
+    std::vector<uint16_t> b;
+    download(b, src, n);
+    sync();
+    std::vector<float> out(b.size());
+    for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_to_f32(b[i]);
+    return out;
+  }
+  // Margins of index layer l's selection by the scores this executor computed (I before the top-k
+  // masks it): its own top-k over the scored slice (pool-restricted rows: only the pool's
+  // entries compete) and the candidate pool it is restricted to.
+  void probe_index_margins(int l, const LayerRole& r, const float* I_dev, int64_t ld, const std::vector<int64_t>& n_vis,
+                           const std::vector<int64_t>& n_scored) {
+    std::vector<float> I;
+    download(I, I_dev, T_ * ld);
+    sync();
+    if (!ok()) return;
+    if (r.candidate_source) {
+      pool_margin_.assign(size_t(T_), INFINITY);
+      pool_host_.assign(size_t(T_ * ld), 0);
+      pool_host_ld_ = ld;
+      pool_host_len_ = n_scored;
+      download(pool_host_, pool_mask_, T_ * ld);
+      sync();
+      for (int64_t t = 0; t < T_; ++t)
+        pool_margin_[size_t(t)] = model::pool_margin(&I[size_t(t * ld)], n_scored[size_t(t)], n_vis[size_t(t)], c_.candidate_block_size,
+                                                     c_.candidate_topk_blocks);
+    }
+    std::vector<float>& m = sel_margin_[l];
+    m.assign(size_t(T_), INFINITY);
+    for (int64_t t = 0; t < T_; ++t) {
+      float* row = &I[size_t(t * ld)];
+      const int64_t ns = n_scored[size_t(t)];
+      if (r.pool_restricted && !pool_host_.empty())
+        for (int64_t j = 0; j < ns; ++j)
+          if (j >= pool_host_len_[size_t(t)] || !pool_host_[size_t(t * pool_host_ld_ + j)]) row[j] = -INFINITY;
+      m[size_t(t)] = model::selection_margin(row, ns, std::min<int64_t>(c_.index_topk, ns));
+      if (r.pool_restricted && !pool_margin_.empty()) m[size_t(t)] = std::min(m[size_t(t)], pool_margin_[size_t(t)]);
+    }
+  }
   // Row t of the rows still running (after bounded-replay rows left: step_.rows[row0_ + t]).
   const Row& row(int64_t t) const { return step_.rows[size_t(row0_ + t)]; }
 
@@ -1150,6 +1257,12 @@ class CudaStep : public CudaLayerOps {
   uint16_t* taps_first_ = nullptr;  // taps_dev_ of row 0
   const std::vector<CudaSession*>& sessions_;
   model::Taps* taps_;
+  model::Taps* probe_ = nullptr;  // layer gate (Taps::probe)
+  std::map<int, std::vector<float>> sel_margin_;  // probe: per index layer, per row
+  std::vector<float> pool_margin_;                // probe: the newest candidate pool's margins
+  std::vector<uint8_t> pool_host_;                // probe: that pool's mask [T, ld] on the host
+  int64_t pool_host_ld_ = 0;
+  std::vector<int64_t> pool_host_len_;
   model::StepOutput out_;
   std::vector<int64_t> first_row_, start_;
   int n_taps_ = 0;

@@ -16,8 +16,7 @@ struct FixtureCheckOptions {
   int64_t chunk = 0;          // prefill chunk rows (0 = whole prompt in one step)
   bool bounded_replay = false;  // [approx-approved] prefill with SWA bounded replay (spec/11 §8.4)
   bool verbose = false;
-  std::string dump_dir;
-  std::string inject_dir;     // read L<l>.x_in.f32 / L<l>.pre_in.f32 and inject them (debugging)       // write detailed prefill taps here as <name>.f32 (debugging)
+  std::string dump_dir;        // write detailed prefill taps here as <name>.f32 (debugging)
   // When set, a second executor (e.g. the CPU reference) runs the same teacher-forced protocol in
   // lockstep and the report compares the two directly (CUDA vs CPU parity, docs/numerics.md).
   std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)> make_reference;
@@ -42,9 +41,31 @@ struct ReferenceComparison {
   std::string line() const;
 };
 
+// The layer gate (CLARIFICATIONS "Fixture gates"): every backbone block run on the reference's
+// own block input (inject/), its Engram output (Engram layers, when inject/ has engram_in),
+// attention output, MoE output and block output compared row by row with the reference's.
+struct LayerGateReport {
+  bool ran = false;
+  bool pass = false;
+  int blocks = 0, tensors = 0;
+  double worst_nmse = 0;     // over every block and tensor (passing rows)
+  double worst_row = 0;      // worst passing row's max |d| / the tensor's RMS
+  int tie_rows = 0;          // (block, row) pairs over the tolerance at a near-tie of our selections
+  float max_tie_margin = 0;  // the largest margin among them (<= model::kNearTieMargin)
+  int bad_rows = 0;          // (block, row) pairs over the tolerance without a near-tie: FAIL
+  std::string first_bad;     // e.g. "L3.attn_out row 17 (0.41 x rms, margin 0.2)"
+  std::string figures() const;
+};
+
 struct FixtureReport {
   std::string case_name;
   bool pass = false;
+  bool smooth = false;             // steps.json "smooth": the end-to-end gate applies
+  bool e2e_pass = false;           // the end-to-end gate's verdict (reported for chaotic cases too)
+  LayerGateReport layer;
+  std::string vision = "absent";   // the vision gate: "OK(...)", "FAIL(...)" or "absent"
+  double draft_max_dlogit = 0, draft_mean_dlogit = 0, draft_max_dconf = 0, draft_mean_dconf = 0;
+  int draft_rows = 0;
   int ids_match = 0, ids_total = 0;
   int ids_near_tie = 0;            // mismatches explained by a near-tie margin
   int first_divergence = -1;       // logits row of the first unexplained id mismatch
@@ -55,8 +76,15 @@ struct FixtureReport {
   std::string summary_line() const;
 };
 
-// Loads the fixture folder (prompt, steps.json, logits, taps, drafts) and runs `ex` over it.
-// `make_executor` is called with DIR/checkpoint. kUnsupported/kNotFound mean "could not run".
+// Loads the fixture folder (prompt, steps.json, logits, taps, drafts, inject/) and runs `ex` over
+// it: the teacher-forced protocol (end-to-end figures; gated on smooth fixtures), then the layer
+// gate on a fresh session when inject/ is present, and the vision gate on image fixtures.
+// `make_executor` is called with DIR/checkpoint. kUnsupported/kNotFound mean "could not run"
+// (a text fixture without inject/, or a file a gate needs, is kNotFound naming it).
+// End-to-end gate of smooth fixtures (CLARIFICATIONS): logits and draft bounds.
+constexpr double kE2eMaxDlogit = 0.25, kE2eMeanDlogit = 0.05, kDraftMax = 0.6, kDraftMean = 0.1;
+// Layer gate: a row passes when its max |d| <= 20% of the tensor's RMS; NMSE over passing rows.
+constexpr double kLayerRowRel = 0.2, kLayerNmse = 1e-4;
 Result<FixtureReport> check_fixture(const std::string& dir,
                                     const std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)>& make_executor,
                                     const FixtureCheckOptions& opt);

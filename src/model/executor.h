@@ -31,9 +31,24 @@ struct Taps {
   bool detailed = false;
   std::vector<std::vector<uint16_t>> after_block;  // [layer] bf16 [rows, hc, dim]
   std::map<std::string, std::vector<float>> named;
-  // Debugging: replace block l's input (bf16 X [rows, hc, dim] and f32 pre [rows, hc]) before it
-  // runs, to measure one layer's error in isolation from the layers before it.
-  std::map<int, std::vector<float>> inject_x, inject_pre;
+  // Layer gate (check-fixture, CLARIFICATIONS "Fixture gates"): replace block l's input (X
+  // [rows, hc, dim] f32, rounded to bf16, and the carried pre [rows, hc]) before it runs, and on
+  // Engram layers the Engram module's input [rows, hc, dim], so each block's error is measured
+  // in isolation from the layers before it. Each map holds the step's rows.
+  std::map<int, std::vector<float>> inject_x, inject_pre, inject_engram_in;
+  // With `probe` set the executor records, per backbone block, what the gate compares (f32).
+  struct BlockProbe {
+    std::vector<float> engram_out;  // [rows, hc, dim] streams after the Engram module (Engram layers)
+    std::vector<float> attn_out;    // [rows, dim] attention sublayer output (before hc_post)
+    std::vector<float> ffn_out;     // [rows, dim] MoE sublayer output (before hc_post)
+    // Per row: the smallest relative boundary gap (model::selection_margin) of the selections
+    // the sublayer used, by the executor's own scores: the attention's (indexer top-k and the
+    // candidate pool it was restricted to, possibly reused from a source layer), and the router's
+    // together with the attention's for the MoE (its input depends on both). +inf: none partial.
+    std::vector<float> attn_margin, ffn_margin;
+  };
+  bool probe = false;
+  std::map<int, BlockProbe> blocks;
 };
 
 struct DraftOutput {
