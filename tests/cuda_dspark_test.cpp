@@ -13,6 +13,7 @@
 #include "cuda/executor.h"
 #include "engine/dspark_harness.h"
 #include "engine/generator.h"
+#include "tiny_model_util.h"
 
 namespace fb {
 namespace {
@@ -55,10 +56,11 @@ TEST_P(CudaDspark, GreedyWithDsparkEqualsWithoutAndEqualsCpu) {
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
   const std::string dir = fixtures_dir() + "/" + GetParam();
   if (!fs::exists(dir)) GTEST_SKIP() << dir << " not present";
-  auto cu = cuda::CudaExecutor::load(dir + "/checkpoint");
+  cuda::CudaLoadOptions lo;
+  lo.run.numerics = cuda::Numerics::kExact;  // the exact class, so that greedy output can equal the CPU's
+  auto cu = cuda::CudaExecutor::load(dir + "/checkpoint", {}, lo);
   auto cp = cpu::CpuModel::load(dir + "/checkpoint");
   ASSERT_TRUE(cu.ok() && cp.ok());
-  (*cu)->set_tensor_core_prefill(false);  // the exact path, so that greedy output can equal the CPU's
   const auto prompt = prompt_of(dir);
   engine::GeneratorOptions plain, full, sched;
   plain.dspark = false;
@@ -94,6 +96,34 @@ TEST_P(CudaDspark, ForcedAcceptanceSweep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDspark, ::testing::Values("tiny-s0", "tiny-s1-long"));
+
+// Gate 4 of the fast class (CLARIFICATIONS "Numerics classes"): greedy output with DSpark on
+// equals plain greedy output bit for bit on the fast path over >= 256 tokens. Verify rows go
+// through the same row-invariant kernels as decode rows, so every accepted token is the token
+// plain decoding would have produced. The built-in tiny model (make-tiny) allows long outputs.
+TEST(CudaDsparkFast, GreedyWithDsparkEqualsPlainOverLongOutput) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  auto made = testing_util::write_test_tiny_model("fb_cuda_dspark_fast_tiny", 3, false);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  const std::string dir = *made;
+  auto cu = cuda::CudaExecutor::load(dir);  // default options: the fast class
+  ASSERT_TRUE(cu.ok()) << cu.status().to_string();
+  ASSERT_EQ((*cu)->run_options().numerics, cuda::Numerics::kFast);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 37; ++i) prompt.push_back(1000 + 97 * i);
+  engine::GeneratorOptions plain, full, sched;
+  plain.dspark = false;
+  full.dspark_verify = (*cu)->config().dspark_block_size;
+  const int n = 288;
+  const auto a = greedy(**cu, prompt, n, plain);
+  const auto b = greedy(**cu, prompt, n, full);
+  const auto c = greedy(**cu, prompt, n, sched);
+  ASSERT_EQ(int(a.size()), n);
+  EXPECT_EQ(a, b) << "DSpark (full blocks) changed greedy output on the fast path";
+  EXPECT_EQ(a, c) << "DSpark (scheduled) changed greedy output on the fast path";
+  fs::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace fb

@@ -13,7 +13,7 @@ bash tools/device_run.sh "$FIX" >"$LOG/device_run.out" 2>&1
 ARGS=("$@")
 [ ${#ARGS[@]} -eq 0 ] && ARGS=(--synthetic --experts 16 --contexts 4096 --steps 4 --reps 3 --profile)
 b0=$(date +%s)
-timeout 420 build/device/flashbox bench "${ARGS[@]}" --csv "$LOG/bench.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+timeout ${FB_BENCH_TIMEOUT:-420} build/device/flashbox bench "${ARGS[@]}" --csv "$LOG/bench.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
 brc=$?
 echo "==================== bench (rc=$brc, $(($(date +%s) - b0))s): ${ARGS[*]} ===================="
 grep -vE "^  k:" "$LOG/bench.err" | tail -70

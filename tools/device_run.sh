@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the CUDA executor (issue 5): configure with the `device` preset, build the
 # executor, its GPU tests and the CLI, run `ctest -L gpu` and the fixture checks with
-# `--backend cuda --compare-cpu`, and print a short table LAST (the device reply keeps the tail).
+# `--backend cuda --numerics exact|fast --compare-cpu` (the fixture gates), and print a short table LAST (the device reply keeps the tail).
 # Usage, in the repo root on the GPU machine:  tools/device_run.sh [FIXTURES_DIR]
-# FIXTURES_DIR (default .fixtures) holds tiny-s0/, tiny-s1-long/ and tiny-vision/ copied from ../shared/fixtures
+# FIXTURES_DIR (default .fixtures) holds tiny-s0/, tiny-s1-long/, tiny-smooth/ and tiny-vision/ copied from ../shared/fixtures
 # (../shared does not travel to the device; carry the folder). Logs go to $OUT (or /tmp/fb_out).
 set -u
 FIX=${1:-.fixtures}
@@ -22,7 +22,7 @@ cfg=$?
 row "configure (device preset)" "rc=$cfg"
 t1=$(date +%s)
 # FB_GPU_TESTS (optional): a subset of the GPU test binaries to build and run (a short call).
-GPU_TESTS=${FB_GPU_TESTS:-cuda_ops_test cuda_fixture_parity_test cuda_dspark_test cuda_vision_test}
+GPU_TESTS=${FB_GPU_TESTS:-cuda_ops_test cuda_fast_gemv_test cuda_fast_numerics_test cuda_fixture_parity_test cuda_dspark_test cuda_vision_test}
 cmake --build "$BUILD" -j16 --target $GPU_TESTS >"$LOG/build_tests.log" 2>&1
 bt=$?
 t2=$(date +%s)
@@ -44,56 +44,38 @@ if [ $bt -eq 0 ]; then
   grep -oE '\[ tc \].*' "$LOG/ctest.log" | sed 's/^/  /' >>"$LOG/table.txt"
 fi
 if [ $bc -eq 0 ]; then
-  for c in tiny-s0 tiny-s1-long tiny-vision; do
+  # The fixture gates (CLARIFICATIONS "Fixture gates") on both numerics classes: exact must also be
+  # bit-identical to the CPU in lockstep (--compare-cpu); fast must PASS the gates.
+  for c in tiny-s0 tiny-s1-long tiny-smooth tiny-vision; do
     [ -d "$FIX/$c" ] || { row "check-fixture $c" "absent from $FIX"; continue; }
-    s0=$(date +%s)
-    FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_$c.log" 2>&1
-    rc=$?
-    row "check-fixture $c (cuda exact+cpu)" "rc=$rc $(($(date +%s) - s0))s (rc 1 = oracle gate, see docs/numerics.md)"
-    tail -2 "$LOG/fixture_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
-  done
-  # chunked prefill (rows of one prompt over several steps: ring reads, ratio-2 tails, key lists)
-  FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --compare-cpu --chunk 7 >"$LOG/fixture_chunk7.log" 2>&1
-  row "check-fixture tiny-s1-long --chunk 7" "rc=$?"
-  tail -2 "$LOG/fixture_chunk7.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
-  # Tensor-core prefill GEMMs forced on for every prefill step ([reference-defining], not bit-
-  # identical by design): how far the fixture logits move from the exact CPU reference.
-  # Tensor-core GEMVs for decode / verify rows (mma_gemv.h, off by default): distance from the CPU.
-  for c in tiny-s0 tiny-s1-long; do
-    FB_MMA_GEMV=1 FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_mma_$c.log" 2>&1
-    row "check-fixture $c, mma decode GEMVs" "rc=$?"
-    tail -2 "$LOG/fixture_mma_$c.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
-  done
-  for c in tiny-s0 tiny-s1-long; do
-    FB_TC_PREFILL_MIN_ROWS=1 FB_TC_HC_MIXES=1 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu >"$LOG/fixture_tc_$c.log" 2>&1
-    row "check-fixture $c, tensor-core prefill + mixes" "rc=$?"
-    tail -2 "$LOG/fixture_tc_$c.log" | sed 's/^/    /' >>"$LOG/table.txt"
-  done
-  # Routed experts through 2 HBM slots per layer (4 experts, 2 per row: misses and waves).
-  FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --compare-cpu --expert-slots 2 --chunk 7 \
-    >"$LOG/fixture_slots.log" 2>&1
-  row "check-fixture tiny-s1-long, 2 expert slots" "rc=$?"
-  grep -E "compare|HBM expert slots" "$LOG/fixture_slots.log" | head -2 | sed 's/^/    /' >>"$LOG/table.txt"
-  # SWA bounded replay ([approx-approved], off by default) on the GPU: the same bits as the CPU's
-  # replay, one shot and chunked (the fixtures are exact prefill, so the oracle line FAILs).
-  for c in tiny-s0 tiny-s1-long; do
-    for k in 0 7; do
-      FB_CUDA_REPLAY=1 FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --compare-cpu --bounded-replay --chunk $k \
-        >"$LOG/fixture_replay_${c}_$k.log" 2>&1
-      row "check-fixture $c --bounded-replay --chunk $k" "rc=$?"
-      grep -E "compare" "$LOG/fixture_replay_${c}_$k.log" | head -1 | sed 's/^/    /' >>"$LOG/table.txt"
+    for nm in exact fast; do
+      s0=$(date +%s)
+      timeout 120 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --numerics $nm --compare-cpu >"$LOG/fixture_${c}_$nm.log" 2>&1
+      rc=$?
+      row "check-fixture $c cuda $nm" "rc=$rc $(($(date +%s) - s0))s"
+      grep -E "^compare " "$LOG/fixture_${c}_$nm.log" | cut -c1-150 | sed 's/^/    /' >>"$LOG/table.txt"
+      grep -oE "(e2e|layer|vision)=[A-Za-z]+\([^)]*\)" "$LOG/fixture_${c}_$nm.log" | tail -3 | cut -c1-160 | sed 's/^/    /' >>"$LOG/table.txt"
     done
   done
-  # The three tiers under the GPU: HBM slots (2 per layer) <- page-locked host cache <- two
-  # expert-store replicas on the disk (flashbox convert of the fixture's checkpoint); the outputs
-  # must equal the CPU reference's bit for bit.
-  T=/tmp/fb_tiers
-  rm -rf "$T" && mkdir -p "$T"
-  "$BUILD/flashbox" convert --model "$FIX/tiny-s1-long/checkpoint" --out "$T/store1" --replicas "$T/store2" >"$LOG/fixture_store.log" 2>&1
-  FB_TC_PREFILL=0 timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --compare-cpu --expert-slots 2 --chunk 7 \
-    --expert-store "$T/store1" "$T/store2" >>"$LOG/fixture_store.log" 2>&1
-  row "check-fixture tiny-s1-long, 2 slots + host + drives" "rc=$?"
-  grep -E "compare|HBM expert slots|expert tiers|convert: wrote" "$LOG/fixture_store.log" | head -4 | sed 's/^/    /' >>"$LOG/table.txt"
+  # chunked prefill (rows of one prompt over several steps: ring reads, ratio-2 tails, key lists)
+  timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --numerics exact --compare-cpu --chunk 7 >"$LOG/fixture_chunk7.log" 2>&1
+  row "check-fixture tiny-s1-long --chunk 7 exact" "rc=$?"
+  grep -E "^compare " "$LOG/fixture_chunk7.log" | cut -c1-150 | sed 's/^/    /' >>"$LOG/table.txt"
+  # Routed experts through 2 HBM slots per layer (4 experts, 2 per row: misses and waves).
+  timeout 90 "$BUILD/flashbox" check-fixture "$FIX/tiny-s1-long" --backend cuda --numerics exact --compare-cpu --expert-slots 2 --chunk 7 \
+    >"$LOG/fixture_slots.log" 2>&1
+  row "check-fixture tiny-s1-long, 2 expert slots" "rc=$?"
+  grep -E "compare|HBM expert slots" "$LOG/fixture_slots.log" | head -2 | cut -c1-150 | sed 's/^/    /' >>"$LOG/table.txt"
+  # SWA bounded replay ([approx-approved], off by default) on the GPU: the same bits as the CPU's
+  # replay, one shot and chunked (the fixtures are exact prefill, so the e2e figures move).
+  for c in tiny-s0 tiny-s1-long; do
+    for k in 0 7; do
+      timeout 90 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --numerics exact --compare-cpu --bounded-replay --chunk $k \
+        >"$LOG/fixture_replay_${c}_$k.log" 2>&1
+      row "check-fixture $c --bounded-replay --chunk $k" "rc=$?"
+      grep -E "compare" "$LOG/fixture_replay_${c}_$k.log" | head -1 | cut -c1-150 | sed 's/^/    /' >>"$LOG/table.txt"
+    done
+  done
 fi
 row "total" "$(($(date +%s) - t0))s"
 echo "==================== device_run summary ===================="

@@ -49,29 +49,35 @@ model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t
   return st;
 }
 
-// An interleaved A/B of an environment switch the executor reads at every forward, NAME=v1,v2,...:
-// rounds() calls f(value) for `n` rounds over the values, then puts the variable back as it was
-// (later rows measure the default).
-struct EnvAb {
+// An interleaved A/B of a CUDA run option (cuda::set_run_option names), NAME=v1,v2,...: rounds()
+// calls f(value) for `n` rounds over the values with the option set on the executor, then puts
+// the executor's options back as they were (later rows measure the configured run).
+struct OptionAb {
   std::string name;
   std::vector<std::string> values;
-  explicit EnvAb(const std::string& spec) {
+  explicit OptionAb(const std::string& spec) {
     const size_t eq = spec.find('=');
     name = spec.substr(0, eq);
     std::stringstream vs(eq == std::string::npos ? std::string() : spec.substr(eq + 1));
     for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
   }
+  Status check() const {
+    cuda::CudaRunOptions o;
+    if (values.empty()) return FB_ERROR(kInvalidArgument) << "A/B " << name << ": no values (NAME=v1,v2)";
+    for (const auto& v : values) FB_RETURN_IF_ERROR(cuda::set_run_option(o, name, v));
+    return Status();
+  }
   template <typename F>
-  void rounds(int n, F&& f) const {
-    const char* before = std::getenv(name.c_str());
-    const std::string before_v = before ? before : "";
+  void rounds(int n, cuda::CudaExecutor& ex, F&& f) const {
+    const cuda::CudaRunOptions before = ex.run_options();
     for (int rep = 0; rep < n; ++rep)
       for (const auto& v : values) {
-        setenv(name.c_str(), v.c_str(), 1);
+        cuda::CudaRunOptions o = before;
+        (void)cuda::set_run_option(o, name, v);  // checked up front (check())
+        ex.set_run_options(o);
         f(v);
       }
-    if (before) setenv(name.c_str(), before_v.c_str(), 1);
-    else unsetenv(name.c_str());
+    ex.set_run_options(before);
   }
 };
 
@@ -101,6 +107,8 @@ struct Args {
   std::vector<int64_t> prefill_gemms;
   std::string ab_env;
   std::string prefill_ab_env;
+  std::string numerics = "fast";
+  std::vector<std::string> cuda_opts;
   int expert_slots = 0;
   int expert_staging = 0;
   int lfu_aging = 64;
@@ -242,6 +250,22 @@ int run(const Args& a) {
     lo.expert_slots = a.expert_slots;
     lo.expert_staging = a.expert_staging;
     lo.lfu_aging = a.lfu_aging;
+    {
+      Status st = cuda::set_run_option(lo.run, "numerics", a.numerics);
+      for (const auto& kv : a.cuda_opts) {
+        if (!st.ok()) break;
+        const size_t eq = kv.find('=');
+        st = eq == std::string::npos ? FB_ERROR(kInvalidArgument) << "--cuda-opt wants NAME=VALUE (got " << kv << ")"
+                                     : cuda::set_run_option(lo.run, kv.substr(0, eq), kv.substr(eq + 1));
+      }
+      for (const std::string* ab : {&a.ab_env, &a.prefill_ab_env})
+        if (st.ok() && !ab->empty()) st = OptionAb(*ab).check();
+      if (!st.ok()) {
+        std::fprintf(stderr, "bench: %s\n", st.to_string().c_str());
+        return 1;
+      }
+      std::fprintf(stderr, "bench: numerics %s\n", cuda::numerics_name(lo.run.numerics));
+    }
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) {
       std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
@@ -278,12 +302,12 @@ int run(const Args& a) {
       if (!a.ab_env.empty()) {
         // Interleaved A/B of an environment switch read by the kernels' launchers: one-row steps
         // and steps of --verify-rows rows.
-        const EnvAb ab(a.ab_env);
+        const OptionAb ab(a.ab_env);
         const std::string& name = ab.name;
         const std::vector<std::string>& values = ab.values;
         std::map<std::string, std::vector<double>> ms, mv;
         const int vr = std::max(1, a.verify_rows);
-        ab.rounds(3, [&](const std::string& v) {
+        ab.rounds(3, **ex, [&](const std::string& v) {
           auto tv = bench::time_decode(**ex, *s, a.steps, vr);
           if (tv.ok()) {
             ms[v].push_back(tv->decode_ms);
@@ -407,10 +431,10 @@ int run(const Args& a) {
       }
       if (!a.prefill_ab_env.empty()) {
         // The same chunk under each value of the --prefill-ab-env switch, interleaved, medians of 3.
-        const EnvAb ab(a.prefill_ab_env);
+        const OptionAb ab(a.prefill_ab_env);
         const std::string& name = ab.name;
         std::map<std::string, std::vector<double>> tv;
-        ab.rounds(3, [&](const std::string& v) {
+        ab.rounds(3, **ex, [&](const std::string& v) {
           auto s = (*ex)->new_session();
           if (!bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17).ok()) return;
           std::vector<model::SessionState*> ss{s.get()};
@@ -540,8 +564,12 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
-  app.add_option("--ab-env", a->ab_env, "with --synthetic: interleaved A/B of a kernel switch on the decode rows, NAME=v1,v2 (e.g. FB_ATTN_SPLIT=1,0)");
-  app.add_option("--prefill-ab-env", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a switch on each chunk, NAME=v1,v2");
+  app.add_option("--ab", a->ab_env,
+                 "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0)");
+  app.add_option("--prefill-ab", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a CUDA run option on each chunk, NAME=v1,v2");
+  app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU)")
+      ->check(CLI::IsMember({"fast", "exact"}));
+  app.add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for --ab)");
   app.add_flag("--graph-step", a->graph_step,
                "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
   app.add_flag("--profile-kernels", a->profile_kernels,

@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -26,6 +26,7 @@ struct Args {
   std::vector<std::string> expert_store;
   bool verbose = false;
   bool compare_cpu = false;
+  std::string numerics = "fast";
   std::string dump;
 };
 
@@ -55,6 +56,10 @@ int run(const Args& a) {
       // snapshot (cuda/expert_slots.h); the outputs must not change.
       cuda::CudaLoadOptions lo;
       lo.expert_slots = int(a.expert_slots);
+      auto nm = cuda::parse_numerics(a.numerics);
+      if (!nm.ok()) return nm.status();
+      lo.run.numerics = *nm;
+      lo.run.bounded_replay = a.bounded_replay;  // validation of the CUDA replay is what check-fixture is for
       if (a.expert_slots > 0) {
         // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
@@ -125,7 +130,10 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; CUDA keeps >= 64)");
   app.add_option("--expert-store", a->expert_store, "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
-  app.add_flag("--compare-cpu", a->compare_cpu, "also run the CPU reference in lockstep and compare logits, taps and drafts bit for bit");
+  app.add_flag("--compare-cpu", a->compare_cpu,
+               "also run the CPU reference in lockstep and compare logits, taps and drafts (bit for bit with --numerics exact)");
+  app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU reference)")
+      ->check(CLI::IsMember({"fast", "exact"}));
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");
   return [a] { return run(*a); };
 }

@@ -30,6 +30,9 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--expert-store", tiers.expert_store,
                  "with --expert-slots: expert-store replicas written by flashbox convert (default: read the snapshot's shards)");
   app.add_option("--expert-staging", tiers.expert_staging, "with --expert-slots on CUDA: staging slots per layer for LFU admission");
+  app.add_option("--numerics", tiers.numerics,
+                 "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
+      ->check(CLI::IsMember({"fast", "exact"}));
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }

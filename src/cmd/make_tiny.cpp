@@ -22,12 +22,13 @@ struct Args {
   std::string out = "tiny-model";
   uint64_t seed = 0;
   bool vision = false;
+  bool smooth = false;
   std::string tokenizer;
 };
 
 }  // namespace
 
-Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path) {
+Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path, bool smooth) {
   const std::string tok_path = tokenizer_path.empty() ? std::string(FB_SOURCE_DIR) + "/assets/tokenizer/tokenizer.json" : tokenizer_path;
   auto tok = FB_TRY(tokenizer::Tokenizer::load(tok_path));
   auto em = FB_TRY(tokenizer::derive_engram_map(tok));
@@ -35,9 +36,11 @@ Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const
   o.out_dir = out;
   o.seed = seed;
   o.vision = vision;
+  o.smooth = smooth;
   o.vocab_size = tok.vocab_size();
   o.engram_compressed_vocab = em.n_classes;
-  std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", out.c_str(), (unsigned long long)seed, vision ? ", vision" : "");
+  std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", out.c_str(), (unsigned long long)seed,
+               std::string(vision ? ", vision" : "").append(smooth ? ", smooth (hidden 1024, complete selections)" : "").c_str());
   FB_RETURN_IF_ERROR(loader::write_tiny_model(o));
   std::error_code ec;
   fs::copy_file(tok_path, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
@@ -55,7 +58,7 @@ Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const
 namespace {
 
 int run(const Args& a) {
-  Status st = make_tiny_model(a.out, a.seed, a.vision, a.tokenizer);
+  Status st = make_tiny_model(a.out, a.seed, a.vision, a.tokenizer, a.smooth);
   if (!st.ok()) {
     std::fprintf(stderr, "make-tiny: %s\n", st.to_string().c_str());
     return 1;
@@ -70,6 +73,9 @@ Runner add_make_tiny(CLI::App& app) {
   app.add_option("--out", a->out, "output folder (default tiny-model)");
   app.add_option("--seed", a->seed, "random seed (default 0)");
   app.add_flag("--vision", a->vision, "include a small ViT and aligner");
+  app.add_flag("--smooth", a->smooth,
+               "hidden 1024 and every selection complete (all experts active, index top-k and candidate pool beyond 4,096 positions): "
+               "logits continuous in arithmetic error, for comparing numerics classes");
   app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the repository's V4.1 asset)");
   return [a] { return run(*a); };
 }

@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "cpu/session_cache.h"
+#include "cuda/fast_gemv.h"
 #include "cuda/mma_gemv.h"
 #include "model/forward.h"
 #include "model/selection.h"
@@ -377,7 +378,7 @@ class CudaLayerOps {
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
-  // Routed experts on the exact GEMV kernels (or FB_MMA_GEMV's), ids indexing w's arrays (n_ids
+  // Routed experts on the GEMV kernels (exact, fast_gemv.h or mma_gemv.h), ids indexing w's arrays (n_ids
   // entries: experts, or a tiered layer's slots); ids < 0 are skipped (rows of another wave).
   void routed_experts(const DevLayer& w, int64_t K, const int32_t* ids, const float* weights, uint16_t* a, uint16_t* b, uint16_t* ye,
                       int n_ids) {
@@ -393,11 +394,32 @@ class CudaLayerOps {
       step(mma_fp4_gemm_q(uq_, n, K, w.w3, groups, slots, b, st_));
       step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
       step(mma_fp4_gemm_q(q_buf_, n, 1, w.w2, groups, slots, ye, st_));
+    } else if (m_.fast_gemv_) {
+      // [fast] every (row, expert) pair on its own warps: row-invariant for any n. The kernels
+      // take at most kFastGemvMaxRows rows a call; chunks keep whole activation rows (multiples of K).
+      const int64_t step_rows = std::max<int64_t>(K, kFastGemvMaxRows / K * K);
+      for (int64_t m0 = 0; m0 < n && ok(); m0 += step_rows) {
+        const int64_t m = std::min(step_rows, n - m0);
+        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_));
+      }
+      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      for (int64_t m0 = 0; m0 < n && ok(); m0 += kFastGemvMaxRows) {
+        const int64_t m = std::min(kFastGemvMaxRows, n - m0);
+        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_));
+      }
     } else {
       step(fp4_gemm2_q(uq_, n, K, w.w1, w.w3, ids, a, b, st_));
       step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
       step(fp4_gemm_q(q_buf_, n, 1, w.w2, ids, ye, st_));
     }
+  }
+  // Rows r0.. of an act_quant buffer of K-wide rows.
+  static QuantBuf rows_of(const QuantBuf& q, int64_t r0, int64_t K) {
+    QuantBuf o = q;
+    o.codes += r0 * K;
+    o.scales += r0 * K / 32;
+    o.capacity -= r0 * K;
+    return o;
   }
 
   // Distinct experts of `ids`, ascending.
@@ -497,8 +519,13 @@ class CudaLayerOps {
   // GEMMs: the exact CUDA-core kernels, or in a step of prefill rows the tensor-core path
   // (tc_gemm.h, [reference-defining]: the same products, summed in the tensor cores' order).
   static constexpr int64_t kTcMinGemmRows = 16;
+  static constexpr int64_t kFastGemvMaxRows = 64;
+  // [fast] decode, verify and draft steps (and short prefill steps) of up to kFastGemvMaxRows rows
+  // take the fast GEMVs: per-row arithmetic independent of the other rows (row invariance).
+  // Larger non-tensor-core steps keep the exact kernels (deterministic, not row-invariant with them).
   void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
     if (tc_ && M >= kTcMinGemmRows) step(tc_fp8_gemm_q(*tc_, q, M, w, y, st_));
+    else if (m_.fast_gemv_ && M <= kFastGemvMaxRows) step(fast_fp8_gemv_q(q, M, w, y, st_));
     else if (m_.mma_gemv_ && mma_gemv_ok(w.K, q.codes, w.w, 0, false)) step(mma_fp8_gemm_q(q, M, w, y, st_));
     else step(fp8_gemm_q(q, M, w, y, st_));
   }
@@ -514,8 +541,9 @@ class CudaLayerOps {
                int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
     // A few rows (the head's logit rows of a prefill step) stay on the exact GEMV kernel: it
     // reads the weight once either way, and the logits then match the CPU bit for bit.
-    step(tc_ && M >= kTcMinGemmRows ? tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_)
-             : bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+    if (tc_ && M >= kTcMinGemmRows) step(tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+    else if (m_.fast_gemv_ && M <= kFastGemvMaxRows) step(fast_bf16_gemv(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+    else step(bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
   }
   // Routed experts of a prefill step on tensor cores: (row, slot) pairs grouped by expert on the
   // host (`ids`: the routing, downloaded once), per expert the exact bf16 values of w1/w3/w2 and
@@ -604,12 +632,12 @@ class CudaLayerOps {
     step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
   }
   // Scratch for the key-block split of attention when it applies (few rows, long key lists).
-  // FB_ATTN_SPLIT=0 turns it off, FB_ATTN_KEYS=0 dequantises the key tiles inside the score and
-  // P.V kernels again (A/B measurements only; every path gives the same bits).
+  // CudaRunOptions::attn_split = 0 turns it off, attn_predequant = 0 dequantises the key tiles inside
+  // the score and P.V kernels again (A/B measurements only; every path gives the same bits).
   void split_scratch(AttnKeys& keys, int max_keys) {
     keys.max_keys = max_keys;
-    if (const char* v = std::getenv("FB_ATTN_KEYS"); v && v[0] == '0') keys.predequant = false;
-    if (const char* v = std::getenv("FB_ATTN_SPLIT"); v && v[0] == '0') return;
+    if (!m_.run_.attn_predequant) keys.predequant = false;
+    if (!m_.run_.attn_split) return;
     const int64_t n = attention_split_floats(T_, c_.n_heads, int(c_.head_dim), max_keys);
     if (n > 0) keys.split = alloc<float>(n);
   }
@@ -1490,7 +1518,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
     if (r.replay_start != 0) {
       if (!bounded_replay_enabled())
-        return FB_ERROR(kUnsupported) << "bounded replay on CUDA is built but not yet validated on a GPU (FB_CUDA_REPLAY=1 enables it for "
+        return FB_ERROR(kUnsupported) << "bounded replay on CUDA is built but not yet validated on a GPU (the bounded_replay option enables it for "
                                          "that validation); use the CPU backend or exact prefill";
       if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
       if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
@@ -1507,15 +1535,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     max_pos = std::max(max_pos, r.pos);
   }
   if (step.rows.empty()) return model::StepOutput{};
-  // Read per step so that `bench --ab-env FB_MMA_GEMV=0,1` can interleave the two paths.
-  // Set: overrides the executor's choice for this step; unset: the choice (set_tc_hc_mixes; the
-  // mma GEMVs are env-only and off).
-  const char* mv = std::getenv("FB_MMA_GEMV");
-  mma_gemv_ = mv && mv[0] == '1';
-  const char* fv = std::getenv("FB_FP8_FMA");
-  set_fp8_gemv_fma(!(fv && fv[0] == '0'));
-  const char* hv = std::getenv("FB_TC_HC_MIXES");
-  tc_hc_mixes_ = hv ? hv[0] == '1' : tc_hc_mixes_choice_;
+  set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switch: this executor's choice for its steps
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

@@ -137,8 +137,38 @@ enum class EngramPlace {
 };
 constexpr uint64_t kEngramHbmMaxBytes = uint64_t(16) << 30;
 
+// The numerics class of the CUDA executor (CLARIFICATIONS "Numerics classes", docs/numerics.md).
+enum class Numerics {
+  kExact,  // bit-identical to the CPU reference executor: the validation mode
+  kFast,   // [fast] the default: tensor-core prefill, fast GEMVs for decode/verify/draft rows (any
+           // fixed order, FMA); deterministic and row-invariant, tolerance-gated against the CPU
+};
+const char* numerics_name(Numerics n);
+Result<Numerics> parse_numerics(const std::string& s);
+
+// Run-time choices of the CUDA executor, set from the command line (never the environment).
+// Most are A/B switches of measured techniques; `numerics` decides the class and, for kExact,
+// overrides every switch that would leave the CPU's bits (tensor-core prefill, mixes, GEMVs).
+struct CudaRunOptions {
+  Numerics numerics = Numerics::kFast;
+  bool tc_prefill = true;             // tensor-core GEMMs for steps made only of prefill rows ...
+  int64_t tc_prefill_min_rows = 64;   // ... of at least this many rows
+  bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
+  bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
+  bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
+  bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
+  bool attn_split = true;             // attention: split a few rows' keys over several CTAs
+  bool attn_predequant = true;        // ... and dequantise each key tile once per step
+  bool bounded_replay = false;        // accept Row::replay_start (CUDA SWA bounded replay, until validated)
+};
+// name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma,
+// attn_split, attn_predequant, bounded_replay (booleans 0/1).
+Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
+
 // Load-time choices of the CUDA executor.
 struct CudaLoadOptions {
+  CudaRunOptions run;
   EngramPlace engram = EngramPlace::kAuto;
   // Routed experts per layer held in HBM slots (cuda/expert_slots.h); 0: every expert resident.
   // A layer with no more experts than slots is filled once and never misses.
@@ -180,13 +210,13 @@ class CudaExecutor final : public model::Executor {
   // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/results.md).
   int64_t preferred_prefill_chunk() const override { return tc_on_ ? 2048 : 256; }
   // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start. Gated
-  // by FB_CUDA_REPLAY=1 until a device run has shown it equal to the CPU's replay bit for bit
-  // (cuda_fixture_parity_test BoundedReplayMatchesCpu); otherwise forward() refuses such rows.
-  static bool bounded_replay_enabled() {
-    const char* v = std::getenv("FB_CUDA_REPLAY");
-    return v && v[0] == '1';
-  }
+  // by CudaRunOptions::bounded_replay until a device run has shown it equal to the CPU's replay
+  // bit for bit (cuda_fixture_parity_test BoundedReplayMatchesCpu); otherwise forward() refuses such rows.
+  bool bounded_replay_enabled() const { return run_.bounded_replay; }
   bool supports_bounded_replay() const override { return bounded_replay_enabled() && cfg_.decoder_start >= 0; }
+  // The run-time options (numerics class and switches); set_run_options applies from the next step.
+  const CudaRunOptions& run_options() const { return run_; }
+  void set_run_options(const CudaRunOptions& o);
   cudaStream_t stream() const { return stream_; }
   // Profiling: when on, every step records CUDA events around its ops (adds a little overhead);
   // entries "<op>" sum GPU ms over layers and steps, "step.gpu" / "step.wall" whole steps.
@@ -199,16 +229,19 @@ class CudaExecutor final : public model::Executor {
   const std::map<std::string, OpProfile>& profile() const { return prof_; }
   void clear_profile() { prof_.clear(); }
   // Tensor-core GEMMs (tc_gemm.h, [reference-defining]) for steps made only of prefill rows, at
-  // least min_rows of them; decode, verify and draft rows always take the exact kernels. Default:
-  // on from 64 rows; FB_TC_PREFILL=0 turns it off, FB_TC_PREFILL_MIN_ROWS sets min_rows.
+  // least min_rows of them (CudaRunOptions::tc_prefill; never in the exact class).
   void set_tensor_core_prefill(bool on, int64_t min_rows = 64) {
-    tc_on_ = on;
-    tc_min_rows_ = std::max<int64_t>(1, min_rows);
+    run_.tc_prefill = on;
+    run_.tc_prefill_min_rows = std::max<int64_t>(1, min_rows);
+    set_run_options(run_);
   }
   bool tensor_core_prefill() const { return tc_on_; }
   // The mHC mix dots of those steps on tensor cores as well (f32 weights split exactly into three
-  // bf16 parts; on by default). Off: the exact CUDA-core mixes inside tensor-core prefill.
-  void set_tc_hc_mixes(bool on) { tc_hc_mixes_choice_ = on; }
+  // bf16 parts). Off: the exact CUDA-core mixes inside tensor-core prefill.
+  void set_tc_hc_mixes(bool on) {
+    run_.tc_hc_mixes = on;
+    set_run_options(run_);
+  }
   // The GEMM work of one prefill chunk of `rows` rows through layer `layer`'s weights on the
   // tensor-core path (operand expansion included), each GEMM timed alone (median of `reps`):
   // the bench's "share of the tensor-core roofline for the GEMM work" (issue 7).
@@ -260,14 +293,16 @@ class CudaExecutor final : public model::Executor {
   // The tensor-core GEMM object (created on first use) and the policy of set_tensor_core_prefill.
   TcGemm* tc_for(const model::Step& step) const;
   mutable std::unique_ptr<TcGemm> tc_;
+  // The options and what they resolve to (set_run_options): the exact class turns off every
+  // technique that leaves the CPU's bits.
+  CudaRunOptions run_;
   bool tc_on_ = true;
-  // FB_MMA_GEMV=1 (read at every forward): decode / verify / draft GEMVs on tensor cores
-  // (mma_gemv.h; off by default until measured on the device).
+  // Decode / verify / draft GEMVs on tensor cores (mma_gemv.h; not adopted, off by default).
   bool mma_gemv_ = false;
+  // The fast class's GEMVs (fast_gemv.h) for decode / verify / draft rows.
+  bool fast_gemv_ = true;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
-  // [reference-defining]): on by default (+17-20% prefill tok/s on the H200, docs/results.md);
-  // set_tc_hc_mixes or FB_TC_HC_MIXES=0/1 (read at every forward, wins when set).
-  bool tc_hc_mixes_choice_ = true;
+  // [reference-defining]): +17-20% prefill tok/s on the H200, docs/results.md.
   bool tc_hc_mixes_ = true;
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;

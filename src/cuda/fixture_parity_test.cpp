@@ -25,15 +25,27 @@ std::string fixtures_dir() {
 
 // tc false: the exact path (tensor-core prefill is on by default from 64 rows); true: tensor-core
 // matmuls, attention and indexer dots for every prefill step ([reference-defining], tc_gemm.h).
+// The run options of the two cases: tc false = the exact class; tc true = the fast class's
+// tensor-core prefill for every prefill step with the fast GEMVs off (decode rows exact).
+// The tiny models' short dots are exact in any order, so the tensor-core GEMMs, attention and
+// indexer reproduce the CPU bit for bit here; the tensor-core mHC mixes sum 3 x 4 x 256 products
+// per mix in another order and do not (ops_test TensorCoreHcMixes holds their tolerance), so this
+// parity keeps them off.
+CudaRunOptions run_for(bool tc) {
+  CudaRunOptions r;
+  r.numerics = tc ? Numerics::kFast : Numerics::kExact;
+  r.tc_prefill = tc;
+  r.tc_prefill_min_rows = 1;
+  r.tc_hc_mixes = false;
+  r.fast_gemv = false;
+  r.bounded_replay = true;  // accepted where a test sends replay rows (BoundedReplayMatchesCpu lifts the product's gate)
+  return r;
+}
 Result<std::unique_ptr<model::Executor>> load_cuda(const std::string& ckpt, bool tc) {
-  auto m = CudaExecutor::load(ckpt);
+  CudaLoadOptions lo;
+  lo.run = run_for(tc);
+  auto m = CudaExecutor::load(ckpt, {}, lo);
   if (!m.ok()) return m.status();
-  m.value()->set_tensor_core_prefill(tc, 1);
-  // The tiny models' short dots are exact in any order, so the tensor-core GEMMs, attention and
-  // indexer reproduce the CPU bit for bit here; the tensor-core mHC mixes (on by default) sum
-  // 3 x 4 x 256 products per mix in another order and do not (ops_test TensorCoreHcMixes holds
-  // their tolerance), so this parity keeps them off.
-  m.value()->set_tc_hc_mixes(false);
   return std::unique_ptr<model::Executor>(std::move(m.value()));
 }
 Result<std::unique_ptr<model::Executor>> make_cuda(const std::string& ckpt) { return load_cuda(ckpt, false); }
@@ -86,7 +98,6 @@ TEST_P(FixtureParity, BoundedReplayMatchesCpu) {
   std::string why;
   const std::string dir = runnable_fixture(GetParam(), &why);
   if (dir.empty()) GTEST_SKIP() << why;
-  setenv("FB_CUDA_REPLAY", "1", 1);  // the gate this test exists to lift (CudaExecutor::bounded_replay_enabled)
   for (int64_t chunk : {int64_t(0), int64_t(7)}) {
     engine::FixtureCheckOptions opt;
     opt.make_reference = make_cpu;
@@ -144,10 +155,9 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
         CudaLoadOptions lo;
         lo.expert_slots = slots;
         lo.expert_staging = k.staging;  // 2: LFU admission, cold misses staged
+        lo.run = run_for(tc);           // as make_cuda_tc, the reference of the tc case
         auto m = CudaExecutor::load(ckpt, {}, lo);
         if (!m.ok()) return m.status();
-        m.value()->set_tensor_core_prefill(tc, 1);
-        m.value()->set_tc_hc_mixes(false);  // as make_cuda_tc, the reference of the tc case
         if (auto t = m.value()->expert_slots()) tiers.push_back(t);
         return std::unique_ptr<model::Executor>(std::move(m.value()));
       };
@@ -195,9 +205,9 @@ TEST_P(FixtureParity, EngramOnHostAndExpertSlotsBitForBit) {
       CudaLoadOptions lo;
       lo.engram = EngramPlace::kHost;
       lo.expert_slots = slots;
+      lo.run = run_for(false);
       auto m = CudaExecutor::load(ckpt, {}, lo);
       if (!m.ok()) return m.status();
-      m.value()->set_tensor_core_prefill(false);
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     };
     engine::FixtureCheckOptions opt;

@@ -6,7 +6,7 @@
 // decode row and the same row inside a verify step give the same bits: DSpark's greedy identity
 // holds with it on. Routed experts: rows grouped by expert on the device, so the rows of a verify
 // step that pick the same expert read and widen its weights once.
-// Switch: FB_MMA_GEMV=1 (CudaExecutor reads it at every forward). Not bit-identical to the CPU reference.
+// Switch: CudaRunOptions::mma_gemv (fast class only). Not bit-identical to the CPU reference.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -52,7 +52,7 @@ Status fp8_gemm(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const 
 Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
 // The FP8 GEMV's product-and-add as one fused multiply-add (exact: e4m3 x e4m3 products are exact
 // in f32, numerics.cuh fma_exact_product) or as the CPU's separate multiply and add. Same bits
-// either way; process-wide, for interleaved A/B (`bench --ab-env FB_FP8_FMA=0,1`). Default on.
+// either way; process-wide, for interleaved A/B (`bench --ab fp8_fma=0,1`). Default on.
 void set_fp8_gemv_fma(bool on);
 // y [M, N]: row m uses activation row m / x_div and expert expert[m] (nullptr: expert 0).
 Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st);

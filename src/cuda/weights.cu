@@ -2,19 +2,71 @@
 // its stored format; routed experts of a layer packed into contiguous [E, ...] buffers.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "base/check.h"
 #include "base/dtype.h"
 #include "cpu/session_cache.h"
 #include "cuda/executor.h"
 
-#include <cstdlib>
 #include "loader/bind.h"
 #include "vision/tower.h"
 
 namespace fb::cuda {
 
 using model::Config;
+
+// ---- options ---------------------------------------------------------------------------------------
+
+const char* numerics_name(Numerics n) { return n == Numerics::kExact ? "exact" : "fast"; }
+
+Result<Numerics> parse_numerics(const std::string& s) {
+  if (s == "exact") return Numerics::kExact;
+  if (s == "fast") return Numerics::kFast;
+  return FB_ERROR(kInvalidArgument) << "numerics must be exact or fast (got \"" << s << "\")";
+}
+
+Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value) {
+  auto flag = [&](bool& b) -> Status {
+    if (value != "0" && value != "1") return FB_ERROR(kInvalidArgument) << "option " << name << " takes 0 or 1 (got \"" << value << "\")";
+    b = value == "1";
+    return Status();
+  };
+  if (name == "numerics") {
+    o.numerics = FB_TRY(parse_numerics(value));
+    return Status();
+  }
+  if (name == "tc_prefill_min_rows") {
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end || v < 1) return FB_ERROR(kInvalidArgument) << "tc_prefill_min_rows must be a positive integer (got \"" << value << "\")";
+    o.tc_prefill_min_rows = v;
+    return Status();
+  }
+  if (name == "tc_prefill") return flag(o.tc_prefill);
+  if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
+  if (name == "fast_gemv") return flag(o.fast_gemv);
+  if (name == "mma_gemv") return flag(o.mma_gemv);
+  if (name == "fp8_fma") return flag(o.fp8_fma);
+  if (name == "attn_split") return flag(o.attn_split);
+  if (name == "attn_predequant") return flag(o.attn_predequant);
+  if (name == "bounded_replay") return flag(o.bounded_replay);
+  return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma, "
+                                       "attn_split, attn_predequant, bounded_replay)";
+}
+
+void CudaExecutor::set_run_options(const CudaRunOptions& o) {
+  run_ = o;
+  const bool fast = o.numerics == Numerics::kFast;
+  // The exact class keeps every output the CPU's bits: no tensor cores, no reordered sums.
+  tc_on_ = fast && o.tc_prefill;
+  tc_min_rows_ = std::max<int64_t>(1, o.tc_prefill_min_rows);
+  tc_hc_mixes_ = fast && o.tc_hc_mixes;
+  fast_gemv_ = fast && o.fast_gemv;
+  mma_gemv_ = fast && o.mma_gemv && !fast_gemv_;
+  set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
+}
 
 // ---- loading -------------------------------------------------------------------------------------
 
@@ -26,8 +78,6 @@ CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<i
                                       c.engram_compressed_vocab);
     pad_class_ = token_map_.at(size_t(c.engram_pad_id));
   }
-  if (const char* v = std::getenv("FB_TC_PREFILL"); v && v[0] == '0') tc_on_ = false;
-  if (const char* v = std::getenv("FB_TC_PREFILL_MIN_ROWS"); v && *v) tc_min_rows_ = std::max<int64_t>(1, std::atoll(v));
   rope_plain_.table = cpu::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
   rope_yarn_.table =
       cpu::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
@@ -53,6 +103,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
   FB_RETURN_IF_ERROR(loader::check_runnable(*snap, &token_map));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
+  ex->set_run_options(opt.run);
   FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
 }

@@ -93,6 +93,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     cuda::CudaLoadOptions lo;
     lo.expert_slots = opt.expert_slots;
     lo.expert_staging = opt.expert_staging;
+    lo.run.numerics = FB_TRY(cuda::parse_numerics(opt.numerics));
     if (opt.expert_slots > 0) lo.experts = FB_TRY(make_host_tiers(backend, model_dir, opt));
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {

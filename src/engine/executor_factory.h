@@ -24,6 +24,10 @@ struct ExecutorOptions {
   int expert_staging = 0;            // CUDA: staging slots for LFU admission (0: admit every miss)
   int64_t host_experts = 0;          // host cache records (0: as many as expert_slots per layer x 1)
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards
+  // CUDA numerics class (CLARIFICATIONS "Numerics classes"): "fast" (default; tensor cores, fixed
+  // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
+  // executor is the reference and accepts both names.
+  std::string numerics = "fast";
 };
 
 Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir,

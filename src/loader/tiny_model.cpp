@@ -168,6 +168,13 @@ std::string tiny_config_json(const TinyModelOptions& o) {
   t["dspark_n_routed_experts"] = 4;
   t["dspark_num_experts_per_tok"] = 2;
   t["tie_word_embeddings"] = false;
+  if (o.smooth) {
+    t["hidden_size"] = 1024;
+    t["num_experts_per_tok"] = 8;  // of 8
+    t["dspark_num_experts_per_tok"] = 4;  // of 4
+    t["index_topk"] = 4096;  // >= entries of any context up to 4,096 (ratio 1)
+    t["candidate_topk_blocks"] = 1024;  // >= blocks of 4 entries up to 4,096 entries
+  }
   json c;
   c["architectures"] = {"DeepseekV41ForCausalLM"};
   c["model_type"] = "deepseek_v41";

@@ -18,6 +18,11 @@ struct TinyModelOptions {
   bool vision = false;
   int64_t vocab_size = 129280;           // the real V4.1 vocabulary
   int64_t engram_compressed_vocab = 99092;  // class count of the tokenizer-derived map
+  // Smooth model (CLARIFICATIONS "Numerics classes", gate 3): hidden 1024 and every selection
+  // other than the final argmax complete (all routed experts active in the backbone and the
+  // draft, index top-k and candidate blocks larger than any context up to 4,096 positions), so
+  // its logits are a continuous function of arithmetic error and two numerics classes compare.
+  bool smooth = false;
 };
 
 // The tiny model's config.json text (HF layout).

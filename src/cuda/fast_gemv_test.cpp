@@ -1,0 +1,337 @@
+// The fast GEMVs (fast_gemv.h) against the exact launchers of ops.h (which equal the CPU
+// reference bit for bit, ops_test.cpp), at released decode shapes. Not bit-exact by design, so:
+//  (1) accuracy: NMSE = sum (a - b)^2 / sum b^2 <= 1e-5 and max |a - b| <= 5% of the output RMS
+//      (a few bf16 ulps of the largest outputs);
+//  (2) row invariance: row m's bits are the same whether it runs alone (M = 1), among M = 3, 7 or
+//      64 rows;
+//  (3) determinism: the same call twice gives the same bits;
+// plus the semantics of the exact launchers: skipped expert rows untouched (outputs are poisoned
+// with 0xFF bytes first), x_div, expert == nullptr, grouped bf16 with f32 and f32-add outputs.
+// Label: gpu (skipped without a device). FastGemv.Bench prints GB/s and never fails on speed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/dtype.h"
+#include "cuda/device.h"
+#include "cuda/fast_gemv.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+namespace {
+
+using bf16_t = uint16_t;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define NEED_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// A device array poisoned with 0xFF bytes, optionally filled from the host.
+template <typename T>
+struct Dev {
+  DeviceBuffer buf;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_TRUE(buf.alloc(std::max<size_t>(count, 1) * sizeof(T)).ok());
+    EXPECT_EQ(cudaMemset(buf.get(), 0xFF, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    EXPECT_EQ(cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  T* p() const { return buf.get<T>(); }
+  void poison() { EXPECT_EQ(cudaMemset(buf.get(), 0xFF, n * sizeof(T)), cudaSuccess); }
+  void set(const std::vector<T>& v) { EXPECT_EQ(cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t seed) : g(seed) {}
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }
+  // bf16 activations, normal with a per-32-block magnitude spread (act_quant scales differ).
+  std::vector<bf16_t> act(int64_t n, float s = 1.0f) {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t b = 0; b < n; b += 32) {
+      const float blk = s * std::ldexp(1.0f, uniform(-3, 3));
+      for (int64_t i = b; i < std::min(n, b + 32); ++i) v[size_t(i)] = bf16_bits_from_f32(blk * nd(g));
+    }
+    return v;
+  }
+  // e4m3 codes without the NaN codes (0x7F, 0xFF).
+  std::vector<uint8_t> e4m3(int64_t n) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& c : v) {
+      do c = uint8_t(g());
+      while ((c & 0x7F) == 0x7F);
+    }
+    return v;
+  }
+  std::vector<uint8_t> bytes(int64_t n, int lo = 0, int hi = 255) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    if (lo == 0 && hi == 255) {
+      for (size_t i = 0; i < v.size(); i += 8) {
+        const uint64_t r = g();
+        std::memcpy(&v[i], &r, std::min<size_t>(8, v.size() - i));
+      }
+    } else {
+      for (auto& c : v) c = uint8_t(uniform(lo, hi));
+    }
+    return v;
+  }
+  // Many bf16 weights quickly (the head is 530M of them): uniform in (-a, a) from one xorshift.
+  std::vector<bf16_t> bf16_uniform(int64_t n, float a) {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    uint64_t s = g() | 1;
+    for (auto& x : v) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      x = bf16_bits_from_f32(a * (float(int32_t(uint32_t(s >> 32))) * 0x1p-31f));
+    }
+    return v;
+  }
+};
+
+double to_double(bf16_t b) { return bf16_to_f32(b); }
+double to_double(float f) { return f; }
+
+// (1): over the rows with keep[m] (all when keep is empty), rows of n values.
+template <typename T>
+void expect_close(const std::vector<T>& got, const std::vector<T>& want, int64_t n, const std::vector<bool>& keep, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double se = 0.0, ss = 0.0, max_err = 0.0;
+  int64_t count = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!keep.empty() && !keep[i / size_t(n)]) continue;
+    const double a = to_double(got[i]), b = to_double(want[i]);
+    ASSERT_TRUE(std::isfinite(a) && std::isfinite(b)) << what << " at " << i;
+    se += (a - b) * (a - b);
+    ss += b * b;
+    max_err = std::max(max_err, std::fabs(a - b));
+    ++count;
+  }
+  ASSERT_GT(count, 0) << what;
+  ASSERT_GT(ss, 0.0) << what;
+  const double nmse = se / ss, rms = std::sqrt(ss / double(count));
+  EXPECT_LE(nmse, 1e-5) << what;
+  EXPECT_LE(max_err, 0.05 * rms) << what << " (rms " << rms << ")";
+  std::printf("  %-44s nmse %.3g  max|err|/rms %.3g\n", what, nmse, max_err / rms);
+}
+
+// (2), (3): bit for bit, over row range [m0, m0 + rows) of `a` against the same rows of `b`.
+template <typename T>
+void expect_rows_same(const std::vector<T>& a, const std::vector<T>& b, int64_t n, int64_t m0, int64_t rows, const char* what) {
+  ASSERT_GE(a.size(), size_t((m0 + rows) * n)) << what;
+  ASSERT_GE(b.size(), size_t((m0 + rows) * n)) << what;
+  EXPECT_EQ(std::memcmp(&a[size_t(m0 * n)], &b[size_t(m0 * n)], size_t(rows * n) * sizeof(T)), 0) << what << " rows " << m0 << ".." << m0 + rows;
+}
+
+// The rows of a call with M rows, read back from a [64, n] output.
+template <typename T>
+std::vector<T> head_rows(const std::vector<T>& v, int64_t n, int64_t rows) {
+  return std::vector<T>(v.begin(), v.begin() + rows * n);
+}
+
+constexpr int64_t kRows = 64;
+
+// ---- FP8 ----------------------------------------------------------------------------------------
+
+TEST(FastGemv, Fp8) {
+  NEED_GPU();
+  Rng rng(11);
+  struct Case { int64_t N, K; };
+  // Released-like shapes: square 4096, hidden 5120 in and out, q_b (1536 -> 32768), N not a
+  // multiple of 32 (partial scale rows), narrow N (split K) and a partial last step (K = 2080).
+  for (Case cs : {Case{1024, 4096}, Case{4096, 4096}, Case{1536, 5120}, Case{5120, 4096}, Case{32768, 1536}, Case{1000, 4096},
+                  Case{96, 2080}, Case{512, 5120}}) {
+    SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K));
+    const int64_t N = cs.N, K = cs.K, KB = K / 32;
+    Dev<bf16_t> dx(rng.act(kRows * K));
+    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(kRows * K));
+    Dev<float> qs(size_t(kRows * KB));
+    const QuantBuf q{qc.p(), qs.p(), kRows * K};
+    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+    const Fp8W w{dw.p(), dws.p(), N, K};
+    Dev<bf16_t> dy(size_t(kRows * N));
+    ASSERT_TRUE(fp8_gemm_q(q, kRows, w, dy.p(), nullptr).ok());
+    const auto want = dy.get();
+    dy.poison();
+    ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, w, dy.p(), nullptr).ok());
+    const auto got = dy.get();
+    expect_close(got, want, N, {}, "fp8 M=64 vs exact");
+    dy.poison();
+    ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, w, dy.p(), nullptr).ok());
+    expect_rows_same(dy.get(), got, N, 0, kRows, "fp8 determinism");
+    for (int64_t M : {3, 7}) {
+      dy.poison();
+      ASSERT_TRUE(fast_fp8_gemv_q(q, M, w, dy.p(), nullptr).ok());
+      const auto part = dy.get();
+      expect_rows_same(part, got, N, 0, M, "fp8 M=3/7 vs M=64");
+      // rows past M untouched
+      EXPECT_TRUE(std::all_of(part.begin() + M * N, part.end(), [](bf16_t b) { return b == 0xFFFF; })) << "fp8 wrote past M";
+    }
+    dy.poison();
+    for (int64_t m = 0; m < kRows; ++m) {
+      const QuantBuf q1{qc.p() + m * K, qs.p() + m * KB, K};
+      ASSERT_TRUE(fast_fp8_gemv_q(q1, 1, w, dy.p() + m * N, nullptr).ok());
+    }
+    expect_rows_same(dy.get(), got, N, 0, kRows, "fp8 M=1 (each row alone) vs M=64");
+  }
+}
+
+// ---- MXFP4 experts ------------------------------------------------------------------------------
+
+TEST(FastGemv, Fp4Experts) {
+  NEED_GPU();
+  Rng rng(12);
+  struct Case { int64_t N, K, x_div; };
+  // w1/w3 (N = I, K = D) and w2 (N = D, K = I) of D = 4096 / I = 2048 and D = 5120 / I = 3072;
+  // 8 experts; x_div 8 (8 tokens x top-8 rows) or 1 (one x row per row); a ragged small case.
+  for (Case cs : {Case{2048, 4096, 8}, Case{4096, 2048, 1}, Case{3072, 5120, 8}, Case{5120, 3072, 1}, Case{77, 2080, 4}}) {
+    SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) + " x_div=" + std::to_string(cs.x_div));
+    constexpr int kExperts = 8;
+    const int64_t N = cs.N, K = cs.K, KB = K / 32, T = (kRows - 1) / cs.x_div + 1;
+    const int64_t wb = N * K / 2, sb = N * KB;
+    Dev<bf16_t> dx(rng.act(T * K));
+    Dev<uint8_t> dwa(rng.bytes(wb * kExperts)), dsa(rng.bytes(sb * kExperts, 118, 130));
+    Dev<uint8_t> dwb(rng.bytes(wb * kExperts)), dsb(rng.bytes(sb * kExperts, 118, 130));
+    Dev<uint8_t> qc(size_t(T * K));
+    Dev<float> qs(size_t(T * KB));
+    const QuantBuf q{qc.p(), qs.p(), T * K};
+    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+    std::vector<int32_t> ex(kRows);
+    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);  // about 1 in 9 rows skipped
+    ex[0] = 3;
+    ex[1] = -1;
+    std::vector<bool> keep(kRows);
+    for (int64_t m = 0; m < kRows; ++m) keep[size_t(m)] = ex[size_t(m)] >= 0;
+    Dev<int32_t> dex(ex);
+    const Fp4W wa{dwa.p(), dsa.p(), N, K, wb, sb}, wbw{dwb.p(), dsb.p(), N, K, wb, sb};
+    Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
+    // exact references (skipped rows stay poisoned in both)
+    ASSERT_TRUE(fp4_gemm2_q(q, kRows, cs.x_div, wa, wbw, dex.p(), ya.p(), yb.p(), nullptr).ok());
+    const auto want_a = ya.get(), want_b = yb.get();
+    ya.poison();
+    ASSERT_TRUE(fast_fp4_gemv_q(q, kRows, cs.x_div, wa, dex.p(), ya.p(), nullptr).ok());
+    const auto got = ya.get();
+    expect_close(got, want_a, N, keep, "fp4 M=64 vs exact");
+    for (int64_t m = 0; m < kRows; ++m)
+      if (!keep[size_t(m)]) expect_rows_same(got, want_a, N, m, 1, "fp4 skipped row untouched");
+    ya.poison();
+    ASSERT_TRUE(fast_fp4_gemv_q(q, kRows, cs.x_div, wa, dex.p(), ya.p(), nullptr).ok());
+    expect_rows_same(ya.get(), got, N, 0, kRows, "fp4 determinism");
+    // gemv2: a as the single-weight call bit for bit, b close to the exact
+    ya.poison();
+    yb.poison();
+    ASSERT_TRUE(fast_fp4_gemv2_q(q, kRows, cs.x_div, wa, wbw, dex.p(), ya.p(), yb.p(), nullptr).ok());
+    expect_rows_same(ya.get(), got, N, 0, kRows, "fp4 gemv2 a vs fp4 gemv");
+    const auto got_b = yb.get();
+    expect_close(got_b, want_b, N, keep, "fp4 gemv2 b vs exact");
+    for (int64_t M : {3, 7}) {
+      ya.poison();
+      yb.poison();
+      ASSERT_TRUE(fast_fp4_gemv2_q(q, M, cs.x_div, wa, wbw, dex.p(), ya.p(), yb.p(), nullptr).ok());
+      expect_rows_same(ya.get(), got, N, 0, M, "fp4 gemv2 a M=3/7 vs M=64");
+      expect_rows_same(yb.get(), got_b, N, 0, M, "fp4 gemv2 b M=3/7 vs M=64");
+    }
+    // each row alone: its own x row (x_div applied by hand), expert and output row
+    ya.poison();
+    yb.poison();
+    for (int64_t m = 0; m < kRows; ++m) {
+      const int64_t xm = m / cs.x_div;
+      const QuantBuf q1{qc.p() + xm * K, qs.p() + xm * KB, K};
+      ASSERT_TRUE(fast_fp4_gemv2_q(q1, 1, 1, wa, wbw, dex.p() + m, ya.p() + m * N, yb.p() + m * N, nullptr).ok());
+    }
+    expect_rows_same(ya.get(), got, N, 0, kRows, "fp4 gemv2 a M=1 vs M=64");
+    expect_rows_same(yb.get(), got_b, N, 0, kRows, "fp4 gemv2 b M=1 vs M=64");
+    // expert == nullptr is expert 0 for every row
+    std::vector<int32_t> zeros(kRows, 0);
+    dex.set(zeros);
+    ASSERT_TRUE(fast_fp4_gemv_q(q, 7, cs.x_div, wa, dex.p(), ya.p(), nullptr).ok());
+    const auto with_zero = ya.get();
+    ya.poison();
+    ASSERT_TRUE(fast_fp4_gemv_q(q, 7, cs.x_div, wa, nullptr, ya.p(), nullptr).ok());
+    expect_rows_same(ya.get(), with_zero, N, 0, 7, "fp4 expert nullptr vs zeros");
+  }
+}
+
+// ---- bf16 ---------------------------------------------------------------------------------------
+
+// One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].
+void bf16_case(Rng& rng, int64_t G, int64_t K, int64_t N, GemmOut out) {
+  SCOPED_TRACE("G=" + std::to_string(G) + " K=" + std::to_string(K) + " N=" + std::to_string(N) + " out=" + std::to_string(int(out)));
+  const int64_t ldx = G * K, ldy = G * N;
+  Dev<bf16_t> dx(rng.act(kRows * ldx, 0.5f)), dw(rng.bf16_uniform(G * N * K, 0.05f));
+  const bool f32 = out != GemmOut::kBf16;
+  auto call = [&](bool fast, int64_t M, int64_t m0, void* y) {
+    const bf16_t* x = dx.p() + m0 * ldx;
+    return fast ? fast_bf16_gemv(x, M, K, ldx, dw.p(), N, y, ldy, out, G, K, N * K, N, nullptr)
+                : bf16_gemm(x, M, K, ldx, dw.p(), N, y, ldy, out, G, K, N * K, N, nullptr);
+  };
+  // f32-add adds onto a prefilled y: the same prefill for every call
+  std::vector<float> base(size_t(kRows * ldy));
+  for (size_t i = 0; i < base.size(); ++i) base[i] = float(int(i % 17) - 8) * 0.125f;
+  auto run = [&](auto tag, bool fast, int64_t M, bool each_row) {
+    using T = decltype(tag);
+    Dev<T> y(size_t(kRows * ldy));
+    if constexpr (std::is_same_v<T, float>)
+      if (out == GemmOut::kF32Add) y.set(base);
+    if (each_row) {
+      for (int64_t m = 0; m < M; ++m) EXPECT_TRUE(call(fast, 1, m, y.p() + m * ldy).ok());
+    } else {
+      EXPECT_TRUE(call(fast, M, 0, y.p()).ok());
+    }
+    return y.get();
+  };
+  auto check = [&](auto tag) {
+    const auto want = run(tag, false, kRows, false);
+    const auto got = run(tag, true, kRows, false);
+    expect_close(got, want, ldy, {}, f32 ? "bf16 gemv (f32 out) M=64 vs exact" : "bf16 gemv M=64 vs exact");
+    expect_rows_same(run(tag, true, kRows, false), got, ldy, 0, kRows, "bf16 determinism");
+    expect_rows_same(run(tag, true, 3, false), got, ldy, 0, 3, "bf16 M=3 vs M=64");
+    expect_rows_same(run(tag, true, 7, false), got, ldy, 0, 7, "bf16 M=7 vs M=64");
+    expect_rows_same(run(tag, true, kRows, true), got, ldy, 0, kRows, "bf16 M=1 (each row) vs M=64");
+  };
+  if (f32) check(float{});
+  else check(bf16_t{});
+}
+
+TEST(FastGemv, Bf16Grouped) {
+  NEED_GPU();
+  Rng rng(13);
+  bf16_case(rng, 16, 512, 1024, GemmOut::kBf16);   // grouped, 16 x (512 -> 1024)
+  bf16_case(rng, 16, 2048, 1024, GemmOut::kBf16);  // wo_a: 16 x (2048 -> 1024)
+  bf16_case(rng, 1, 5120, 700, GemmOut::kF32);     // compressor-like f32 projection (split K)
+  bf16_case(rng, 2, 1024, 96, GemmOut::kF32Add);   // f32 accumulate onto y
+}
+
+TEST(FastGemv, Bf16Head) {
+  NEED_GPU();
+  Rng rng(14);
+  bf16_case(rng, 1, 4096, 129280, GemmOut::kF32);  // the LM head (1 GB of weight)
+}
+
+TEST(FastGemv, Bench) {
+  NEED_GPU();
+  ASSERT_TRUE(fast_gemv_bench().ok());
+}
+
+}  // namespace
+}  // namespace fb::cuda
