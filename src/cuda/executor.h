@@ -155,6 +155,7 @@ struct CudaRunOptions {
   int64_t tc_prefill_min_rows = 64;   // ... of at least this many rows
   bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
   bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
+  bool fast_mma = true;               // ... the FP8 / MXFP4 ones on tensor cores (fast_mma.cu) where the shape allows
   bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
@@ -162,7 +163,7 @@ struct CudaRunOptions {
   bool bounded_replay = false;        // accept Row::replay_start (CUDA SWA bounded replay, until validated)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_mma, mma_gemv, fp8_fma,
 // attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
