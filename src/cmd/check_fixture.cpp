@@ -59,7 +59,6 @@ int run(const Args& a) {
       auto nm = cuda::parse_numerics(a.numerics);
       if (!nm.ok()) return nm.status();
       lo.run.numerics = *nm;
-      lo.run.bounded_replay = a.bounded_replay;  // validation of the CUDA replay is what check-fixture is for
       if (a.expert_slots > 0) {
         // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.

@@ -1518,8 +1518,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
     if (r.replay_start != 0) {
       if (!bounded_replay_enabled())
-        return FB_ERROR(kUnsupported) << "bounded replay on CUDA is built but not yet validated on a GPU (the bounded_replay option enables it for "
-                                         "that validation); use the CPU backend or exact prefill";
+        return FB_ERROR(kUnsupported) << "bounded replay is turned off for this CUDA executor (run option bounded_replay=0)";
       if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
       if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
       if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";
@@ -1535,8 +1534,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     max_pos = std::max(max_pos, r.pos);
   }
   if (step.rows.empty()) return model::StepOutput{};
-  set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
-  set_fast_gemv_mma(run_.fast_mma);
+  set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switch: this executor's choice for its steps
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

@@ -155,15 +155,14 @@ struct CudaRunOptions {
   int64_t tc_prefill_min_rows = 64;   // ... of at least this many rows
   bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
   bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
-  bool fast_mma = true;               // ... the FP8 / MXFP4 ones on tensor cores (fast_mma.cu) where the shape allows
   bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
-  bool bounded_replay = false;        // accept Row::replay_start (CUDA SWA bounded replay, until validated)
+  bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_mma, mma_gemv, fp8_fma,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma,
 // attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -210,9 +209,9 @@ class CudaExecutor final : public model::Executor {
   // Tensor-core prefill: 2,048-row steps (the routed experts' weights are expanded once per
   // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/results.md).
   int64_t preferred_prefill_chunk() const override { return tc_on_ ? 2048 : 256; }
-  // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start. Gated
-  // by CudaRunOptions::bounded_replay until a device run has shown it equal to the CPU's replay
-  // bit for bit (cuda_fixture_parity_test BoundedReplayMatchesCpu); otherwise forward() refuses such rows.
+  // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start. On by
+  // default since the H200 run of 2026-12-01 showed it equal to the CPU's replay bit for bit
+  // (cuda_fixture_parity_test BoundedReplayMatchesCpu); CudaRunOptions::bounded_replay = 0 refuses such rows.
   bool bounded_replay_enabled() const { return run_.bounded_replay; }
   bool supports_bounded_replay() const override { return bounded_replay_enabled() && cfg_.decoder_start >= 0; }
   // The run-time options (numerics class and switches); set_run_options applies from the next step.

@@ -642,14 +642,12 @@ Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y,
   FB_CHECK(aligned16(w.w) && aligned16(q.codes)) << "fast fp8 gemv: 16-byte weight rows and codes";
   FB_CHECK(M * w.K <= q.capacity) << "fast fp8 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || w.N == 0) return Status();
-  if (fast_mma_fp8_ok(w, q)) return mma_fast_fp8_gemv_q(q, M, w, y, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, w, y, st); });
 }
 
 Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
-  if (fast_mma_fp4_ok(w, q)) return mma_fast_fp4_gemv_q(q, M, x_div, w, nullptr, expert, y, nullptr, st);
   return launch_fp4<false>(q, M, x_div, w, w, expert, y, nullptr, st);
 }
 
@@ -659,7 +657,6 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
-  if (fast_mma_fp4_ok(wa, q) && fast_mma_fp4_ok(wb, q)) return mma_fast_fp4_gemv_q(q, M, x_div, wa, &wb, expert, ya, yb, st);
   return launch_fp4<true>(q, M, x_div, wa, wb, expert, ya, yb, st);
 }
 
@@ -727,9 +724,7 @@ Status fast_gemv_bench() {
     const int64_t K = 4096, wbytes = N * K, sbytes = (N / 32) * (K / 32);
     const int64_t slices = int64_t(pool_bytes) / wbytes;
     for (int64_t M : {1, 2, 4, 6, 8}) {
-      for (int variant : {0, 1, 2}) {  // tensor-core fast, CUDA-core fast, exact
-        const bool fast = variant < 2;
-        set_fast_gemv_mma(variant == 0);
+      for (bool fast : {true, false}) {
         double ms = 0.0;
         FB_RETURN_IF_ERROR(time_ms(st, kReps,
                                    [&](int i) {
@@ -737,7 +732,7 @@ Status fast_gemv_bench() {
                                      return fast ? fast_fp8_gemv_q(q, M, w, y, st) : fp8_gemm_q(q, M, w, y, st);
                                    },
                                    &ms));
-        std::printf("fp8 N=%lld K=%lld M=%lld %s: %.2f us, %.0f GB/s\n", (long long)N, (long long)K, (long long)M, variant == 0 ? "mma  " : variant == 1 ? "fast " : "exact",
+        std::printf("fp8 N=%lld K=%lld M=%lld %s: %.2f us, %.0f GB/s\n", (long long)N, (long long)K, (long long)M, fast ? "fast " : "exact",
                     ms * 1e3, double(wbytes + sbytes) / (ms * 1e-3) / 1e9);
       }
     }
@@ -748,9 +743,7 @@ Status fast_gemv_bench() {
     const int64_t D = 4096, I = 2048, eb = I * D / 2, esb = I * D / 32;  // bytes per expert matrix
     const int64_t set = 2 * 8 * (eb + esb), slices = int64_t(pool_bytes) / set;
     for (int64_t M : {1, 6}) {
-      for (int variant : {0, 1, 2}) {  // tensor-core fast, CUDA-core fast, exact
-        const bool fast = variant < 2;
-        set_fast_gemv_mma(variant == 0);
+      for (bool fast : {true, false}) {
         double ms13 = 0.0, ms2 = 0.0;
         auto wset = [&](int i, int which, int64_t N, int64_t K) {
           const int64_t base = (i % slices) * set + which * 8 * (eb + esb);
@@ -772,11 +765,10 @@ Status fast_gemv_bench() {
                                    &ms2));
         const double b13 = double(M) * 2 * (eb + esb), b2 = double(M) * (eb + esb);
         std::printf("fp4 experts D=%lld I=%lld M=%lld %s: w1+w3 %.2f us %.0f GB/s, w2 %.2f us %.0f GB/s\n", (long long)D, (long long)I,
-                    (long long)M, variant == 0 ? "mma  " : variant == 1 ? "fast " : "exact", ms13 * 1e3, b13 / (ms13 * 1e-3) / 1e9, ms2 * 1e3, b2 / (ms2 * 1e-3) / 1e9);
+                    (long long)M, fast ? "fast " : "exact", ms13 * 1e3, b13 / (ms13 * 1e-3) / 1e9, ms2 * 1e3, b2 / (ms2 * 1e-3) / 1e9);
       }
     }
   }
-  set_fast_gemv_mma(true);
   std::fflush(stdout);
   return Status();
 }

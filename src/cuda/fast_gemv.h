@@ -42,18 +42,6 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
 Status fast_bf16_gemv(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                       int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st);
 
-// Tensor-core variants (fast_mma.cu): the FP8 and MXFP4 launchers above take them whenever the
-// shape allows (N % 16 == 0, K % 32 == 0, 8-byte aligned codes and FP8 rows, 4-byte MXFP4 rows) and
-// the process-wide switch is on (default; CudaRunOptions::fast_mma, for interleaved A/B). The
-// choice depends on the weight and the switch only, so row invariance holds either way.
-void set_fast_gemv_mma(bool on);
-bool fast_mma_fp8_ok(const Fp8W& w, const QuantBuf& q);
-bool fast_mma_fp4_ok(const Fp4W& w, const QuantBuf& q);
-Status mma_fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
-// wb (optional): a second weight of the same shape over the same rows (w1 and w3), into yb.
-Status mma_fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W* wb, const int32_t* expert, uint16_t* ya,
-                           uint16_t* yb, cudaStream_t st);
-
 // Weight-streaming rate of the fast and exact FP8 / MXFP4 GEMVs at a few decode shapes (cudaEvent
 // timing, averaged over repeats), one line each to stdout. For tests and the bench; allocates and
 // frees its own buffers, synchronises the device.
