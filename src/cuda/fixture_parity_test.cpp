@@ -89,6 +89,7 @@ TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
   EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "max tap |d| " << c.tap_max;
   EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "draft max |dlogit| " << c.draft_max_dlogit;
   EXPECT_EQ(c.draft_ids_same, c.draft_ids_total);
+  EXPECT_TRUE(rep->pass) << "the fixture gates (CLARIFICATIONS): " << rep->summary_line();
 }
 
 // SWA bounded replay ([approx-approved], spec/11 §8.4) on both executors: the prompt rows below
@@ -228,6 +229,35 @@ TEST_P(FixtureParity, EngramOnHostAndExpertSlotsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureParity, ::testing::Values("tiny-s0", "tiny-s1-long"));
+
+// The fixture gates on both numerics classes (issue 18): every public fixture PASSes through the
+// CUDA executor in the exact class and in the fast class (the default), one shot and in 7-row
+// chunks; the layer gate runs on the fixtures with inject/, the vision gate on tiny-vision.
+class FixtureGates : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FixtureGates, ExactAndFastPass) {
+  std::string why;
+  const std::string dir = runnable_fixture(GetParam(), &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  for (Numerics nm : {Numerics::kExact, Numerics::kFast})
+    for (int64_t chunk : {int64_t(0), int64_t(7)}) {
+      auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
+        CudaLoadOptions lo;
+        lo.run.numerics = nm;
+        auto m = CudaExecutor::load(ckpt, {}, lo);
+        if (!m.ok()) return m.status();
+        return std::unique_ptr<model::Executor>(std::move(m.value()));
+      };
+      engine::FixtureCheckOptions opt;
+      opt.chunk = chunk;
+      auto rep = engine::check_fixture(dir, make, opt);
+      ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+      std::printf("[ tc ] %s %s chunk %lld: %s\n", GetParam(), numerics_name(nm), (long long)chunk, rep->summary_line().c_str());
+      EXPECT_TRUE(rep->pass) << numerics_name(nm) << " chunk " << chunk << ": " << rep->summary_line();
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGates, ::testing::Values("tiny-s0", "tiny-s1-long", "tiny-smooth", "tiny-vision"));
 
 model::Row make_row(int s, int64_t pos, int32_t tok, model::RowKind kind, int64_t prefill_end, bool logits) {
   model::Row r;
