@@ -1534,7 +1534,8 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     max_pos = std::max(max_pos, r.pos);
   }
   if (step.rows.empty()) return model::StepOutput{};
-  set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switch: this executor's choice for its steps
+  set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
+  set_fast_gemv_occupancy(run_.fast_occupancy);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

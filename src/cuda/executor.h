@@ -155,6 +155,7 @@ struct CudaRunOptions {
   int64_t tc_prefill_min_rows = 64;   // ... of at least this many rows
   bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
   bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
+  bool fast_occupancy = true;         // ... compiled with a register cap for more warps per SM (same bits; A/B in docs/results.md)
   bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
@@ -162,7 +163,7 @@ struct CudaRunOptions {
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, mma_gemv, fp8_fma,
 // attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 

@@ -37,6 +37,8 @@
 #include <type_traits>
 
 #include "base/check.h"
+#include <atomic>
+
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
 
@@ -48,6 +50,11 @@ using dev::to_bf;
 namespace {
 
 constexpr int kThreads = 256;
+// Register cap for more resident warps (more weight bytes in flight): __launch_bounds__ min blocks
+// per SM of the occupancy variant (ncu, 2026-12-01: the default variant runs 114-128 registers at
+// 23% achieved occupancy). Same arithmetic either way (fast_gemv.h set_fast_gemv_occupancy).
+constexpr int kOccBlocks = 3;
+std::atomic<bool> g_fast_occupancy{false};
 constexpr int kWarps = kThreads / 32;
 // Steps whose weight loads a lane issues before it uses the first: 4 x 16 bytes per lane.
 constexpr int kUnroll = 4;
@@ -236,8 +243,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 // E = 16: lane L's piece of step s is half (L & 1) of the 32-block 16s + L/2; its partial is
 // scaled by that block's weight scale (the activation scale is in the staged f32). The group's
 // C columns n0 .. n0 + C - 1 (n0 % C == 0, so one 32-row scale block) share the x reads.
-template <int R>
-__global__ void __launch_bounds__(kThreads) fast_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
+template <int R, int MinB>
+__global__ void __launch_bounds__(kThreads, MinB) fast_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
                                                             const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int K,
                                                             int ks, int kt, uint16_t* __restrict__ y) {
   constexpr int E = 16, SW = 32 * E, C = kFp8Cols, U = kUnroll / C;
@@ -329,8 +336,8 @@ __global__ void __launch_bounds__(kThreads) fast_fp8_kernel(const uint8_t* __res
 // A warp group computes kFp4Cols weight rows: columns n0 .. n0 + 3 of W, or with TWO columns
 // n0, n0 + 1 of Wa and of Wb (into ya, yb), all sharing the staged x reads. A column's arithmetic
 // is the same in either mode (fast_fp4_gemv2_q's outputs are fast_fp4_gemv_q's bit for bit).
-template <bool TWO>
-__global__ void __launch_bounds__(kThreads) fast_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
+template <bool TWO, int MinB>
+__global__ void __launch_bounds__(kThreads, MinB) fast_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
                                                             const uint8_t* __restrict__ Wa, const uint8_t* __restrict__ Sa,
                                                             const uint8_t* __restrict__ Wb, const uint8_t* __restrict__ Sb, int64_t N, int K,
                                                             int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert, int ks, int kt,
@@ -417,8 +424,8 @@ __global__ void __launch_bounds__(kThreads) fast_fp4_kernel(const uint8_t* __res
 // ---- bf16 x bf16 (grouped) ----------------------------------------------------------------------
 // E = 8: lane L's piece of step s is elements [256s + 8L, +8), fused into the row's accumulator in
 // increasing k (no block scales). blockIdx.y = chunk * G + g. C columns per warp group.
-template <int R>
-__global__ void __launch_bounds__(kThreads) fast_bf16_kernel(const uint16_t* __restrict__ x, int64_t M, int K, int64_t ldx,
+template <int R, int MinB>
+__global__ void __launch_bounds__(kThreads, MinB) fast_bf16_kernel(const uint16_t* __restrict__ x, int64_t M, int K, int64_t ldx,
                                                              const uint16_t* __restrict__ w, int64_t N, void* y, int64_t ldy, int mode, int64_t G,
                                                              int64_t gx, int64_t gw, int64_t gy, int ks, int kt) {
   constexpr int E = 8, SW = 32 * E, C = kBf16Cols, U = kUnroll / C;
@@ -579,13 +586,15 @@ Status launch_fp8(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cuda
   const int64_t steps = (w.K + SW - 1) / SW;
   const int ks = split_k((w.N + kFp8Cols - 1) / kFp8Cols, steps), kt = tile_elems(R, steps, SW);
   const size_t smem = size_t(R) * kt * 4 + size_t(kWarps) * kFp8Cols * R * 4;
-  const void* kernel = reinterpret_cast<const void*>(&fast_fp8_kernel<R>);
+  const bool occ = g_fast_occupancy.load(std::memory_order_relaxed);
+  const void* kernel = occ ? reinterpret_cast<const void*>(&fast_fp8_kernel<R, kOccBlocks>) : reinterpret_cast<const void*>(&fast_fp8_kernel<R, 1>);
   unsigned gx = 0;
   const int64_t chunks = (M + R - 1) / R, per_pass = kWarps / ks * kFp8Cols;
   FB_CHECK(chunks <= 65535) << "fast fp8 gemv M=" << M;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (w.N + per_pass - 1) / per_pass, chunks, &gx));
   const dim3 grid(gx, unsigned(chunks));
-  fast_fp8_kernel<R><<<grid, kThreads, smem, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, int(w.K), ks, kt, y);
+  if (occ) fast_fp8_kernel<R, kOccBlocks><<<grid, kThreads, smem, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, int(w.K), ks, kt, y);
+  else fast_fp8_kernel<R, 1><<<grid, kThreads, smem, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, int(w.K), ks, kt, y);
   FB_CUDA_LAUNCHED("fast_fp8_kernel");
   return Status();
 }
@@ -599,12 +608,17 @@ Status launch_fp4(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, c
   const int ks = split_k((wa.N + kFp4Cols - 1) / kFp4Cols, steps), kt = tile_elems(1, steps, SW);
   const int64_t per_pass = kWarps / ks * (TWO ? kFp4Cols / 2 : kFp4Cols);
   const size_t smem = size_t(kt) * 4 + size_t(kWarps) * kFp4Cols * 4;
-  const void* kernel = reinterpret_cast<const void*>(&fast_fp4_kernel<TWO>);
+  const bool occ = g_fast_occupancy.load(std::memory_order_relaxed);
+  const void* kernel = occ ? reinterpret_cast<const void*>(&fast_fp4_kernel<TWO, kOccBlocks>) : reinterpret_cast<const void*>(&fast_fp4_kernel<TWO, 1>);
   unsigned gx = 0;
   FB_CHECK(M <= 65535) << "fast fp4 gemv rows " << M;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (wa.N + per_pass - 1) / per_pass, M, &gx));
   const dim3 grid(gx, unsigned(M));
-  fast_fp4_kernel<TWO><<<grid, kThreads, smem, st>>>(q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride,
+  if (occ)
+    fast_fp4_kernel<TWO, kOccBlocks><<<grid, kThreads, smem, st>>>(q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride,
+                                                     expert, ks, kt, ya, yb);
+  else
+    fast_fp4_kernel<TWO, 1><<<grid, kThreads, smem, st>>>(q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride,
                                                      expert, ks, kt, ya, yb);
   FB_CUDA_LAUNCHED("fast_fp4_kernel");
   return Status();
@@ -624,18 +638,22 @@ Status launch_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const u
   const int ks = split_k((N + kBf16Cols - 1) / kBf16Cols * G, steps), kt = tile_elems(R, steps, SW);
   const size_t smem = size_t(R) * kt * 4 + size_t(kWarps) * kBf16Cols * R * 4;
   const int64_t per_pass = kWarps / ks * kBf16Cols;
-  const void* kernel = reinterpret_cast<const void*>(&fast_bf16_kernel<R>);
+  const bool occ = g_fast_occupancy.load(std::memory_order_relaxed);
+  const void* kernel = occ ? reinterpret_cast<const void*>(&fast_bf16_kernel<R, kOccBlocks>) : reinterpret_cast<const void*>(&fast_bf16_kernel<R, 1>);
   const int64_t gy_ctas = ((M + R - 1) / R) * G;
   FB_CHECK(gy_ctas <= 65535) << "fast bf16 gemv M=" << M << " G=" << G;
   unsigned gridx = 0;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (N + per_pass - 1) / per_pass, gy_ctas, &gridx));
   const dim3 grid(gridx, unsigned(gy_ctas));
-  fast_bf16_kernel<R><<<grid, kThreads, smem, st>>>(x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
+  if (occ) fast_bf16_kernel<R, kOccBlocks><<<grid, kThreads, smem, st>>>(x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
+  else fast_bf16_kernel<R, 1><<<grid, kThreads, smem, st>>>(x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
   FB_CUDA_LAUNCHED("fast_bf16_kernel");
   return Status();
 }
 
 }  // namespace
+
+void set_fast_gemv_occupancy(bool on) { g_fast_occupancy.store(on, std::memory_order_relaxed); }
 
 Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && w.K < (int64_t(1) << 30) && w.w && w.s) << "fast fp8 gemv K=" << w.K;

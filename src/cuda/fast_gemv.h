@@ -42,6 +42,12 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
 Status fast_bf16_gemv(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
                       int64_t G, int64_t gx, int64_t gw, int64_t gy, cudaStream_t st);
 
+// Process-wide: the kernels compiled with a register cap (3 CTAs of 256 threads per SM) instead of
+// the compiler's choice, for more weight bytes in flight. Same arithmetic, same bits
+// (fast_gemv_test). The executor turns it on (CudaRunOptions::fast_occupancy, measured with
+// `bench --ab fast_occupancy=0,1`: docs/results.md); off here until a caller sets it.
+void set_fast_gemv_occupancy(bool on);
+
 // Weight-streaming rate of the fast and exact FP8 / MXFP4 GEMVs at a few decode shapes (cudaEvent
 // timing, averaged over repeats), one line each to stdout. For tests and the bench; allocates and
 // frees its own buffers, synchronises the device.

@@ -179,6 +179,12 @@ TEST(FastGemv, Fp8) {
     dy.poison();
     ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, w, dy.p(), nullptr).ok());
     expect_rows_same(dy.get(), got, N, 0, kRows, "fp8 determinism");
+    // The register-capped variant (set_fast_gemv_occupancy) computes the same bits.
+    dy.poison();
+    set_fast_gemv_occupancy(true);
+    ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, w, dy.p(), nullptr).ok());
+    set_fast_gemv_occupancy(false);
+    expect_rows_same(dy.get(), got, N, 0, kRows, "fp8 occupancy variant");
     for (int64_t M : {3, 7}) {
       dy.poison();
       ASSERT_TRUE(fast_fp8_gemv_q(q, M, w, dy.p(), nullptr).ok());
@@ -237,6 +243,10 @@ TEST(FastGemv, Fp4Experts) {
     ya.poison();
     ASSERT_TRUE(fast_fp4_gemv_q(q, kRows, cs.x_div, wa, dex.p(), ya.p(), nullptr).ok());
     expect_rows_same(ya.get(), got, N, 0, kRows, "fp4 determinism");
+    set_fast_gemv_occupancy(true);  // the register-capped variant: the same bits
+    ASSERT_TRUE(fast_fp4_gemv_q(q, kRows, cs.x_div, wa, dex.p(), ya.p(), nullptr).ok());
+    set_fast_gemv_occupancy(false);
+    expect_rows_same(ya.get(), got, N, 0, kRows, "fp4 occupancy variant");
     // gemv2: a as the single-weight call bit for bit, b close to the exact
     ya.poison();
     yb.poison();
@@ -305,6 +315,9 @@ void bf16_case(Rng& rng, int64_t G, int64_t K, int64_t N, GemmOut out) {
     const auto got = run(tag, true, kRows, false);
     expect_close(got, want, ldy, {}, f32 ? "bf16 gemv (f32 out) M=64 vs exact" : "bf16 gemv M=64 vs exact");
     expect_rows_same(run(tag, true, kRows, false), got, ldy, 0, kRows, "bf16 determinism");
+    set_fast_gemv_occupancy(true);  // the register-capped variant: the same bits
+    expect_rows_same(run(tag, true, kRows, false), got, ldy, 0, kRows, "bf16 occupancy variant");
+    set_fast_gemv_occupancy(false);
     expect_rows_same(run(tag, true, 3, false), got, ldy, 0, 3, "bf16 M=3 vs M=64");
     expect_rows_same(run(tag, true, 7, false), got, ldy, 0, 7, "bf16 M=7 vs M=64");
     expect_rows_same(run(tag, true, kRows, true), got, ldy, 0, kRows, "bf16 M=1 (each row) vs M=64");

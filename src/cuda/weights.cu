@@ -47,13 +47,14 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_prefill") return flag(o.tc_prefill);
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
   if (name == "fast_gemv") return flag(o.fast_gemv);
+  if (name == "fast_occupancy") return flag(o.fast_occupancy);
   if (name == "mma_gemv") return flag(o.mma_gemv);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, mma_gemv, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -67,6 +68,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   fast_gemv_ = fast && o.fast_gemv;
   mma_gemv_ = fast && o.mma_gemv && !fast_gemv_;
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
+  set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
 }
 
 // ---- loading -------------------------------------------------------------------------------------
