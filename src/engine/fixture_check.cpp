@@ -312,6 +312,9 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   FixtureReport rep;
   rep.case_name = fs::path(dir).filename().string();
   if (rep.case_name.empty()) rep.case_name = fs::path(dir).parent_path().filename().string();
+  if (!fs::exists(fs::path(dir) / "steps.json") && fs::exists(fs::path(dir) / "manifest.json"))
+    return FB_ERROR(kUnsupported) << dir << " holds op vectors (manifest.json), not a model fixture: the unit tests cpu_ops_test and "
+                                         "cuda_ops_test check them";
   std::string steps_text = FB_TRY(read_file_bytes((fs::path(dir) / "steps.json").string()));
   json steps = json::parse(steps_text, nullptr, false);
   if (steps.is_discarded() || !steps.is_object()) return FB_ERROR(kCorrupt) << dir << "/steps.json is not a JSON object";
