@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 preset="${1:-default}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-numpy
+pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-numpy python3-venv
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libpcre2-dev libicu-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
       libzstd-dev libpng-dev libjpeg-dev libwebp-dev clang libclang-rt-14-dev)

@@ -3,7 +3,8 @@
 
 Documents: the committed corpus, a fixed-seed generated corpus, a fresh random-seed corpus
 (documents nobody has seen; the seed is printed), and source files found on this machine.
-Exits 0 on full agreement, 1 on any mismatch, 77 (ctest SKIP) when `tokenizers` is missing.
+Exits 0 on full agreement, 1 on any mismatch or when `tokenizers` is missing (tools/test.sh installs
+it into build/pyenv, the interpreter ctest runs this with).
 
 usage: compare_hf.py --bin PATH --tokenizer PATH [--corpus PATH] [--n-random N] [--seed S]
 """
@@ -32,8 +33,8 @@ def main():
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        print("SKIP: python package `tokenizers` is not installed (python3 -m pip install tokenizers)")
-        return 77
+        print("FAIL: python package `tokenizers` is not installed (tools/test.sh installs it into build/pyenv)")
+        return 1
 
     docs = []
     with open(args.corpus, encoding="utf-8") as f:
