@@ -106,10 +106,14 @@ Status parse_sampling(const ojson& b, Endpoint ep, ParsedRequest* pr) {
   if (b.contains("seed") && !b["seed"].is_null()) s.seed = uint64_t(seed);
 
   int64_t max_tokens = -1;
-  for (const char* key : {"max_tokens", "max_completion_tokens", "max_output_tokens"}) FB_RETURN_IF_ERROR(opt_int(b, key, &max_tokens));
-  if (ep == Endpoint::kMessages && max_tokens < 0) return FB_ERROR(kInvalidArgument) << "'max_tokens' is required";
-  if (b.contains("max_tokens") || b.contains("max_completion_tokens") || b.contains("max_output_tokens"))
-    if (max_tokens < 1) return FB_ERROR(kInvalidArgument) << "'max_tokens' must be at least 1";
+  const char* max_key = nullptr;  // the field the request used
+  for (const char* key : {"max_tokens", "max_completion_tokens", "max_output_tokens"}) {
+    FB_RETURN_IF_ERROR(opt_int(b, key, &max_tokens));
+    if (b.contains(key) && !b[key].is_null()) max_key = key;
+  }
+  if (ep == Endpoint::kMessages && !max_key) return FB_ERROR(kInvalidArgument) << "'max_tokens' is required";
+  if (max_key && max_tokens < 1)
+    return FB_ERROR(kInvalidArgument) << "'" << max_key << "' must be at least 1 (got " << max_tokens << ")";
   pr->req.max_tokens = max_tokens;  // resolved against the context once the prompt is known
 
   const char* stop_key = ep == Endpoint::kMessages ? "stop_sequences" : "stop";
@@ -460,6 +464,11 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
     return FB_ERROR(kResourceExhausted) << "this model's maximum context length is " << ctx.max_context << " tokens; the prompt has " << n
                                         << " tokens";
   const int64_t room = ctx.max_context - n;
+  // An explicit limit beyond the context is the client's error (as the OpenAI API and vLLM answer):
+  // 400 naming the numbers, never a run that cannot reach it. The default is clamped instead.
+  if (pr.req.max_tokens > room)
+    return FB_ERROR(kInvalidArgument) << "this model's maximum context length is " << ctx.max_context << " tokens; the prompt has " << n
+                                      << " tokens, so at most " << room << " can be generated, but max_tokens asks for " << pr.req.max_tokens;
   const int64_t dflt = th.on ? 65536 : 8192;  // spec/16 §1 (deepseek-recipe defaults)
   pr.req.max_tokens = std::min(pr.req.max_tokens > 0 ? pr.req.max_tokens : dflt, room);
   return pr;

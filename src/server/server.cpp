@@ -198,6 +198,25 @@ Status serve(engine::Engine& eng, const ServerOptions& opt) {
   svr.Get("/metrics", [&eng](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(eng), "text/plain; version=0.0.4");
   });
+  // A known path with the wrong method is 405 with an Allow header (not 404 "no such endpoint").
+  auto wrong_method = [](const char* allow) {
+    return [allow](const httplib::Request& req, httplib::Response& res) {
+      const Api api = req.path.rfind("/v1/messages", 0) == 0 ? Api::kAnthropic : Api::kOpenAi;
+      res.set_header("Allow", allow);
+      send_error(res, api, http_error_for_http(405), std::string("method ") + req.method + " not allowed on " + req.path + " (use " + allow + ")");
+    };
+  };
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}) {
+    svr.Get(path, wrong_method("POST"));
+    svr.Put(path, wrong_method("POST"));
+    svr.Delete(path, wrong_method("POST"));
+    svr.Patch(path, wrong_method("POST"));
+  }
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+    svr.Post(path, wrong_method("GET"));
+    svr.Put(path, wrong_method("GET"));
+    svr.Delete(path, wrong_method("GET"));
+  }
   // Errors raised by httplib itself (413 oversized, 404 unknown path, 400 unparsable HTTP) get a
   // JSON body too; the Anthropic path gets its own format.
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

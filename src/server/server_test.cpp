@@ -64,6 +64,31 @@ TEST(RequestParse, WrongTypesAreInvalidArgument) {
   EXPECT_FALSE(parse(Endpoint::kMessages, R"({"messages":[{"role":"user","content":"x"}]})").ok());  // max_tokens required
 }
 
+// Issue 27: an explicit max_tokens beyond the context is a 400 naming the numbers (the default is
+// clamped); a bad max_tokens names the value it got, on the Anthropic path too.
+TEST(RequestParse, MaxTokensBeyondContextAndBadValues) {
+  auto huge = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":1000000000})");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(http_error_for(huge.status().code()).http, 400);
+  EXPECT_NE(huge.status().message().find("maximum context length is 4096"), std::string::npos) << huge.status().message();
+  EXPECT_NE(huge.status().message().find("1000000000"), std::string::npos) << huge.status().message();
+  auto fits = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4000})");
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  EXPECT_EQ(fits->req.max_tokens, 4000);
+  auto dflt = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_LE(dflt->req.max_tokens, 4096 - int64_t(dflt->req.prompt.size()));  // the default is clamped, not refused
+  auto neg = parse(Endpoint::kMessages, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("'max_tokens' must be at least 1 (got -1)"), std::string::npos) << neg.status().message();
+  auto missing = parse(Endpoint::kMessages, R"({"messages":[{"role":"user","content":"x"}]})");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("required"), std::string::npos);
+  auto other = parse(Endpoint::kResponses, R"({"input":"x","max_output_tokens":0})");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("'max_output_tokens' must be at least 1 (got 0)"), std::string::npos) << other.status().message();
+}
+
 TEST(RequestParse, ContextOverflow) {
   std::string big(20000, 'a');
   for (size_t i = 0; i < big.size(); i += 2) big[i] = ' ';

@@ -250,6 +250,24 @@ def robustness(srv):
     except urllib.error.HTTPError as e:
         check(e.code == 401, "models without key -> 401")
     check(srv.oa().models.list().data[0].id, "server keeps serving after bad input")
+    # A known path with the wrong method: 405 with an Allow header and a JSON error body (issue 27).
+    for path, method, allow in (("/v1/chat/completions", "GET", "POST"), ("/v1/messages", "GET", "POST"), ("/v1/models", "POST", "GET")):
+        req = urllib.request.Request(srv.base + path, data=b"{}" if method == "POST" else None, method=method,
+                                     headers={"Authorization": "Bearer k"})
+        code, hdr = 200, None
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            code, hdr = e.code, e.headers.get("Allow")
+            json.loads(e.read() or b"{}")
+        check(code == 405 and hdr == allow, f"{method} {path} -> 405 Allow: {allow} (got {code}, {hdr})")
+    # An explicit max_tokens beyond the context: 400 naming the limit, as the OpenAI API answers.
+    with srv.oa() as c:
+        try:
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=10**9)
+            check(False, "max_tokens beyond the context must fail")
+        except openai.BadRequestError as e:
+            check("maximum context length" in str(e), "max_tokens 1e9 -> 400 naming the context limit")
     with srv.oa() as c:
         try:
             c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 70000}], max_tokens=5)
@@ -276,7 +294,7 @@ def tiny_model_tests(binary, model):
         # A client that disconnects from a NON-streaming request cancels it.
         before = metric(srv, "flashbox_requests_cancelled_total")
         s = raw_post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a long story"}],
-                                                    "max_tokens": 100000, "temperature": 1.0, "seed": 1}, read=False)
+                                                    "max_tokens": 8000, "temperature": 1.0, "seed": 1}, read=False)
         time.sleep(1.0)
         s.close()
         cancelled = False
