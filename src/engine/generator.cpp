@@ -108,6 +108,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
   const int64_t N = int64_t(prompt.size());
   if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
   backoff_left_ = backoff_next_ = 0;  // a new prompt: draft again from its first round
+  generated_.clear();                 // a new request: the penalties count its own tokens only
   const int64_t dim = ex_->config().dim;
   if (embeds && (embeds->row.size() != prompt.size() || embeds->key.size() != prompt.size()))
     return FB_ERROR(kInvalidArgument) << "prompt embeddings cover " << embeds->row.size() << " positions, the prompt has " << N;
@@ -210,10 +211,17 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
   return Status();
 }
 
+const float* Generator::processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra) {
+  if (!sp.processes_logits()) return row;
+  process_logits(row, vocab_, sp, generated_, extra, &processed_);
+  return processed_.data();
+}
+
 Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
                                    int top_n) {
-  const int32_t t = sample(logits_.data(), vocab_, sp, rng);
-  if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));
+  const int32_t t = sample(processed_row(logits_.data(), sp), vocab_, sp, rng);
+  if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));  // raw logprobs (spec/16 §4)
+  ++generated_[t];
   out->push_back(t);
   pending_ = true;
   pending_token_ = t;
@@ -328,10 +336,12 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
   Result<model::DraftOutput> dr = [&] {
     if (greedy) return ex_->draft(*session_, anchor, tap_.data(), p);
     Rng draws = rng.stream(p + 1, kRngDraftDraw);
+    std::vector<int32_t> chain;  // drafts drawn so far (the penalties count them, as the target will)
     const model::DraftPicker pick = [&](int64_t k, const float* row) {
       FB_CHECK_EQ(k, int64_t(q.size()) + 1);
-      q.push_back(sampling_distribution(row, vocab_, sp));
-      return draw(q.back(), draws.uniform());
+      q.push_back(sampling_distribution(processed_row(row, sp, chain), vocab_, sp));
+      chain.push_back(draw(q.back(), draws.uniform()));
+      return chain.back();
     };
     return ex_->draft_sampled(*session_, anchor, tap_.data(), p, pick);
   }();
@@ -373,13 +383,18 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
   // token; sampled = rejection sampling against the processed target rows pi_i.
   int64_t a = 0;
   int32_t t_next = 0;
+  // Verify row i predicts the token after d_1..d_i: with bias or penalties its processed row counts
+  // them as generated (so the accepted tokens are exactly what plain decoding would emit).
+  auto target_row = [&](int64_t i) {
+    return processed_row(&o.logits[size_t(i * vocab_)], sp, std::span<const int32_t>(d.ids.data() + 1, size_t(i)));
+  };
   if (greedy) {
-    while (a < L && d.ids[size_t(a + 1)] == argmax(&o.logits[size_t(a * vocab_)], vocab_)) ++a;
-    t_next = argmax(&o.logits[size_t(a * vocab_)], vocab_);
+    while (a < L && d.ids[size_t(a + 1)] == argmax(target_row(a), vocab_)) ++a;
+    t_next = argmax(target_row(a), vocab_);
   } else {
     std::vector<std::optional<Candidates>> pi(size_t(L + 1));
     auto target = [&](int64_t i) -> const Candidates& {
-      if (!pi[size_t(i)]) pi[size_t(i)] = sampling_distribution(&o.logits[size_t(i * vocab_)], vocab_, sp);
+      if (!pi[size_t(i)]) pi[size_t(i)] = sampling_distribution(target_row(i), vocab_, sp);
       return *pi[size_t(i)];
     };
     const std::vector<int32_t> drafts(d.ids.begin() + 1, d.ids.begin() + 1 + L);
@@ -404,6 +419,8 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
   }
   out->push_back(t_next);
   if (lp && top_n >= 0) lp->push_back(token_logprob(last, vocab_, t_next, top_n));
+  for (int64_t i = 1; i <= a; ++i) ++generated_[d.ids[size_t(i)]];
+  ++generated_[t_next];
   pending_token_ = t_next;
   pending_ = true;
   have_logits_ = false;

@@ -142,6 +142,11 @@ class Generator {
   int64_t reused_ = 0;
   DsparkCounters counters_;
   VerifyCostTable cost_;
+  TokenCounts generated_;    // tokens emitted since the last prefill (SamplingParams penalties)
+  std::vector<float> processed_;  // a logits row after SamplingParams' bias and penalties (scratch)
+  // The row the sampling steps see: `row` itself, or its processed copy when the request biases or
+  // penalises (`extra`: tokens generated after generated_, e.g. accepted drafts before a verify row).
+  const float* processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra = {});
   int backoff_next_ = 0;  // plain steps the next unpaying round imposes
   int backoff_left_ = 0;  // plain steps still to take before drafting again
 };

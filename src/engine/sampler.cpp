@@ -237,4 +237,22 @@ TokenLogprob token_logprob(const float* logits, int64_t n, int32_t id, int top_n
   return t;
 }
 
+void process_logits(const float* logits, int64_t n, const SamplingParams& p, const TokenCounts& counts, std::span<const int32_t> extra,
+                    std::vector<float>* out) {
+  out->assign(logits, logits + n);
+  if (!p.processes_logits()) return;
+  for (const auto& [id, b] : p.logit_bias)
+    if (id >= 0 && id < n) (*out)[size_t(id)] += b;
+  if (p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
+  TokenCounts all;
+  const TokenCounts* c = &counts;
+  if (!extra.empty()) {
+    all = counts;
+    for (int32_t t : extra) ++all[t];
+    c = &all;
+  }
+  for (const auto& [id, k] : *c)
+    if (id >= 0 && id < n && k > 0) (*out)[size_t(id)] -= p.presence_penalty + p.frequency_penalty * float(k);
+}
+
 }  // namespace fb::engine

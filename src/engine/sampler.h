@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -18,8 +20,23 @@ struct SamplingParams {
   int top_k = 0;             // > 0: keep the k largest logits
   float min_p = 0.0f;        // > 0: drop p < min_p * p_max
   std::optional<uint64_t> seed;
+  // Logit processing before every step above, greedy included (OpenAI semantics): `logit_bias`
+  // adds to the raw logits of the listed ids; the penalties subtract presence_penalty once from
+  // every token generated so far in this request and frequency_penalty times its count.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   bool greedy() const { return temperature <= 0.0f; }
+  bool processes_logits() const { return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
+
+// Tokens generated so far in a request (the penalties' counts).
+using TokenCounts = std::unordered_map<int32_t, int32_t>;
+// out = logits with p's bias and penalties applied; `counts` plus `extra` (tokens generated after
+// them, e.g. the accepted drafts before a verify row) are the generated tokens. A row for which
+// p.processes_logits() is false is returned unchanged (the caller may skip the copy).
+void process_logits(const float* logits, int64_t n, const SamplingParams& p, const TokenCounts& counts, std::span<const int32_t> extra,
+                    std::vector<float>* out);
 
 // Deterministic per-request generator (xoshiro256** seeded through splitmix64), so a seeded
 // request reproduces on every platform (std:: distributions are not portable).

@@ -26,6 +26,29 @@ TEST(Sampler, GreedyTiesGoToLowestId) {
   EXPECT_EQ(argmax(nan_first, 3), 1);
 }
 
+// Logit processing (OpenAI semantics): bias added to the raw logit; presence subtracted once per
+// generated id, frequency times its count; `extra` tokens count as generated; untouched otherwise.
+TEST(Sampler, LogitBiasAndPenalties) {
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f, 4.0f};
+  SamplingParams p;
+  std::vector<float> out;
+  process_logits(x.data(), 4, p, {}, {}, &out);
+  EXPECT_EQ(out, x);
+  EXPECT_FALSE(p.processes_logits());
+  p.logit_bias = {{0, 10.0f}, {3, -100.0f}, {99, 5.0f}};  // an id outside the row is ignored here (the server rejects it)
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  TokenCounts counts = {{1, 2}, {2, 0}};
+  const int32_t extra[] = {1, 2};
+  process_logits(x.data(), 4, p, counts, extra, &out);
+  EXPECT_FLOAT_EQ(out[0], 11.0f);
+  EXPECT_FLOAT_EQ(out[1], 2.0f - 0.5f - 0.25f * 3);  // generated twice before, once more in `extra`
+  EXPECT_FLOAT_EQ(out[2], 3.0f - 0.5f - 0.25f * 1);
+  EXPECT_FLOAT_EQ(out[3], -96.0f);
+  EXPECT_EQ(argmax(out.data(), 4), 0);
+  EXPECT_EQ(counts.at(1), 2) << "extra must not change the caller's counts";
+}
+
 TEST(Sampler, TemperatureSoftmax) {
   const float z[] = {0.0f, std::log(3.0f)};
   SamplingParams p;

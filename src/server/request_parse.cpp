@@ -1,6 +1,8 @@
 #include "server/request_parse.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 
 #include "tokenizer/prompt_encoder.h"
 
@@ -104,6 +106,31 @@ Status parse_sampling(const ojson& b, Endpoint ep, ParsedRequest* pr) {
   s.min_p = float(min_p);
   s.top_k = int(top_k);
   if (b.contains("seed") && !b["seed"].is_null()) s.seed = uint64_t(seed);
+  // OpenAI's logit processing (issue 27): bias per token id in [-100, 100] (ids checked against the
+  // vocabulary once the tokenizer is known, parse_request), presence and frequency penalties in [-2, 2].
+  double presence = 0, frequency = 0;
+  FB_RETURN_IF_ERROR(opt_number(b, "presence_penalty", &presence));
+  FB_RETURN_IF_ERROR(opt_number(b, "frequency_penalty", &frequency));
+  if (presence < -2 || presence > 2) return FB_ERROR(kInvalidArgument) << "'presence_penalty' must be in [-2, 2] (got " << presence << ")";
+  if (frequency < -2 || frequency > 2) return FB_ERROR(kInvalidArgument) << "'frequency_penalty' must be in [-2, 2] (got " << frequency << ")";
+  s.presence_penalty = float(presence);
+  s.frequency_penalty = float(frequency);
+  if (b.contains("logit_bias") && !b["logit_bias"].is_null()) {
+    const ojson& lb = b["logit_bias"];
+    if (!lb.is_object()) return type_error("logit_bias", "an object mapping token ids to biases");
+    if (lb.size() > 1024) return FB_ERROR(kInvalidArgument) << "'logit_bias' has " << lb.size() << " entries; at most 1024";
+    for (auto it = lb.begin(); it != lb.end(); ++it) {
+      const std::string& key = it.key();
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end || id < 0 || id > INT32_MAX)
+        return FB_ERROR(kInvalidArgument) << "'logit_bias' key \"" << key << "\" is not a token id";
+      if (!it.value().is_number()) return FB_ERROR(kInvalidArgument) << "'logit_bias' value for token " << key << " must be a number";
+      const double v = it.value().get<double>();
+      if (!(v >= -100 && v <= 100)) return FB_ERROR(kInvalidArgument) << "'logit_bias' value for token " << key << " must be in [-100, 100] (got " << v << ")";
+      s.logit_bias.push_back({int32_t(id), float(v)});
+    }
+  }
 
   int64_t max_tokens = -1;
   const char* max_key = nullptr;  // the field the request used
@@ -458,6 +485,9 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   }
   pr.prompt_text = std::move(text);
   pr.req.thinking = th.on;
+  for (const auto& [id, v] : pr.req.sampling.logit_bias)
+    if (ctx.tok && id >= ctx.tok->vocab_size())
+      return FB_ERROR(kInvalidArgument) << "'logit_bias' names token " << id << ", outside the vocabulary of " << ctx.tok->vocab_size();
   if (pr.req.prompt.empty()) return FB_ERROR(kInvalidArgument) << "the prompt is empty";
   const int64_t n = int64_t(pr.req.prompt.size());
   if (n >= ctx.max_context)

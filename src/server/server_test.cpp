@@ -89,6 +89,25 @@ TEST(RequestParse, MaxTokensBeyondContextAndBadValues) {
   EXPECT_NE(other.status().message().find("'max_output_tokens' must be at least 1 (got 0)"), std::string::npos) << other.status().message();
 }
 
+// Issue 27: logit_bias and the penalties reach the sampler; bad values are 400s naming them.
+TEST(RequestParse, LogitBiasAndPenalties) {
+  auto r = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"15":-100,"42":2.5},"presence_penalty":0.5,"frequency_penalty":-1})");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<std::pair<int32_t, float>> want = {{15, -100.0f}, {42, 2.5f}};
+  EXPECT_EQ(r->req.sampling.logit_bias, want);
+  EXPECT_FLOAT_EQ(r->req.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r->req.sampling.frequency_penalty, -1.0f);
+  for (const char* bad : {R"("logit_bias":{"x":1})", R"("logit_bias":{"-3":1})", R"("logit_bias":{"5":101})", R"("logit_bias":{"5":"a"})",
+                          R"("logit_bias":[1])", R"("logit_bias":{"999999":1})", R"("presence_penalty":3)", R"("frequency_penalty":"lots")"}) {
+    const std::string body = std::string(R"({"messages":[{"role":"user","content":"Hi"}],)") + bad + "}";
+    auto e = parse(Endpoint::kChat, body.c_str());
+    EXPECT_FALSE(e.ok()) << body;
+    if (!e.ok()) {
+      EXPECT_EQ(http_error_for(e.status().code()).http, 400) << body;
+    }
+  }
+}
+
 TEST(RequestParse, ContextOverflow) {
   std::string big(20000, 'a');
   for (size_t i = 0; i < big.size(); i += 2) big[i] = ' ';

@@ -291,6 +291,17 @@ def tiny_model_tests(binary, model):
             check(st.get_final_message().usage.output_tokens >= 1, "tiny: messages stream")
         c = oa.completions.create(model="m", prompt="The sky is", max_tokens=3, logprobs=2)
         check(len(c.choices[0].logprobs.tokens) >= 1, "tiny: completions with logprobs")
+        # logit_bias and penalties through the SDK (issue 27): +100 on one id makes greedy emit it only.
+        fb = oa.completions.create(model="m", prompt="The sky is", max_tokens=5, temperature=0, logprobs=1, logit_bias={"3000": 100})
+        toks = fb.choices[0].logprobs.tokens
+        check(len(toks) == 5 and len(set(toks)) == 1, f"tiny: logit_bias +100 forces one token ({toks})")
+        fp = oa.completions.create(model="m", prompt="The sky is", max_tokens=6, temperature=0, frequency_penalty=2.0, presence_penalty=2.0)
+        check(fp.usage.completion_tokens >= 1, "tiny: presence and frequency penalties accepted")
+        try:
+            oa.completions.create(model="m", prompt="x", max_tokens=2, logit_bias={"99999999": 1})
+            check(False, "a logit_bias id outside the vocabulary must fail")
+        except openai.BadRequestError as e:
+            check("vocabulary" in str(e), "logit_bias outside the vocabulary -> 400")
         # A client that disconnects from a NON-streaming request cancels it.
         before = metric(srv, "flashbox_requests_cancelled_total")
         s = raw_post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a long story"}],
