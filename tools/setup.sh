@@ -18,6 +18,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
 fi
 cmake --preset "$preset" >/dev/null
+# Say which build this is and why (the CUDA executor needs nvcc; the GPU itself is not needed to build).
+cuda_cc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "build/$preset/CMakeCache.txt" | head -1)
+if [ -n "$cuda_cc" ] && [ "$cuda_cc" != "CMAKE_CUDA_COMPILER-NOTFOUND" ]; then
+  echo "setup: preset $preset: CPU reference + CUDA executor (sm_90a; nvcc at $cuda_cc)"
+else
+  echo "setup: preset $preset: CPU reference only (no CUDA compiler found, or the preset turns CUDA off)"
+fi
 cmake --build --preset "$preset" -j "$(nproc)"
 ln -sfn "build/$preset/flashbox" flashbox 2>/dev/null || true
 echo "setup: built build/$preset/flashbox"

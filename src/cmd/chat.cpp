@@ -1,5 +1,7 @@
 // flashbox chat (interactive, multi-turn, streaming) and flashbox run -p (one prompt). Both
 // render with the V4.1 prompt encoder and stream engine events; prefill progress on stderr.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -24,8 +26,9 @@ struct ChatOptions {
   void add(CLI::App& app) {
     setup.add_flags(app);
     app.add_flag("--no-think", no_think, "chat mode (no reasoning)");
-    app.add_option("--temperature", temperature, "0 = greedy");
-    app.add_option("--top-p", top_p, "nucleus sampling");
+    app.add_option("--temperature", temperature, "sampling temperature, 0 = greedy (default 1.0 with top-p 0.95: the recipe's defaults)")
+        ->capture_default_str();
+    app.add_option("--top-p", top_p, "nucleus sampling")->capture_default_str();
     app.add_option("--max-tokens", max_tokens, "generated tokens per answer");
     app.add_option("--seed", seed, "sampling seed");
     app.add_option("--system", system, "system prompt");
@@ -49,6 +52,10 @@ Result<std::pair<std::string, std::string>> generate(LoadedEngine& le, const Cha
   FB_TRY(le.engine->submit(req, q.sink()));
   std::string text, reasoning;
   bool in_reasoning = false, showed_progress = false;
+  // Reasoning is shown dimmed on a terminal; piped output gets no escape codes.
+  const bool tty = isatty(fileno(stdout)) != 0;
+  const char* dim = tty ? "\033[2m" : "";
+  const char* undim = tty ? "\033[0m" : "";
   engine::Event e;
   for (;;) {
     if (!q.pop(&e, 1000)) continue;
@@ -67,12 +74,12 @@ Result<std::pair<std::string, std::string>> generate(LoadedEngine& le, const Cha
       showed_progress = false;
     }
     if (e.kind == K::kReasoning) {
-      if (!in_reasoning) std::printf("\033[2m");
+      if (!in_reasoning) std::printf("%s", dim);
       in_reasoning = true;
       std::printf("%s", e.text.c_str());
       reasoning += e.text;
     } else if (e.kind == K::kText || e.kind == K::kToolCall) {
-      if (in_reasoning) std::printf("\033[0m\n");
+      if (in_reasoning) std::printf("%s\n", undim);
       in_reasoning = false;
       if (e.kind == K::kText) {
         std::printf("%s", e.text.c_str());
@@ -81,11 +88,14 @@ Result<std::pair<std::string, std::string>> generate(LoadedEngine& le, const Cha
         std::printf("\n[tool call] %s %s\n", e.call.name.c_str(), e.call.arguments.c_str());
       }
     } else if (e.kind == K::kError) {
-      if (in_reasoning) std::printf("\033[0m");
+      if (in_reasoning) std::printf("%s", undim);
+      std::printf("\n");
+      std::fflush(stdout);
       return e.status;
     } else if (e.kind == K::kDone) {
-      if (in_reasoning) std::printf("\033[0m");
+      if (in_reasoning) std::printf("%s", undim);
       std::printf("\n");
+      std::fflush(stdout);  // the text and its newline before the stats line on stderr
       std::fprintf(stderr, "[%lld prompt tokens (%lld cached), %lld generated, finish %s]\n", (long long)e.usage.prompt_tokens,
                    (long long)e.usage.cached_tokens, (long long)e.usage.completion_tokens, engine::finish_reason_name(e.finish));
       break;
