@@ -21,6 +21,7 @@
 
 #include "base/dtype.h"
 #include "cuda/device.h"
+#include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/ops.h"
 
@@ -29,36 +30,9 @@ namespace {
 
 using bf16_t = uint16_t;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define NEED_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-// A device array poisoned with 0xFF bytes, optionally filled from the host.
-template <typename T>
-struct Dev {
-  DeviceBuffer buf;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_TRUE(buf.alloc(std::max<size_t>(count, 1) * sizeof(T)).ok());
-    EXPECT_EQ(cudaMemset(buf.get(), 0xFF, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    EXPECT_EQ(cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  T* p() const { return buf.get<T>(); }
-  void poison() { EXPECT_EQ(cudaMemset(buf.get(), 0xFF, n * sizeof(T)), cudaSuccess); }
-  void set(const std::vector<T>& v) { EXPECT_EQ(cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(v.data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
+using test_util::Dev;
+using test_util::have_gpu;
+#define NEED_GPU() FB_NEED_GPU()
 
 struct Rng {
   std::mt19937_64 g;

@@ -19,6 +19,7 @@
 #include "base/fmath.h"
 #include "cpu/ops.h"
 #include "cuda/device.h"
+#include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
 #include "cuda/mma_gemv.h"
 #include "cuda/tc_gemm.h"
@@ -28,33 +29,9 @@ namespace {
 
 using bf16_t = uint16_t;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define NEED_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  DeviceBuffer buf;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_TRUE(buf.alloc(std::max<size_t>(count, 1) * sizeof(T)).ok());
-    cudaMemset(buf.get(), 0xFF, std::max<size_t>(count, 1) * sizeof(T));  // poison
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    cudaMemcpy(buf.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  T* p() const { return buf.get<T>(); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(v.data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
+using test_util::Dev;
+using test_util::have_gpu;
+#define NEED_GPU() FB_NEED_GPU()
 
 bool isnan_bits(uint16_t b) { return (b & 0x7FFF) > 0x7F80; }
 bool isnan_bits(float f) { return std::isnan(f); }

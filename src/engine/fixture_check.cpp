@@ -191,12 +191,7 @@ Result<LayerGateReport> layer_gate(const std::string& dir, model::Executor& ex, 
     const int64_t s1 = std::min(N, s0 + chunk);
     model::Step st;
     for (int64_t p = s0; p < s1; ++p) {
-      model::Row r;
-      r.pos = p;
-      r.token = prompt[size_t(p)];
-      r.kind = model::RowKind::kPrefill;
-      r.prefill_end = N;
-      r.want_logits = p == N - 1;
+      model::Row r = model::prefill_row(p, prompt[size_t(p)], N);
       r.image = image_rows[size_t(p)] != 0;  // routing bias and Engram gate of span rows (inputs are injected)
       st.rows.push_back(r);
     }
@@ -423,13 +418,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   for (int64_t s0 = 0; s0 < N; s0 += chunk) {
     model::Step st;
     for (int64_t p = s0; p < std::min(N, s0 + chunk); ++p) {
-      model::Row r;
-      r.pos = p;
-      r.token = prompt[size_t(p)];
-      r.kind = model::RowKind::kPrefill;
-      r.prefill_end = N;
-      r.replay_start = replay;
-      r.want_logits = p == N - 1;
+      model::Row r = model::prefill_row(p, prompt[size_t(p)], N, replay);
       if (image && image->embed_row[size_t(p)] >= 0) {
         r.image = true;
         r.embed_row = int32_t(st.embeddings.size() / size_t(c.dim));

@@ -167,13 +167,7 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     const int64_t s1 = std::min(N, s0 + chunk);
     model::Step st;
     for (int64_t p = s0; p < s1; ++p) {
-      model::Row r;
-      r.pos = p;
-      r.token = prompt[size_t(p)];
-      r.kind = model::RowKind::kPrefill;
-      r.prefill_end = N;
-      r.replay_start = replay;
-      r.want_logits = p == N - 1;
+      model::Row r = model::prefill_row(p, prompt[size_t(p)], N, replay);
       if (embeds && embeds->row[size_t(p)] >= 0) {  // an image row (spec/14 §6)
         r.image = true;
         r.embed_row = int32_t(st.embeddings.size() / size_t(dim));

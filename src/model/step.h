@@ -36,6 +36,19 @@ struct Row {
   int32_t embed_row = -1;  // >= 0: input embedding comes from Step::embeddings (image rows)
 };
 
+// A prompt row at position p of a prompt that ends (exclusive) at `end`: prefill kind, the
+// prompt's scored width, an optional bounded-replay start, logits for the last prompt row.
+inline Row prefill_row(int64_t p, int32_t token, int64_t end, int64_t replay_start = 0) {
+  Row r;
+  r.pos = p;
+  r.token = token;
+  r.kind = RowKind::kPrefill;
+  r.prefill_end = end;
+  r.replay_start = replay_start;
+  r.want_logits = p == end - 1;
+  return r;
+}
+
 struct Step {
   std::vector<Row> rows;
   std::vector<uint16_t> embeddings;  // bf16 [n, dim] for rows with embed_row >= 0
