@@ -16,6 +16,7 @@ for t in "${targets[@]}"; do
   exe=$(find build/fuzz -name "$t" -type f -perm -u+x | head -1)
   mkdir -p "build/fuzz/corpus_$t"
   echo "fuzz: $t for ${secs}s"
-  "$exe" -max_total_time="$secs" -max_len=65536 -print_final_stats=1 "build/fuzz/corpus_$t" 2>&1 | tail -3
+  # A fixed seed (FB_FUZZ_SEED to change it) so that a finding in CI reproduces.
+  "$exe" -seed="${FB_FUZZ_SEED:-20261201}" -max_total_time="$secs" -max_len=65536 -print_final_stats=1 "build/fuzz/corpus_$t" 2>&1 | tail -3
 done
 echo "fuzz: all targets ran without a crash"
