@@ -208,7 +208,7 @@ class CudaExecutor final : public model::Executor {
   Result<std::vector<uint16_t>> image_span_markers() const override;
 
   // Tensor-core prefill: 2,048-row steps (the routed experts' weights are expanded once per
-  // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/results.md).
+  // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/history.md).
   int64_t preferred_prefill_chunk() const override { return tc_on_ ? 2048 : 256; }
   // SWA bounded replay (Row::replay_start): rows below it leave at Config::decoder_start. On by
   // default since the H200 run of 2026-12-01 showed it equal to the CPU's replay bit for bit
@@ -303,7 +303,7 @@ class CudaExecutor final : public model::Executor {
   // The fast class's GEMVs (fast_gemv.h) for decode / verify / draft rows.
   bool fast_gemv_ = true;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
-  // [reference-defining]): +17-20% prefill tok/s on the H200, docs/results.md.
+  // [reference-defining]): +17-20% prefill tok/s on the H200, docs/history.md.
   bool tc_hc_mixes_ = true;
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;

@@ -259,7 +259,7 @@ __device__ __forceinline__ void fp4_half_sums(const uint4& xv, const uint2& wa, 
 // and row j of Wb (w1 and w3 of the same experts: one pass over x). Each lane issues the weight,
 // scale and x loads of R = 2 chunks before the first use, with >= 4 blocks per SM (19.14 vs 19.45
 // ms/token for 4 chunks at the 2 blocks/SM its 93 registers allowed: interleaved A/B on the
-// H200, docs/results.md); lane L owns half (L & 1) of block 16c + L/2 exactly as fp4_gemv_kernel /
+// H200, docs/history.md); lane L owns half (L & 1) of block 16c + L/2 exactly as fp4_gemv_kernel /
 // blocks16.
 __global__ void __launch_bounds__(256, 4) fp4_gemv2_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                         const uint8_t* __restrict__ Wa, const uint8_t* __restrict__ Sa,

@@ -12,7 +12,7 @@
 //
 // Not bit-identical to the CPU reference, so the executor uses it only for steps made of prefill
 // rows (decode and verify rows always take the exact GEMV kernels: DSpark's greedy identity
-// compares decode rows only). Tolerance and measurements: docs/numerics.md, docs/results.md.
+// compares decode rows only). Tolerance and measurements: docs/numerics.md, docs/history.md.
 #pragma once
 
 #include <cuda_runtime.h>

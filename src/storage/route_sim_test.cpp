@@ -34,7 +34,7 @@ TEST(ZipfRouting, RowsAreDistinctAscendingAndSkewed) {
 // Replays the device sweeps (bench/tier_sweep.cpp; 40 tiered layers, 384 experts, top-6, 128
 // slots) in their order: the all-hit baseline (uniform over a layer's 128 hottest experts) first,
 // then each skew's warm-up and 24 counted tokens, a 2,048-row prefill chunk after each point when
-// the sweep ran one. Measured on the H200 (docs/results.md): aging 8, 192 warm-up tokens, prefill:
+// the sweep ran one. Measured on the H200 (docs/history.md): aging 8, 192 warm-up tokens, prefill:
 // 70.6 / 78.6 / 86.6 % at 30 / 45 / 60 %; aging 64, 512 tokens, no prefill, 60 % then 45 %:
 // 88.5 / 81.6 %.
 double replay(ZipfRouting& r, SlotSim& sim, double share, int64_t warm, int64_t prefill_rows) {
