@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/crc32c.h"
 #include "base/mapped_file.h"
 #include "cpu/executor.h"
 #include "fixture_util.h"
@@ -217,6 +218,70 @@ TEST_P(Chunking, PromptReuseAfterAnImagePromptEqualsFreshPrefill) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "decode " << k;
   }
   expect_same_caches(s, fresh, f.model->config().window_size);
+}
+
+// Serialized sessions (DESIGN-AHEAD item 4, docs/formats.md): a state saved after a prefill, some
+// decode steps and a rollback (stale ring rows past the position), restored into a fresh session,
+// continues bit for bit (logits and DSpark drafts) and holds the same cache bytes; damaged bytes,
+// truncations and another model's state are refused and leave the target session unchanged.
+TEST_P(Chunking, SerializedSessionRestoresBitForBit) {
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  const cpu::CpuModel& m = *f.model;
+  cpu::SessionCache a(m.config());
+  prefill(m, a, f.prompt, 7);
+  for (int32_t t : {11, 12, 13, 14, 15}) decode(m, a, t);
+  ASSERT_TRUE(a.rollback(a.next_pos - 2).ok());  // rows past the position stay in the rings
+  auto bytes = m.save_session(a);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+  cpu::SessionCache b(m.config());
+  Status st = m.restore_session(b, *bytes);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(b.next_pos, a.next_pos);
+  EXPECT_EQ(b.tokens, a.tokens);
+  expect_same_caches(a, b, m.config().window_size);
+  EXPECT_EQ(*m.save_session(b), *bytes) << "restore then save must give the same bytes";
+  for (int32_t t : {21, 22, 23, 24}) {
+    const auto la = decode(m, a, t), lb = decode(m, b, t);
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0) << "decode after restore differs at token " << t;
+  }
+  if (m.config().n_mtp_layers > 0) {
+    const int64_t tw = int64_t(m.config().dspark_target_layer_ids.size()) * m.config().dim;
+    std::vector<uint16_t> tap(size_t(tw), 0x3F80);  // 1.0 in bf16
+    const auto da = m.draft_cpu(a, 30, tap.data(), a.next_pos - 1), db = m.draft_cpu(b, 30, tap.data(), b.next_pos - 1);
+    EXPECT_EQ(da.ids, db.ids);
+    EXPECT_EQ(da.logits, db.logits);
+  }
+  // Damage: every refusal leaves c as it was (one decoded token), and it still runs.
+  cpu::SessionCache c(m.config());
+  prefill(m, c, f.prompt, 0);
+  const int64_t c_pos = c.next_pos;
+  std::string flipped = *bytes;
+  flipped[flipped.size() / 2] = char(flipped[flipped.size() / 2] ^ 0x10);
+  EXPECT_EQ(m.restore_session(c, flipped).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(m.restore_session(c, bytes->substr(0, bytes->size() - 9)).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(m.restore_session(c, std::string_view()).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(m.restore_session(c, "not a session at all").code(), StatusCode::kCorrupt);
+  // A consistent checksum over inconsistent content (the position field moved on by one): the
+  // structural checks refuse it too (docs/formats.md: position at byte 24).
+  std::string shifted = *bytes;
+  int64_t pos = 0;
+  std::memcpy(&pos, shifted.data() + 24, 8);
+  ++pos;
+  std::memcpy(shifted.data() + 24, &pos, 8);
+  const uint32_t crc = crc32c(shifted.data(), shifted.size() - 4);
+  std::memcpy(shifted.data() + shifted.size() - 4, &crc, 4);
+  EXPECT_FALSE(m.restore_session(c, shifted).ok());
+  // Another model's state (same shapes, other weights and config): refused by identity.
+  Fixture other = load("tiny-smooth");
+  if (other.model) {
+    Status o = other.model->restore_session(*other.model->new_session(), *bytes);
+    EXPECT_FALSE(o.ok());
+    EXPECT_NE(o.message().find("another model"), std::string::npos) << o.to_string();
+  }
+  EXPECT_EQ(c.next_pos, c_pos);
+  EXPECT_EQ(decode(m, c, 5).size(), size_t(m.config().vocab_size));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Chunking, ::testing::Values("tiny-s0", "tiny-s1-long"));

@@ -49,6 +49,16 @@ class CpuModel final : public model::Executor {
   Result<std::vector<uint16_t>> encode_image(const std::vector<uint16_t>& patches, int nvh, int nvw,
                                              std::vector<uint16_t>* vit = nullptr) override;
   Result<std::vector<uint16_t>> image_span_markers() const override;
+  // SessionCache::serialize / restore under this model's identity (model_id()).
+  Result<std::string> save_session(const model::SessionState& s) const override {
+    return static_cast<const SessionCache&>(s).serialize(model_id_);
+  }
+  Status restore_session(model::SessionState& s, std::string_view bytes) const override {
+    return static_cast<SessionCache&>(s).restore(bytes, model_id_);
+  }
+  // 64-bit FNV-1a of the snapshot's config.json and index (a session restores only into the
+  // model that wrote it).
+  uint64_t model_id() const { return model_id_; }
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }
@@ -78,6 +88,7 @@ class CpuModel final : public model::Executor {
   std::shared_ptr<const model::ExpertSource> experts_;
   std::vector<int32_t> token_map_;
   int32_t pad_class_ = 0;
+  uint64_t model_id_ = 0;
   std::vector<model::EngramTableConstants> engram_;
   RopeTable rope_plain_, rope_yarn_;
   std::vector<std::vector<bf16_t>> wo_a_bf16_;  // per layer, dequantised once (the reference holds BF16)

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -61,6 +63,14 @@ class SessionCache final : public model::SessionState {
   Status rollback(int64_t p) override;
   int64_t n_pos() const override { return next_pos; }
   void reset();
+
+  // Plain bytes of the whole state (DESIGN-AHEAD item 4; layout in docs/formats.md): a versioned
+  // header naming the model (`model_id`), every cache in its compact format, a CRC-32C trailer.
+  std::string serialize(uint64_t model_id) const;
+  // Replaces this state with a serialized one. Everything is validated first (magic, version,
+  // model identity, every size against this config, consistency of positions and entries,
+  // checksum); on any error (kCorrupt, kInvalidArgument) the session is left as it was.
+  Status restore(std::string_view bytes, uint64_t model_id);
 
  private:
   const model::Config* config_;

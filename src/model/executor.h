@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -104,6 +105,14 @@ class Executor {
     d.logits.resize(size_t(keep * V));
     if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
     return r;
+  }
+  // Session state as plain bytes and back (DESIGN-AHEAD item 4, docs/formats.md "Session state"):
+  // the bytes name the model that wrote them; restore validates everything before it changes `s`.
+  virtual Result<std::string> save_session(const SessionState& s) const {
+    return FB_ERROR(kUnsupported) << name() << " executor does not serialize sessions yet";
+  }
+  virtual Status restore_session(SessionState& s, std::string_view bytes) const {
+    return FB_ERROR(kUnsupported) << name() << " executor does not serialize sessions yet";
   }
   // The vision tower (spec/14 §4-§5) on this executor's device: patches bf16 [nvh*nvw, 3*p*p] of
   // ONE image -> aligner rows bf16 [ceil(nvh/r) * ceil(nvw/r), dim] in reading order; `vit`

@@ -12,7 +12,7 @@
 #include "base/mapped_file.h"
 #include "model/schema.h"
 #include "storage/aligned_buffer.h"
-#include "storage/crc32c.h"
+#include "base/crc32c.h"
 
 namespace fb::storage {
 

@@ -1,4 +1,4 @@
-#include "storage/crc32c.h"
+#include "base/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace fb::storage {
+namespace fb {
 
 namespace {
 
@@ -54,4 +54,4 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return ~crc_table(p, n, c);
 }
 
-}  // namespace fb::storage
+}  // namespace fb
