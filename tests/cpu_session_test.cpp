@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "base/crc32c.h"
 #include "base/mapped_file.h"
@@ -218,6 +219,51 @@ TEST_P(Chunking, PromptReuseAfterAnImagePromptEqualsFreshPrefill) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "decode " << k;
   }
   expect_same_caches(s, fresh, f.model->config().window_size);
+}
+
+// Batching never changes an answer (issue 20, row invariance): a session decoded greedily alone
+// and the same session decoded inside steps that carry the decode rows of 7 other sessions (other
+// prompts, other positions, rows in any session order) produce the same logits bit for bit.
+TEST_P(Chunking, BatchedDecodeRowsEqualDecodingAlone) {
+  Fixture f = load(GetParam());
+  if (!f.model) GTEST_SKIP() << "fixture not present";
+  const cpu::CpuModel& m = *f.model;
+  constexpr int kSessions = 8;
+  std::vector<std::unique_ptr<cpu::SessionCache>> batch;
+  for (int i = 0; i < kSessions; ++i) {
+    batch.push_back(std::make_unique<cpu::SessionCache>(m.config()));
+    std::vector<int32_t> prompt(f.prompt.begin(), f.prompt.end() - i);  // other lengths, other positions
+    if (i % 2) prompt[0] = int32_t((prompt[0] + 7 * i) % m.config().vocab_size);
+    prefill(m, *batch.back(), prompt, 0);
+  }
+  cpu::SessionCache alone(m.config());
+  prefill(m, alone, f.prompt, 0);
+  int32_t next_alone = 17, next_batch = 17;
+  for (int step = 0; step < 10; ++step) {
+    const auto la = decode(m, alone, next_alone);
+    model::Step st;
+    std::vector<cpu::SessionCache*> ss;
+    for (int k = 0; k < kSessions; ++k) {
+      const int i = (k + step) % kSessions;  // session 0's row moves through the step
+      model::Row r;
+      r.session = k;
+      r.pos = batch[size_t(i)]->next_pos;
+      r.token = i == 0 ? next_batch : int32_t(100 + 13 * i + step);
+      r.kind = model::RowKind::kDecode;
+      r.want_logits = true;
+      st.rows.push_back(r);
+      ss.push_back(batch[size_t(i)].get());
+    }
+    auto out = m.forward_cpu(st, ss);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    const int64_t V = m.config().vocab_size;
+    const int row0 = (kSessions - step % kSessions) % kSessions;  // the row of session 0
+    ASSERT_EQ(int64_t(out->logits.size()), kSessions * V);
+    EXPECT_EQ(std::memcmp(out->logits.data() + row0 * V, la.data(), size_t(V) * 4), 0) << "step " << step;
+    next_alone = int32_t(std::max_element(la.begin(), la.end()) - la.begin());
+    next_batch = int32_t(std::max_element(out->logits.begin() + row0 * V, out->logits.begin() + (row0 + 1) * V) - (out->logits.begin() + row0 * V));
+    EXPECT_EQ(next_alone, next_batch);
+  }
 }
 
 // Serialized sessions (DESIGN-AHEAD item 4, docs/formats.md): a state saved after a prefill, some
