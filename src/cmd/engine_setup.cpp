@@ -33,6 +33,10 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--numerics", tiers.numerics,
                  "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));
+  app.add_option("--kv-cache", kv_cache,
+                 "disk KV cache folder: prompts that start with a stored prompt restore its state instead of prefilling it "
+                 "(across requests and restarts; CPU executor for now)");
+  app.add_option("--kv-cache-bytes", kv_cache_bytes, "size budget of --kv-cache (least recently used checkpoints go first)")->capture_default_str();
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }
@@ -90,6 +94,18 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
                     << le.tok->vocab_size() << "): prompts with ids beyond it are rejected";
   }
   engine::EngineOptions eo;
+  if (!s.kv_cache.empty()) {
+    // The executor must serialize its sessions (an empty session answers whether it can).
+    if (!ex->save_session(*ex->new_session()).ok()) {
+      FB_LOG(kWarn) << "--kv-cache: the " << ex->name() << " executor does not serialize sessions yet; the disk KV cache is off";
+    } else {
+      auto store = engine::KvStore::open(s.kv_cache, s.kv_cache_bytes, ex->identity());
+      if (!store.ok()) return store.status().with_context("--kv-cache " + s.kv_cache);
+      std::fprintf(stderr, "kv cache: %s, %lld checkpoints, %.1f MB of %.1f MB\n", s.kv_cache.c_str(), (long long)(*store)->stats().entries,
+                   double((*store)->stats().bytes) / 1e6, double(s.kv_cache_bytes) / 1e6);
+      eo.generator.kv_store = std::shared_ptr<engine::KvStore>(std::move(store.value()));
+    }
+  }
   eo.generator.dspark = !s.no_dspark;
   eo.generator.prefill_chunk = s.prefill_chunk;
   eo.generator.prefill_replay = s.prefill_replay;

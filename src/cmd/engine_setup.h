@@ -21,6 +21,8 @@ struct EngineSetup {
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
+  std::string kv_cache;           // disk KV cache folder (empty: off)
+  uint64_t kv_cache_bytes = uint64_t(8) << 30;
   engine::ExecutorOptions tiers = auto_tiers();  // routed experts through the tiers (--expert-slots ...)
   static engine::ExecutorOptions auto_tiers() {
     engine::ExecutorOptions o;

@@ -59,6 +59,7 @@ class CpuModel final : public model::Executor {
   // 64-bit FNV-1a of the snapshot's config.json and index (a session restores only into the
   // model that wrote it).
   uint64_t model_id() const { return model_id_; }
+  uint64_t identity() const override { return model_id_; }
   const model::ModelWeights& weights() const { return w_; }
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -103,6 +104,53 @@ Status Generator::commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n
   return ex_->draft_commit(*session_, first_pos + skip, rows + skip * tap_w_, n - skip);
 }
 
+namespace {
+
+// A disk KV cache checkpoint as the generator stores it: the last prompt row's logits and DSpark
+// tap row (so a repeated prompt needs no prefill), then the executor's session bytes.
+constexpr char kCheckpointMagic[8] = {'F', 'B', 'G', 'C', 'K', 'P', 'T', '1'};
+
+std::string pack_checkpoint(const std::vector<float>& logits, const std::vector<uint16_t>& tap, const std::string& session) {
+  std::string b(kCheckpointMagic, sizeof kCheckpointMagic);
+  const uint64_t nl = logits.size(), nt = tap.size();
+  b.append(reinterpret_cast<const char*>(&nl), 8);
+  b.append(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+  b.append(reinterpret_cast<const char*>(&nt), 8);
+  b.append(reinterpret_cast<const char*>(tap.data()), tap.size() * 2);
+  b += session;
+  return b;
+}
+
+struct CheckpointParts {
+  std::vector<float> logits;
+  std::vector<uint16_t> tap;
+  std::string session;
+};
+
+Status unpack_checkpoint(std::string_view b, CheckpointParts* p) {
+  auto bad = []() -> Status { return FB_ERROR(kCorrupt) << "not a generator checkpoint"; };
+  if (b.size() < 24 || std::memcmp(b.data(), kCheckpointMagic, 8) != 0) return bad();
+  size_t at = 8;
+  uint64_t nl = 0, nt = 0;
+  std::memcpy(&nl, b.data() + at, 8);
+  at += 8;
+  if (nl > (b.size() - at) / 4) return bad();
+  p->logits.resize(size_t(nl));
+  std::memcpy(p->logits.data(), b.data() + at, size_t(nl) * 4);
+  at += size_t(nl) * 4;
+  if (b.size() - at < 8) return bad();
+  std::memcpy(&nt, b.data() + at, 8);
+  at += 8;
+  if (nt > (b.size() - at) / 2) return bad();
+  p->tap.resize(size_t(nt));
+  std::memcpy(p->tap.data(), b.data() + at, size_t(nt) * 2);
+  at += size_t(nt) * 2;
+  p->session.assign(b.substr(at));
+  return Status();
+}
+
+}  // namespace
+
 Status Generator::prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress,
                           const PromptEmbeddings* embeds) {
   const int64_t N = int64_t(prompt.size());
@@ -145,6 +193,32 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
           if (tap_hist_pos_[size_t(q % S)] != q) continue;
           FB_RETURN_IF_ERROR(ex_->draft_commit(*session_, q, &tap_hist_[size_t((q % S) * tap_w_)], 1));
         }
+      }
+    }
+  }
+  // Disk KV cache: a longer stored prefix of a text prompt replaces the in-memory reuse (at least
+  // one row is left to prefill, for its logits). The restore validates the bytes before it touches
+  // the session; a refused one is logged and the prompt runs as it would without the store.
+  restored_ = 0;
+  std::vector<float> restored_logits;  // a checkpoint of the whole prompt: its last row's logits
+  if (opt_.kv_store && !embeds && c < N) {
+    if (auto hit = opt_.kv_store->longest_prefix(prompt, N); hit && hit->tokens > c) {
+      CheckpointParts parts;
+      Status r = unpack_checkpoint(hit->state, &parts);
+      if (r.ok() && hit->tokens == N && (int64_t(parts.logits.size()) != vocab_ || (dspark_ok_ && int64_t(parts.tap.size()) != tap_w_)))
+        r = FB_ERROR(kCorrupt) << "the checkpoint of the whole prompt lacks its logits or tap row";
+      if (r.ok()) r = ex_->restore_session(*session_, parts.session);
+      if (r.ok()) {
+        c = hit->tokens;
+        restored_ = c;
+        history_.assign(prompt.begin(), prompt.begin() + c);
+        std::fill(tap_hist_pos_.begin(), tap_hist_pos_.end(), -1);  // the draft rings came with the state
+        if (c == N) {
+          restored_logits = std::move(parts.logits);
+          tap_ = std::move(parts.tap);
+        }
+      } else {
+        FB_LOG(kWarn) << "kv cache: could not restore a " << hit->tokens << "-token prefix: " << r.to_string();
       }
     }
   }
@@ -201,6 +275,19 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
       have_logits_ = true;
     }
     if (progress && !progress(s1 - c, N - c)) return FB_ERROR(kCancelled) << "cancelled during prefill";
+  }
+  if (c == N && !restored_logits.empty()) {  // the whole prompt came from the disk KV cache
+    logits_ = std::move(restored_logits);
+    have_logits_ = true;
+  }
+  // Disk KV cache: the prompt's state (with its last logits and tap row, so the same prompt needs
+  // no prefill at all) for the next request that starts with it (text prompts; a store error
+  // costs the checkpoint, never the request).
+  if (opt_.kv_store && !embeds && N > restored_) {
+    auto state = ex_->save_session(*session_);
+    Status st = state.ok() ? opt_.kv_store->put(prompt, pack_checkpoint(logits_, dspark_ok_ ? tap_ : std::vector<uint16_t>{}, *state))
+                           : state.status();
+    if (!st.ok() && st.code() != StatusCode::kUnsupported) FB_LOG(kWarn) << "kv cache: checkpoint of " << N << " tokens not stored: " << st.to_string();
   }
   return Status();
 }

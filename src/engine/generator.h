@@ -16,6 +16,7 @@
 
 #include "base/status.h"
 #include "engine/dspark_schedule.h"
+#include "engine/kv_store.h"
 #include "engine/sampler.h"
 #include "model/executor.h"
 
@@ -39,6 +40,10 @@ struct GeneratorOptions {
   // [approx-approved] SWA bounded replay (spec/11 §8.4): a prompt longer than the window runs
   // its decoder layers only over the last `window` positions. Off: exact prefill.
   bool prefill_replay = false;
+  // Disk KV cache (issue 21; engine/kv_store.h): prefill restores the longest stored prefix of a
+  // text prompt before computing the rest, and stores the prompt's state when it is done.
+  // Executors that cannot serialize their sessions leave it unused.
+  std::shared_ptr<KvStore> kv_store;
 };
 
 // Prompt positions that enter the forward pass with an embedding instead of their token's
@@ -93,6 +98,8 @@ class Generator {
   int64_t n_generated_pos() const { return int64_t(history_.size()) + (pending_ ? 1 : 0); }
   int64_t max_context() const { return max_context_; }
   int64_t reused_tokens() const { return reused_; }
+  // Of reused_tokens(), the positions the last prefill restored from the disk KV cache.
+  int64_t restored_tokens() const { return restored_; }
   // Fresh cache (drops prefix reuse).
   void reset();
   // Common prefix of the cached history and `prompt` that prefill() would keep (a hint for
@@ -140,6 +147,7 @@ class Generator {
   std::vector<uint16_t> tap_hist_;     // bf16 [window + 16, tap_w], slot = pos % slots
   std::vector<int64_t> tap_hist_pos_;  // position held by each slot, -1 none
   int64_t reused_ = 0;
+  int64_t restored_ = 0;
   DsparkCounters counters_;
   VerifyCostTable cost_;
   TokenCounts generated_;    // tokens emitted since the last prefill (SamplingParams penalties)

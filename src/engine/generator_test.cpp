@@ -15,6 +15,7 @@
 #include "base/mapped_file.h"
 #include "cpu/executor.h"
 #include "engine/dspark_harness.h"
+#include "engine/kv_store.h"
 #include "loader/tiny_model.h"
 
 namespace fb::engine {
@@ -354,6 +355,44 @@ TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
   const auto s1 = gen(true, samp, 24), s2 = gen(true, samp, 24);
   EXPECT_EQ(s1, s2);
   EXPECT_EQ(std::count(s1.begin(), s1.end(), 9), 0) << "a -100 bias must keep id 9 out";
+}
+
+// Disk KV cache (issue 21): a prompt's state stored by one generator is restored by a fresh one
+// (another session, as after a restart) for a prompt that extends it; the continuation is bit for
+// bit a cold run's, with and without DSpark, and the restored positions count as reused.
+TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_" + std::string(GetParam()))).string();
+  fs::remove_all(kv);
+  for (bool dspark : {false, true}) {
+    auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    GeneratorOptions with;
+    with.dspark = dspark;
+    with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+    GeneratorOptions cold;
+    cold.dspark = dspark;
+    // The first turn stores the prompt; the second turn = the prompt + 5 more tokens.
+    const std::vector<int32_t> first(prompt.begin(), prompt.end() - 6);
+    const auto a = run(**ex, first, 8, with);
+    EXPECT_GE(with.kv_store->stats().entries, 1);
+    std::vector<int32_t> second(prompt.begin(), prompt.end() - 1);
+    Generator g(**ex, with);  // a fresh session: nothing in memory
+    const auto restored = run(**ex, second, 16, with, nullptr, &g);
+    EXPECT_EQ(g.restored_tokens(), int64_t(first.size()));
+    EXPECT_EQ(g.reused_tokens(), int64_t(first.size()));
+    EXPECT_EQ(restored, run(**ex, second, 16, cold)) << "dspark " << dspark;
+    // The same prompt again: restored whole (logits and tap row from the checkpoint, no prefill).
+    Generator g2(**ex, with);
+    const auto again = run(**ex, first, 8, with, nullptr, &g2);
+    EXPECT_EQ(g2.restored_tokens(), int64_t(first.size()));
+    EXPECT_EQ(again, a) << "dspark " << dspark;
+    fs::remove_all(kv);
+  }
 }
 
 // Sampled requests run the DSpark loop with rejection sampling on the real draft (sampled

@@ -106,6 +106,8 @@ class Executor {
     if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
     return r;
   }
+  // A 64-bit identity of the loaded model (0: none); the disk KV cache keeps states per identity.
+  virtual uint64_t identity() const { return 0; }
   // Session state as plain bytes and back (DESIGN-AHEAD item 4, docs/formats.md "Session state"):
   // the bytes name the model that wrote them; restore validates everything before it changes `s`.
   virtual Result<std::string> save_session(const SessionState& s) const {

@@ -276,6 +276,41 @@ def robustness(srv):
             check("context" in str(e), "context overflow -> 400 with a message")
 
 
+def kv_cache_restart_tests(binary, model):
+    """Issue 21: a prompt served, the server stopped and started again on the same --kv-cache
+    folder, the same conversation continued: the stored prefix is restored (cached_tokens) and the
+    greedy answer equals a cold server's."""
+    kv = tempfile.mkdtemp()
+    msgs = [{"role": "user", "content": "Tell me about the sea and the sky in a few words."}]
+    def ask(srv, m):
+        return srv.oa().chat.completions.create(model="m", messages=m, max_tokens=8, temperature=0,
+                                                extra_body={"thinking": {"type": "disabled"}})
+    srv = Server(binary, ["--model", model, "--kv-cache", kv])
+    try:
+        first = ask(srv, msgs)
+    finally:
+        srv.close()
+    check(any(f.endswith(".fbkv") for f in os.listdir(kv)), "kv cache: a checkpoint file after the first request")
+    follow = msgs + [{"role": "assistant", "content": first.choices[0].message.content or "ok"},
+                     {"role": "user", "content": "And the wind?"}]
+    srv = Server(binary, ["--model", model, "--kv-cache", kv])  # a restart: nothing in memory
+    try:
+        again = ask(srv, msgs)
+        cont = ask(srv, follow)
+    finally:
+        srv.close()
+    check(again.usage.prompt_tokens_details.cached_tokens > 0, f"kv cache: the same prompt after a restart restores "
+          f"{again.usage.prompt_tokens_details.cached_tokens} of {again.usage.prompt_tokens} tokens")
+    cold = Server(binary, ["--model", model])
+    try:
+        cold_again, cold_cont = ask(cold, msgs), ask(cold, follow)
+    finally:
+        cold.close()
+    check(again.choices[0].message.content == cold_again.choices[0].message.content and
+          cont.choices[0].message.content == cold_cont.choices[0].message.content,
+          "kv cache: answers after a restore equal a cold server's (temperature 0)")
+
+
 def tiny_model_tests(binary, model):
     srv = Server(binary, ["--model", model])
     try:
@@ -394,6 +429,7 @@ def main():
         if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
             print("FAIL: make-tiny failed"); sys.exit(1)
     tiny_model_tests(a.bin, model)
+    kv_cache_restart_tests(a.bin, model)
     vmodel = os.path.join(tempfile.mkdtemp(), "tiny-vision")
     if subprocess.run([a.bin, "make-tiny", "--vision", "--out", vmodel], capture_output=True).returncode != 0:
         print("FAIL: make-tiny --vision failed"); sys.exit(1)
