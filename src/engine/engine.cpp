@@ -389,6 +389,8 @@ void Engine::run(Job& job) {
     stats_.prefill_s += t1 - t0;
     stats_.decode_s += t2 - t1;
     stats_.dspark.add_since(gen.counters(), before);
+    stats_.kv_restored_tokens += gen.restored_tokens();
+    if (opt_.generator.kv_store) stats_.kv = opt_.generator.kv_store->stats();  // engine thread: the store's owner
     if (reason == FinishReason::kCancelled) ++stats_.requests_cancelled;
   }
   send(done);

@@ -98,6 +98,8 @@ struct EngineStats {
   double image_encode_s = 0;           // the vision tower on the engine thread
   double prefill_s = 0, decode_s = 0;
   DsparkCounters dspark;
+  KvStoreStats kv;                   // the disk KV cache (--kv-cache), as of the last request
+  int64_t kv_restored_tokens = 0;    // prompt positions restored from it
 };
 
 class Engine {

@@ -47,6 +47,13 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_prompt_tokens_total", "counter", "prompt tokens", double(s.prompt_tokens));
   m("flashbox_prompt_cached_tokens_total", "counter", "prompt tokens reused from a cached session", double(s.cached_tokens));
   m("flashbox_prefill_tokens_total", "counter", "prompt rows run through prefill (prompt minus cached)", double(s.prefill_tokens));
+  m("flashbox_kv_cache_restored_tokens_total", "counter", "prompt positions restored from the disk KV cache", double(s.kv_restored_tokens));
+  m("flashbox_kv_cache_hits_total", "counter", "disk KV cache lookups that restored a prefix", double(s.kv.hits));
+  m("flashbox_kv_cache_misses_total", "counter", "disk KV cache lookups without a stored prefix", double(s.kv.misses));
+  m("flashbox_kv_cache_rejected_total", "counter", "damaged or unreadable checkpoint files dropped", double(s.kv.rejected));
+  m("flashbox_kv_cache_evicted_total", "counter", "checkpoints evicted to stay within --kv-cache-bytes", double(s.kv.evicted));
+  m("flashbox_kv_cache_entries", "gauge", "checkpoints in the disk KV cache", double(s.kv.entries));
+  m("flashbox_kv_cache_bytes", "gauge", "bytes of checkpoints on disk", double(s.kv.bytes));
   m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
   m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
   m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));

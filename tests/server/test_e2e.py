@@ -297,6 +297,8 @@ def kv_cache_restart_tests(binary, model):
     try:
         again = ask(srv, msgs)
         cont = ask(srv, follow)
+        check(metric(srv, "flashbox_kv_cache_restored_tokens_total") >= again.usage.prompt_tokens_details.cached_tokens > 0 and
+              metric(srv, "flashbox_kv_cache_hits_total") >= 1, "kv cache: /metrics counts the restored tokens and hits")
     finally:
         srv.close()
     check(again.usage.prompt_tokens_details.cached_tokens > 0, f"kv cache: the same prompt after a restart restores "
