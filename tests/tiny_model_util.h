@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "base/mapped_file.h"
 #include "base/status.h"
 #include "loader/tiny_model.h"
@@ -15,7 +17,7 @@
 namespace fb::testing_util {
 
 inline Result<std::string> write_test_tiny_model(const std::string& name, uint64_t seed, bool smooth) {
-  const std::string dir = (std::filesystem::temp_directory_path() / name).string();
+  const std::string dir = (std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))).string();
   loader::TinyModelOptions o;
   o.out_dir = dir;
   o.seed = seed;

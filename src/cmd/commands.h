@@ -20,6 +20,7 @@ Runner add_make_tiny(CLI::App& app);
 Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path = "", bool smooth = false);
 Runner add_probe(CLI::App& app);
 Runner add_convert(CLI::App& app);
+Runner add_kv(CLI::App& app);  // flashbox kv ls|verify|rm DIR (the disk KV cache)
 Runner add_bench(CLI::App& app);
 Runner add_serve(CLI::App& app);  // serve, chat, run: builds with the server (FB_HAVE_SERVER)
 Runner add_chat(CLI::App& app);

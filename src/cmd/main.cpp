@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   reg("replay-quality", "KL and top-1 of bounded-replay prefill against exact prefill (spec/11 sec. 8.4)", fb::cmd::add_replay_quality);
   reg("probe", "measure RAM, cores, drives and the GPU; print the memory plan and decode bounds", fb::cmd::add_probe);
   reg("convert", "write the expert-major store (and replicas) from a snapshot", fb::cmd::add_convert);
+  reg("kv", "list, verify or remove the disk KV cache's checkpoints (ls|verify|rm DIR)", fb::cmd::add_kv);
 #ifdef FB_HAVE_TOKENIZER
   reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
   app.add_subcommand("tokenize", "encode stdin with a tokenizer.json (or --decode ids); see --help of the subcommand");

@@ -366,7 +366,7 @@ TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
   auto ex = cpu::CpuModel::load(dir + "/checkpoint");
   ASSERT_TRUE(ex.ok());
   const auto prompt = load_prompt(dir);
-  const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_" + std::string(GetParam()))).string();
+  const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
   fs::remove_all(kv);
   for (bool dspark : {false, true}) {
     auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());

@@ -55,6 +55,18 @@ std::vector<uint64_t> prefix_hashes(std::span<const int32_t> tokens) {
   return h;
 }
 
+Result<KvFileInfo> verify_kv_file(const std::string& path) {
+  auto b = FB_TRY(read_file_bytes(path));
+  Header h;
+  if (!parse_header(b, &h)) return FB_ERROR(kCorrupt) << path << ": not a checkpoint (bad header)";
+  if (b.size() != kHeader + size_t(h.n_tokens) * 4 + h.state_bytes + 4)
+    return FB_ERROR(kCorrupt) << path << ": " << b.size() << " bytes, the header promises " << kHeader + size_t(h.n_tokens) * 4 + h.state_bytes + 4;
+  uint32_t crc = 0;
+  std::memcpy(&crc, b.data() + b.size() - 4, 4);
+  if (crc32c(b.data(), b.size() - 4) != crc) return FB_ERROR(kCorrupt) << path << ": checksum mismatch";
+  return KvFileInfo{h.model_id, h.n_tokens, b.size()};
+}
+
 Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, uint64_t budget_bytes, uint64_t model_id) {
   std::error_code ec;
   fs::create_directories(dir, ec);

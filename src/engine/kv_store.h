@@ -70,6 +70,15 @@ class KvStore {
   KvStoreStats stats_;
 };
 
+// One checkpoint file, checked whole without a store (operators' `flashbox kv`): header, size and
+// checksum. kCorrupt names what is wrong.
+struct KvFileInfo {
+  uint64_t model_id = 0;
+  int64_t n_tokens = 0;
+  uint64_t bytes = 0;
+};
+Result<KvFileInfo> verify_kv_file(const std::string& path);
+
 // 64-bit FNV-1a over token ids: the key of a prefix (prefix_hashes(t)[n] = key of t[0..n)).
 std::vector<uint64_t> prefix_hashes(std::span<const int32_t> tokens);
 

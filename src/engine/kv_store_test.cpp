@@ -6,6 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 namespace fb::engine {
 namespace {
@@ -13,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const char* name) {
-  const fs::path d = fs::temp_directory_path() / name;
+  const fs::path d = fs::temp_directory_path() / (std::string(name) + "_" + std::to_string(getpid()));  // concurrent runs apart
   fs::remove_all(d);
   return d.string();
 }
