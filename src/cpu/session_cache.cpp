@@ -118,8 +118,10 @@ void put_ring(Writer& w, const Ring& r) {
   w.put_vec(r.data);
 }
 
-// A ring as this config lays it out (`want` from reset()), every position in its own slot.
-Status get_ring(Reader& rd, const Ring& want, Ring* r, const char* what) {
+// Reads into `r`, which holds this config's fresh ring (reset()): the stored layout must be its
+// layout, and every position must sit in its own slot.
+Status get_ring(Reader& rd, Ring* r, const char* what) {
+  const Ring want{r->slots, r->row_bytes, {}, {}};
   int32_t slots = 0, row_bytes = 0;
   FB_RETURN_IF_ERROR(rd.get(&slots, what));
   FB_RETURN_IF_ERROR(rd.get(&row_bytes, what));
@@ -196,8 +198,7 @@ Status SessionCache::restore(std::string_view bytes, uint64_t model_id) {
   FB_RETURN_IF_ERROR(rd.get_vec(&s.image, s.next_pos, "image flags"));
   for (int32_t t : s.tokens)
     if (t < 0 || t >= config_->vocab_size) return FB_ERROR(kCorrupt) << "session state: token id " << t << " outside the vocabulary";
-  const SessionCache fresh(*config_);
-  for (size_t l = 0; l < s.rings.size(); ++l) FB_RETURN_IF_ERROR(get_ring(rd, fresh.rings[l], &s.rings[l], "window ring"));
+  for (Ring& r : s.rings) FB_RETURN_IF_ERROR(get_ring(rd, &r, "window ring"));
   for (size_t l = 0; l < s.comp.size(); ++l) {
     CompressedCache& cc = s.comp[l];
     int32_t ratio = 0, kvb = 0, keyb = 0;
@@ -216,9 +217,9 @@ Status SessionCache::restore(std::string_view bytes, uint64_t model_id) {
     FB_RETURN_IF_ERROR(rd.get(&n_tail, "compressor tail"));
     if (n_tail != int64_t(cc.tail_pos.size())) return FB_ERROR(kCorrupt) << "session state: layer " << l << " tail of " << n_tail << " slots";
     FB_RETURN_IF_ERROR(rd.get_vec(&cc.tail_pos, n_tail, "compressor tail"));
-    FB_RETURN_IF_ERROR(rd.get_vec(&cc.tail, int64_t(fresh.comp[l].tail.size()), "compressor tail"));
+    FB_RETURN_IF_ERROR(rd.get_vec(&cc.tail, int64_t(cc.tail.size()), "compressor tail"));  // the fresh tail's size
   }
-  for (size_t i = 0; i < s.draft_rings.size(); ++i) FB_RETURN_IF_ERROR(get_ring(rd, fresh.draft_rings[i], &s.draft_rings[i], "draft ring"));
+  for (Ring& r : s.draft_rings) FB_RETURN_IF_ERROR(get_ring(rd, &r, "draft ring"));
   if (rd.at != rd.b.size()) return FB_ERROR(kCorrupt) << "session state: " << rd.b.size() - rd.at << " bytes after the last section";
   next_pos = s.next_pos;
   tokens = std::move(s.tokens);

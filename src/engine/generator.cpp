@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -128,23 +129,22 @@ struct CheckpointParts {
 };
 
 Status unpack_checkpoint(std::string_view b, CheckpointParts* p) {
-  auto bad = []() -> Status { return FB_ERROR(kCorrupt) << "not a generator checkpoint"; };
-  if (b.size() < 24 || std::memcmp(b.data(), kCheckpointMagic, 8) != 0) return bad();
+  if (b.size() < 8 || std::memcmp(b.data(), kCheckpointMagic, 8) != 0) return FB_ERROR(kCorrupt) << "not a generator checkpoint";
   size_t at = 8;
-  uint64_t nl = 0, nt = 0;
-  std::memcpy(&nl, b.data() + at, 8);
-  at += 8;
-  if (nl > (b.size() - at) / 4) return bad();
-  p->logits.resize(size_t(nl));
-  std::memcpy(p->logits.data(), b.data() + at, size_t(nl) * 4);
-  at += size_t(nl) * 4;
-  if (b.size() - at < 8) return bad();
-  std::memcpy(&nt, b.data() + at, 8);
-  at += 8;
-  if (nt > (b.size() - at) / 2) return bad();
-  p->tap.resize(size_t(nt));
-  std::memcpy(p->tap.data(), b.data() + at, size_t(nt) * 2);
-  at += size_t(nt) * 2;
+  // A u64 count, then that many elements of T.
+  auto array = [&](auto* v) -> bool {
+    using T = typename std::remove_pointer_t<decltype(v)>::value_type;
+    uint64_t n = 0;
+    if (b.size() - at < 8) return false;
+    std::memcpy(&n, b.data() + at, 8);
+    at += 8;
+    if (n > (b.size() - at) / sizeof(T)) return false;
+    v->resize(size_t(n));
+    std::memcpy(v->data(), b.data() + at, size_t(n) * sizeof(T));
+    at += size_t(n) * sizeof(T);
+    return true;
+  };
+  if (!array(&p->logits) || !array(&p->tap)) return FB_ERROR(kCorrupt) << "generator checkpoint truncated";
   p->session.assign(b.substr(at));
   return Status();
 }

@@ -111,17 +111,16 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, uint64_t 
     s->entries_.push_back(std::move(e));
   }
   s->evict_to(s->budget_);
-  s->stats_.entries = int64_t(s->entries_.size());
   return s;
 }
 
-void KvStore::drop(size_t i, bool rejected) {
+void KvStore::drop(size_t i, Drop why) {
   std::error_code ec;
   fs::remove(entries_[i].file, ec);
   stats_.bytes -= entries_[i].bytes;
   entries_.erase(entries_.begin() + std::ptrdiff_t(i));
-  stats_.entries = int64_t(entries_.size());
-  (rejected ? stats_.rejected : stats_.evicted) += 1;
+  if (why == Drop::kRejected) ++stats_.rejected;
+  if (why == Drop::kEvicted) ++stats_.evicted;
 }
 
 void KvStore::evict_to(uint64_t bytes) {
@@ -129,7 +128,7 @@ void KvStore::evict_to(uint64_t bytes) {
     size_t lru = 0;
     for (size_t i = 1; i < entries_.size(); ++i)
       if (entries_[i].last_used < entries_[lru].last_used) lru = i;
-    drop(lru, false);
+    drop(lru, Drop::kEvicted);
   }
 }
 
@@ -152,8 +151,7 @@ Status KvStore::put(std::span<const int32_t> tokens, std::string_view state) {
   // Replace a checkpoint of the same tokens; make room first so the total never exceeds the budget.
   for (size_t i = 0; i < entries_.size(); ++i)
     if (entries_[i].n_tokens == n && entries_[i].prefix_hash == hash) {
-      drop(i, false);
-      --stats_.evicted;  // a replacement, not an eviction
+      drop(i, Drop::kReplaced);
       break;
     }
   evict_to(budget_ - size);
@@ -166,7 +164,6 @@ Status KvStore::put(std::span<const int32_t> tokens, std::string_view state) {
   e.last_used = ++clock_;
   stats_.bytes += size;
   entries_.push_back(std::move(e));
-  stats_.entries = int64_t(entries_.size());
   return Status();
 }
 
@@ -200,7 +197,7 @@ std::optional<KvHit> KvStore::longest_prefix(std::span<const int32_t> prompt, in
     break;
   }
   std::sort(bad.rbegin(), bad.rend());
-  for (size_t i : bad) drop(i, true);
+  for (size_t i : bad) drop(i, Drop::kRejected);
   ++(hit ? stats_.hits : stats_.misses);
   return hit;
 }

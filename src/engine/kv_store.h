@@ -30,7 +30,7 @@ struct KvHit {
 };
 
 struct KvStoreStats {
-  int64_t entries = 0;
+  int64_t entries = 0;  // derived: the table's size
   uint64_t bytes = 0;
   int64_t hits = 0, misses = 0, evicted = 0, rejected = 0;  // rejected: damaged or foreign files dropped
 };
@@ -49,7 +49,11 @@ class KvStore {
   // none. Marks it used (LRU).
   std::optional<KvHit> longest_prefix(std::span<const int32_t> prompt, int64_t max_tokens);
 
-  const KvStoreStats& stats() const { return stats_; }
+  KvStoreStats stats() const {
+    KvStoreStats s = stats_;
+    s.entries = int64_t(entries_.size());
+    return s;
+  }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -61,7 +65,8 @@ class KvStore {
     uint64_t last_used = 0;
   };
   KvStore(std::string dir, uint64_t budget, uint64_t model_id) : dir_(std::move(dir)), budget_(budget), model_id_(model_id) {}
-  void drop(size_t i, bool rejected);
+  enum class Drop { kEvicted, kRejected, kReplaced };
+  void drop(size_t i, Drop why);
   void evict_to(uint64_t bytes);
 
   std::string dir_;
