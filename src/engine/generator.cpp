@@ -64,6 +64,9 @@ void Generator::reset() {
   tap_hist_pos_.assign(dspark_ok_ ? size_t(window_ + kTapHistoryExtra) : 0, -1);
   reused_ = 0;
   backoff_left_ = backoff_next_ = 0;
+  pf_next_ = pf_end_ = pf_planned_ = 0;
+  pf_embeds_ = nullptr;
+  round_ = Round{};
 }
 
 int64_t Generator::reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds) const {
@@ -153,6 +156,25 @@ Status unpack_checkpoint(std::string_view b, CheckpointParts* p) {
 
 Status Generator::prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress,
                           const PromptEmbeddings* embeds) {
+  FB_RETURN_IF_ERROR(begin_prefill(prompt, embeds));
+  while (prefill_rows_left() > 0) {
+    model::Step st;
+    plan_prefill(opt_.prefill_chunk, 0, &st);
+    model::StepOutput out;
+    Status s = forward_rows(st, &out);
+    if (!s.ok()) {
+      reset();  // the cache may hold part of a chunk
+      return s;
+    }
+    FB_RETURN_IF_ERROR(finish_prefill(out));
+    if (progress && !progress(prefill_done(), prefill_total())) return FB_ERROR(kCancelled) << "cancelled during prefill";
+  }
+  return Status();
+}
+
+Status Generator::begin_prefill(std::span<const int32_t> prompt, const PromptEmbeddings* embeds) {
+  FB_CHECK(!awaiting_step()) << "begin_prefill with a decode round in flight";
+  pf_next_ = pf_end_ = pf_planned_ = 0;  // nothing to prefill until the prompt is accepted
   const int64_t N = int64_t(prompt.size());
   if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
   backoff_left_ = backoff_next_ = 0;  // a new prompt: draft again from its first round
@@ -236,60 +258,99 @@ Status Generator::prefill(std::span<const int32_t> prompt, const std::function<b
     if (!ex_->supports_bounded_replay()) return FB_ERROR(kUnsupported) << "the " << ex_->name() << " executor does not run bounded-replay prefill";
     if (N - window_ > c) replay = N - window_;
   }
-  const int64_t chunk = opt_.prefill_chunk;
-  for (int64_t s0 = c; s0 < N; s0 += chunk) {
-    const int64_t s1 = std::min(N, s0 + chunk);
-    model::Step st;
-    for (int64_t p = s0; p < s1; ++p) {
-      model::Row r = model::prefill_row(p, prompt[size_t(p)], N, replay);
-      if (embeds && embeds->row[size_t(p)] >= 0) {  // an image row (spec/14 §6)
-        r.image = true;
-        r.embed_row = int32_t(st.embeddings.size() / size_t(dim));
-        const auto* e = &embeds->data[size_t(embeds->row[size_t(p)]) * size_t(dim)];
-        st.embeddings.insert(st.embeddings.end(), e, e + dim);
-      }
-      st.rows.push_back(r);
-    }
-    // Only the chunk's last rows' taps are kept (remember_taps / commit_taps below).
-    st.taps_from_row = prefill_taps_from_row(s1 - s0, window_);
-    model::StepOutput out;
-    Status s = forward_rows(st, &out);
-    if (!s.ok()) {
-      reset();  // the cache may hold part of a chunk
-      return s;
-    }
-    history_.insert(history_.end(), prompt.begin() + s0, prompt.begin() + s1);
-    if (dspark_ok_) {
-      const int64_t have = s0 + out.taps_first_row;  // the first row with tap values
-      FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - have) * tap_w_);
-      // Rows that left at the encoder have no tap rows of decoder layers: commit replayed rows only.
-      const int64_t first = std::max({s0, replay, have});
-      if (first < s1) {
-        FB_RETURN_IF_ERROR(commit_taps(first, out.taps.data() + (first - have) * tap_w_, s1 - first));
-        tap_.assign(out.taps.end() - tap_w_, out.taps.end());
-      }
-    }
-    if (s1 == N) {
-      FB_CHECK_EQ(int64_t(out.logits.size()), vocab_);
-      logits_ = std::move(out.logits);
-      have_logits_ = true;
-    }
-    if (progress && !progress(s1 - c, N - c)) return FB_ERROR(kCancelled) << "cancelled during prefill";
-  }
+  pf_prompt_.assign(prompt.begin(), prompt.end());
+  pf_embeds_ = embeds;
+  pf_replay_ = replay;
+  pf_next_ = c;
+  pf_end_ = N;
   if (c == N && !restored_logits.empty()) {  // the whole prompt came from the disk KV cache
     logits_ = std::move(restored_logits);
     have_logits_ = true;
   }
+  if (c == N) complete_prefill();
+  return Status();
+}
+
+
+void Generator::plan_prefill(int64_t max_rows, int session, model::Step* st) {
+  FB_CHECK(st->rows.empty()) << "prefill rows must open the step (taps_from_row)";
+  FB_CHECK_GT(prefill_rows_left(), 0);
+  const int64_t dim = ex_->config().dim, N = pf_end_, s0 = pf_next_, s1 = std::min(N, s0 + std::max<int64_t>(1, max_rows));
+  const PromptEmbeddings* embeds = pf_embeds_;
+  for (int64_t p = s0; p < s1; ++p) {
+    model::Row r = model::prefill_row(p, pf_prompt_[size_t(p)], N, pf_replay_);
+    r.session = session;
+    if (embeds && embeds->row[size_t(p)] >= 0) {  // an image row (spec/14 §6)
+      r.image = true;
+      r.embed_row = int32_t(st->embeddings.size() / size_t(dim));
+      const auto* e = &embeds->data[size_t(embeds->row[size_t(p)]) * size_t(dim)];
+      st->embeddings.insert(st->embeddings.end(), e, e + dim);
+    }
+    st->rows.push_back(r);
+  }
+  // Only the chunk's last rows' taps are kept (remember_taps / commit_taps in finish_prefill).
+  st->taps_from_row = prefill_taps_from_row(s1 - s0, window_);
+  pf_planned_ = s1 - s0;
+}
+
+Status Generator::finish_prefill(const model::StepOutput& out) {
+  FB_CHECK_GT(pf_planned_, 0) << "finish_prefill without planned rows";
+  const int64_t N = pf_end_, s0 = pf_next_, s1 = s0 + pf_planned_;
+  pf_planned_ = 0;
+  history_.insert(history_.end(), pf_prompt_.begin() + s0, pf_prompt_.begin() + s1);
+  pf_next_ = s1;
+  if (dspark_ok_) {
+    const int64_t have = s0 + out.taps_first_row;  // the first row with tap values
+    FB_CHECK_EQ(int64_t(out.taps.size()), (s1 - have) * tap_w_);
+    // Rows that left at the encoder have no tap rows of decoder layers: commit replayed rows only.
+    const int64_t first = std::max({s0, pf_replay_, have});
+    if (first < s1) {
+      FB_RETURN_IF_ERROR(commit_taps(first, out.taps.data() + (first - have) * tap_w_, s1 - first));
+      tap_.assign(out.taps.end() - tap_w_, out.taps.end());
+    }
+  }
+  if (s1 == N) {
+    FB_CHECK_EQ(int64_t(out.logits.size()), vocab_);
+    logits_ = out.logits;
+    have_logits_ = true;
+    complete_prefill();
+  }
+  return Status();
+}
+
+void Generator::complete_prefill() {
+  const int64_t N = pf_end_;
   // Disk KV cache: the prompt's state (with its last logits and tap row, so the same prompt needs
   // no prefill at all) for the next request that starts with it (text prompts; a store error
   // costs the checkpoint, never the request).
-  if (opt_.kv_store && !embeds && N > restored_) {
+  if (opt_.kv_store && !pf_embeds_ && N > restored_) {
     auto state = ex_->save_session(*session_);
-    Status st = state.ok() ? opt_.kv_store->put(prompt, pack_checkpoint(logits_, dspark_ok_ ? tap_ : std::vector<uint16_t>{}, *state))
+    Status st = state.ok() ? opt_.kv_store->put(pf_prompt_, pack_checkpoint(logits_, dspark_ok_ ? tap_ : std::vector<uint16_t>{}, *state))
                            : state.status();
     if (!st.ok() && st.code() != StatusCode::kUnsupported) FB_LOG(kWarn) << "kv cache: checkpoint of " << N << " tokens not stored: " << st.to_string();
   }
-  return Status();
+  pf_embeds_ = nullptr;  // the caller's rows are not read after the prefill
+}
+
+model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int64_t first_row, int64_t n_rows, int64_t vocab,
+                          int64_t tap_w) {
+  model::StepOutput o;
+  const int64_t end = first_row + n_rows;
+  for (size_t i = 0; i < all.logit_rows.size(); ++i) {
+    const int r = all.logit_rows[i];
+    if (r < first_row || r >= end) continue;
+    o.logit_rows.push_back(int(r - first_row));
+    o.logits.insert(o.logits.end(), all.logits.begin() + int64_t(i) * vocab, all.logits.begin() + int64_t(i + 1) * vocab);
+  }
+  const int64_t tfr = std::min(all.taps_first_row, n_step_rows);
+  if (tap_w > 0 && int64_t(all.taps.size()) == (n_step_rows - tfr) * tap_w) {
+    const int64_t from = std::max(first_row, tfr);
+    o.taps_first_row = from - first_row;
+    if (from < end) o.taps.assign(all.taps.begin() + (from - tfr) * tap_w, all.taps.begin() + (end - tfr) * tap_w);
+  } else {
+    o.taps_first_row = n_rows;
+  }
+  return o;
 }
 
 const float* Generator::processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra) {
@@ -311,38 +372,68 @@ Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vect
 }
 
 Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
+  model::Step st;
+  FB_RETURN_IF_ERROR(plan_next(sp, rng, 0, &st, out, lp, top_n));
+  if (!awaiting_step()) return Status();
+  model::StepOutput o;
+  Status s = forward_rows(st, &o);
+  if (!s.ok()) {
+    round_ = Round{};
+    return s;
+  }
+  return finish_next(o, sp, rng, out, lp, top_n);
+}
+
+Status Generator::plan_next(const SamplingParams& sp, Rng& rng, int session, model::Step* st, std::vector<int32_t>* out,
+                            std::vector<TokenLogprob>* lp, int top_n) {
   FB_CHECK(have_logits_ || pending_) << "Generator::next before prefill";
+  FB_CHECK(!awaiting_step()) << "plan_next with a round in flight";
   if (have_logits_) return emit_from_logits(sp, rng, out, lp, top_n);
   // The pending token goes to position H; it must fit, and so must the token it predicts.
   const int64_t H = int64_t(history_.size());
   if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
   // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
   if (dspark_ok_ && H >= 2 && H + 2 < max_context_) {
-    if (backoff_left_ <= 0) return dspark_step(sp, rng, out, lp, top_n);
+    if (backoff_left_ <= 0) return plan_dspark(sp, rng, session, st);
     --backoff_left_;
     ++counters_.backoff_steps;
   }
-  return plain_step(sp, rng, out, lp, top_n);
+  plan_plain(session, st);
+  return Status();
 }
 
-Status Generator::plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n) {
-  const int64_t H = int64_t(history_.size());
-  model::Step st;
+Status Generator::finish_next(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                              std::vector<TokenLogprob>* lp, int top_n) {
+  const Round::Kind k = round_.kind;
+  FB_CHECK(k != Round::Kind::kNone) << "finish_next without a planned round";
+  Status s = k == Round::Kind::kPlain ? finish_plain(o, sp, rng, out, lp, top_n) : finish_dspark(o, sp, rng, out, lp, top_n);
+  round_ = Round{};
+  return s;
+}
+
+void Generator::plan_plain(int session, model::Step* st) {
   model::Row r;
-  r.pos = H;
+  r.session = session;
+  r.pos = int64_t(history_.size());
   r.token = pending_token_;
   r.kind = model::RowKind::kDecode;
   r.want_logits = true;
-  st.rows.push_back(r);
-  model::StepOutput o;
-  FB_RETURN_IF_ERROR(forward_rows(st, &o));
+  st->rows.push_back(r);
+  round_.kind = Round::Kind::kPlain;
+}
+
+Status Generator::finish_plain(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                               std::vector<TokenLogprob>* lp, int top_n) {
+  const int64_t H = int64_t(history_.size());
+  FB_CHECK_EQ(int64_t(o.logits.size()), vocab_);
   history_.push_back(pending_token_);
   pending_ = false;
   if (dspark_ok_) {
+    FB_CHECK(o.taps_first_row == 0 && int64_t(o.taps.size()) == tap_w_) << "decode row without its tap row";
     FB_RETURN_IF_ERROR(commit_taps(H, o.taps.data(), 1));
-    tap_ = std::move(o.taps);
+    tap_ = o.taps;
   }
-  logits_ = std::move(o.logits);
+  logits_ = o.logits;
   have_logits_ = true;
   return emit_from_logits(sp, rng, out, lp, top_n);
 }
@@ -404,31 +495,36 @@ int64_t Generator::verify_len(const model::DraftOutput& d, bool greedy, std::vec
   return L;
 }
 
-Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
-                              int top_n) {
+Status Generator::plan_dspark(const SamplingParams& sp, Rng& rng, int session, model::Step* st) {
   if (opt_.dspark_verify < 0 && cost_.empty()) FB_RETURN_IF_ERROR(calibrate_verify_cost());
   const bool greedy = sp.greedy();
   const int64_t H = int64_t(history_.size()), p = H - 1;
-  const int32_t anchor = pending_token_;
-  double t0 = now_s();
+  Round& rd = round_;
+  rd = Round{};
+  rd.anchor = pending_token_;
+  rd.t0 = now_s();
   // DRAFT (spec/13 §4): ring write of p from g(p), then a block [anchor, d1..dB]. Sampled
   // requests draw the chain from q_k = their own transform of the corrected rows (§4.6, §6.3).
-  std::vector<Candidates> q;
+  // The draft runs on this session alone; only the verify rows join the shared step.
   Result<model::DraftOutput> dr = [&] {
-    if (greedy) return ex_->draft(*session_, anchor, tap_.data(), p);
+    if (greedy) return ex_->draft(*session_, rd.anchor, tap_.data(), p);
     Rng draws = rng.stream(p + 1, kRngDraftDraw);
     std::vector<int32_t> chain;  // drafts drawn so far (the penalties count them, as the target will)
     const model::DraftPicker pick = [&](int64_t k, const float* row) {
-      FB_CHECK_EQ(k, int64_t(q.size()) + 1);
-      q.push_back(sampling_distribution(processed_row(row, sp, chain), vocab_, sp));
-      chain.push_back(draw(q.back(), draws.uniform()));
+      FB_CHECK_EQ(k, int64_t(rd.q.size()) + 1);
+      rd.q.push_back(sampling_distribution(processed_row(row, sp, chain), vocab_, sp));
+      chain.push_back(draw(rd.q.back(), draws.uniform()));
       return chain.back();
     };
-    return ex_->draft_sampled(*session_, anchor, tap_.data(), p, pick);
+    return ex_->draft_sampled(*session_, rd.anchor, tap_.data(), p, pick);
   }();
-  if (!dr.ok()) return dr.status();
-  const model::DraftOutput& d = dr.value();
-  double t1 = now_s();
+  if (!dr.ok()) {
+    rd = Round{};
+    return dr.status();
+  }
+  rd.d = std::move(dr).value();
+  const model::DraftOutput& d = rd.d;
+  rd.t1 = now_s();
   // SCHEDULE (spec/13 §7): from the confidences and the cost table only, before any acceptance
   // draw; rows p+1..p+1+L must fit the context.
   std::vector<double> S;
@@ -445,21 +541,33 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
       backoff_left_ = backoff_next_;
     }
   }
-  if (!greedy) FB_CHECK_GE(int64_t(q.size()), L);
+  if (!greedy) FB_CHECK_GE(int64_t(rd.q.size()), L);
   // VERIFY: one target step over [anchor, d1..dL], decode rows (same arithmetic as plain decode).
-  model::Step st;
   for (int64_t i = 0; i <= L; ++i) {
     model::Row r;
+    r.session = session;
     r.pos = p + 1 + i;
-    r.token = i == 0 ? anchor : d.ids[size_t(i)];
+    r.token = i == 0 ? rd.anchor : d.ids[size_t(i)];
     r.kind = model::RowKind::kDecode;
     r.want_logits = true;
-    st.rows.push_back(r);
+    st->rows.push_back(r);
   }
-  model::StepOutput o;
-  FB_RETURN_IF_ERROR(forward_rows(st, &o));
-  double t2 = now_s();
+  rd.L = L;
+  rd.kind = Round::Kind::kVerify;
+  return Status();
+}
+
+Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                                std::vector<TokenLogprob>* lp, int top_n) {
+  const bool greedy = sp.greedy();
+  const int64_t H = int64_t(history_.size()), p = H - 1, L = round_.L;
+  const int32_t anchor = round_.anchor;
+  const model::DraftOutput& d = round_.d;
+  // In a shared step this is the time from the draft's end to here: the step and the other
+  // sessions' drafts included.
+  const double t2 = now_s();
   FB_CHECK_EQ(int64_t(o.logits.size()), (L + 1) * vocab_);
+  FB_CHECK(o.taps_first_row == 0 && int64_t(o.taps.size()) == (L + 1) * tap_w_) << "verify rows without their tap rows";
   // ACCEPT (spec/13 §6): greedy = prefix of drafts equal to the target's argmax, then one more
   // token; sampled = rejection sampling against the processed target rows pi_i.
   int64_t a = 0;
@@ -480,7 +588,7 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
     };
     const std::vector<int32_t> drafts(d.ids.begin() + 1, d.ids.begin() + 1 + L);
     Rng accept = rng.stream(p + 1, kRngAcceptTest), final_draw = rng.stream(p + 1, kRngFinalDraw);
-    const SpecVerdict v = speculative_accept(L, target, q, drafts, accept, final_draw);
+    const SpecVerdict v = speculative_accept(L, target, round_.q, drafts, accept, final_draw);
     a = v.accepted;
     t_next = v.next;
     ++counters_.sampled_steps;
@@ -511,8 +619,8 @@ Status Generator::dspark_step(const SamplingParams& sp, Rng& rng, std::vector<in
   counters_.verify_rows += L + 1;
   ++counters_.accepted_hist[size_t(a)];
   ++counters_.verify_hist[size_t(L)];
-  counters_.draft_s += t1 - t0;
-  counters_.verify_s += t2 - t1;
+  counters_.draft_s += round_.t1 - round_.t0;
+  counters_.verify_s += t2 - round_.t1;
   return Status();
 }
 

@@ -87,12 +87,43 @@ class Generator {
   // to, prefills the rest in chunks. progress(done, total) after each chunk; returning false
   // cancels (kCancelled). Errors: empty prompt, id outside the vocabulary, context overflow.
   // `embeds` (optional): image rows of the prompt; they may fall in any chunk.
+  // (One generator driving begin_prefill / plan_prefill / finish_prefill alone.)
   Status prefill(std::span<const int32_t> prompt, const std::function<bool(int64_t, int64_t)>& progress = {},
                  const PromptEmbeddings* embeds = nullptr);
   // Emits the next tokens (1 for plain decode, 1..B+1 for a DSpark round) into *out, with raw
   // logprobs into *logprobs when top_n >= 0. At the context limit returns kResourceExhausted.
+  // (One generator driving plan_next / finish_next alone.)
   Status next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* logprobs = nullptr,
               int top_n = -1);
+
+  // Shared steps (issue 20): the engine builds ONE model::Step from several generators. Each
+  // appends its rows (plan_*), naming its index in the step's session list; the engine runs the
+  // step once and hands each generator the outputs of its own rows (rows_of), finish_*. Rows of
+  // one generator are contiguous. prefill() and next() above are the one-generator case.
+  //
+  // Reuse, disk KV restore and validation for `prompt`; runs nothing. `prompt` is copied;
+  // `embeds` must outlive the prefill.
+  Status begin_prefill(std::span<const int32_t> prompt, const PromptEmbeddings* embeds = nullptr);
+  int64_t prefill_rows_left() const { return pf_end_ - pf_next_; }
+  int64_t prefill_done() const { return pf_next_ - reused_; }    // rows prefilled by this prompt so far
+  int64_t prefill_total() const { return pf_end_ - reused_; }    // rows this prompt prefills
+  // Appends the next min(max_rows, prefill_rows_left()) prompt rows. They must be the FIRST rows
+  // of the step: the step's taps_from_row is set for them (later rows get taps anyway).
+  void plan_prefill(int64_t max_rows, int session, model::Step* st);
+  // `mine`: the outputs of the rows plan_prefill appended. The last chunk leaves logits ready.
+  Status finish_prefill(const model::StepOutput& mine);
+  // After a prefill (logits ready): emits one token into *out and appends no rows. Otherwise
+  // appends this round's rows (one decode row, or a DSpark verify block: the draft runs here, on
+  // the session alone); finish_next then takes their outputs. kResourceExhausted at the context
+  // limit (nothing appended).
+  Status plan_next(const SamplingParams& sp, Rng& rng, int session, model::Step* st, std::vector<int32_t>* out,
+                   std::vector<TokenLogprob>* logprobs = nullptr, int top_n = -1);
+  bool awaiting_step() const { return round_.kind != Round::Kind::kNone; }
+  Status finish_next(const model::StepOutput& mine, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                     std::vector<TokenLogprob>* logprobs = nullptr, int top_n = -1);
+  // A shared step failed: the cache may hold part of it, so start over (drops prefix reuse).
+  void abandon_step() { reset(); }
+  model::SessionState* session() { return session_.get(); }
 
   // Positions the next emitted token will occupy / may occupy at most.
   int64_t n_generated_pos() const { return int64_t(history_.size()) + (pending_ ? 1 : 0); }
@@ -109,6 +140,7 @@ class Generator {
   bool dspark_available() const { return dspark_ok_; }
   // The scheduler's verify cost table (empty until given or measured).
   const VerifyCostTable& verify_cost() const { return cost_; }
+  void set_verify_cost(const VerifyCostTable& t) { cost_ = t; }
   // Times target verify steps of 1..B+1 decode rows at the session's next position (after a
   // prefill or emission; each step is rolled back) and a draft block, and keeps the table; a flat
   // table when the context has no room. Runs by itself at the first scheduled round when no table
@@ -121,8 +153,14 @@ class Generator {
   // the rings after a prefix-reuse rollback).
   Status commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
   void remember_taps(int64_t first_pos, const uint16_t* rows, int64_t n);
-  Status plain_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
-  Status dspark_step(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  void plan_plain(int session, model::Step* st);
+  Status finish_plain(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                      std::vector<TokenLogprob>* lp, int top_n);
+  Status plan_dspark(const SamplingParams& sp, Rng& rng, int session, model::Step* st);
+  Status finish_dspark(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
+                       std::vector<TokenLogprob>* lp, int top_n);
+  // The prompt is in: the disk KV cache checkpoint (when on).
+  void complete_prefill();
   // Drafted rows to verify this round (forced, or the scheduler over the confidences).
   // survival (optional): the S_j the scheduler used (empty for forced lengths).
   int64_t verify_len(const model::DraftOutput& d, bool greedy, std::vector<double>* survival = nullptr) const;
@@ -157,6 +195,26 @@ class Generator {
   const float* processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra = {});
   int backoff_next_ = 0;  // plain steps the next unpaying round imposes
   int backoff_left_ = 0;  // plain steps still to take before drafting again
+  // The prompt being prefilled (begin_prefill .. its last finish_prefill): positions
+  // [pf_next_, pf_end_) are still to run; pf_planned_ rows are in the step being built.
+  std::vector<int32_t> pf_prompt_;
+  const PromptEmbeddings* pf_embeds_ = nullptr;
+  int64_t pf_next_ = 0, pf_end_ = 0, pf_planned_ = 0, pf_replay_ = 0;
+  // The decode round between plan_next and finish_next.
+  struct Round {
+    enum class Kind { kNone, kPlain, kVerify } kind = Kind::kNone;
+    int64_t L = 0;                 // drafts verified (kVerify)
+    int32_t anchor = 0;
+    model::DraftOutput d;          // the draft block (kVerify)
+    std::vector<Candidates> q;     // the chain's distributions (sampled kVerify)
+    double t0 = 0, t1 = 0;         // draft start / end
+  } round_;
 };
+
+// The outputs of rows [first_row, first_row + n_rows) of a step, as if they had been a step of
+// their own: their logits rows, and their tap rows from max(first_row, the step's taps_first_row)
+// (taps_first_row relative to first_row). tap_w = n_taps * dim (0: no taps).
+model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int64_t first_row, int64_t n_rows, int64_t vocab,
+                          int64_t tap_w);
 
 }  // namespace fb::engine
