@@ -5,7 +5,9 @@
 #include <chrono>
 #include <random>
 
+#include "base/check.h"
 #include "base/log.h"
+#include "memory/plan.h"
 #include "engine/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
 #include "vision/span.h"
@@ -52,7 +54,22 @@ Engine::Engine(std::unique_ptr<model::Executor> ex, const tokenizer::Tokenizer& 
   // One generator up front so max_context and DSpark availability are known.
   gens_.push_back(std::make_unique<Generator>(*ex_, opt_.generator));
   gen_last_use_.push_back(0);
+  gen_busy_.push_back(false);
   max_context_ = gens_[0]->max_context();
+  kv_dspark_ = gens_[0]->dspark_available();
+  if (opt_.generator.prefill_chunk <= 0) opt_.generator.prefill_chunk = int(ex_->preferred_prefill_chunk());
+  if (opt_.mixed_prefill_rows <= 0) opt_.mixed_prefill_rows = std::max<int64_t>(16, opt_.generator.prefill_chunk / 4);
+  // The KV budget is a ledger of its own: the executors do not report their allocations to one
+  // yet, so what it admits is the spec/12 estimate of each active request's KV.
+  kv_tier_ = std::string(ex_->name()) == "cuda" ? memory::Tier::kHbm : memory::Tier::kHost;
+  if (opt_.kv_budget_bytes > 0) {
+    std::array<uint64_t, memory::kTierCount> t{};
+    t[size_t(kv_tier_)] = opt_.kv_budget_bytes;
+    kv_ledger_ = std::make_unique<memory::Ledger>(t);
+  }
+  stats_.max_sessions = opt_.max_sessions;
+  stats_.kv_budget_bytes = opt_.kv_budget_bytes;
+  stats_.sessions_cached = 1;
   stats_.dspark.accepted_hist.assign(size_t(std::max(0, ex_->config().dspark_block_size) + 1), 0);
   thread_ = std::thread([this] { loop(); });
 }
@@ -114,11 +131,22 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
     }
   }
   const int64_t n_images = int64_t(req.images.size());
+  // The session's KV at its longest (prompt + max_tokens, within the context): what admission
+  // grants. A request that could never fit the budget is refused now rather than waiting forever.
+  const int64_t kv_tokens = std::min<int64_t>(max_context_, int64_t(req.prompt.size()) + req.max_tokens);
+  const uint64_t kv_bytes = memory::session_kv_bytes(ex_->config(), kv_tokens, kv_dspark_);
+  if (opt_.kv_budget_bytes > 0 && kv_bytes > opt_.kv_budget_bytes)
+    return FB_ERROR(kResourceExhausted) << "the request's KV (" << kv_tokens << " positions, " << kv_bytes << " bytes) exceeds the KV budget of "
+                                        << opt_.kv_budget_bytes << " bytes (lower max_tokens or shorten the prompt)";
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return FB_ERROR(kCancelled) << "the engine is shutting down";
-  if (int64_t(queue_.size()) >= opt_.max_queue)
+  if (int64_t(queue_.size()) >= opt_.max_queue) {
+    ++stats_.queue_rejected;
     return FB_ERROR(kUnavailable) << "the server is busy: the request queue is full (" << opt_.max_queue << " waiting); retry later";
+  }
   Job j;
+  j.kv_bytes = kv_bytes;
+  j.t_submit = now_s();
   j.id = next_id_++;
   j.req = std::move(req);
   j.embeds = std::move(embeds);
@@ -146,29 +174,88 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+// An admitted request: its job, its session (a generator of gens_) and the state that turns its
+// tokens into events. Held by unique_ptr: the job's image prepare hook points into it.
+struct Engine::Active {
+  Job job;
+  size_t gen = 0;
+  bool has_gen = false;        // gen is this request's (busy) session
+  memory::Grant kv;            // the KV estimate, granted at admission (empty without a budget)
+  bool prefilling = true;
+  bool finished = false;
+  tokenizer::StreamDecoder dec;
+  tokenizer::OutputParser parser;
+  StopStrings stops;
+  Rng rng;
+  bool in_reasoning = false, saw_call = false;
+  FinishReason reason = FinishReason::kStop;
+  Event done;
+  DsparkCounters before;       // the generator's counters at admission (per-request deltas)
+  double t_admit = 0, t_first = 0, t_last = 0;
+  bool prefill_round = false;  // its prefill chunk is in this round's step
+  int64_t row0 = 0, n_rows = 0, step_session = -1;  // this round's rows and session index
+  std::vector<int32_t> toks;
+  std::vector<TokenLogprob> lps;
+  Active(Job j, const tokenizer::Tokenizer& tok)
+      : job(std::move(j)), dec(tok), parser(job.req.thinking), stops(job.req.stop),
+        rng(job.req.sampling.seed ? *job.req.sampling.seed : std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)),
+        in_reasoning(job.req.thinking) {
+    done.kind = Event::Kind::kDone;
+    done.usage.prompt_tokens = int64_t(job.req.prompt.size());
+  }
+};
+
 void Engine::loop() {
+  std::vector<std::unique_ptr<Active>> active;  // in admission order (the prefill order)
   for (;;) {
-    Job job;
+    std::vector<std::unique_ptr<Active>> admitted;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      if (active.empty()) cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (active.empty() && queue_.empty()) return;  // stopping and drained
+      // Cancelled jobs leave the queue at once, whatever the capacity (they need no session).
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (!it->cancelled->load()) {
+          ++it;
+          continue;
+        }
+        admitted.push_back(std::make_unique<Active>(std::move(*it), *tok_));
+        it = queue_.erase(it);
+      }
+      // FIFO admission: the head waits for a free session and for its KV to fit (no overtaking,
+      // so a large request is not starved by small ones).
+      while (!queue_.empty() && int(active.size() + admitted.size()) < opt_.max_sessions) {
+        memory::Grant g;
+        if (kv_ledger_) {
+          auto r = kv_ledger_->admit(kv_tier_, memory::Kind::kMandatory, queue_.front().kv_bytes, "session KV");
+          if (!r.ok()) break;  // submit() refused what can never fit: an active request frees some
+          g = std::move(r).value();
+        }
+        admitted.push_back(std::make_unique<Active>(std::move(queue_.front()), *tok_));
+        admitted.back()->kv = std::move(g);
+        queue_.pop_front();
+      }
       stats_.queue_depth = int64_t(queue_.size());
-      stats_.active = 1;
     }
-    run(job);
+    for (auto& a : admitted)
+      if (start(*a)) active.push_back(std::move(a));
+    if (!active.empty()) round(active);
+    // Finished requests leave; their sessions stay cached for prefix reuse.
+    std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
     std::lock_guard<std::mutex> l(mu_);
-    live_.erase(job.id);
-    stats_.active = 0;
+    stats_.active = int64_t(active.size());
+    stats_.active_rates.clear();
+    const double t = now_s();
+    for (auto& a : active)
+      if (a->t_first > 0 && t > a->t_first) stats_.active_rates.push_back({a->job.id, double(a->done.usage.completion_tokens - 1) / (t - a->t_first)});
   }
 }
 
-Generator& Engine::pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds) {
-  size_t best = 0;
+size_t Engine::pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds) {
+  size_t best = gens_.size();
   int64_t best_len = -1;
   for (size_t i = 0; i < gens_.size(); ++i) {
+    if (gen_busy_[i]) continue;
     const int64_t c = gens_[i]->reusable_prefix(prompt, embeds);
     if (c > best_len) {
       best_len = c;
@@ -178,12 +265,19 @@ Generator& Engine::pick_generator(const std::vector<int32_t>& prompt, const Prom
   if (best_len <= 0 && int(gens_.size()) < opt_.max_sessions) {
     gens_.push_back(std::make_unique<Generator>(*ex_, opt_.generator));
     gen_last_use_.push_back(0);
+    gen_busy_.push_back(false);
     best = gens_.size() - 1;
   } else if (best_len <= 0) {
-    best = size_t(std::min_element(gen_last_use_.begin(), gen_last_use_.end()) - gen_last_use_.begin());
+    uint64_t oldest = UINT64_MAX;
+    for (size_t i = 0; i < gens_.size(); ++i)
+      if (!gen_busy_[i] && gen_last_use_[i] < oldest) {
+        oldest = gen_last_use_[i];
+        best = i;
+      }
   }
+  FB_CHECK_LT(best, gens_.size()) << "no idle session (admission keeps active < max_sessions)";
   gen_last_use_[best] = ++use_clock_;
-  return *gens_[best];
+  return best;
 }
 
 Status Engine::encode_images(Job& job, int64_t first_pos) {
@@ -221,30 +315,22 @@ Status Engine::encode_images(Job& job, int64_t first_pos) {
   return Status();
 }
 
-void Engine::run(Job& job) {
+bool Engine::start(Active& a) {
+  Job& job = a.job;
+  a.t_admit = now_s();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.queue_wait_s += a.t_admit - job.t_submit;
+    ++stats_.queue_waits;
+  }
+  if (job.cancelled->load()) {
+    end(a);
+    return false;
+  }
   const Request& req = job.req;
-  auto send = [&](Event e) { job.sink(e); };
-  auto fail = [&](const Status& s) {
-    Event e;
-    e.kind = Event::Kind::kError;
-    e.status = s;
-    send(std::move(e));
-    std::lock_guard<std::mutex> l(mu_);
-    ++stats_.requests_failed;
-  };
-  Event done;
-  done.kind = Event::Kind::kDone;
-  done.usage.prompt_tokens = int64_t(req.prompt.size());
-  auto finish_cancelled = [&] {
-    done.finish = FinishReason::kCancelled;
-    send(done);
-    std::lock_guard<std::mutex> l(mu_);
-    ++stats_.requests_cancelled;
-  };
-  if (job.cancelled->load()) return finish_cancelled();
   if (!req.images.empty()) {
-    // The tower runs inside prefill, once the reused prefix is known (cached images are skipped);
-    // the rows are allocated now (zeros where an image is not encoded: those rows are not read).
+    // The tower runs inside begin_prefill, once the reused prefix is known (cached images are
+    // skipped); the rows are allocated now (zeros where an image is not encoded: never read).
     const int64_t n_rows = std::count_if(job.embeds.row.begin(), job.embeds.row.end(), [](int32_t r) { return r >= 0; });
     job.embeds.data.assign(size_t(n_rows * ex_->config().dim), 0);
     job.embeds.prepare = [this, &job](int64_t first_pos) {
@@ -255,145 +341,307 @@ void Engine::run(Job& job) {
       return es;
     };
   }
-
   const PromptEmbeddings* embeds = job.embeds.row.empty() ? nullptr : &job.embeds;
-  Generator& gen = pick_generator(req.prompt, embeds);
-  const DsparkCounters before = gen.counters();
+  a.gen = pick_generator(req.prompt, embeds);
+  a.has_gen = true;
+  gen_busy_[a.gen] = true;
+  Generator& gen = *gens_[a.gen];
+  a.before = gen.counters();
+  Status s = gen.begin_prefill(req.prompt, embeds);
+  if (!s.ok()) {
+    end(a, s.code() == StatusCode::kCancelled ? Status() : s);
+    return false;
+  }
+  a.done.usage.cached_tokens = gen.reused_tokens();
+  a.prefilling = gen.prefill_rows_left() > 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.sessions_cached = int64_t(gens_.size());
+    stats_.kv_admitted_bytes += a.kv.bytes();
+  }
+  return true;
+}
+
+void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
   const double t0 = now_s();
-  Status s = gen.prefill(req.prompt, [&](int64_t d, int64_t t) {
-    Event e;
-    e.kind = Event::Kind::kPrefill;
-    e.done = d;
-    e.total = t;
-    send(std::move(e));
-    return !job.cancelled->load();
-  }, embeds);
+  model::Step st;
+  std::vector<model::SessionState*> sess;
+  std::vector<Active*> in_step;
+  // Cancellation is seen once per round: the request ends before its next rows are planned.
+  for (auto& a : active)
+    if (!a->finished && a->job.cancelled->load()) {
+      a->reason = FinishReason::kCancelled;
+      end(*a);
+    }
+  // One prefill chunk, of the oldest prompt still prefilling, opens the step (its tap rows start
+  // the step's taps_from_row). Next to decode rows it is cut to mixed_prefill_rows so the other
+  // sessions' next tokens are not held up by a whole chunk.
+  int64_t decoding = 0;
+  for (auto& a : active) decoding += !a->finished && !a->prefilling;
+  for (auto& a : active) {
+    a->prefill_round = false;
+    if (a->finished || !a->prefilling) continue;
+    gens_[a->gen]->plan_prefill(decoding > 0 ? opt_.mixed_prefill_rows : opt_.generator.prefill_chunk, 0, &st);
+    a->prefill_round = true;
+    a->row0 = 0;
+    a->n_rows = int64_t(st.rows.size());
+    a->step_session = 0;
+    sess.push_back(gens_[a->gen]->session());
+    in_step.push_back(a.get());
+    break;
+  }
+  const int64_t prefill_rows = int64_t(st.rows.size());
+  // Every decoding session's rows: one decode row, or a DSpark verify block (drafted now).
+  for (auto& ap : active) {
+    Active& a = *ap;
+    if (a.finished || a.prefilling) continue;
+    Generator& gen = *gens_[a.gen];
+    a.toks.clear();
+    a.lps.clear();
+    // The verify cost table belongs to the executor, not the session: a session takes the one
+    // measured already instead of timing its own (the schedule never changes greedy output).
+    if (gen.verify_cost().empty() && !verify_cost_.empty()) gen.set_verify_cost(verify_cost_);
+    const int64_t r0 = int64_t(st.rows.size());
+    Status s = gen.plan_next(a.job.req.sampling, a.rng, int(sess.size()), &st, &a.toks, &a.lps, a.job.req.logprobs);
+    if (s.code() == StatusCode::kResourceExhausted) {  // context limit
+      a.reason = FinishReason::kLength;
+      end(a);
+      continue;
+    }
+    if (!s.ok()) {
+      end(a, s);
+      continue;
+    }
+    if (verify_cost_.empty()) verify_cost_ = gen.verify_cost();
+    if (!gen.awaiting_step()) {  // emitted from the logits a prefill left
+      deliver(a, a.toks, a.lps);
+      continue;
+    }
+    a.row0 = r0;
+    a.n_rows = int64_t(st.rows.size()) - r0;
+    a.step_session = int64_t(sess.size());
+    sess.push_back(gen.session());
+    in_step.push_back(&a);
+  }
+  if (st.rows.empty()) return;
+  const double ts = now_s();
+  auto r = ex_->forward(st, sess, nullptr);
+  const double te = now_s();
+  const int64_t V = ex_->config().vocab_size;
+  const int64_t tap_w = int64_t(ex_->config().dspark_target_layer_ids.size()) * ex_->config().dim;
+  const int64_t n = int64_t(st.rows.size());
+  for (Active* ap : in_step) {
+    Active& a = *ap;
+    Generator& gen = *gens_[a.gen];
+    if (!r.ok()) {
+      // The caches of every session in the step may hold part of it: each starts over.
+      gen.abandon_step();
+      end(a, r.status());
+      continue;
+    }
+    const model::StepOutput mine = in_step.size() == 1 ? *r : rows_of(*r, n, a.row0, a.n_rows, V, tap_w);
+    if (a.prefill_round) {
+      Status s = gen.finish_prefill(mine);
+      if (!s.ok()) {
+        end(a, s);
+        continue;
+      }
+      Event e;
+      e.kind = Event::Kind::kPrefill;
+      e.done = gen.prefill_done();
+      e.total = gen.prefill_total();
+      a.job.sink(e);
+      if (gen.prefill_rows_left() > 0) continue;
+      a.prefilling = false;
+      // The first token comes from the prompt's last logits now (time to first token), not a
+      // round later.
+      a.toks.clear();
+      a.lps.clear();
+      model::Step none;
+      s = gen.plan_next(a.job.req.sampling, a.rng, 0, &none, &a.toks, &a.lps, a.job.req.logprobs);
+      FB_CHECK(none.rows.empty() && !gen.awaiting_step()) << "the first token after a prefill needs no step";
+      if (!s.ok()) {
+        end(a, s);
+        continue;
+      }
+      deliver(a, a.toks, a.lps);
+      continue;
+    }
+    a.toks.clear();
+    a.lps.clear();
+    Status s = gen.finish_next(mine, a.job.req.sampling, a.rng, &a.toks, &a.lps, a.job.req.logprobs);
+    if (!s.ok()) {
+      end(a, s);
+      continue;
+    }
+    deliver(a, a.toks, a.lps);
+  }
   const double t1 = now_s();
-  if (s.code() == StatusCode::kCancelled) return finish_cancelled();
-  if (!s.ok()) return fail(s);
-  done.usage.cached_tokens = gen.reused_tokens();
+  std::lock_guard<std::mutex> l(mu_);
+  ++stats_.steps;
+  stats_.step_rows += n;
+  stats_.step_prefill_rows += prefill_rows;
+  stats_.step_decode_rows += n - prefill_rows;
+  stats_.step_sessions += int64_t(sess.size());
+  stats_.step_s += te - ts;
+  (prefill_rows > 0 ? stats_.prefill_s : stats_.decode_s) += t1 - t0;
+}
 
-  tokenizer::StreamDecoder dec(*tok_);
-  tokenizer::OutputParser parser(req.thinking);
-  StopStrings stops(req.stop);
-  Rng rng(req.sampling.seed ? *req.sampling.seed : std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32));
-  bool in_reasoning = req.thinking, saw_call = false, finished = false;
-  FinishReason reason = FinishReason::kStop;
-
+void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vector<TokenLogprob>& lps) {
+  const Request& req = a.job.req;
+  const int64_t eos = ex_->config().eos_token_id;
+  const double t = now_s();
+  if (a.t_first == 0 && !toks.empty()) {
+    a.t_first = t;
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.ttft_s += t - a.job.t_submit;
+    ++stats_.ttfts;
+  }
+  if (!toks.empty()) a.t_last = t;
   // Routes parser events to the sink; answer text goes through the stop strings first.
   auto route = [&](std::vector<tokenizer::OutputEvent> evs) {
     for (auto& oe : evs) {
-      if (stops.stopped()) return;
+      if (a.stops.stopped()) return;
       Event e;
       if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
         if (oe.text.empty()) continue;
         e.kind = Event::Kind::kReasoning;
         e.text = std::move(oe.text);
       } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
-        in_reasoning = false;
+        a.in_reasoning = false;
         e.kind = Event::Kind::kText;
-        e.text = stops.feed(oe.text);
-        if (stops.stopped()) {
-          reason = FinishReason::kStopString;
-          finished = true;
-          done.stop_matched = stops.matched();
+        e.text = a.stops.feed(oe.text);
+        if (a.stops.stopped()) {
+          a.reason = FinishReason::kStopString;
+          a.finished = true;
+          a.done.stop_matched = a.stops.matched();
         }
         if (e.text.empty()) continue;
       } else {
-        in_reasoning = false;
-        saw_call = true;
+        a.in_reasoning = false;
+        a.saw_call = true;
         e.kind = Event::Kind::kToolCall;
         e.call = std::move(oe.call);
       }
-      send(std::move(e));
+      a.job.sink(e);
     }
   };
-
-  std::vector<int32_t> toks;
-  std::vector<TokenLogprob> lps;
-  const int64_t eos = ex_->config().eos_token_id;
-  while (!finished) {
-    if (job.cancelled->load()) {
-      reason = FinishReason::kCancelled;
+  // spec/13 §6.4: scan a DSpark block in order; the first stop ends the request there.
+  for (size_t i = 0; i < toks.size() && !a.finished; ++i) {
+    const int32_t t = toks[i];
+    ++a.done.usage.completion_tokens;
+    if (a.in_reasoning) ++a.done.usage.reasoning_tokens;
+    if (req.logprobs >= 0 && i < lps.size()) {
+      Event e;
+      e.kind = Event::Kind::kLogprob;
+      auto info = [&](int32_t id, double lp) {
+        TokenInfo ti;
+        ti.id = id;
+        ti.bytes = tok_->is_valid_id(id) ? tok_->token_bytes(id) : std::string();
+        const int32_t one[1] = {id};
+        ti.text = tok_->is_valid_id(id) ? tok_->decode(one) : std::string();
+        ti.logprob = lp;
+        return ti;
+      };
+      e.token = info(t, lps[i].logprob);
+      for (auto& [id, lp] : lps[i].top) e.token.top.push_back(info(id, lp));
+      a.job.sink(e);
+    }
+    if (t == eos) {
+      a.reason = FinishReason::kStop;
+      a.finished = true;
       break;
     }
-    toks.clear();
-    lps.clear();
-    Status st = gen.next(req.sampling, rng, &toks, &lps, req.logprobs);
-    if (st.code() == StatusCode::kResourceExhausted) {  // context limit
-      reason = FinishReason::kLength;
-      break;
-    }
-    if (!st.ok()) {
-      fail(st);
-      return;
-    }
-    // spec/13 §6.4: scan a DSpark block in order; the first stop ends the request there.
-    for (size_t i = 0; i < toks.size() && !finished; ++i) {
-      const int32_t t = toks[i];
-      ++done.usage.completion_tokens;
-      if (in_reasoning) ++done.usage.reasoning_tokens;
-      if (req.logprobs >= 0 && i < lps.size()) {
-        Event e;
-        e.kind = Event::Kind::kLogprob;
-        auto info = [&](int32_t id, double lp) {
-          TokenInfo ti;
-          ti.id = id;
-          ti.bytes = tok_->is_valid_id(id) ? tok_->token_bytes(id) : std::string();
-          const int32_t one[1] = {id};
-          ti.text = tok_->is_valid_id(id) ? tok_->decode(one) : std::string();
-          ti.logprob = lp;
-          return ti;
-        };
-        e.token = info(t, lps[i].logprob);
-        for (auto& [id, lp] : lps[i].top) e.token.top.push_back(info(id, lp));
-        send(std::move(e));
-      }
-      if (t == eos) {
-        reason = FinishReason::kStop;
-        finished = true;
-        break;
-      }
-      route(parser.feed(tok_->is_valid_id(t) ? dec.push(t) : std::string()));
-      if (finished) break;
-      if (done.usage.completion_tokens >= req.max_tokens) {
-        reason = FinishReason::kLength;
-        finished = true;
-      }
+    route(a.parser.feed(tok_->is_valid_id(t) ? a.dec.push(t) : std::string()));
+    if (a.finished) break;
+    if (a.done.usage.completion_tokens >= req.max_tokens) {
+      a.reason = FinishReason::kLength;
+      a.finished = true;
     }
   }
-  if (reason != FinishReason::kStopString && reason != FinishReason::kCancelled) {
-    route(parser.feed(dec.finish()));
-    route(parser.finish());
-    if (!stops.stopped()) {
-      std::string tail = stops.finish();
+  if (a.finished) end(a);
+}
+
+void Engine::end(Active& a, const Status& err) {
+  a.finished = true;
+  Job& job = a.job;
+  const bool had_session = a.has_gen;
+  if (a.has_gen) gen_busy_[a.gen] = false;  // idle now: cached for prefix reuse
+  a.has_gen = false;
+  const uint64_t granted = a.kv.bytes();
+  a.kv.release();
+  if (!err.ok()) {
+    Event e;
+    e.kind = Event::Kind::kError;
+    e.status = err;
+    job.sink(e);
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.requests_failed;
+    stats_.kv_admitted_bytes -= std::min(stats_.kv_admitted_bytes, granted);
+    live_.erase(job.id);
+    return;
+  }
+  if (job.cancelled->load() && a.reason != FinishReason::kStopString) a.reason = FinishReason::kCancelled;
+  if (a.reason != FinishReason::kStopString && a.reason != FinishReason::kCancelled) {
+    auto flush = [&](std::vector<tokenizer::OutputEvent> evs) {
+      for (auto& oe : evs) {
+        Event e;
+        if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
+          if (oe.text.empty()) continue;
+          e.kind = Event::Kind::kReasoning;
+          e.text = std::move(oe.text);
+        } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
+          e.kind = Event::Kind::kText;
+          e.text = a.stops.feed(oe.text);
+          if (a.stops.stopped()) {
+            a.reason = FinishReason::kStopString;
+            a.done.stop_matched = a.stops.matched();
+          }
+          if (e.text.empty()) continue;
+        } else {
+          a.saw_call = true;
+          e.kind = Event::Kind::kToolCall;
+          e.call = std::move(oe.call);
+        }
+        job.sink(e);
+        if (a.stops.stopped()) return;
+      }
+    };
+    flush(a.parser.feed(a.dec.finish()));
+    if (!a.stops.stopped()) flush(a.parser.finish());
+    if (!a.stops.stopped()) {
+      std::string tail = a.stops.finish();
       if (!tail.empty()) {
         Event e;
         e.kind = Event::Kind::kText;
         e.text = std::move(tail);
-        send(std::move(e));
+        job.sink(e);
       }
-    } else {
-      reason = FinishReason::kStopString;
     }
   }
-  if (reason == FinishReason::kStop && saw_call) reason = FinishReason::kToolCalls;
-  const double t2 = now_s();
-  done.finish = reason;
+  if (a.reason == FinishReason::kStop && a.saw_call) a.reason = FinishReason::kToolCalls;
+  a.done.finish = a.reason;
   {
     std::lock_guard<std::mutex> l(mu_);
-    stats_.prompt_tokens += done.usage.prompt_tokens;
-    stats_.cached_tokens += done.usage.cached_tokens;
-    stats_.prefill_tokens += done.usage.prompt_tokens - done.usage.cached_tokens;
-    stats_.generated_tokens += done.usage.completion_tokens;
-    stats_.prefill_s += t1 - t0;
-    stats_.decode_s += t2 - t1;
-    stats_.dspark.add_since(gen.counters(), before);
-    stats_.kv_restored_tokens += gen.restored_tokens();
-    if (opt_.generator.kv_store) stats_.kv = opt_.generator.kv_store->stats();  // engine thread: the store's owner
-    if (reason == FinishReason::kCancelled) ++stats_.requests_cancelled;
+    stats_.kv_admitted_bytes -= std::min(stats_.kv_admitted_bytes, granted);
+    if (had_session && (a.done.usage.completion_tokens > 0 || a.reason != FinishReason::kCancelled)) {
+      Generator& gen = *gens_[a.gen];
+      stats_.prompt_tokens += a.done.usage.prompt_tokens;
+      stats_.cached_tokens += a.done.usage.cached_tokens;
+      stats_.prefill_tokens += a.done.usage.prompt_tokens - a.done.usage.cached_tokens;
+      stats_.generated_tokens += a.done.usage.completion_tokens;
+      stats_.dspark.add_since(gen.counters(), a.before);
+      stats_.kv_restored_tokens += gen.restored_tokens();
+      if (opt_.generator.kv_store) stats_.kv = opt_.generator.kv_store->stats();  // engine thread: the store's owner
+    }
+    if (a.t_first > 0 && a.t_last > a.t_first) {
+      stats_.session_tok_s += double(a.done.usage.completion_tokens - 1) / (a.t_last - a.t_first);
+      ++stats_.session_rates;
+    }
+    if (a.reason == FinishReason::kCancelled) ++stats_.requests_cancelled;
+    live_.erase(job.id);
   }
-  send(done);
+  job.sink(a.done);
 }
 
 }  // namespace fb::engine

@@ -1,8 +1,13 @@
 // Engine: the one thread that owns the Executor and every session (DESIGN-AHEAD item 5). Callers
 // (server, CLI, benchmarks) talk to it through a narrow interface: submit(Request, sink) puts
 // token ids in; events come out (prefill progress, reasoning and answer text, tool calls,
-// logprobs, then exactly one terminal Done or Error). Cancellation is a message. One active
-// generation at a time (a FIFO queue); several cached sessions give prefix reuse across turns.
+// logprobs, then exactly one terminal Done or Error). Cancellation is a message.
+// Several sessions at once (issue 20): the thread runs ROUNDS; each round is one forward step
+// carrying the decode (or DSpark verify) rows of every active session plus, while prompts wait,
+// one prefill chunk of the oldest prompt. A request is admitted from the FIFO queue when a
+// session is free (--max-sessions) and its KV estimate fits the budget; it is never preempted.
+// Outputs never depend on the batching: each session's rows are computed as if alone (the
+// executors are row-invariant; engine_batch_test checks it).
 #pragma once
 
 #include <atomic>
@@ -20,6 +25,7 @@
 #include "base/status.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
+#include "memory/ledger.h"
 #include "model/executor.h"
 #include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
@@ -84,8 +90,18 @@ using EventSink = std::function<void(const Event&)>;
 
 struct EngineOptions {
   GeneratorOptions generator;
-  int max_sessions = 2;   // cached sessions (prefix reuse); each holds a full KV cache
-  int max_queue = 64;     // waiting requests before submit() refuses (kUnavailable)
+  // Sessions generating at once; each holds its own KV. Finished sessions stay cached (prefix
+  // reuse across turns) until a new request needs the slot.
+  int max_sessions = 8;
+  int max_queue = 64;     // waiting requests before submit() refuses (kUnavailable -> HTTP 429)
+  // KV admission through a memory::Ledger: a request's session KV at prompt + max_tokens
+  // positions (memory::session_kv_bytes, spec/12 sizes) is granted before it starts; requests
+  // wait in the queue while the budget is short. 0: no byte limit (max_sessions only).
+  uint64_t kv_budget_bytes = 0;
+  // [policy] Prompt rows in a step that also carries decode rows: bounds the other sessions'
+  // inter-token latency while a prompt prefills. 0: a quarter of the prefill chunk (at least 16).
+  // A step without decode rows takes a whole prefill chunk.
+  int64_t mixed_prefill_rows = 0;
 };
 
 struct EngineStats {
@@ -96,7 +112,22 @@ struct EngineStats {
   int64_t images = 0, image_rows = 0;  // images in accepted requests / their span rows
   int64_t images_encoded = 0;          // tower runs (images whose KV was reused are not encoded)
   double image_encode_s = 0;           // the vision tower on the engine thread
-  double prefill_s = 0, decode_s = 0;
+  double prefill_s = 0, decode_s = 0;   // rounds whose step carried prompt rows / only decode rows
+  // Sessions (issue 20).
+  int64_t max_sessions = 0, sessions_cached = 0;  // the limit / sessions holding a KV cache
+  uint64_t kv_budget_bytes = 0, kv_admitted_bytes = 0;  // the budget (0: none) / granted to active requests
+  int64_t queue_rejected = 0;          // submits refused because the queue was full (429)
+  int64_t steps = 0, step_rows = 0, step_prefill_rows = 0, step_decode_rows = 0;
+  int64_t step_sessions = 0;           // sum over steps of the sessions in the step
+  double step_s = 0;                   // time in forward steps
+  double queue_wait_s = 0;  int64_t queue_waits = 0;     // submit -> admitted
+  double ttft_s = 0;        int64_t ttfts = 0;           // submit -> first token
+  double session_tok_s = 0; int64_t session_rates = 0;   // per finished request: tokens/s after the first
+  struct SessionRate {
+    uint64_t id = 0;
+    double tok_s = 0;  // tokens after the first / time since the first
+  };
+  std::vector<SessionRate> active_rates;  // active requests that have emitted tokens
   DsparkCounters dspark;
   KvStoreStats kv;                   // the disk KV cache (--kv-cache), as of the last request
   int64_t kv_restored_tokens = 0;    // prompt positions restored from it
@@ -124,18 +155,31 @@ class Engine {
  private:
   struct Job {
     uint64_t id = 0;
-    Request req;              // req.images: patches until run() encodes them into embeds.data
+    Request req;              // req.images: patches until start() encodes them into embeds.data
     PromptEmbeddings embeds;  // from req.images (row empty: text only)
     EventSink sink;
     std::shared_ptr<std::atomic<bool>> cancelled;
+    uint64_t kv_bytes = 0;    // the KV estimate admission grants
+    double t_submit = 0;
   };
+  struct Active;  // an admitted request and its session (engine.cpp)
   void loop();
-  void run(Job& job);
+  // Admitted: picks a session and begins its prefill (false: the request already ended).
+  bool start(Active& a);
+  // One round: one step over every active session's rows (plus one prefill chunk).
+  void round(std::vector<std::unique_ptr<Active>>& active);
+  // Routes emitted tokens to the request's events; marks it finished on EOS, a stop string or
+  // max_tokens.
+  void deliver(Active& a, const std::vector<int32_t>& toks, const std::vector<TokenLogprob>& lps);
+  // Ends a request: flushes its text, sends Done (or Error when !err.ok()), frees its session.
+  void end(Active& a, const Status& err = Status());
   // Runs the tower over the job's images whose span reaches position first_pos or later, into
   // their rows of job.embeds.data (engine thread; called by the generator's prefill once it knows
   // how much of the prompt it reuses, so a cached image is not encoded again).
   Status encode_images(Job& job, int64_t first_pos);
-  Generator& pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds);
+  // An idle session for the prompt: the cached one with the longest reusable prefix, a new one
+  // while fewer than max_sessions exist, else the least recently used idle one.
+  size_t pick_generator(const std::vector<int32_t>& prompt, const PromptEmbeddings* embeds);
 
   std::unique_ptr<model::Executor> ex_;
   const tokenizer::Tokenizer* tok_;
@@ -144,7 +188,12 @@ class Engine {
   std::vector<std::unique_ptr<Generator>> gens_;  // engine thread only
   std::vector<uint16_t> span_markers_;            // engine thread only: bf16 [3, dim], fetched once
   std::vector<uint64_t> gen_last_use_;
+  std::vector<bool> gen_busy_;                    // engine thread only: serving an active request
   uint64_t use_clock_ = 0;
+  memory::Tier kv_tier_ = memory::Tier::kHost;    // where the executor keeps KV (the ledger's name for it)
+  std::unique_ptr<memory::Ledger> kv_ledger_;     // null: no byte budget
+  VerifyCostTable verify_cost_;                   // engine thread only: the first one a session measured
+  bool kv_dspark_ = false;                        // sessions hold draft rings (the KV estimate counts them)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,215 @@
+// Several sessions at once (issue 20) through the Engine on the CPU executor and the built-in tiny
+// model: greedy answers (tokens AND logprobs) of requests that share steps equal their solo runs
+// bit for bit, with DSpark on and off and prompts prefilled in chunks next to other sessions'
+// decode rows; a cancelled request frees its session for a waiting one; a full queue refuses and
+// the engine recovers; the KV budget admits by the spec/12 estimate.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/executor_factory.h"
+#include "memory/plan.h"
+#include "tiny_model_util.h"
+#include "tokenizer/test_assets.h"
+
+namespace fb::engine {
+namespace {
+
+using tokenizer::v41_tokenizer;
+
+const std::string& model_dir() {
+  static const std::string dir = [] {
+    auto d = testing_util::write_test_tiny_model("fb_engine_batch", 7, false);
+    FB_CHECK(d.ok()) << d.status().to_string();
+    return *d;
+  }();
+  return dir;
+}
+
+std::unique_ptr<Engine> make_engine(int max_sessions, bool dspark, int max_queue = 64, uint64_t kv_budget = 0) {
+  auto ex = make_executor("cpu", model_dir());
+  FB_CHECK(ex.ok()) << ex.status().to_string();
+  EngineOptions o;
+  o.max_sessions = max_sessions;
+  o.max_queue = max_queue;
+  o.kv_budget_bytes = kv_budget;
+  o.generator.dspark = dspark;
+  // Small chunks so prompts take several steps and share them with other sessions' decode rows.
+  o.generator.prefill_chunk = 16;
+  o.mixed_prefill_rows = 5;
+  return std::make_unique<Engine>(std::move(*ex), v41_tokenizer(), o);
+}
+
+Request req(const std::string& user, int64_t max_tokens) {
+  Request r;
+  r.prompt = v41_tokenizer().encode("<｜begin▁of▁sentence｜><｜User｜>" + user + "<｜Assistant｜></think>");
+  r.sampling.temperature = 0;
+  r.max_tokens = max_tokens;
+  r.logprobs = 3;
+  return r;
+}
+
+struct Answer {
+  std::vector<int32_t> ids;
+  std::vector<double> logprobs;  // the token's, then its top 3 (ids and values)
+  std::vector<int32_t> top_ids;
+  FinishReason finish = FinishReason::kStop;
+  bool ok = false;
+};
+
+Answer wait_answer(EventQueue& q) {
+  Answer a;
+  Event ev;
+  while (q.pop(&ev, 60000)) {
+    if (ev.kind == Event::Kind::kLogprob) {
+      a.ids.push_back(ev.token.id);
+      a.logprobs.push_back(ev.token.logprob);
+      for (auto& t : ev.token.top) {
+        a.top_ids.push_back(t.id);
+        a.logprobs.push_back(t.logprob);
+      }
+    }
+    if (ev.kind == Event::Kind::kError) return a;
+    if (ev.kind == Event::Kind::kDone) {
+      a.finish = ev.finish;
+      a.ok = true;
+      return a;
+    }
+  }
+  return a;
+}
+
+// Different lengths (several prefill chunks each) and different answer lengths.
+std::vector<Request> workload() {
+  const char* users[] = {
+      "Hello",
+      "Tell me about the sea and the sky in a few words, please, and do not hurry.",
+      "What is two plus two?",
+      "Write a short poem about a cat that sits on a warm windowsill in the afternoon sun while the city hums below.",
+      "Explain DSpark.",
+      "Name three colours.",
+      "Why is the sky blue? Give a long and careful answer with several steps of reasoning and an example or two.",
+      "Count: one two three four five six seven eight nine ten eleven twelve",
+  };
+  std::vector<Request> rs;
+  for (int i = 0; i < 8; ++i) rs.push_back(req(users[i], 6 + 3 * (i % 4)));
+  return rs;
+}
+
+void expect_same(const Answer& solo, const Answer& batched, int i) {
+  ASSERT_TRUE(solo.ok && batched.ok) << "request " << i;
+  EXPECT_EQ(solo.ids, batched.ids) << "request " << i << ": tokens differ when batched";
+  EXPECT_EQ(solo.top_ids, batched.top_ids) << "request " << i;
+  ASSERT_EQ(solo.logprobs.size(), batched.logprobs.size()) << "request " << i;
+  for (size_t k = 0; k < solo.logprobs.size(); ++k)  // bit for bit, not within a tolerance
+    EXPECT_EQ(solo.logprobs[k], batched.logprobs[k]) << "request " << i << " logprob " << k;
+  EXPECT_EQ(solo.finish, batched.finish) << "request " << i;
+}
+
+// Waits until `pred(stats)` holds (the engine thread updates them between rounds).
+template <class P>
+bool eventually(Engine& e, P pred) {
+  for (int i = 0; i < 3000; ++i) {
+    if (pred(e.stats())) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+class EngineBatch : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EngineBatch, ConcurrentGreedyEqualsSolo) {
+  const bool dspark = GetParam();
+  const std::vector<Request> rs = workload();
+  std::vector<Answer> solo;
+  {
+    auto e = make_engine(1, dspark);
+    for (const Request& r : rs) {
+      EventQueue q;
+      ASSERT_TRUE(e->submit(r, q.sink()).ok());
+      solo.push_back(wait_answer(q));
+    }
+    EXPECT_EQ(e->stats().step_sessions, e->stats().steps) << "one session: one session per step";
+  }
+  auto e = make_engine(8, dspark);
+  std::vector<EventQueue> qs(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) ASSERT_TRUE(e->submit(rs[i], qs[i].sink()).ok());
+  for (size_t i = 0; i < rs.size(); ++i) expect_same(solo[i], wait_answer(qs[i]), int(i));
+  const EngineStats s = e->stats();
+  // The steps really were shared (else this test would prove nothing), and prompts were
+  // prefilled next to decode rows.
+  EXPECT_GT(double(s.step_sessions) / double(s.steps), 2.0) << s.step_sessions << " sessions in " << s.steps << " steps";
+  EXPECT_GT(s.step_prefill_rows, 0);
+  EXPECT_GT(s.step_decode_rows, 0);
+  EXPECT_EQ(s.ttfts, int64_t(rs.size()));
+  EXPECT_TRUE(eventually(*e, [](const EngineStats& s) { return s.active == 0 && s.kv_admitted_bytes == 0; }));
+  EXPECT_LE(s.sessions_cached, 8);
+  if (dspark) EXPECT_GT(s.dspark.steps, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dspark, EngineBatch, ::testing::Bool(), [](const auto& i) { return i.param ? "on" : "off"; });
+
+TEST(EngineSessions, CancelFreesTheSessionForAWaitingRequest) {
+  auto e = make_engine(2, true);
+  EventQueue qa, qb, qc;
+  auto a = e->submit(req("Tell a very long story about everything.", 100000), qa.sink());
+  auto b = e->submit(req("Tell another very long story.", 100000), qb.sink());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(eventually(*e, [](const EngineStats& s) { return s.active == 2 && s.ttfts == 2; }));
+  ASSERT_TRUE(e->submit(req("Hello", 4), qc.sink()).ok());
+  // Both sessions are busy: the third request waits, whatever the rounds do meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(e->stats().queue_depth, 1);
+  e->cancel(*a);
+  EXPECT_EQ(wait_answer(qa).finish, FinishReason::kCancelled);
+  const Answer c = wait_answer(qc);  // admitted into the freed session and completed
+  EXPECT_TRUE(c.ok);
+  EXPECT_EQ(c.finish, FinishReason::kLength);
+  EXPECT_EQ(c.ids.size(), 4u);
+  e->cancel(*b);
+  EXPECT_EQ(wait_answer(qb).finish, FinishReason::kCancelled);
+  EXPECT_TRUE(eventually(*e, [](const EngineStats& s) { return s.active == 0 && s.requests_cancelled == 2; }));
+  EXPECT_EQ(e->stats().kv_admitted_bytes, 0u);
+}
+
+TEST(EngineSessions, FullQueueRefusesAndRecovers) {
+  auto e = make_engine(1, false, /*max_queue=*/1);
+  EventQueue qa, qb;
+  auto a = e->submit(req("Tell a very long story.", 100000), qa.sink());
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(eventually(*e, [](const EngineStats& s) { return s.active == 1; }));
+  ASSERT_TRUE(e->submit(req("Hello", 3), qb.sink()).ok());  // waits
+  auto refused = e->submit(req("Hi", 3), [](const Event&) {});
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);  // the server's 429
+  EXPECT_EQ(e->stats().queue_rejected, 1);
+  e->cancel(*a);
+  EXPECT_TRUE(wait_answer(qb).ok);
+  EventQueue qc;
+  ASSERT_TRUE(e->submit(req("Hi", 3), qc.sink()).ok());  // recovered
+  EXPECT_TRUE(wait_answer(qc).ok);
+}
+
+TEST(EngineSessions, KvBudgetAdmitsByEstimate) {
+  const Request small = req("Hello", 8);
+  auto probe = make_executor("cpu", model_dir());
+  ASSERT_TRUE(probe.ok());
+  const model::Config& c = (*probe)->config();
+  const uint64_t one = memory::session_kv_bytes(c, int64_t(small.prompt.size()) + 8, c.n_mtp_layers > 0);
+  // Room for one such request, not two: they run one after the other, each still completes.
+  auto e = make_engine(4, true, 64, one + one / 2);
+  EventQueue q1, q2;
+  ASSERT_TRUE(e->submit(small, q1.sink()).ok());
+  ASSERT_TRUE(e->submit(small, q2.sink()).ok());
+  const Answer a1 = wait_answer(q1), a2 = wait_answer(q2);
+  EXPECT_TRUE(a1.ok && a2.ok);
+  EXPECT_EQ(a1.ids, a2.ids);
+  EXPECT_EQ(e->stats().step_sessions, e->stats().steps) << "the budget let two sessions share a step";
+  // A request whose KV alone exceeds the budget is refused up front (never waits forever).
+  auto big = e->submit(req("Hello", 100000), [](const Event&) {});
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace fb::engine
