@@ -38,6 +38,15 @@ void EngineSetup::add_flags(CLI::App& app) {
                  "(across requests and restarts; CPU executor for now)");
   app.add_option("--kv-cache-bytes", kv_cache_bytes, "size budget of --kv-cache (least recently used checkpoints go first)")->capture_default_str();
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
+  app.add_option("--max-sessions", max_sessions,
+                 "requests generated at once: each step carries every active session's decode rows (idle sessions stay cached for "
+                 "prefix reuse)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--kv-budget-bytes", kv_budget_bytes,
+                 "KV memory for active sessions: a request is admitted when its KV at prompt + max_tokens positions (spec/12 "
+                 "sizes) fits, else it waits in the queue (0: no byte limit, --max-sessions only)");
+  app.add_option("--mixed-prefill-rows", mixed_prefill_rows,
+                 "prompt rows per step while other sessions decode: bounds their inter-token latency (0: a quarter of the prefill chunk)");
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }
 
@@ -111,6 +120,9 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   eo.generator.prefill_replay = s.prefill_replay;
   eo.generator.max_context = s.max_context;
   eo.max_queue = s.max_queue;
+  eo.max_sessions = s.max_sessions;
+  eo.kv_budget_bytes = s.kv_budget_bytes;
+  eo.mixed_prefill_rows = s.mixed_prefill_rows;
   le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);
   return le;
 }

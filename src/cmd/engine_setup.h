@@ -20,6 +20,9 @@ struct EngineSetup {
   bool prefill_replay = false;    // [approx-approved] SWA bounded replay of long prompts (spec/11 §8.4)
   int64_t max_context = 0;
   int max_queue = 64;             // waiting requests before new ones get 429
+  int max_sessions = 8;           // requests generating at once (shared steps, issue 20)
+  uint64_t kv_budget_bytes = 0;   // KV admission budget (0: none; max_sessions only)
+  int64_t mixed_prefill_rows = 0; // prompt rows in a step that carries decode rows (0: prefill chunk / 4)
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
   std::string kv_cache;           // disk KV cache folder (empty: off)
   uint64_t kv_cache_bytes = uint64_t(8) << 30;

@@ -24,6 +24,9 @@ Api api_of(Endpoint ep) { return ep == Endpoint::kMessages ? Api::kAnthropic : A
 
 void send_error(httplib::Response& res, Api api, const HttpError& e, const std::string& msg) {
   res.status = e.http;
+  // A full queue clears as sessions finish (seconds at most on a warm server); the SDKs honour
+  // Retry-After in their retry backoff.
+  if (e.http == 429) res.set_header("Retry-After", "1");
   res.set_content(error_body(api, e, msg), "application/json");
 }
 
@@ -60,8 +63,8 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_images_encoded_total", "counter", "vision tower runs (an image whose KV is reused is not encoded again)", double(s.images_encoded));
   m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
   m("flashbox_image_encode_seconds_total", "counter", "time in the vision tower (engine thread)", s.image_encode_s);
-  m("flashbox_prefill_seconds_total", "counter", "time in prefill", s.prefill_s);
-  m("flashbox_decode_seconds_total", "counter", "time in decode", s.decode_s);
+  m("flashbox_prefill_seconds_total", "counter", "time in engine rounds whose step carried prompt rows", s.prefill_s);
+  m("flashbox_decode_seconds_total", "counter", "time in engine rounds of decode rows only (drafting included)", s.decode_s);
   m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
   m("flashbox_dspark_proposals_total", "counter", "drafted tokens verified", double(s.dspark.proposals));
   m("flashbox_dspark_backoff_steps_total", "counter", "plain decode steps taken because drafting did not pay", double(s.dspark.backoff_steps));
@@ -69,6 +72,28 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_dspark_verify_rows_total", "counter", "target rows run by verification", double(s.dspark.verify_rows));
   m("flashbox_dspark_draft_seconds_total", "counter", "time drafting", s.dspark.draft_s);
   m("flashbox_dspark_verify_seconds_total", "counter", "time verifying", s.dspark.verify_s);
+  // Several sessions at once (issue 20): limits, how full the steps are, waiting and speed.
+  m("flashbox_max_sessions", "gauge", "requests generated at once (--max-sessions)", double(s.max_sessions));
+  m("flashbox_sessions_cached", "gauge", "sessions holding a KV cache (active or kept for prefix reuse)", double(s.sessions_cached));
+  m("flashbox_kv_budget_bytes", "gauge", "KV admission budget (--kv-budget-bytes; 0: none)", double(s.kv_budget_bytes));
+  m("flashbox_kv_admitted_bytes", "gauge", "KV estimate granted to active requests", double(s.kv_admitted_bytes));
+  m("flashbox_queue_rejected_total", "counter", "requests refused with 429 because the queue was full", double(s.queue_rejected));
+  m("flashbox_steps_total", "counter", "forward steps run by the engine", double(s.steps));
+  m("flashbox_step_rows_total", "counter", "rows in those steps (rows per step = this / steps)", double(s.step_rows));
+  m("flashbox_step_prefill_rows_total", "counter", "prompt rows in those steps", double(s.step_prefill_rows));
+  m("flashbox_step_decode_rows_total", "counter", "decode and DSpark verify rows in those steps", double(s.step_decode_rows));
+  m("flashbox_step_sessions_total", "counter", "sessions in those steps (sessions per step = this / steps)", double(s.step_sessions));
+  m("flashbox_step_seconds_total", "counter", "time in forward steps", s.step_s);
+  o << "# HELP flashbox_queue_wait_seconds time from submission to admission\n# TYPE flashbox_queue_wait_seconds summary\n"
+    << "flashbox_queue_wait_seconds_sum " << s.queue_wait_s << "\nflashbox_queue_wait_seconds_count " << s.queue_waits << "\n";
+  o << "# HELP flashbox_time_to_first_token_seconds time from submission to the first generated token\n"
+    << "# TYPE flashbox_time_to_first_token_seconds summary\n"
+    << "flashbox_time_to_first_token_seconds_sum " << s.ttft_s << "\nflashbox_time_to_first_token_seconds_count " << s.ttfts << "\n";
+  o << "# HELP flashbox_request_tokens_per_second decode rate of finished requests (tokens after the first over the time since it)\n"
+    << "# TYPE flashbox_request_tokens_per_second summary\n"
+    << "flashbox_request_tokens_per_second_sum " << s.session_tok_s << "\nflashbox_request_tokens_per_second_count " << s.session_rates << "\n";
+  o << "# HELP flashbox_session_tokens_per_second decode rate of each active request so far\n# TYPE flashbox_session_tokens_per_second gauge\n";
+  for (const auto& r : s.active_rates) o << "flashbox_session_tokens_per_second{request=\"" << r.id << "\"} " << r.tok_s << "\n";
   o << "# HELP flashbox_dspark_accepted_rounds rounds by number of accepted drafts\n# TYPE flashbox_dspark_accepted_rounds counter\n";
   for (size_t i = 0; i < s.dspark.accepted_hist.size(); ++i)
     o << "flashbox_dspark_accepted_rounds{accepted=\"" << i << "\"} " << s.dspark.accepted_hist[i] << "\n";

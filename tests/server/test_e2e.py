@@ -8,7 +8,8 @@ API. Part 3: 100 malformed/oversized requests all get 4xx and the server keeps s
 Part 4 (issue 10, `make-tiny --vision`): images through the OpenAI and Anthropic SDKs (generated
 PNG data URLs / base64 blocks), bad images and network URLs -> 400, prefix reuse keyed on the
 image; plus a full queue -> 429, a client disconnect cancelling a non-streaming request, SSE
-keep-alives / pings during prefill and the /metrics token counters.
+keep-alives / pings during prefill and the /metrics token counters. Part 5 (issue 20): 8
+concurrent SDK streams each equal their solo run; a closed stream frees its session; 429 and recovery.
 Fails (exit 1) when the SDKs are not importable: tools/test.sh installs them into its virtual
 environment (build/pyenv), which is the interpreter ctest runs this with.
 """
@@ -360,6 +361,110 @@ def tiny_model_tests(binary, model):
         srv.close()
 
 
+def concurrency_tests(binary, model):
+    """Issue 20: several sessions at once. 8 concurrent streaming requests through the openai SDK all
+    complete and each equals its solo run (tokens and logprobs, temperature 0); a cancelled stream
+    frees its session for a waiting request; a full queue answers 429 with Retry-After and the
+    server recovers."""
+    import threading
+    users = ["Hello", "Tell me about the sea and the sky in a few words, please.", "What is two plus two?",
+             "Write a short poem about a cat on a warm windowsill while the city hums below.", "Explain DSpark.",
+             "Name three colours.", "Why is the sky blue? Give a careful answer with several steps.", "Count to twelve."]
+    def stream(srv, i, out):
+        parts, lps = [], []
+        for ch in srv.oa().chat.completions.create(model="m", messages=[{"role": "user", "content": users[i]}], stream=True,
+                                                   max_tokens=6 + 3 * (i % 4), temperature=0, logprobs=True, top_logprobs=2,
+                                                   extra_body={"thinking": {"type": "disabled"}}):
+            if ch.choices and ch.choices[0].delta.content:
+                parts.append(ch.choices[0].delta.content)
+            if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+                for t in ch.choices[0].logprobs.content:
+                    lps.append((t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs]))
+            if ch.choices and ch.choices[0].finish_reason:
+                parts.append("|" + ch.choices[0].finish_reason)
+        out[i] = ("".join(parts), lps)
+    solo = {}
+    srv = Server(binary, ["--model", model, "--max-sessions", "1", "--prefill-chunk", "16"])
+    try:
+        for i in range(8):
+            stream(srv, i, solo)
+    finally:
+        srv.close()
+    both = {}
+    srv = Server(binary, ["--model", model, "--max-sessions", "8", "--prefill-chunk", "16", "--mixed-prefill-rows", "5"])
+    try:
+        ts = [threading.Thread(target=stream, args=(srv, i, both)) for i in range(8)]
+        for t in ts: t.start()
+        for t in ts: t.join(300)
+        check(len(both) == 8, f"sessions: 8 concurrent SDK streams all complete ({len(both)})")
+        for i in range(8):
+            check(both[i] == solo[i] and len(solo[i][1]) >= 1, f"sessions: stream {i} equals its solo run ({len(solo[i][1])} tokens with logprobs)")
+        steps, sess = metric(srv, "flashbox_steps_total"), metric(srv, "flashbox_step_sessions_total")
+        check(sess / steps > 1.5, f"sessions: steps were shared ({sess / steps:.2f} sessions per step)")
+        check(metric(srv, "flashbox_time_to_first_token_seconds_count") == 8 and metric(srv, "flashbox_max_sessions") == 8,
+              "metrics: time to first token, max sessions")
+    finally:
+        srv.close()
+    # A cancelled stream frees its session: two long streams fill --max-sessions 2, a third request
+    # waits until one of them is closed.
+    srv = Server(binary, ["--model", model, "--max-sessions", "2"])
+    try:
+        oa = srv.oa()
+        longs = [oa.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Tell a long story {k}"}], stream=True,
+                                            max_tokens=8000, temperature=1.0, seed=k) for k in range(2)]
+        its = [iter(x) for x in longs]
+        for it in its:
+            next(it); next(it)  # both are generating
+        done = {}
+        t = threading.Thread(target=lambda: done.setdefault("r", oa.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)))
+        t.start()
+        time.sleep(1.0)
+        check(metric(srv, "flashbox_queue_depth") == 1 and "r" not in done, "sessions: a third request waits while two sessions are busy")
+        longs[0].close()
+        t.join(120)
+        check("r" in done and done["r"].usage.completion_tokens >= 1, "sessions: closing a stream frees its session for the waiting request")
+        longs[1].close()
+        ok = False
+        for _ in range(100):
+            if metric(srv, "flashbox_requests_active") == 0 and metric(srv, "flashbox_requests_cancelled_total") >= 2:
+                ok = True; break
+            time.sleep(0.1)
+        check(ok, "sessions: both closed streams were cancelled, no session left active")
+    finally:
+        srv.close()
+    # Oversubscribed: one session, one queue slot. A third request gets 429 with Retry-After; after
+    # the long one is cancelled the server serves again.
+    srv = Server(binary, ["--model", model, "--max-sessions", "1", "--max-queue", "1"])
+    try:
+        oa = srv.oa()
+        long = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "Tell a long story"}], stream=True,
+                                          max_tokens=8000, temperature=1.0, seed=3)
+        it = iter(long); next(it); next(it)
+        queued = {}
+        t = threading.Thread(target=lambda: queued.setdefault("r", oa.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)))
+        t.start()
+        for _ in range(100):
+            if metric(srv, "flashbox_queue_depth") == 1: break
+            time.sleep(0.05)
+        raw = raw_post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        check(raw.startswith("HTTP/1.1 429") and "Retry-After: 1" in raw and "rate_limit_exceeded" in raw,
+              "sessions: a full queue answers 429 with Retry-After")
+        try:
+            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+            check(False, "a full queue must refuse")
+        except openai.RateLimitError as e:
+            check(e.status_code == 429, "sessions: the SDK sees RateLimitError (429)")
+        long.close()
+        t.join(120)
+        check("r" in queued, "sessions: the queued request completes after the long one is cancelled")
+        r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=2)
+        check(r.usage.completion_tokens >= 1 and metric(srv, "flashbox_queue_rejected_total") == 2, "sessions: the server recovers after 429s")
+    finally:
+        srv.close()
+
+
 def vision_tests(binary, model):
     srv = Server(binary, ["--model", model, "--prefill-chunk", "16", "--sse-keepalive-ms", "1"])
     try:
@@ -431,6 +536,7 @@ def main():
         if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
             print("FAIL: make-tiny failed"); sys.exit(1)
     tiny_model_tests(a.bin, model)
+    concurrency_tests(a.bin, model)
     kv_cache_restart_tests(a.bin, model)
     vmodel = os.path.join(tempfile.mkdtemp(), "tiny-vision")
     if subprocess.run([a.bin, "make-tiny", "--vision", "--out", vmodel], capture_output=True).returncode != 0:
