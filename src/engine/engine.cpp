@@ -487,6 +487,36 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
   (prefill_rows > 0 ? stats_.prefill_s : stats_.decode_s) += t1 - t0;
 }
 
+// Parser events to the sink; answer text goes through the stop strings first (a match finishes
+// the request there).
+void Engine::route(Active& a, std::vector<tokenizer::OutputEvent> evs) {
+  for (auto& oe : evs) {
+    if (a.stops.stopped()) return;
+    Event e;
+    if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
+      if (oe.text.empty()) continue;
+      e.kind = Event::Kind::kReasoning;
+      e.text = std::move(oe.text);
+    } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
+      a.in_reasoning = false;
+      e.kind = Event::Kind::kText;
+      e.text = a.stops.feed(oe.text);
+      if (a.stops.stopped()) {
+        a.reason = FinishReason::kStopString;
+        a.finished = true;
+        a.done.stop_matched = a.stops.matched();
+      }
+      if (e.text.empty()) continue;
+    } else {
+      a.in_reasoning = false;
+      a.saw_call = true;
+      e.kind = Event::Kind::kToolCall;
+      e.call = std::move(oe.call);
+    }
+    a.job.sink(e);
+  }
+}
+
 void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vector<TokenLogprob>& lps) {
   const Request& req = a.job.req;
   const int64_t eos = ex_->config().eos_token_id;
@@ -498,34 +528,6 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
     ++stats_.ttfts;
   }
   if (!toks.empty()) a.t_last = t;
-  // Routes parser events to the sink; answer text goes through the stop strings first.
-  auto route = [&](std::vector<tokenizer::OutputEvent> evs) {
-    for (auto& oe : evs) {
-      if (a.stops.stopped()) return;
-      Event e;
-      if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
-        if (oe.text.empty()) continue;
-        e.kind = Event::Kind::kReasoning;
-        e.text = std::move(oe.text);
-      } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
-        a.in_reasoning = false;
-        e.kind = Event::Kind::kText;
-        e.text = a.stops.feed(oe.text);
-        if (a.stops.stopped()) {
-          a.reason = FinishReason::kStopString;
-          a.finished = true;
-          a.done.stop_matched = a.stops.matched();
-        }
-        if (e.text.empty()) continue;
-      } else {
-        a.in_reasoning = false;
-        a.saw_call = true;
-        e.kind = Event::Kind::kToolCall;
-        e.call = std::move(oe.call);
-      }
-      a.job.sink(e);
-    }
-  };
   // spec/13 §6.4: scan a DSpark block in order; the first stop ends the request there.
   for (size_t i = 0; i < toks.size() && !a.finished; ++i) {
     const int32_t t = toks[i];
@@ -552,7 +554,7 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
       a.finished = true;
       break;
     }
-    route(a.parser.feed(tok_->is_valid_id(t) ? a.dec.push(t) : std::string()));
+    route(a, a.parser.feed(tok_->is_valid_id(t) ? a.dec.push(t) : std::string()));
     if (a.finished) break;
     if (a.done.usage.completion_tokens >= req.max_tokens) {
       a.reason = FinishReason::kLength;
@@ -583,32 +585,8 @@ void Engine::end(Active& a, const Status& err) {
   }
   if (job.cancelled->load() && a.reason != FinishReason::kStopString) a.reason = FinishReason::kCancelled;
   if (a.reason != FinishReason::kStopString && a.reason != FinishReason::kCancelled) {
-    auto flush = [&](std::vector<tokenizer::OutputEvent> evs) {
-      for (auto& oe : evs) {
-        Event e;
-        if (oe.kind == tokenizer::OutputEvent::Kind::kReasoning) {
-          if (oe.text.empty()) continue;
-          e.kind = Event::Kind::kReasoning;
-          e.text = std::move(oe.text);
-        } else if (oe.kind == tokenizer::OutputEvent::Kind::kText) {
-          e.kind = Event::Kind::kText;
-          e.text = a.stops.feed(oe.text);
-          if (a.stops.stopped()) {
-            a.reason = FinishReason::kStopString;
-            a.done.stop_matched = a.stops.matched();
-          }
-          if (e.text.empty()) continue;
-        } else {
-          a.saw_call = true;
-          e.kind = Event::Kind::kToolCall;
-          e.call = std::move(oe.call);
-        }
-        job.sink(e);
-        if (a.stops.stopped()) return;
-      }
-    };
-    flush(a.parser.feed(a.dec.finish()));
-    if (!a.stops.stopped()) flush(a.parser.finish());
+    route(a, a.parser.feed(a.dec.finish()));
+    route(a, a.parser.finish());
     if (!a.stops.stopped()) {
       std::string tail = a.stops.finish();
       if (!tail.empty()) {

@@ -171,6 +171,7 @@ class Engine {
   // Routes emitted tokens to the request's events; marks it finished on EOS, a stop string or
   // max_tokens.
   void deliver(Active& a, const std::vector<int32_t>& toks, const std::vector<TokenLogprob>& lps);
+  void route(Active& a, std::vector<tokenizer::OutputEvent> evs);
   // Ends a request: flushes its text, sends Done (or Error when !err.ok()), frees its session.
   void end(Active& a, const Status& err = Status());
   // Runs the tower over the job's images whose span reaches position first_pos or later, into
