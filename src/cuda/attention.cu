@@ -10,6 +10,8 @@
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
+#include "cuda/fast_small.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ops.h"
 
 namespace fb::cuda {
@@ -396,6 +398,8 @@ constexpr int kKeyParts = 16;  // CTAs per 64-key tile in the dequantisation pas
 // CTA (t, block b, part): dequantises its share of the tile's chunks into sc.keys (the same
 // values dequant_key_tile writes to shared memory: same function, same bits).
 __global__ void __launch_bounds__(256) attn_split_keys_kernel(int64_t T, int n_heads, int d, AttnKeys keys) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   __shared__ float lut8[256];
   __shared__ const uint8_t* kp[64];
   __shared__ int kfp4[64];
@@ -421,6 +425,8 @@ __global__ void __launch_bounds__(256) attn_split_keys_kernel(int64_t T, int n_h
 template <bool kPre>
 __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const uint16_t* q, int64_t T, int n_heads, int d, AttnKeys keys,
                                                                           float scale) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   extern __shared__ __align__(16) unsigned char smraw[];
   uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);                       // [64][d]
   float* qf = reinterpret_cast<float*>(smraw + size_t(64) * size_t(d) * 2);  // [kSplitHeads][d]
@@ -469,6 +475,8 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const 
 // sums S_b[i] (sequential in j), alpha_b.
 template <bool kPre>
 __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T, int n_heads, int d, AttnKeys keys) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   extern __shared__ __align__(16) unsigned char smraw[];
   uint16_t* tile = reinterpret_cast<uint16_t*>(smraw);  // [64][d]
   __shared__ float lut8[kPre ? 1 : 256];
@@ -529,6 +537,8 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T,
 // CTA (t, h): the fold over the row's blocks in order, the sink, the division.
 __global__ void __launch_bounds__(kTiledThreads) attn_split_fold_kernel(int64_t T, int n_heads, int d, AttnKeys keys, const float* sinks,
                                                                         uint16_t* out) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   __shared__ float s_l;
   const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
   const int64_t t = blockIdx.x / n_heads;
@@ -578,14 +588,15 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
     FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(scores), smem_a));
     FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(pv), smem_b));
     if (keys.predequant) {
-      attn_split_keys_kernel<<<unsigned(T * nblk * kKeyParts), 256, 0, st>>>(T, n_heads, d, keys);
+      FB_CUDA_TRY(launch_pdl(fast_pdl(), attn_split_keys_kernel, dim3(unsigned(T * nblk * kKeyParts)), dim3(256), 0, st, T, n_heads, d, keys));
       FB_CUDA_LAUNCHED("attn_split_keys_kernel");
     }
-    scores<<<grid, kTiledThreads, smem_a, st>>>(q, T, n_heads, d, keys, scale);
+    const bool pdl = fast_pdl();
+    FB_CUDA_TRY(launch_pdl(pdl, scores, dim3(grid), dim3(kTiledThreads), smem_a, st, q, T, n_heads, d, keys, scale));
     FB_CUDA_LAUNCHED("attn_split_scores_kernel");
-    pv<<<grid, kTiledThreads, smem_b, st>>>(T, n_heads, d, keys);
+    FB_CUDA_TRY(launch_pdl(pdl, pv, dim3(grid), dim3(kTiledThreads), smem_b, st, T, n_heads, d, keys));
     FB_CUDA_LAUNCHED("attn_split_pv_kernel");
-    attn_split_fold_kernel<<<unsigned(T * n_heads), kTiledThreads, 0, st>>>(T, n_heads, d, keys, sinks, out);
+    FB_CUDA_TRY(launch_pdl(pdl, attn_split_fold_kernel, dim3(unsigned(T * n_heads)), dim3(kTiledThreads), 0, st, T, n_heads, d, keys, sinks, out));
     FB_CUDA_LAUNCHED("attn_split_fold_kernel");
     return Status();
   }

@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "cpu/session_cache.h"
 #include "cuda/fast_gemv.h"
+#include "cuda/fast_small.h"
 #include "cuda/mma_gemv.h"
 #include "model/forward.h"
 #include "model/selection.h"
@@ -156,6 +157,7 @@ class CudaLayerOps {
     qr_ = alloc<uint16_t>(T_ * c_.q_lora_rank);
     q_ = alloc<uint16_t>(T_ * c_.q_dim());
     kv_ = alloc<uint16_t>(T_ * c_.head_dim);
+    kv_raw_ = alloc<uint16_t>(T_ * c_.head_dim);
     kv_codes_ = alloc<uint8_t>(T_ * row_bytes());
     o_ = alloc<uint16_t>(T_ * c_.q_dim());
     // act_quant scratch: the widest GEMM input of any op, times the rows that feed it.
@@ -243,6 +245,18 @@ class CudaLayerOps {
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
+    if (fast_small()) {
+      // [fast] the whole site in one launch: mixes, and u = RMSNorm(collapse(X, carried pre)) with
+      // its codes (hc_collapse_norm then has nothing left to do); X stays as it is, so hc_expand
+      // updates it in place and no residual copy is made.
+      const auto [pre, stride] = collapse_pre(site);
+      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, pre, stride, a ? w.attn_norm : w.ffn_norm,
+                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_));
+      fused_site_[a ? 0 : 1] = true;
+      return;
+    }
+    fused_site_[a ? 0 : 1] = false;
     if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
       step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
@@ -257,14 +271,35 @@ class CudaLayerOps {
   void hc_collapse_norm(int l, Site site) {
     ProfScope prof_scope_(this, "hc_collapse_norm");
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
     const DevLayer& w = m_.layers_[size_t(l)];
     const int hc = c_.hc_mult;
     if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
-    const float* pre = site == Site::kAttn ? pre_ : reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre));
-    const int64_t stride = site == Site::kAttn ? hc : int64_t(sizeof(HcMix) / sizeof(float));
+    const auto [pre, stride] = collapse_pre(site);
     // u = rms_norm(hc_pre(X, pre)) and act_quant(u) once (every FP8/FP4 GEMM of the sublayer
     // reads these codes: the bits each separate act_quant gave), fused for up to 256 rows.
     step(hc_pre_norm_quant(X_, T_, hc, c_.dim, pre, stride, site == Site::kAttn ? w.attn_norm : w.ffn_norm, c_.norm_eps, h_, u_, uq_, st_));
+  }
+
+  // The collapse weights of a site: the attention site's are the carried pre, the FFN site's the
+  // attention site's mix pre (single-pass mHC); pointer and row stride in floats.
+  std::pair<const float*, int64_t> collapse_pre(Site site) const {
+    if (site == Site::kAttn) return {pre_, c_.hc_mult};
+    return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
+  }
+  // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
+  // not a tensor-core prefill step, a shape the kernels take.
+  bool fast_small() const {
+    return m_.fast_small_ && !tc_ && T_ <= kFastSmallMaxRows && fast_hc_site_ok(c_.hc_mult, c_.dim, T_) && c_.q_lora_rank <= 8192;
+  }
+  FastHcScratch hc_scratch() {
+    if (!m_.fast_hc_scratch_.get()) {
+      const size_t bytes = FastHcScratch::bytes(c_.dim);
+      Status s = m_.fast_hc_scratch_.alloc(bytes);
+      if (s.ok()) s = cuda_status(cudaMemsetAsync(m_.fast_hc_scratch_.get(), 0, bytes, st_), "fast scratch");
+      step(s);
+    }
+    return FastHcScratch::at(m_.fast_hc_scratch_.get(), c_.dim);
   }
 
   void attn_q(int l) {
@@ -274,9 +309,14 @@ class CudaLayerOps {
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
-    gemm_q(uq_, T_, w.wq_a, a);
-    step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
-    step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
+    // wkv reads the same codes: one launch for both where the fast GEMVs run (attn_kv uses kv_raw_)
+    kv_raw_ready_ = gemm_q2(uq_, T_, w.wq_a, a, w.wkv, kv_raw_);
+    if (fast_small()) {
+      step(fast_norm_quant(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, qrq_, st_));
+    } else {
+      step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
+      step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
+    }
     gemm_q(qrq_, T_, w.wq_b, q_);
     step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
   }
@@ -289,8 +329,9 @@ class CudaLayerOps {
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t hd = c_.head_dim;
-    uint16_t* a = alloc<uint16_t>(T_ * hd);
-    gemm_q(uq_, T_, w.wkv, a);
+    uint16_t* a = kv_raw_;
+    if (!kv_raw_ready_) gemm_q(uq_, T_, w.wkv, a);
+    kv_raw_ready_ = false;
     step(rms_norm(a, T_, hd, w.kv_norm, c_.norm_eps, kv_, st_));
     step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
     step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st_));
@@ -314,6 +355,12 @@ class CudaLayerOps {
   void hc_expand(int l, Site site) {
     ProfScope prof_scope_(this, "hc_expand");
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
+    if (fused) {  // X is still the site's input: update in place
+      fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
+      step(fast_hc_post(y_, X_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, site == Site::kFfn ? pre_ : nullptr, st_));
+      return;
+    }
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
     if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
   }
@@ -343,9 +390,9 @@ class CudaLayerOps {
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
       shared_done = true;
-      gemm_q(uq_, T_, w.sh_w1, a);  // one stream: a, b and q_buf_ are reused in issue order
-      gemm_q(uq_, T_, w.sh_w3, b);
-      step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+      gemm_q2(uq_, T_, w.sh_w1, a, w.sh_w3, b);  // one stream: a, b and q_buf_ are reused in issue order
+      if (fast_small()) step(fast_swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+      else step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
       gemm_q(q_buf_, T_, w.sh_w2, ys);
     };
     if (m_.tiered(l)) {
@@ -402,7 +449,8 @@ class CudaLayerOps {
         const int64_t m = std::min(step_rows, n - m0);
         step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_));
       }
-      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      if (fast_small()) step(fast_swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      else step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));
       for (int64_t m0 = 0; m0 < n && ok(); m0 += kFastGemvMaxRows) {
         const int64_t m = std::min(kFastGemvMaxRows, n - m0);
         step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_));
@@ -529,12 +577,23 @@ class CudaLayerOps {
     else if (m_.mma_gemv_ && mma_gemv_ok(w.K, q.codes, w.w, 0, false)) step(mma_fp8_gemm_q(q, M, w, y, st_));
     else step(fp8_gemm_q(q, M, w, y, st_));
   }
+  // Two weights over the same codes: one launch on the fast GEMVs (true), else two gemm_q (false).
+  bool gemm_q2(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W& wb, uint16_t* yb) {
+    if (!(tc_ && M >= kTcMinGemmRows) && m_.fast_gemv_ && M <= kFastGemvMaxRows && wa.K == wb.K) {
+      step(fast_fp8_gemv2_q(q, M, wa, ya, wb, yb, st_));
+      return true;
+    }
+    gemm_q(q, M, wa, ya);
+    gemm_q(q, M, wb, yb);
+    return false;
+  }
   void gemm_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y) {
     if (tc_ && M >= kTcMinGemmRows) {
       step(tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_));
       return;
     }
-    step(act_quant(x, M, w.K, q_buf_, st_));
+    if (fast_small() && M <= kFastGemvMaxRows && w.K % 32 == 0) step(fast_act_quant(x, M, w.K, q_buf_, st_));
+    else step(act_quant(x, M, w.K, q_buf_, st_));
     gemm_q(q_buf_, M, w, y);
   }
   void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
@@ -671,6 +730,11 @@ class CudaLayerOps {
   uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows
   float* pre_ = nullptr;
   HcMix *mix_a_ = nullptr, *mix_f_ = nullptr;
+  // Per site (attention, FFN) of the current layer: hc_mixes ran the fused fast site kernel.
+  bool fused_site_[2] = {false, false};
+  // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
+  uint16_t* kv_raw_ = nullptr;
+  bool kv_raw_ready_ = false;
   int64_t* pos_ = nullptr;
   uint8_t* image_ = nullptr;
   QuantBuf q_buf_;
@@ -770,6 +834,7 @@ class CudaStep : public CudaLayerOps {
     q_ += n * c_.q_dim();
     o_ += n * c_.q_dim();
     kv_ += n * c_.head_dim;
+    kv_raw_ += n * c_.head_dim;
     kv_codes_ += n * row_bytes();
     auto advance = [n](QuantBuf& b, int64_t per_row) {
       b.codes += n * per_row;

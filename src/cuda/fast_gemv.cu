@@ -41,6 +41,8 @@
 
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
+#include "cuda/fast_small.h"
+#include "cuda/pdl.cuh"
 
 namespace fb::cuda {
 
@@ -243,19 +245,38 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 // E = 16: lane L's piece of step s is half (L & 1) of the 32-block 16s + L/2; its partial is
 // scaled by that block's weight scale (the activation scale is in the staged f32). The group's
 // C columns n0 .. n0 + C - 1 (n0 % C == 0, so one 32-row scale block) share the x reads.
+// One weight of a launch: [N, K] codes W, scales S, output y [M, N], its split-K factor (from its
+// shape only) and output passes. A launch covers one weight, or two over the same activation rows
+// (fast_fp8_gemv2_q): passes [0, a.passes) are a's, the rest b's, each computed as alone.
+struct Fp8Part {
+  const uint8_t* W = nullptr;
+  const uint8_t* S = nullptr;
+  int64_t N = 0;
+  int ks = 1;
+  int64_t passes = 0;
+  uint16_t* y = nullptr;
+};
+
 template <int R, int MinB>
 __global__ void __launch_bounds__(kThreads, MinB) fast_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M,
-                                                            const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int K,
-                                                            int ks, int kt, uint16_t* __restrict__ y) {
+                                                            Fp8Part pa, Fp8Part pb, int K, int kt) {
   constexpr int E = 16, SW = 32 * E, C = kFp8Cols, U = kUnroll / C;
+  pdl_trigger();  // PDL (pdl.cuh): weights are read before pdl_wait(), the activations after
   extern __shared__ float4 smem_f4[];
   float* sx = reinterpret_cast<float*>(smem_f4);
   float* red = sx + R * kt;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, kw = warp % ks, per_pass = kWarps / ks * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int KB = K / 32, steps = (K + SW - 1) / SW, tsteps = kt / SW;
-  const int64_t m0 = int64_t(blockIdx.y) * R, passes = (N + per_pass - 1) / per_pass;
+  const int64_t m0 = int64_t(blockIdx.y) * R, all_passes = pa.passes + pb.passes;
   const int nv = int(M - m0 < R ? M - m0 : R);
-  for (int64_t pass = blockIdx.x; pass < passes; pass += gridDim.x) {
+  for (int64_t gpass = blockIdx.x; gpass < all_passes; gpass += gridDim.x) {
+    const bool second = gpass >= pa.passes;
+    const Fp8Part& P = second ? pb : pa;
+    const int64_t pass = second ? gpass - pa.passes : gpass, N = P.N;
+    const int ks = P.ks, kw = warp % ks, per_pass = kWarps / ks * C;
+    const uint8_t* __restrict__ W = P.W;
+    const uint8_t* __restrict__ S = P.S;
+    uint16_t* __restrict__ y = P.y;
     const int64_t n0 = pass * per_pass + (warp / ks) * C;
     const uint8_t* wr[C];
 #pragma unroll
@@ -316,8 +337,11 @@ __global__ void __launch_bounds__(kThreads, MinB) fast_fp8_kernel(const uint8_t*
         }
       }
     };
-    auto stage = [&](int s0) { stage_quant<R, E>(sx, xc, xs, m0, nv, K, s0 * SW, kt); };
-    run_pass<U>(steps, tsteps, ks, pass == blockIdx.x, load, use, stage);
+    auto stage = [&](int s0) {
+      pdl_wait();  // the first stage of a CTA comes before any store
+      stage_quant<R, E>(sx, xc, xs, m0, nv, K, s0 * SW, kt);
+    };
+    run_pass<U>(steps, tsteps, ks, gpass == blockIdx.x, load, use, stage);  // the staged rows serve both weights
     fold_split<C * R>(acc, red, ks);
     if (kw == 0 && lane == 0)
 #pragma unroll
@@ -343,6 +367,8 @@ __global__ void __launch_bounds__(kThreads, MinB) fast_fp4_kernel(const uint8_t*
                                                             int64_t w_stride, int64_t s_stride, const int32_t* __restrict__ expert, int ks, int kt,
                                                             uint16_t* __restrict__ ya, uint16_t* __restrict__ yb) {
   constexpr int E = 32, SW = 32 * E, NO = kFp4Cols, COLS = TWO ? NO / 2 : NO, U = 1;
+  pdl_trigger();
+  pdl_wait();  // the expert ids (which weights to read) come from the step
   extern __shared__ float4 smem_f4[];
   float* sx = reinterpret_cast<float*>(smem_f4);
   float* red = sx + kt;
@@ -429,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, MinB) fast_bf16_kernel(const uint16_
                                                              const uint16_t* __restrict__ w, int64_t N, void* y, int64_t ldy, int mode, int64_t G,
                                                              int64_t gx, int64_t gw, int64_t gy, int ks, int kt) {
   constexpr int E = 8, SW = 32 * E, C = kBf16Cols, U = kUnroll / C;
+  pdl_trigger();
   extern __shared__ float4 smem_f4[];
   float* sx = reinterpret_cast<float*>(smem_f4);
   float* red = sx + R * kt;
@@ -493,7 +520,10 @@ __global__ void __launch_bounds__(kThreads, MinB) fast_bf16_kernel(const uint16_
         }
       }
     };
-    auto stage = [&](int s0) { stage_bf16<R>(sx, xg, ldx, m0, nv, K, s0 * SW, kt); };
+    auto stage = [&](int s0) {
+      pdl_wait();  // the first stage of a CTA comes before any store (and mode 2's read of y)
+      stage_bf16<R>(sx, xg, ldx, m0, nv, K, s0 * SW, kt);
+    };
     run_pass<U>(steps, tsteps, ks, pass == blockIdx.x, load, use, stage);
     fold_split<C * R>(acc, red, ks);
     if (kw == 0 && lane == 0)
@@ -581,20 +611,32 @@ Status grid_for(const void* kernel, size_t smem, int64_t passes, int64_t rows, u
 }
 
 template <int R>
-Status launch_fp8(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
+Status launch_fp8(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st) {
   constexpr int SW = 512;
-  const int64_t steps = (w.K + SW - 1) / SW;
-  const int ks = split_k((w.N + kFp8Cols - 1) / kFp8Cols, steps), kt = tile_elems(R, steps, SW);
+  const int64_t steps = (wa.K + SW - 1) / SW;
+  const int kt = tile_elems(R, steps, SW);
+  auto part = [&](const Fp8W& w, uint16_t* y) {
+    Fp8Part p;
+    p.W = w.w;
+    p.S = w.s;
+    p.N = w.N;
+    p.ks = split_k((w.N + kFp8Cols - 1) / kFp8Cols, steps);
+    const int64_t per_pass = kWarps / p.ks * kFp8Cols;
+    p.passes = (w.N + per_pass - 1) / per_pass;
+    p.y = y;
+    return p;
+  };
+  const Fp8Part pa = part(wa, ya), pb = wb ? part(*wb, yb) : Fp8Part();
   const size_t smem = size_t(R) * kt * 4 + size_t(kWarps) * kFp8Cols * R * 4;
   const bool occ = g_fast_occupancy.load(std::memory_order_relaxed);
   const void* kernel = occ ? reinterpret_cast<const void*>(&fast_fp8_kernel<R, kOccBlocks>) : reinterpret_cast<const void*>(&fast_fp8_kernel<R, 1>);
   unsigned gx = 0;
-  const int64_t chunks = (M + R - 1) / R, per_pass = kWarps / ks * kFp8Cols;
+  const int64_t chunks = (M + R - 1) / R;
   FB_CHECK(chunks <= 65535) << "fast fp8 gemv M=" << M;
-  FB_RETURN_IF_ERROR(grid_for(kernel, smem, (w.N + per_pass - 1) / per_pass, chunks, &gx));
+  FB_RETURN_IF_ERROR(grid_for(kernel, smem, pa.passes + pb.passes, chunks, &gx));
   const dim3 grid(gx, unsigned(chunks));
-  if (occ) fast_fp8_kernel<R, kOccBlocks><<<grid, kThreads, smem, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, int(w.K), ks, kt, y);
-  else fast_fp8_kernel<R, 1><<<grid, kThreads, smem, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, int(w.K), ks, kt, y);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_fp8_kernel<R, kOccBlocks> : fast_fp8_kernel<R, 1>, grid, dim3(kThreads), smem, st, q.codes, q.scales,
+                         M, pa, pb, int(wa.K), kt));
   FB_CUDA_LAUNCHED("fast_fp8_kernel");
   return Status();
 }
@@ -614,12 +656,8 @@ Status launch_fp4(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, c
   FB_CHECK(M <= 65535) << "fast fp4 gemv rows " << M;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (wa.N + per_pass - 1) / per_pass, M, &gx));
   const dim3 grid(gx, unsigned(M));
-  if (occ)
-    fast_fp4_kernel<TWO, kOccBlocks><<<grid, kThreads, smem, st>>>(q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride,
-                                                     expert, ks, kt, ya, yb);
-  else
-    fast_fp4_kernel<TWO, 1><<<grid, kThreads, smem, st>>>(q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride,
-                                                     expert, ks, kt, ya, yb);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_fp4_kernel<TWO, kOccBlocks> : fast_fp4_kernel<TWO, 1>, grid, dim3(kThreads), smem, st, q.codes,
+                         q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride, expert, ks, kt, ya, yb));
   FB_CUDA_LAUNCHED("fast_fp4_kernel");
   return Status();
 }
@@ -645,8 +683,8 @@ Status launch_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const u
   unsigned gridx = 0;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (N + per_pass - 1) / per_pass, gy_ctas, &gridx));
   const dim3 grid(gridx, unsigned(gy_ctas));
-  if (occ) fast_bf16_kernel<R, kOccBlocks><<<grid, kThreads, smem, st>>>(x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
-  else fast_bf16_kernel<R, 1><<<grid, kThreads, smem, st>>>(x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_bf16_kernel<R, kOccBlocks> : fast_bf16_kernel<R, 1>, grid, dim3(kThreads), smem, st, x, M, int(K),
+                         ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt));
   FB_CUDA_LAUNCHED("fast_bf16_kernel");
   return Status();
 }
@@ -660,7 +698,17 @@ Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y,
   FB_CHECK(aligned16(w.w) && aligned16(q.codes)) << "fast fp8 gemv: 16-byte weight rows and codes";
   FB_CHECK(M * w.K <= q.capacity) << "fast fp8 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || w.N == 0) return Status();
-  return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, w, y, st); });
+  return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, w, y, nullptr, nullptr, st); });
+}
+
+Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W& wb, uint16_t* yb, cudaStream_t st) {
+  FB_CHECK(wa.K == wb.K && wa.K % 32 == 0 && wa.K < (int64_t(1) << 30) && wa.w && wa.s && wb.w && wb.s) << "fast fp8 gemv2 K=" << wa.K << "/" << wb.K;
+  FB_CHECK(aligned16(wa.w) && aligned16(wb.w) && aligned16(q.codes)) << "fast fp8 gemv2: 16-byte weight rows and codes";
+  FB_CHECK(M * wa.K <= q.capacity) << "fast fp8 gemv2 M=" << M << " capacity=" << q.capacity;
+  if (M == 0) return Status();
+  if (wa.N == 0) return fast_fp8_gemv_q(q, M, wb, yb, st);
+  if (wb.N == 0) return fast_fp8_gemv_q(q, M, wa, ya, st);
+  return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, wa, ya, &wb, yb, st); });
 }
 
 Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {

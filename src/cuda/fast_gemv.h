@@ -28,6 +28,9 @@ namespace fb::cuda {
 
 // y [M, N] bf16 = act_quant codes q [M, K] . W^T (FP8 e4m3 + e8m0 32x32 blocks). K % 32 == 0.
 Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
+// Two weights of the same K over the same activation rows in one launch (shapes may differ):
+// ya = q . wa^T, yb = q . wb^T, each output bit-identical to fast_fp8_gemv_q's.
+Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W& wb, uint16_t* yb, cudaStream_t st);
 // y [M, N]: row m uses activation row m / x_div and expert expert[m] (its matrix at w.w + e *
 // w_stride, scales at w.s + e * s_stride; expert == nullptr: expert 0). expert[m] < 0: row m is
 // skipped (y untouched). K % 32 == 0, w_stride % 16 == 0.

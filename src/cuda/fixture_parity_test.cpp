@@ -26,7 +26,8 @@ std::string fixtures_dir() {
 // tc false: the exact path (tensor-core prefill is on by default from 64 rows); true: tensor-core
 // matmuls, attention and indexer dots for every prefill step ([reference-defining], tc_gemm.h).
 // The run options of the two cases: tc false = the exact class; tc true = the fast class's
-// tensor-core prefill for every prefill step with the fast GEMVs off (decode rows exact).
+// tensor-core prefill for every prefill step with the fast GEMVs and fused small ops off (decode
+// rows exact).
 // The tiny models' short dots are exact in any order, so the tensor-core GEMMs, attention and
 // indexer reproduce the CPU bit for bit here; the tensor-core mHC mixes sum 3 x 4 x 256 products
 // per mix in another order and do not (ops_test TensorCoreHcMixes holds their tolerance), so this
@@ -38,6 +39,7 @@ CudaRunOptions run_for(bool tc) {
   r.tc_prefill_min_rows = 1;
   r.tc_hc_mixes = false;
   r.fast_gemv = false;
+  r.fast_small = false;  // its Sinkhorn / rsqrt are not the CPU's functions (fast_small.h)
   r.bounded_replay = true;  // accepted where a test sends replay rows (BoundedReplayMatchesCpu lifts the product's gate)
   return r;
 }

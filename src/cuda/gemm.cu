@@ -11,6 +11,8 @@
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
+#include "cuda/fast_small.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ops.h"
 
 namespace fb::cuda {
@@ -51,6 +53,8 @@ __global__ void act_quant_warp_kernel(const uint16_t* __restrict__ x, int64_t M,
 // fp8_qdq_kernel with a warp per (row, 32-block); in place (out == x) is safe: every lane reads
 // before the shuffles, writes after.
 __global__ void fp8_qdq_warp_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   const int64_t KB = K / 32, w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (w >= M * KB) return;
   const int lane = int(threadIdx.x & 31);
@@ -460,7 +464,7 @@ Status act_quant(const uint16_t* x, int64_t M, int64_t K, const QuantBuf& q, cud
 Status fp8_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 32 == 0);
   if (M == 0) return Status();
-  fp8_qdq_warp_kernel<<<blocks_for(M * (K / 32), 8), 256, 0, st>>>(x, M, K, compact, ld, out);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), fp8_qdq_warp_kernel, dim3(blocks_for(M * (K / 32), 8)), dim3(256), 0, st, x, M, K, compact, ld, out));
   FB_CUDA_LAUNCHED("fp8_qdq_warp_kernel");
   return Status();
 }

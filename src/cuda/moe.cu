@@ -4,6 +4,8 @@
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
+#include "cuda/fast_small.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ops.h"
 
 namespace fb::cuda {
@@ -19,6 +21,8 @@ constexpr int kMaxTopK = 32;
 // score / biased formulas. Selection: block per row, rank-based top-k (ties toward the lower id).
 __global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, const uint16_t* W, int E, const float* bias, const float* bias_vl,
                                     const uint8_t* image, float gate_temp, bool vec, float* score, float* biased) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (w >= T * E) return;  // whole warps
   const int64_t t = w / E;
@@ -37,6 +41,8 @@ __global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, con
 
 __global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
                              float* weights) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   extern __shared__ float sm[];
   float* score = sm;
   float* biased = sm + E;
@@ -119,6 +125,8 @@ __global__ void swiglu_quant_kernel(const uint16_t* a, const uint16_t* b, int64_
 }
 
 __global__ void moe_combine_kernel(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * D) return;
   const int64_t t = i / D, d = i % D;
@@ -243,9 +251,12 @@ Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, in
   const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(u) & 15) == 0 && (reinterpret_cast<uintptr_t>(gate_w) & 15) == 0;
   float* score = scratch;
   float* biased = scratch + T * E;
-  route_scores_kernel<<<blocks_for(T * E, 8), 256, 0, st>>>(u, T, D, gate_w, E, bias, bias_vl, image, gate_temp, vec, score, biased);
+  const bool pdl = fast_pdl();
+  FB_CUDA_TRY(launch_pdl(pdl, route_scores_kernel, dim3(blocks_for(T * E, 8)), dim3(256), 0, st, u, T, D, gate_w, E, bias, bias_vl, image, gate_temp,
+                         vec, score, biased));
   FB_CUDA_LAUNCHED("route_scores_kernel");
-  route_kernel<<<unsigned(T), 256, size_t(2 * E) * sizeof(float), st>>>(score, biased, E, top_k, norm_topk, route_scale, experts, weights);
+  FB_CUDA_TRY(launch_pdl(pdl, route_kernel, dim3(unsigned(T)), dim3(256), size_t(2 * E) * sizeof(float), st, score, biased, E, top_k, norm_topk,
+                         route_scale, experts, weights));
   FB_CUDA_LAUNCHED("route_kernel");
   return Status();
 }
@@ -267,7 +278,7 @@ Status swiglu(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float 
 
 Status moe_combine(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y, cudaStream_t st) {
   if (T == 0) return Status();
-  moe_combine_kernel<<<blocks_for(T * D, 256), 256, 0, st>>>(ye, K, ys, T, D, y);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), moe_combine_kernel, dim3(blocks_for(T * D, 256)), dim3(256), 0, st, ye, K, ys, T, D, y));
   FB_CUDA_LAUNCHED("moe_combine_kernel");
   return Status();
 }

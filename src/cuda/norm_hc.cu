@@ -4,6 +4,8 @@
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
+#include "cuda/fast_small.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ops.h"
 
 namespace fb::cuda {
@@ -29,6 +31,8 @@ constexpr int kNormBlockThreads = 256;
 constexpr int64_t kNormBlockMaxN = 12288;  // 48 KB of f32
 constexpr int64_t kNormBlockMaxRows = 256;
 __global__ void __launch_bounds__(kNormBlockThreads) rms_norm_block_kernel(const uint16_t* x, int64_t n, const uint16_t* w, float eps, uint16_t* y) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   extern __shared__ __align__(16) float xs[];
   __shared__ float s_r;
   const int64_t m = blockIdx.x;
@@ -179,6 +183,8 @@ __global__ void __launch_bounds__(kNormBlockThreads) hc_pre_norm_quant_kernel(co
 
 __global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, int half, const int64_t* pos, const float* cos_t,
                             const float* sin_t, bool inverse) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * heads * half) return;
   const int64_t m = i / (int64_t(heads) * half);
@@ -405,6 +411,8 @@ __global__ void stream_mean_kernel(const uint16_t* X, int64_t T, int hc, int64_t
 }
 
 __global__ void copy_rows_kernel(const uint64_t* src, const uint64_t* dst, int64_t row_bytes) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
   const uint8_t* s = reinterpret_cast<const uint8_t*>(src[blockIdx.x]);
   uint8_t* d = reinterpret_cast<uint8_t*>(dst[blockIdx.x]);
   for (int64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) d[k] = s[k];
@@ -415,7 +423,7 @@ __global__ void copy_rows_kernel(const uint64_t* src, const uint64_t* dst, int64
 Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, cudaStream_t st) {
   if (M == 0) return Status();
   if (M <= kNormBlockMaxRows && n <= kNormBlockMaxN) {
-    rms_norm_block_kernel<<<unsigned(M), kNormBlockThreads, size_t(n) * sizeof(float), st>>>(x, n, w, eps, y);
+    FB_CUDA_TRY(launch_pdl(fast_pdl(), rms_norm_block_kernel, dim3(unsigned(M)), dim3(kNormBlockThreads), size_t(n) * sizeof(float), st, x, n, w, eps, y));
     FB_CUDA_LAUNCHED("rms_norm_block_kernel");
     return Status();
   }
@@ -446,7 +454,8 @@ Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, cons
             bool inverse, cudaStream_t st) {
   const int half = rope_dim / 2;
   if (M == 0 || half == 0) return Status();
-  rope_kernel<<<blocks_for(M * heads * half, 256), 256, 0, st>>>(x, M, heads, width, half, pos, cos_t, sin_t, inverse);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), rope_kernel, dim3(blocks_for(M * heads * half, 256)), dim3(256), 0, st, x, M, heads, width, half, pos, cos_t,
+                         sin_t, inverse));
   FB_CUDA_LAUNCHED("rope_kernel");
   return Status();
 }
@@ -549,7 +558,7 @@ Status stream_mean(const uint16_t* X, int64_t T, int hc, int64_t D, uint16_t* ou
 
 Status copy_rows(const uint64_t* src, const uint64_t* dst, int64_t n, int64_t row_bytes, cudaStream_t st) {
   if (n == 0) return Status();
-  copy_rows_kernel<<<unsigned(n), 128, 0, st>>>(src, dst, row_bytes);
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), copy_rows_kernel, dim3(unsigned(n)), dim3(128), 0, st, src, dst, row_bytes));
   FB_CUDA_LAUNCHED("copy_rows_kernel");
   return Status();
 }

@@ -113,8 +113,12 @@ TEST(CudaVision, MakeTinyVisionGrids) {
   fs::remove_all(dir);
 }
 
+// The exact class: this test holds the CUDA executor to the CPU's bits (the fast class is held to
+// the fixture gates by FixtureGates in cuda_fixture_parity_test).
 Result<std::unique_ptr<model::Executor>> make_cuda(const std::string& ckpt) {
-  auto m = CudaExecutor::load(ckpt);
+  CudaLoadOptions lo;
+  lo.run.numerics = Numerics::kExact;
+  auto m = CudaExecutor::load(ckpt, {}, lo);
   if (!m.ok()) return m.status();
   return std::unique_ptr<model::Executor>(std::move(m.value()));
 }

@@ -9,6 +9,7 @@
 #include "cpu/session_cache.h"
 #include "cuda/executor.h"
 #include "cuda/fast_gemv.h"
+#include "cuda/fast_small.h"
 
 #include "loader/bind.h"
 #include "vision/tower.h"
@@ -48,13 +49,15 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
   if (name == "fast_gemv") return flag(o.fast_gemv);
   if (name == "fast_occupancy") return flag(o.fast_occupancy);
+  if (name == "fast_small") return flag(o.fast_small);
+  if (name == "pdl") return flag(o.pdl);
   if (name == "mma_gemv") return flag(o.mma_gemv);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, mma_gemv, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -69,6 +72,8 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   mma_gemv_ = fast && o.mma_gemv && !fast_gemv_;
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
+  fast_small_ = fast && o.fast_small;
+  set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
 // ---- loading -------------------------------------------------------------------------------------

@@ -1,0 +1,491 @@
+// The fused small ops of fast_small.h. Conventions shared by the kernels:
+//  * threads own 8-element chunks of a row (one 16-byte load of bf16); the 4 chunks of a 32-block
+//    sit in 4 adjacent lanes, whose amaxes combine by two xor shuffles; the scale rule and the
+//    clamp are the reference's (numerics.cuh fp8_block_scale), the e4m3 rounding is the
+//    hardware's RNE conversion (the same code for every clamped finite value);
+//  * sums of a row: per-thread FMA chains in a fixed element order, then fixed xor butterflies
+//    and a fixed order over warps / CTAs: the same tree for any number of rows;
+//  * every kernel starts with pdl_trigger() (the next kernel may launch and issue its weight
+//    loads) and pdl_wait() before its first read of step data.
+#include "cuda/fast_small.h"
+
+#include <atomic>
+
+#include "base/check.h"
+#include "cuda/device.h"
+#include "cuda/numerics.cuh"
+#include "cuda/pdl.cuh"
+
+namespace fb::cuda {
+
+using dev::kFull;
+using dev::to_bf;
+
+namespace {
+
+std::atomic<bool> g_pdl{false};
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
+  const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = bf_lo(q[e]);
+    f[2 * e + 1] = bf_hi(q[e]);
+  }
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) { return uint32_t(to_bf(lo)) | uint32_t(to_bf(hi)) << 16; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFull, v, off));
+  return v;
+}
+
+// Two e4m3 codes (RNE, the value already clamped to +-448) in the low 16 bits.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// act_quant of the 8 values v of chunk c (8-element chunk index in the row) held by this lane:
+// amax over the 32-block (the 4 lanes of the block), scale, codes. Every lane of the warp calls it
+// (on = false: a lane past the row's end, contributing nothing).
+__device__ __forceinline__ void quant8(const float* v, bool on, int64_t c, uint8_t* codes_row, float* scales_row) {
+  float amax = 0.0f;
+  if (on)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, 2));
+  if (!on) return;
+  const float s = dev::fp8_block_scale(amax);
+  if ((c & 3) == 0) scales_row[c / 4] = s;
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    w[e] = e4m3x2(fminf(fmaxf(__fdiv_rn(v[2 * e], s), -448.0f), 448.0f), fminf(fmaxf(__fdiv_rn(v[2 * e + 1], s), -448.0f), 448.0f));
+  *reinterpret_cast<uint2*>(codes_row + c * 8) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
+}
+
+// ---- mHC site -----------------------------------------------------------------------------------
+// Two kernels, the second launched with PDL behind the first:
+//  * partial, grid (chunks, T), kSiteThreads threads: CTA (c, t) owns dims [c * kSiteDims,
+//    +kSiteDims) of all HC streams of row t and writes partials[t][c] = the CTA's sums of the NV
+//    values of the row (X's sum of squares, the NMIX dots with fn, the collapsed row's sum of
+//    squares) and the collapsed bf16 values h[t][dims];
+//  * finish, same grid: every CTA sums the row's partials in one fixed tree (lane = chunk mod 32,
+//    then a butterfly: the same bits in every CTA and for any T), CTA 0 of the row runs the
+//    Sinkhorn in registers and writes mix[t], and every CTA normalises and quantises its own dims.
+// (One kernel with the last CTA finishing the row, the first design, ran ~20 us: the whole row's
+// norm and the Sinkhorn in one CTA are a long dependent chain.)
+constexpr int kSiteThreads = 128;
+constexpr int kSiteDims = kSiteThreads;  // one dim (all streams) per thread
+constexpr int kSiteNV = 40;              // partial stride: NV = (2 + HC) HC + 2 <= 26 for HC <= 4
+
+template <int HC>
+__global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uint16_t* __restrict__ X, int64_t dim, const float* __restrict__ fn,
+                                                                      const float* __restrict__ pre, int64_t pre_stride, float* partials,
+                                                                      uint16_t* hbuf) {
+  constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2, NW = kSiteThreads / 32;
+  static_assert(NMIX <= 32 && NV <= kSiteNV, "mixes must fit a warp");
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float red[NW][NV];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid / 32;
+  const int64_t t = blockIdx.y, chunks = gridDim.x, n = HC * dim;
+  const int64_t d = int64_t(blockIdx.x) * kSiteDims + tid;
+  const uint16_t* xr = X + t * n;
+  float v[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = 0.0f;
+  if (d < dim) {
+    float x[HC];
+#pragma unroll
+    for (int a = 0; a < HC; ++a) x[a] = __uint_as_float(uint32_t(__ldg(xr + a * dim + d)) << 16);
+#pragma unroll
+    for (int a = 0; a < HC; ++a) v[0] = __fmaf_rn(x[a], x[a], v[0]);
+#pragma unroll
+    for (int j = 0; j < NMIX; ++j)
+#pragma unroll
+      for (int a = 0; a < HC; ++a) v[1 + j] = __fmaf_rn(__ldg(fn + int64_t(j) * n + a * dim + d), x[a], v[1 + j]);
+    float hs = 0.0f;
+    const float* p = pre + t * pre_stride;
+#pragma unroll
+    for (int a = 0; a < HC; ++a) hs = __fmaf_rn(__ldg(p + a), x[a], hs);
+    const uint16_t hb = to_bf(hs);
+    hbuf[t * dim + d] = hb;
+    const float hf = __uint_as_float(uint32_t(hb) << 16);
+    v[NV - 1] = __fmul_rn(hf, hf);
+  }
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = warp_sum(v[j]);
+  if (lane == 0)
+#pragma unroll
+    for (int j = 0; j < NV; ++j) red[warp][j] = v[j];
+  __syncthreads();
+  if (tid < NV) {
+    float s = red[0][tid];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][tid]);
+    partials[(t * chunks + blockIdx.x) * kSiteNV + tid] = s;
+  }
+}
+
+// Sinkhorn of one row in one thread's registers (hc_split_sinkhorn's steps; a reciprocal per
+// row / column instead of a division per element), pre and post; m = the scaled mixes.
+template <int HC>
+__device__ __forceinline__ void sinkhorn_thread(const float* m, const float* sc, const float* base, int iters, float eps, float* pre, float* post,
+                                                float* comb) {
+  constexpr int HH = HC * HC;
+  float C[HH];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    pre[i] = __fadd_rn(__frcp_rn(__fadd_rn(1.0f, expf(-__fmaf_rn(m[i], sc[0], base[i])))), eps);
+    post[i] = __fmul_rn(2.0f, __frcp_rn(__fadd_rn(1.0f, expf(-__fmaf_rn(m[HC + i], sc[1], base[HC + i])))));
+  }
+#pragma unroll
+  for (int a = 0; a < HC; ++a) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < HC; ++b) {
+      C[a * HC + b] = __fmaf_rn(m[2 * HC + a * HC + b], sc[2], base[2 * HC + a * HC + b]);
+      mx = fmaxf(mx, C[a * HC + b]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int b = 0; b < HC; ++b) {
+      C[a * HC + b] = expf(__fsub_rn(C[a * HC + b], mx));
+      sum = __fadd_rn(sum, C[a * HC + b]);
+    }
+    const float r = __frcp_rn(sum);
+#pragma unroll
+    for (int b = 0; b < HC; ++b) C[a * HC + b] = __fmaf_rn(C[a * HC + b], r, eps);
+  }
+  const int n_norm = iters > 1 ? 2 * iters - 1 : 1;  // col, then (row, col) x (iters - 1)
+  for (int it = 0; it < n_norm; ++it) {
+    if ((it & 1) == 0) {
+#pragma unroll
+      for (int b = 0; b < HC; ++b) {
+        float s = 0.0f;
+#pragma unroll
+        for (int a = 0; a < HC; ++a) s = __fadd_rn(s, C[a * HC + b]);
+        const float r = __frcp_rn(__fadd_rn(s, eps));
+#pragma unroll
+        for (int a = 0; a < HC; ++a) C[a * HC + b] = __fmul_rn(C[a * HC + b], r);
+      }
+    } else {
+#pragma unroll
+      for (int a = 0; a < HC; ++a) {
+        float s = 0.0f;
+#pragma unroll
+        for (int b = 0; b < HC; ++b) s = __fadd_rn(s, C[a * HC + b]);
+        const float r = __frcp_rn(__fadd_rn(s, eps));
+#pragma unroll
+        for (int b = 0; b < HC; ++b) C[a * HC + b] = __fmul_rn(C[a * HC + b], r);
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < HH; ++e) comb[e] = C[e];
+}
+
+template <int HC>
+__global__ void __launch_bounds__(kSiteThreads) fast_hc_finish_kernel(int64_t dim, float norm_eps, const float* __restrict__ sc,
+                                                                     const float* __restrict__ base, int iters, float hc_eps,
+                                                                     const uint16_t* __restrict__ norm_w, const float* partials,
+                                                                     const uint16_t* hbuf, HcMix* mix, uint16_t* u, uint8_t* codes, float* scales) {
+  constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2, HH = HC * HC, NW = kSiteThreads / 32;
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float tot[NV];
+  __shared__ float s_pre[HC], s_post[HC], s_comb[HH];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid / 32;
+  const int64_t t = blockIdx.y, chunks = gridDim.x, n = HC * dim;
+  const float* pp = partials + t * chunks * kSiteNV;
+  for (int j = warp; j < NV; j += NW) {
+    float s = 0.0f;
+    for (int64_t c = lane; c < chunks; c += 32) s = __fadd_rn(s, pp[c * kSiteNV + j]);
+    s = warp_sum(s);
+    if (lane == 0) tot[j] = s;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    if (tid == 0) {
+      const float rho = rsqrtf(__fadd_rn(__fdiv_rn(tot[0], float(n)), norm_eps));
+      float m[NMIX];
+#pragma unroll
+      for (int j = 0; j < NMIX; ++j) m[j] = __fmul_rn(tot[1 + j], rho);
+      sinkhorn_thread<HC>(m, sc, base, iters, hc_eps, s_pre, s_post, s_comb);
+    }
+    __syncthreads();
+    HcMix* o = mix + t;
+    if (tid < 16) {
+      o->pre[tid] = tid < HC ? s_pre[tid] : 0.0f;
+      o->post[tid] = tid < HC ? s_post[tid] : 0.0f;
+    }
+    for (int e = tid; e < 256; e += kSiteThreads) o->comb[e] = e < HH ? s_comb[e] : 0.0f;
+  }
+  // RMSNorm + act_quant of this CTA's dims (8-element chunks on warp 0; quant8 shuffles the warp).
+  if (warp != 0) return;
+  const float r = rsqrtf(__fadd_rn(__fdiv_rn(tot[NV - 1], float(dim)), norm_eps));
+  const int64_t n8 = dim / 8;
+  for (int64_t c0 = int64_t(blockIdx.x) * (kSiteDims / 8); c0 < (int64_t(blockIdx.x) + 1) * (kSiteDims / 8); c0 += 32) {
+    const int64_t c = c0 + lane;
+    const bool on = lane < kSiteDims / 8 && c < n8;
+    float y[8];
+    if (on) {
+      float hv[8], wv[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hbuf + t * dim) + c), hv);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(norm_w) + c), wv);
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[e] = pack2(__fmul_rn(wv[2 * e], __fmul_rn(hv[2 * e], r)), __fmul_rn(wv[2 * e + 1], __fmul_rn(hv[2 * e + 1], r)));
+        y[2 * e] = bf_lo(o[e]);
+        y[2 * e + 1] = bf_hi(o[e]);
+      }
+      reinterpret_cast<uint4*>(u + t * dim)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    quant8(y, on, c, codes + t * dim, scales + t * (dim / 32));
+  }
+}
+
+// ---- hc_post in place ---------------------------------------------------------------------------
+// Thread per (row, 8-dim chunk): reads the HC streams' chunk and y's, writes the HC new chunks.
+template <int HC>
+__global__ void fast_hc_post_kernel(const uint16_t* __restrict__ y, uint16_t* X, int64_t T, int64_t dim, const HcMix* __restrict__ mix,
+                                    float* pre_out) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t n8 = dim / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * n8) return;
+  const int64_t t = i / n8, c = i % n8;
+  const HcMix& m = mix[t];
+  uint16_t* xr = X + t * HC * dim;
+  float x[HC][8], yv[8];
+#pragma unroll
+  for (int a = 0; a < HC; ++a) unpack8(*reinterpret_cast<const uint4*>(xr + a * dim + c * 8), x[a]);
+  unpack8(__ldg(reinterpret_cast<const uint4*>(y + t * dim) + c), yv);
+  float comb[HC * HC], post[HC];
+#pragma unroll
+  for (int e = 0; e < HC * HC; ++e) comb[e] = m.comb[e];
+#pragma unroll
+  for (int b = 0; b < HC; ++b) post[b] = m.post[b];
+#pragma unroll
+  for (int b = 0; b < HC; ++b) {
+    uint32_t o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int a = 0; a < HC; ++a) {
+        s0 = __fmaf_rn(comb[a * HC + b], x[a][2 * e], s0);
+        s1 = __fmaf_rn(comb[a * HC + b], x[a][2 * e + 1], s1);
+      }
+      o[e] = pack2(__fmaf_rn(post[b], yv[2 * e], s0), __fmaf_rn(post[b], yv[2 * e + 1], s1));
+    }
+    *reinterpret_cast<uint4*>(xr + b * dim + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  if (pre_out && c == 0)
+#pragma unroll
+    for (int a = 0; a < HC; ++a) pre_out[t * HC + a] = m.pre[a];
+}
+
+// ---- RMSNorm + act_quant, one CTA per row ---------------------------------------------------------
+constexpr int kRowThreads = 256;
+constexpr int kRowMaxChunks = 4;  // 8-element chunks per thread held in registers: n <= 8192
+
+__global__ void __launch_bounds__(kRowThreads) fast_norm_quant_kernel(const uint16_t* __restrict__ x, int64_t n, const uint16_t* __restrict__ w,
+                                                                     float eps, uint16_t* y, uint8_t* codes, float* scales) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float red[kRowThreads / 32];
+  const int64_t m = blockIdx.x, n8 = n / 8;
+  const int tid = int(threadIdx.x);
+  float v[kRowMaxChunks][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kRowMaxChunks; ++k) {
+    const int64_t c = tid + int64_t(k) * kRowThreads;
+    if (c < n8) {
+      unpack8(__ldg(reinterpret_cast<const uint4*>(x + m * n) + c), v[k]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = __fmaf_rn(v[k][e], v[k][e], ss);
+    }
+  }
+  ss = warp_sum(ss);
+  if ((tid & 31) == 0) red[tid / 32] = ss;
+  __syncthreads();
+  float tot = red[0];
+#pragma unroll
+  for (int i = 1; i < kRowThreads / 32; ++i) tot = __fadd_rn(tot, red[i]);
+  const float r = rsqrtf(__fadd_rn(__fdiv_rn(tot, float(n)), eps));
+#pragma unroll
+  for (int k = 0; k < kRowMaxChunks; ++k) {
+    const int64_t c = tid + int64_t(k) * kRowThreads;
+    if (int64_t(k) * kRowThreads >= n8) break;  // uniform over the CTA
+    const bool on = c < n8;
+    float q[8];
+    if (on) {
+      float wv[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(w) + c), wv);
+      uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[e] = pack2(__fmul_rn(wv[2 * e], __fmul_rn(v[k][2 * e], r)), __fmul_rn(wv[2 * e + 1], __fmul_rn(v[k][2 * e + 1], r)));
+        q[2 * e] = bf_lo(o[e]);
+        q[2 * e + 1] = bf_hi(o[e]);
+      }
+      reinterpret_cast<uint4*>(y + m * n)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    quant8(q, on, c, codes + m * n, scales + m * (n / 32));
+  }
+}
+
+// ---- act_quant and SwiGLU + act_quant: a thread per 8-element chunk ------------------------------
+__global__ void fast_act_quant_kernel(const uint16_t* __restrict__ x, int64_t M, int64_t K, uint8_t* codes, float* scales) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t k8 = K / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // whole 32-blocks per 4 lanes: the grid covers M * k8 rounded up to warps; lanes past the end
+  // still shuffle (quant8 with on = false)
+  const bool on = i < M * k8;
+  const int64_t m = on ? i / k8 : 0, c = on ? i % k8 : 0;
+  float v[8];
+  if (on) unpack8(__ldg(reinterpret_cast<const uint4*>(x + m * K) + c), v);
+  quant8(v, on, c, codes + m * K, scales + m * (K / 32));
+}
+
+__global__ void fast_swiglu_quant_kernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int64_t M, int64_t n, float limit,
+                                         const float* __restrict__ weight, uint8_t* codes, float* scales) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t n8 = n / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool on = i < M * n8;
+  const int64_t m = on ? i / n8 : 0, c = on ? i % n8 : 0;
+  float h[8];
+  if (on) {
+    float av[8], bv[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(a + m * n) + c), av);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(b + m * n) + c), bv);
+    const float wm = weight ? __ldg(weight + m) : 1.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float x = av[e], g = bv[e];
+      if (limit > 0.0f) {
+        g = fminf(fmaxf(g, -limit), limit);
+        x = fminf(x, limit);
+      }
+      float s = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), g);
+      if (weight) s = __fmul_rn(s, wm);
+      h[e] = __uint_as_float(uint32_t(to_bf(s)) << 16);
+    }
+  }
+  quant8(h, on, c, codes + m * n, scales + m * (n / 32));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+unsigned blocks(int64_t threads, int per) { return unsigned((threads + per - 1) / per); }
+
+}  // namespace
+
+void set_fast_pdl(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
+bool fast_pdl() { return g_pdl.load(std::memory_order_relaxed); }
+
+size_t FastHcScratch::bytes(int64_t dim) {
+  const int64_t chunks = (dim + kSiteDims - 1) / kSiteDims;
+  return size_t(kFastSmallMaxRows * chunks * kSiteNV * 4) + size_t(kFastSmallMaxRows * dim * 2);
+}
+
+FastHcScratch FastHcScratch::at(void* mem, int64_t dim) {
+  FastHcScratch s;
+  const int64_t chunks = (dim + kSiteDims - 1) / kSiteDims;
+  s.partials = static_cast<float*>(mem);
+  s.h = reinterpret_cast<uint16_t*>(static_cast<char*>(mem) + kFastSmallMaxRows * chunks * kSiteNV * 4);
+  s.dim = dim;
+  return s;
+}
+
+bool fast_hc_site_ok(int hc, int64_t dim, int64_t T) { return hc >= 1 && hc <= 4 && dim % 32 == 0 && dim > 0 && T <= kFastSmallMaxRows; }
+
+Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
+                    int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
+                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st) {
+  FB_CHECK(fast_hc_site_ok(hc, dim, T) && scratch.dim == dim && T * dim <= q.capacity) << "fast_hc_site hc=" << hc << " dim=" << dim << " T=" << T;
+  FB_CHECK(aligned16(u) && aligned16(norm_w) && aligned16(scratch.h) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0 &&
+           (dim + kSiteDims - 1) / kSiteDims <= 32 * 64)
+      << "fast_hc_site alignment / width";
+  if (T == 0) return Status();
+  const dim3 grid(unsigned((dim + kSiteDims - 1) / kSiteDims), unsigned(T));
+  const bool pdl = fast_pdl();
+  cudaError_t e1 = cudaSuccess, e2 = cudaSuccess;
+  auto go = [&](auto partial, auto finish) {
+    e1 = launch_pdl(pdl, partial, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h);
+    if (e1 == cudaSuccess)
+      e2 = launch_pdl(pdl, finish, grid, dim3(kSiteThreads), 0, st, dim, norm_eps, scale, base, iters, hc_eps, norm_w, scratch.partials, scratch.h, mix,
+                      u, q.codes, q.scales);
+  };
+  switch (hc) {
+    case 1: go(fast_hc_partial_kernel<1>, fast_hc_finish_kernel<1>); break;
+    case 2: go(fast_hc_partial_kernel<2>, fast_hc_finish_kernel<2>); break;
+    case 3: go(fast_hc_partial_kernel<3>, fast_hc_finish_kernel<3>); break;
+    default: go(fast_hc_partial_kernel<4>, fast_hc_finish_kernel<4>); break;
+  }
+  FB_CUDA_TRY(e1);
+  FB_CUDA_LAUNCHED("fast_hc_partial_kernel");
+  FB_CUDA_TRY(e2);
+  FB_CUDA_LAUNCHED("fast_hc_finish_kernel");
+  return Status();
+}
+
+Status fast_hc_post(const uint16_t* y, uint16_t* X, int64_t T, int hc, int64_t dim, const HcMix* mix, float* pre_out, cudaStream_t st) {
+  FB_CHECK(hc >= 1 && hc <= 4 && dim % 8 == 0 && aligned16(y) && aligned16(X)) << "fast_hc_post hc=" << hc << " dim=" << dim;
+  if (T == 0) return Status();
+  const dim3 grid(blocks(T * (dim / 8), 128));
+  const bool pdl = fast_pdl();
+  cudaError_t e = cudaSuccess;
+  auto go = [&](auto kernel) { e = launch_pdl(pdl, kernel, grid, dim3(128), 0, st, y, X, T, dim, mix, pre_out); };
+  switch (hc) {
+    case 1: go(fast_hc_post_kernel<1>); break;
+    case 2: go(fast_hc_post_kernel<2>); break;
+    case 3: go(fast_hc_post_kernel<3>); break;
+    default: go(fast_hc_post_kernel<4>); break;
+  }
+  FB_CUDA_TRY(e);
+  FB_CUDA_LAUNCHED("fast_hc_post_kernel");
+  return Status();
+}
+
+Status fast_norm_quant(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, const QuantBuf& q, cudaStream_t st) {
+  FB_CHECK(n % 32 == 0 && n <= int64_t(kRowMaxChunks) * kRowThreads * 8 && M * n <= q.capacity && aligned16(x) && aligned16(w) && aligned16(y) &&
+           (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0)
+      << "fast_norm_quant n=" << n;
+  if (M == 0) return Status();
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_norm_quant_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, x, n, w, eps, y, q.codes, q.scales));
+  FB_CUDA_LAUNCHED("fast_norm_quant_kernel");
+  return Status();
+}
+
+Status fast_act_quant(const uint16_t* x, int64_t M, int64_t K, const QuantBuf& q, cudaStream_t st) {
+  FB_CHECK(K % 32 == 0 && M * K <= q.capacity && aligned16(x) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0) << "fast_act_quant K=" << K;
+  if (M == 0) return Status();
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_act_quant_kernel, dim3(blocks(M * (K / 8), 128)), dim3(128), 0, st, x, M, K, q.codes, q.scales));
+  FB_CUDA_LAUNCHED("fast_act_quant_kernel");
+  return Status();
+}
+
+Status fast_swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q,
+                         cudaStream_t st) {
+  FB_CHECK(n % 32 == 0 && M * n <= q.capacity && aligned16(a) && aligned16(b) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0)
+      << "fast_swiglu_quant n=" << n;
+  if (M == 0) return Status();
+  FB_CUDA_TRY(
+      launch_pdl(fast_pdl(), fast_swiglu_quant_kernel, dim3(blocks(M * (n / 8), 128)), dim3(128), 0, st, a, b, M, n, limit, weight, q.codes, q.scales));
+  FB_CUDA_LAUNCHED("fast_swiglu_quant_kernel");
+  return Status();
+}
+
+}  // namespace fb::cuda
