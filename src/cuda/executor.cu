@@ -292,6 +292,9 @@ class CudaLayerOps {
   bool fast_small() const {
     return m_.fast_small_ && !tc_ && T_ <= kFastSmallMaxRows && fast_hc_site_ok(c_.hc_mult, c_.dim, T_) && c_.q_lora_rank <= 8192;
   }
+  // [fast] decode rows may put independent work on the side stream (CudaRunOptions::overlap); not
+  // under the per-kernel profiler (it times one stream) nor in a tensor-core prefill step.
+  bool side_ok() const { return m_.overlap_ && m_.fast_gemv_ && !tc_ && T_ <= kFastGemvMaxRows && !m_.kernel_profile_; }
   FastHcScratch hc_scratch() {
     if (!m_.fast_hc_scratch_.get()) {
       const size_t bytes = FastHcScratch::bytes(c_.dim);
@@ -311,6 +314,13 @@ class CudaLayerOps {
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
     // wkv reads the same codes: one launch for both where the fast GEMVs run (attn_kv uses kv_raw_)
     kv_raw_ready_ = gemm_q2(uq_, T_, w.wq_a, a, w.wkv, kv_raw_);
+    if (kv_raw_ready_ && side_ok()) {  // the window KV's chain beside the query path; attn_kv joins
+      step(cuda_status(cudaEventRecord(m_.fork_, st_), "kv fork"));
+      step(cuda_status(cudaStreamWaitEvent(m_.side_, m_.fork_, 0), "kv fork"));
+      kv_finish(l, m_.side_);
+      step(cuda_status(cudaEventRecord(m_.join_, m_.side_), "kv join"));
+      kv_on_side_ = true;
+    }
     if (fast_small()) {
       step(fast_norm_quant(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, qrq_, st_));
     } else {
@@ -327,14 +337,22 @@ class CudaLayerOps {
     Frame frame_(this);
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
+    if (kv_on_side_) {  // attn_q ran the chain on the side stream
+      kv_on_side_ = kv_raw_ready_ = false;
+      step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "kv join"));
+      return;
+    }
+    if (!kv_raw_ready_) gemm_q(uq_, T_, w.wkv, kv_raw_);
+    kv_raw_ready_ = false;
+    kv_finish(l, st_);
+  }
+  void kv_finish(int l, cudaStream_t st) {
+    const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t hd = c_.head_dim;
-    uint16_t* a = kv_raw_;
-    if (!kv_raw_ready_) gemm_q(uq_, T_, w.wkv, a);
-    kv_raw_ready_ = false;
-    step(rms_norm(a, T_, hd, w.kv_norm, c_.norm_eps, kv_, st_));
-    step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
-    step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st_));
+    step(rms_norm(kv_raw_, T_, hd, w.kv_norm, c_.norm_eps, kv_, st));
+    step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st));
+    step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st));
   }
 
   // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
@@ -384,9 +402,30 @@ class CudaLayerOps {
     float* route_scratch = alloc<float>(2 * T_ * r.n_experts);
     if (!ok()) return;
     route_biased_ = route_scratch + T_ * r.n_experts;  // [T, E] biased scores (the layer gate's margins)
+    // [fast] decode rows on resident experts: the shared expert on the side stream, forked before
+    // the router and joined before the combine, with its own temporaries (the routed chain reuses
+    // a, b and q_buf_). Not under the per-kernel profiler (it times one stream).
+    const bool overlap = side_ok() && !m_.tiered(l);
+    if (overlap) {
+      uint16_t* sa = alloc<uint16_t>(T_ * I);
+      uint16_t* sb = alloc<uint16_t>(T_ * I);
+      QuantBuf sq;
+      sq.capacity = T_ * I;
+      sq.codes = alloc<uint8_t>(sq.capacity);
+      sq.scales = alloc<float>(sq.capacity / 32 + 1);
+      if (!ok()) return;
+      const cudaStream_t side = m_.side_;
+      step(cuda_status(cudaEventRecord(m_.fork_, st_), "moe fork"));
+      step(cuda_status(cudaStreamWaitEvent(side, m_.fork_, 0), "moe fork"));
+      step(fast_fp8_gemv2_q(uq_, T_, w.sh_w1, sa, w.sh_w3, sb, side));
+      if (fast_small()) step(fast_swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
+      else step(swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
+      step(fast_fp8_gemv_q(sq, T_, w.sh_w2, ys, side));
+      step(cuda_status(cudaEventRecord(m_.join_, side), "moe join"));
+    }
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                experts, weights, route_scratch, st_));
-    bool shared_done = false;
+    bool shared_done = overlap;
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
       shared_done = true;
@@ -422,6 +461,7 @@ class CudaLayerOps {
       routed_experts(w, K, experts, weights, a, b, ye, r.n_experts);
     }
     shared();
+    if (overlap) step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "moe join"));
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
@@ -734,7 +774,7 @@ class CudaLayerOps {
   bool fused_site_[2] = {false, false};
   // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
   uint16_t* kv_raw_ = nullptr;
-  bool kv_raw_ready_ = false;
+  bool kv_raw_ready_ = false, kv_on_side_ = false;
   int64_t* pos_ = nullptr;
   uint8_t* image_ = nullptr;
   QuantBuf q_buf_;

@@ -51,13 +51,14 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fast_occupancy") return flag(o.fast_occupancy);
   if (name == "fast_small") return flag(o.fast_small);
   if (name == "pdl") return flag(o.pdl);
+  if (name == "overlap") return flag(o.overlap);
   if (name == "mma_gemv") return flag(o.mma_gemv);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, mma_gemv, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -73,6 +74,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   fast_small_ = fast && o.fast_small;
+  overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
@@ -96,6 +98,12 @@ CudaExecutor::~CudaExecutor() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  if (side_) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+  }
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
 }
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map, CudaLoadOptions opt) {
@@ -111,6 +119,9 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
   FB_RETURN_IF_ERROR(loader::check_runnable(*snap, &token_map));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(std::move(snap), std::move(token_map)));
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->stream_, cudaStreamNonBlocking));
+  FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->side_, cudaStreamNonBlocking));
+  FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->fork_, cudaEventDisableTiming));
+  FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->join_, cudaEventDisableTiming));
   ex->set_run_options(opt.run);
   FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
