@@ -1,0 +1,818 @@
+// Private to the CUDA executor (included by executor.cu and draft.cu only): the per-step
+// device arena and CudaLayerOps, the sublayer ops shared by the backbone step (executor.cu,
+// CudaStep) and the DSpark draft step (draft.cu, CudaDraftStep); the mirror of cpu::CpuLayerOps.
+// Host work is bookkeeping only; all arithmetic is in the kernels of ops.h, fast_gemv.h and
+// fast_small.h. Errors stick in the step's Status and skip later ops.
+#pragma once
+
+#include "cuda/executor.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "base/check.h"
+#include "cpu/session_cache.h"
+#include "cuda/fast_gemv.h"
+#include "cuda/fast_small.h"
+#include "cuda/mma_gemv.h"
+#include "model/forward.h"
+#include "model/selection.h"
+
+namespace fb::cuda {
+
+using model::Config;
+using model::LayerRole;
+using model::Row;
+using model::RowKind;
+using model::Site;
+
+
+
+inline uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// Per-step device allocations: bump-allocated from the executor's StepWorkspace (no cudaMalloc
+// once warmed up; uploads staged through its pinned buffer), with plain cudaMalloc as the
+// fallback when it is too small or already in use. The destructor synchronises the stream (the
+// step is over, so the next step may reuse the memory) and grows the workspace to this step's
+// high-water mark.
+class Arena {
+ public:
+  Arena(cudaStream_t st, StepWorkspace* ws) : st_(st), ws_(ws && !ws->busy ? ws : nullptr) {
+    if (ws_) ws_->busy = true;
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    if (!ws_) return;
+    if (ws_->capturing) {  // nothing may wait inside a capture; the workspace was warmed up
+      ws_->busy = false;
+      return;
+    }
+    cudaStreamSynchronize(st_);
+    ws_->dev_high = std::max(ws_->dev_high, dev_peak_);
+    ws_->pin_high = std::max(ws_->pin_high, pin_need_);
+    if (ws_->dev_high > ws_->dev.bytes()) {
+      ws_->dev.reset();
+      if (!ws_->dev.alloc(ws_->dev_high + ws_->dev_high / 4).ok()) ws_->dev.reset();
+    }
+    constexpr size_t kPinMax = size_t(256) << 20;
+    if (ws_->pin_high > ws_->pin_cap && ws_->pin_high <= kPinMax) {
+      if (ws_->pinned) cudaFreeHost(ws_->pinned);
+      ws_->pinned = nullptr;
+      ws_->pin_cap = 0;
+      const size_t want = std::max<size_t>(ws_->pin_high + ws_->pin_high / 4, size_t(1) << 20);
+      if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
+      else ws_->pinned = nullptr;
+    }
+    ws_->busy = false;
+  }
+  template <typename T>
+  T* alloc(int64_t n, Status& status) {
+    if (!status.ok()) return nullptr;
+    const size_t bytes = round_up(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    if (ws_) {
+      const size_t off = dev_need_;
+      dev_need_ += bytes;
+      dev_peak_ = std::max(dev_peak_, dev_need_);
+      if (dev_need_ <= ws_->dev.bytes()) return reinterpret_cast<T*>(ws_->dev.get<uint8_t>() + off);
+    }
+    DeviceBuffer b;
+    status = b.alloc(bytes);
+    if (!status.ok()) return nullptr;
+    T* p = b.get<T>();
+    bufs_.push_back(std::move(b));
+    return p;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v, Status& status) {
+    T* p = alloc<T>(int64_t(v.size()), status);
+    if (!p || v.empty()) return status.ok() ? p : nullptr;
+    const size_t bytes = v.size() * sizeof(T);
+    const void* src = v.data();
+    if (ws_) {
+      const size_t off = pin_need_;
+      pin_need_ += round_up(bytes);
+      if (pin_need_ <= ws_->pin_cap) {
+        void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
+        std::memcpy(stage, v.data(), bytes);
+        src = stage;
+      }
+    }
+    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    kprof_mark("upload");
+    return status.ok() ? p : nullptr;
+  }
+
+  // Frames: device memory allocated after mark() is reused by allocations after release(m).
+  // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
+  // never released (an upload's host copy may still be waiting for its transfer). Fallback
+  // buffers (the workspace was too small: a first step of a new size) made inside the frame are
+  // freed after the stream drains, so that step peaks at one op's temporaries too.
+  struct Mark {
+    size_t dev, bufs;
+  };
+  Mark mark() const { return {dev_need_, bufs_.size()}; }
+  void release(const Mark& m) {
+    dev_need_ = std::min(dev_need_, m.dev);
+    if (bufs_.size() > m.bufs && !(ws_ && ws_->capturing)) {
+      cudaStreamSynchronize(st_);
+      bufs_.resize(m.bufs);
+    }
+  }
+
+ private:
+  static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
+  cudaStream_t st_;
+  StepWorkspace* ws_;
+  size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;
+  std::vector<DeviceBuffer> bufs_;
+};
+
+
+// ---------------------------------------------------------------------------------------------
+// Sublayer ops shared by the backbone and the draft (cpu::CpuLayerOps). Activations are device
+// arrays [rows, ...]; each row carries its position.
+class CudaLayerOps {
+ public:
+  CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_, &m.ws_) {
+    if (m_.profile_) prof_begin_ = event();
+    if (m_.kernel_profile_) kprof_begin(st_);
+    const int64_t D = c_.dim, hc = c_.hc_mult;
+    X_ = alloc<uint16_t>(T_ * hc * D);
+    residual_ = alloc<uint16_t>(T_ * hc * D);
+    pre_ = alloc<float>(T_ * hc);
+    mix_a_ = alloc<HcMix>(T_);
+    mix_f_ = alloc<HcMix>(T_);
+    u_ = alloc<uint16_t>(T_ * D);
+    y_ = alloc<uint16_t>(T_ * D);
+    h_ = alloc<uint16_t>(T_ * D);
+    qr_ = alloc<uint16_t>(T_ * c_.q_lora_rank);
+    q_ = alloc<uint16_t>(T_ * c_.q_dim());
+    kv_ = alloc<uint16_t>(T_ * c_.head_dim);
+    kv_raw_ = alloc<uint16_t>(T_ * c_.head_dim);
+    kv_codes_ = alloc<uint8_t>(T_ * row_bytes());
+    o_ = alloc<uint16_t>(T_ * c_.q_dim());
+    // act_quant scratch: the widest GEMM input of any op, times the rows that feed it.
+    int64_t k_max = std::max<int64_t>({D, c_.q_lora_rank, int64_t(c_.o_groups) * c_.o_lora_rank, c_.moe_inter_dim, c_.head_dim,
+                                       int64_t(c_.engram_cat_dim()), int64_t(c_.dspark_target_layer_ids.size()) * D});
+    int max_active = 1;
+    for (const LayerRole& r : c_.roles) max_active = std::max(max_active, r.n_active);
+    max_active_ = max_active;
+    if (T_ <= kFastSmallMaxRows) {  // the expert outputs of a deferred MoE combine (moe, fuse_combine)
+      moe_ye_ = alloc<uint16_t>(T_ * max_active * D);
+      moe_ys_ = alloc<uint16_t>(T_ * D);
+    }
+    q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
+    q_buf_.codes = alloc<uint8_t>(q_buf_.capacity);
+    q_buf_.scales = alloc<float>(q_buf_.capacity / 32 + 1);
+    uq_.capacity = T_ * D;
+    uq_.codes = alloc<uint8_t>(uq_.capacity);
+    uq_.scales = alloc<float>(uq_.capacity / 32 + 1);
+    qrq_.capacity = T_ * c_.q_lora_rank;
+    qrq_.codes = alloc<uint8_t>(qrq_.capacity);
+    qrq_.scales = alloc<float>(qrq_.capacity / 32 + 1);
+  }
+
+  Status status() const { return status_; }
+  ~CudaLayerOps() {
+    for (auto& e : prof_) {
+      cudaEventDestroy(e.a);
+      cudaEventDestroy(e.b);
+    }
+    if (prof_begin_) cudaEventDestroy(prof_begin_);
+  }
+
+  // Temporaries of one op: the op's device allocations are reused by the next op (a prefill
+  // chunk of many rows would otherwise hold every layer's temporaries at once). Results that
+  // outlive the op (members, selections, the candidate pool) are allocated before the frame.
+  struct Frame {
+    CudaLayerOps* o;
+    Arena::Mark m;
+    explicit Frame(CudaLayerOps* ops) : o(ops), m(ops->arena_.mark()) {}
+    ~Frame() { o->arena_.release(m); }
+  };
+  // Profiling scope: events around one op on the stream (no-op unless the executor profiles).
+  struct ProfScope {
+    CudaLayerOps* o;
+    size_t i;
+    ProfScope(CudaLayerOps* ops, const char* name) : o(ops), i(ops->prof_open(name)) {}
+    ~ProfScope() { o->prof_close(i); }
+  };
+  // After the stream was synchronised: op times into the executor's profile.
+  size_t prof_open(const char* name) {
+    kprof_set_op(name);
+    if (!m_.profile_) return ~size_t(0);
+    prof_.push_back({name, event(), nullptr});
+    return prof_.size() - 1;
+  }
+  void prof_close(size_t i) {
+    kprof_set_op("-");
+    if (i != ~size_t(0)) prof_[i].b = event();
+  }
+  void flush_profile() {
+    if (kprof_on())
+      kprof_end(
+          [](void* ctx, const std::string& name, double ms) {
+            OpProfile& p = (*static_cast<std::map<std::string, OpProfile>*>(ctx))["k:" + name];
+            p.ms += ms;
+            ++p.calls;
+          },
+          &m_.prof_);
+    if (!m_.profile_ || !prof_begin_) return;
+    cudaEvent_t last = prof_begin_;
+    for (auto& e : prof_) {
+      float ms = 0;
+      if (e.a && e.b && cudaEventElapsedTime(&ms, e.a, e.b) == cudaSuccess) {
+        OpProfile& p = m_.prof_[e.name];
+        p.ms += ms;
+        ++p.calls;
+      }
+      if (e.b) last = e.b;
+    }
+    float total = 0;
+    if (last != prof_begin_ && cudaEventElapsedTime(&total, prof_begin_, last) == cudaSuccess) {
+      OpProfile& p = m_.prof_["step.gpu"];
+      p.ms += total;
+      ++p.calls;
+    }
+  }
+
+  void hc_mixes(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_mixes");
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const bool a = site == Site::kAttn;
+    if (fast_small()) {
+      // [fast] the whole site in one launch: mixes, and u = RMSNorm(collapse(X, carried pre)) with
+      // its codes (hc_collapse_norm then has nothing left to do); X stays as it is, so hc_expand
+      // updates it in place and no residual copy is made.
+      const auto [pre, stride] = collapse_pre(site);
+      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, pre, stride, a ? w.attn_norm : w.ffn_norm,
+                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_));
+      fused_site_[a ? 0 : 1] = true;
+      return;
+    }
+    fused_site_[a ? 0 : 1] = false;
+    if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
+      step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                       a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
+    else
+      step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                          a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
+    if (a) copy_d2d(residual_, X_, T_ * c_.hc_mult * c_.dim * 2);  // R of spec/11 §3
+  }
+
+  // u = RMSNorm(hc_pre(X, pre), norm): the attention site collapses with the carried pre, the
+  // FFN site with the attention site's pre.
+  void hc_collapse_norm(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_collapse_norm");
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const int hc = c_.hc_mult;
+    if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
+    const auto [pre, stride] = collapse_pre(site);
+    // u = rms_norm(hc_pre(X, pre)) and act_quant(u) once (every FP8/FP4 GEMM of the sublayer
+    // reads these codes: the bits each separate act_quant gave), fused for up to 256 rows.
+    step(hc_pre_norm_quant(X_, T_, hc, c_.dim, pre, stride, site == Site::kAttn ? w.attn_norm : w.ffn_norm, c_.norm_eps, h_, u_, uq_, st_));
+  }
+
+  // The collapse weights of a site: the attention site's are the carried pre, the FFN site's the
+  // attention site's mix pre (single-pass mHC); pointer and row stride in floats.
+  std::pair<const float*, int64_t> collapse_pre(Site site) const {
+    if (site == Site::kAttn) return {pre_, c_.hc_mult};
+    return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
+  }
+  // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
+  // not a tensor-core prefill step, a shape the kernels take.
+  bool fast_small() const {
+    return m_.fast_small_ && !tc_ && T_ <= kFastSmallMaxRows && fast_hc_site_ok(c_.hc_mult, c_.dim, T_) && c_.q_lora_rank <= 8192;
+  }
+  // [fast] decode rows may put independent work on the side stream (CudaRunOptions::overlap); not
+  // under the per-kernel profiler (it times one stream) nor in a tensor-core prefill step.
+  bool side_ok() const { return m_.overlap_ && m_.fast_gemv_ && !tc_ && T_ <= kFastGemvMaxRows && !m_.kernel_profile_; }
+  FastHcScratch hc_scratch() {
+    if (!m_.fast_hc_scratch_.get()) {
+      const size_t bytes = FastHcScratch::bytes(c_.dim);
+      Status s = m_.fast_hc_scratch_.alloc(bytes);
+      if (s.ok()) s = cuda_status(cudaMemsetAsync(m_.fast_hc_scratch_.get(), 0, bytes, st_), "fast scratch");
+      step(s);
+    }
+    return FastHcScratch::at(m_.fast_hc_scratch_.get(), c_.dim);
+  }
+
+  void attn_q(int l) {
+    ProfScope prof_scope_(this, "attn_q");
+    Frame frame_(this);
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
+    // wkv reads the same codes: one launch for both where the fast GEMVs run (attn_kv uses kv_raw_)
+    kv_raw_ready_ = gemm_q2(uq_, T_, w.wq_a, a, w.wkv, kv_raw_);
+    if (kv_raw_ready_ && side_ok()) {  // the window KV's chain beside the query path; attn_kv joins
+      step(cuda_status(cudaEventRecord(m_.fork_, st_), "kv fork"));
+      step(cuda_status(cudaStreamWaitEvent(m_.side_, m_.fork_, 0), "kv fork"));
+      kv_finish(l, m_.side_);
+      step(cuda_status(cudaEventRecord(m_.join_, m_.side_), "kv join"));
+      kv_on_side_ = true;
+    }
+    if (fast_small()) {
+      step(fast_norm_quant(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, qrq_, st_));
+    } else {
+      step(rms_norm(a, T_, c_.q_lora_rank, w.q_norm, c_.norm_eps, qr_, st_));
+      step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
+    }
+    gemm_q(qrq_, T_, w.wq_b, q_);
+    step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+  }
+
+  // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
+  void attn_kv(int l) {
+    ProfScope prof_scope_(this, "attn_kv");
+    Frame frame_(this);
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    const DevLayer& w = m_.layers_[size_t(l)];
+    if (kv_on_side_) {  // attn_q ran the chain on the side stream
+      kv_on_side_ = kv_raw_ready_ = false;
+      step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "kv join"));
+      return;
+    }
+    if (!kv_raw_ready_) gemm_q(uq_, T_, w.wkv, kv_raw_);
+    kv_raw_ready_ = false;
+    kv_finish(l, st_);
+  }
+  void kv_finish(int l, cudaStream_t st) {
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    const int64_t hd = c_.head_dim;
+    step(rms_norm(kv_raw_, T_, hd, w.kv_norm, c_.norm_eps, kv_, st));
+    step(rope(kv_, T_, 1, hd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st));
+    step(fp8_qdq(kv_, T_, hd, kv_codes_, row_bytes(), kv_, st));
+  }
+
+  // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
+  void attn_output(int l) {
+    ProfScope prof_scope_(this, "attn_output");
+    Frame frame_(this);
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const DevRope& rp = m_.rope_for(l);
+    const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
+    step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
+    uint16_t* z = alloc<uint16_t>(T_ * G * OR);
+    if (!ok()) return;
+    gemm_bf(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR);
+    gemm_x(z, T_, w.wo_b, y_);
+  }
+
+  void hc_expand(int l, Site site) {
+    ProfScope prof_scope_(this, "hc_expand");
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
+    if (fused) {  // X is still the site's input: update in place
+      fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
+      const Combine cb = site == Site::kFfn ? combine_ : Combine();
+      combine_ = Combine();
+      // moe()'s ye / ys were released with its frame, but nothing is allocated or written between
+      // its return and this launch (the backbone calls hc_expand right after moe).
+      step(fast_hc_post(y_, X_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, site == Site::kFfn ? pre_ : nullptr, st_, cb.ye,
+                        cb.K, cb.ys));
+      return;
+    }
+    step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
+    if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
+  }
+
+  // MoE (spec/11 §5): route, routed experts (weight before the down projection), shared expert,
+  // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
+  void moe(int l) {
+    ProfScope prof_scope_(this, "moe");
+    Frame frame_(this);
+    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
+    int32_t* experts = alloc<int32_t>(n);
+    float* weights = alloc<float>(n);
+    uint16_t* a = alloc<uint16_t>(n * I);
+    uint16_t* b = alloc<uint16_t>(n * I);
+    // fuse_combine: hc_expand(kFfn) reads the expert outputs after this frame is gone, so they
+    // live in the step's own buffers (a frame's fallback allocations are freed at its end).
+    const bool defer = fused_site_[1] && m_.fuse_combine_ && !keep_ffn_y_ && moe_ye_ && K <= max_active_;
+    uint16_t* ye = defer ? moe_ye_ : alloc<uint16_t>(n * D);
+    uint16_t* ys = defer ? moe_ys_ : alloc<uint16_t>(T_ * D);
+    if (!ok()) return;
+    float* route_scratch = alloc<float>(2 * T_ * r.n_experts);
+    if (!ok()) return;
+    route_biased_ = route_scratch + T_ * r.n_experts;  // [T, E] biased scores (the layer gate's margins)
+    // [fast] decode rows on resident experts: the shared expert on the side stream, forked before
+    // the router and joined before the combine, with its own temporaries (the routed chain reuses
+    // a, b and q_buf_). Not under the per-kernel profiler (it times one stream).
+    const bool overlap = side_ok() && !m_.tiered(l);
+    if (overlap) {
+      uint16_t* sa = alloc<uint16_t>(T_ * I);
+      uint16_t* sb = alloc<uint16_t>(T_ * I);
+      QuantBuf sq;
+      sq.capacity = T_ * I;
+      sq.codes = alloc<uint8_t>(sq.capacity);
+      sq.scales = alloc<float>(sq.capacity / 32 + 1);
+      if (!ok()) return;
+      const cudaStream_t side = m_.side_;
+      step(cuda_status(cudaEventRecord(m_.fork_, st_), "moe fork"));
+      step(cuda_status(cudaStreamWaitEvent(side, m_.fork_, 0), "moe fork"));
+      step(fast_fp8_gemv2_q(uq_, T_, w.sh_w1, sa, w.sh_w3, sb, side));
+      if (fast_small()) step(fast_swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
+      else step(swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
+      step(fast_fp8_gemv_q(sq, T_, w.sh_w2, ys, side));
+      step(cuda_status(cudaEventRecord(m_.join_, side), "moe join"));
+    }
+    step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+               experts, weights, route_scratch, st_));
+    bool shared_done = overlap;
+    auto shared = [&] {  // independent of the routed experts: issued while their copies run
+      if (shared_done) return;
+      shared_done = true;
+      gemm_q2(uq_, T_, w.sh_w1, a, w.sh_w3, b);  // one stream: a, b and q_buf_ are reused in issue order
+      if (fast_small()) step(fast_swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+      else step(swiglu_quant(a, b, T_, I, c_.swiglu_limit, nullptr, q_buf_, st_));
+      gemm_q(q_buf_, T_, w.sh_w2, ys);
+    };
+    if (m_.tiered(l)) {
+      if (m_.ws_.capturing) {
+        step(FB_ERROR(kUnsupported) << "a step with tiered experts cannot be captured into a CUDA graph (it waits for the routing)");
+        return;
+      }
+      std::vector<int32_t> ids;
+      download(ids, experts, n);
+      sync();
+      if (!ok()) return;
+      if (m_.route_override_) m_.route_override_(l, ids, T_, int(K));
+      for (int32_t e : ids)
+        if (e < 0 || e >= r.n_experts) {
+          step(FB_ERROR(kInternal) << "routing picked expert " << e << " of " << r.n_experts);
+          return;
+        }
+      if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
+      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared);
+    } else if (tc_) {
+      std::vector<int32_t> ids;
+      download(ids, experts, n);
+      sync();
+      if (!ok()) return;
+      routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
+    } else {
+      routed_experts(w, K, experts, weights, a, b, ye, r.n_experts);
+    }
+    shared();
+    if (overlap) step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "moe join"));
+    if (defer) {  // hc_expand forms y inside its kernel
+      combine_ = {ye, int(K), ys};
+      return;
+    }
+    step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
+  }
+
+  // Routed experts on the GEMV kernels (exact, fast_gemv.h or mma_gemv.h), ids indexing w's arrays (n_ids
+  // entries: experts, or a tiered layer's slots); ids < 0 are skipped (rows of another wave).
+  void routed_experts(const DevLayer& w, int64_t K, const int32_t* ids, const float* weights, uint16_t* a, uint16_t* b, uint16_t* ye,
+                      int n_ids) {
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
+    if (m_.mma_gemv_ && mma_gemv_ok(D, uq_.codes, w.w1.w, w.w1.w_stride, true) && mma_gemv_ok(I, q_buf_.codes, w.w2.w, w.w2.w_stride, true)) {
+      // Rows grouped by expert on the device (rows sharing an expert widen its weights once).
+      int32_t* gs = alloc<int32_t>(mma_group_ints(n));
+      if (!ok()) return;
+      const MmaGroups groups = mma_groups_at(gs, n);
+      const int64_t slots = std::min<int64_t>(n, n_ids);
+      step(mma_group_rows(ids, n, n_ids, groups, st_));
+      step(mma_fp4_gemm_q(uq_, n, K, w.w1, groups, slots, a, st_));
+      step(mma_fp4_gemm_q(uq_, n, K, w.w3, groups, slots, b, st_));
+      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      step(mma_fp4_gemm_q(q_buf_, n, 1, w.w2, groups, slots, ye, st_));
+    } else if (m_.fast_gemv_) {
+      // [fast] every (row, expert) pair on its own warps: row-invariant for any n. The kernels
+      // take at most kFastGemvMaxRows rows a call; chunks keep whole activation rows (multiples of K).
+      const int64_t step_rows = std::max<int64_t>(K, kFastGemvMaxRows / K * K);
+      for (int64_t m0 = 0; m0 < n && ok(); m0 += step_rows) {
+        const int64_t m = std::min(step_rows, n - m0);
+        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_));
+      }
+      if (fast_small()) step(fast_swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      else step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));
+      for (int64_t m0 = 0; m0 < n && ok(); m0 += kFastGemvMaxRows) {
+        const int64_t m = std::min(kFastGemvMaxRows, n - m0);
+        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_));
+      }
+    } else {
+      step(fp4_gemm2_q(uq_, n, K, w.w1, w.w3, ids, a, b, st_));
+      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
+      step(fp4_gemm_q(q_buf_, n, 1, w.w2, ids, ye, st_));
+    }
+  }
+  // Rows r0.. of an act_quant buffer of K-wide rows.
+  static QuantBuf rows_of(const QuantBuf& q, int64_t r0, int64_t K) {
+    QuantBuf o = q;
+    o.codes += r0 * K;
+    o.scales += r0 * K / 32;
+    o.capacity -= r0 * K;
+    return o;
+  }
+
+  // Distinct experts of `ids`, ascending.
+  static std::vector<int32_t> distinct(const std::vector<int32_t>& ids) {
+    std::vector<int32_t> v(ids);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  }
+
+  // Routed experts of a tiered layer on the GEMV kernels: waves of at most the layer's slots
+  // (one wave unless the step routes to more experts than that); each wave's rows see their
+  // expert's slot, the others -1 (skipped). Per row the arithmetic is the resident path's.
+  template <typename F>
+  void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
+                             uint16_t* ye, F& shared) {
+    DevExpertSlots& slots = *m_.slots_;
+    std::vector<int32_t> want = distinct(ids);
+    slots.resident_first(l, want);
+    const int E = c_.roles[size_t(l)].n_experts;
+    std::vector<int32_t> slot_of(size_t(E), -1);
+    for (size_t from = 0; from < want.size() && ok();) {
+      auto next = slots.take(l, want, from, slot_of, st_);
+      if (!next.ok()) {
+        step(next.status());
+        return;
+      }
+      if (from == 0) shared();
+      step(slots.join(st_));
+      std::vector<char> in_wave(size_t(E), 0);
+      for (size_t i = from; i < *next; ++i) in_wave[size_t(want[i])] = 1;
+      std::vector<int32_t> wave(ids.size(), -1);
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (in_wave[size_t(ids[i])]) wave[i] = slot_of[size_t(ids[i])];
+      routed_experts(w, K, upload(wave), weights, a, b, ye, slots.entries(l));
+      slots.release(l);
+      from = *next;
+    }
+  }
+
+ protected:
+  struct ProfEvent {
+    const char* name;
+    cudaEvent_t a, b;
+  };
+  cudaEvent_t event() {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return nullptr;
+    cudaEventRecord(e, st_);
+    return e;
+  }
+  bool ok() const { return status_.ok(); }
+  void step(Status s) {
+    if (status_.ok() && !s.ok()) status_ = std::move(s);
+  }
+  template <typename T>
+  T* alloc(int64_t n) {
+    return arena_.alloc<T>(n, status_);
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v) {
+    return arena_.upload<T>(v, status_);
+  }
+  // Several host vectors staged together and sent in ONE copy (each upload is its own copy on
+  // the stream, a few microseconds of host and GPU time on the decode step's critical path); the
+  // device pointer of each, 16-byte aligned, in argument order (all nullptr on failure).
+  template <typename... Ts>
+  std::tuple<Ts*...> upload_all(const std::vector<Ts>&... vs) {
+    constexpr size_t kAlign = 16;
+    std::array<size_t, sizeof...(Ts)> off{};
+    size_t total = 0, i = 0;
+    ((off[i++] = total, total += (vs.size() * sizeof(Ts) + kAlign - 1) / kAlign * kAlign), ...);
+    std::vector<uint8_t> pack(std::max<size_t>(total, 1));
+    i = 0;
+    ((vs.empty() ? void() : void(std::memcpy(pack.data() + off[i], vs.data(), vs.size() * sizeof(Ts))), ++i), ...);
+    uint8_t* base = upload(pack);
+    return pointers_at<Ts...>(base, off, std::index_sequence_for<Ts...>{});
+  }
+  template <typename... Ts, size_t... I>
+  static std::tuple<Ts*...> pointers_at(uint8_t* base, const std::array<size_t, sizeof...(Ts)>& off, std::index_sequence<I...>) {
+    return std::tuple<Ts*...>{(base ? reinterpret_cast<Ts*>(base + off[I]) : nullptr)...};
+  }
+  void copy_d2d(void* dst, const void* src, int64_t bytes) {
+    if (ok()) step(cuda_status(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, st_), "copy"));
+    kprof_mark("memcpy_d2d");
+  }
+  template <typename T>
+  void download(std::vector<T>& out, const T* src, int64_t n) {
+    if (m_.ws_.capturing) return;
+    out.resize(size_t(n));
+    if (ok() && n > 0) step(cuda_status(cudaMemcpyAsync(out.data(), src, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost, st_), "download"));
+  }
+  void sync() {
+    if (ok() && !m_.ws_.capturing) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
+  }
+  int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
+  // GEMMs: the exact CUDA-core kernels, or in a step of prefill rows the tensor-core path
+  // (tc_gemm.h, [reference-defining]: the same products, summed in the tensor cores' order).
+  static constexpr int64_t kTcMinGemmRows = 16;
+  static constexpr int64_t kFastGemvMaxRows = 64;
+  // [fast] decode, verify and draft steps (and short prefill steps) of up to kFastGemvMaxRows rows
+  // take the fast GEMVs: per-row arithmetic independent of the other rows (row invariance).
+  // Larger non-tensor-core steps keep the exact kernels (deterministic, not row-invariant with them).
+  void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
+    if (tc_ && M >= kTcMinGemmRows) step(tc_fp8_gemm_q(*tc_, q, M, w, y, st_));
+    else if (m_.fast_gemv_ && M <= kFastGemvMaxRows) step(fast_fp8_gemv_q(q, M, w, y, st_));
+    else if (m_.mma_gemv_ && mma_gemv_ok(w.K, q.codes, w.w, 0, false)) step(mma_fp8_gemm_q(q, M, w, y, st_));
+    else step(fp8_gemm_q(q, M, w, y, st_));
+  }
+  // Two weights over the same codes: one launch on the fast GEMVs (true), else two gemm_q (false).
+  bool gemm_q2(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W& wb, uint16_t* yb) {
+    if (!(tc_ && M >= kTcMinGemmRows) && m_.fast_gemv_ && M <= kFastGemvMaxRows && wa.K == wb.K) {
+      step(fast_fp8_gemv2_q(q, M, wa, ya, wb, yb, st_));
+      return true;
+    }
+    gemm_q(q, M, wa, ya);
+    gemm_q(q, M, wb, yb);
+    return false;
+  }
+  void gemm_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y) {
+    if (tc_ && M >= kTcMinGemmRows) {
+      step(tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_));
+      return;
+    }
+    if (fast_small() && M <= kFastGemvMaxRows && w.K % 32 == 0) step(fast_act_quant(x, M, w.K, q_buf_, st_));
+    else step(act_quant(x, M, w.K, q_buf_, st_));
+    gemm_q(q_buf_, M, w, y);
+  }
+  void gemm_bf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
+               int64_t G = 1, int64_t gx = 0, int64_t gw = 0, int64_t gy = 0) {
+    // A few rows (the head's logit rows of a prefill step) stay on the exact GEMV kernel: it
+    // reads the weight once either way, and the logits then match the CPU bit for bit.
+    if (tc_ && M >= kTcMinGemmRows) step(tc_bf16_gemm(*tc_, x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+    else if (m_.fast_gemv_ && M <= kFastGemvMaxRows) step(fast_bf16_gemv(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+    else step(bf16_gemm(x, M, K, ldx, w, N, y, ldy, out, G, gx, gw, gy, st_));
+  }
+  // Routed experts of a prefill step on tensor cores: (row, slot) pairs grouped by expert on the
+  // host (`ids`: the routing, downloaded once), per expert the exact bf16 values of w1/w3/w2 and
+  // three matmuls, SwiGLU + act_quant exactly as the exact path, outputs scattered back to ye
+  // [T*K, D]. A tiered layer runs in waves of at most its slots (each wave's rows are contiguous:
+  // they are sorted by expert); SwiGLU and act_quant are per row, so waves change no bits.
+  template <typename F>
+  void routed_experts_tc(int l, const DevLayer& w, int E, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* ye,
+                         F& shared) {
+    const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
+    std::vector<int64_t> count(size_t(E) + 1, 0);
+    for (int32_t e : ids) {
+      if (e < 0 || e >= E) {
+        step(FB_ERROR(kInternal) << "router picked expert " << e);
+        return;
+      }
+      ++count[size_t(e) + 1];
+    }
+    for (int e = 0; e < E; ++e) count[size_t(e) + 1] += count[size_t(e)];  // offsets
+    std::vector<int32_t> perm(static_cast<size_t>(n));
+    {
+      std::vector<int64_t> at(count.begin(), count.end() - 1);
+      for (int64_t i = 0; i < n; ++i) perm[size_t(at[size_t(ids[size_t(i)])]++)] = int32_t(i);
+    }
+    const int32_t* perm_d = upload(perm);
+    uint16_t* xp = alloc<uint16_t>(n * D);
+    uint16_t* ap = alloc<uint16_t>(n * I);
+    uint16_t* bp = alloc<uint16_t>(n * I);
+    uint16_t* hp = alloc<uint16_t>(n * I);
+    uint16_t* yp = alloc<uint16_t>(n * D);
+    float* wp = alloc<float>(n);
+    if (!ok()) return;
+    auto w1 = tc_->scratch(0, I * D, st_), w3 = tc_->scratch(1, I * D, st_), w2 = tc_->scratch(2, D * I, st_);
+    if (!w1.ok() || !w3.ok() || !w2.ok()) {
+      step(!w1.ok() ? w1.status() : !w3.ok() ? w3.status() : w2.status());
+      return;
+    }
+    step(tc_dequant_act(uq_, D, perm_d, K, n, xp, st_));  // row i of the group = activation row perm[i] / K
+    step(tc_gather_f32(weights, perm_d, n, wp, st_));
+    std::vector<int32_t> want;
+    for (int e = 0; e < E; ++e)
+      if (count[size_t(e) + 1] > count[size_t(e)]) want.push_back(e);
+    const bool tiered = m_.tiered(l);
+    if (tiered) m_.slots_->resident_first(l, want);
+    std::vector<int32_t> slot_of(size_t(E), -1);
+    // Experts want[i0..i1), ascending and consecutive among the used ones, so their rows are the
+    // contiguous range [count[want[i0]], count[want[i1 - 1] + 1]): w1 / w3, SwiGLU + act_quant of
+    // the range (per row, so any split gives the same bits), w2.
+    auto run = [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1 && ok(); ++i) {
+        const int e = want[i];
+        const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+        step(tc_dequant_fp4(w.w1, slot_of[size_t(e)], *w1, st_));
+        step(tc_dequant_fp4(w.w3, slot_of[size_t(e)], *w3, st_));
+        step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+        step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      }
+      const int64_t r0 = count[size_t(want[i0])], r1 = count[size_t(want[i1 - 1]) + 1];
+      step(swiglu_quant(ap + r0 * I, bp + r0 * I, r1 - r0, I, c_.swiglu_limit, wp + r0, q_buf_, st_));  // routing weight before w2
+      step(tc_dequant_act(q_buf_, I, nullptr, 1, r1 - r0, hp + r0 * I, st_));
+      for (size_t i = i0; i < i1 && ok(); ++i) {
+        const int e = want[i];
+        const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
+        step(tc_dequant_fp4(w.w2, slot_of[size_t(e)], *w2, st_));
+        step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
+      }
+    };
+    if (!tiered) {
+      for (int32_t e : want) slot_of[size_t(e)] = e;
+      if (!want.empty()) run(0, want.size());
+    }
+    // A tiered layer (w's arrays are its slots): waves of at most its slots, resident experts
+    // first; each expert runs alone, since a wave's experts are no longer consecutive.
+    for (size_t from = 0; tiered && from < want.size() && ok();) {
+      auto next = m_.slots_->take(l, want, from, slot_of, st_);
+      if (!next.ok()) {
+        step(next.status());
+        return;
+      }
+      if (from == 0) shared();
+      step(m_.slots_->join(st_));
+      for (size_t i = from; i < *next && ok(); ++i) run(i, i + 1);
+      m_.slots_->release(l);
+      from = *next;
+    }
+    step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
+  }
+  // Scratch for the key-block split of attention when it applies (few rows, long key lists).
+  // CudaRunOptions::attn_split = 0 turns it off, attn_predequant = 0 dequantises the key tiles inside
+  // the score and P.V kernels again (A/B measurements only; every path gives the same bits).
+  void split_scratch(AttnKeys& keys, int max_keys) {
+    keys.max_keys = max_keys;
+    if (!m_.run_.attn_predequant) keys.predequant = false;
+    if (!m_.run_.attn_split) return;
+    const int64_t n = attention_split_floats(T_, c_.n_heads, int(c_.head_dim), max_keys);
+    if (n > 0) keys.split = alloc<float>(n);
+  }
+  void set_rows(const std::vector<int64_t>& pos, const std::vector<uint8_t>& image) {
+    std::tie(pos_, image_) = upload_all(pos, image);
+  }
+  void embed_tokens(const std::vector<uint64_t>& src) {
+    if (!ok()) return;
+    step(embed_rows(upload(src), T_, c_.hc_mult, c_.dim, X_, pre_, st_));
+  }
+  // logits (f32) = f32(RMSNorm(hc_pre(X, pre), norm_w)) . f32(head)^T for the listed rows.
+  void head_rows(const std::vector<int32_t>& rows, const uint16_t* norm_w, float* logits, uint16_t* collapsed) {
+    const int64_t n = int64_t(rows.size()), D = c_.dim;
+    if (!ok() || n == 0) return;
+    uint16_t* hrows = collapsed ? collapsed : alloc<uint16_t>(n * D);
+    uint16_t* nrm = alloc<uint16_t>(n * D);
+    if (!ok()) return;
+    step(cuda::hc_pre(X_, n, upload(rows), c_.hc_mult, D, pre_, c_.hc_mult, hrows, st_));
+    step(rms_norm(hrows, n, D, norm_w, c_.norm_eps, nrm, st_));
+    gemm_bf(nrm, n, D, D, m_.head_, c_.vocab_size, logits, c_.vocab_size, GemmOut::kF32);
+  }
+
+  const CudaExecutor& m_;
+  const Config& c_;
+  int64_t T_;
+  cudaStream_t st_;
+  Status status_;
+  Arena arena_;
+  uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
+           *o_ = nullptr;
+  uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows
+  float* pre_ = nullptr;
+  HcMix *mix_a_ = nullptr, *mix_f_ = nullptr;
+  // Per site (attention, FFN) of the current layer: hc_mixes ran the fused fast site kernel.
+  bool fused_site_[2] = {false, false};
+  // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
+  // MoE outputs whose combine hc_expand(kFfn) does (fuse_combine), and whether y_ must be stored
+  // after moe (the layer gate downloads it).
+  struct Combine {
+    const uint16_t* ye = nullptr;
+    int K = 0;
+    const uint16_t* ys = nullptr;
+  };
+  Combine combine_;
+  bool keep_ffn_y_ = false;
+  uint16_t *moe_ye_ = nullptr, *moe_ys_ = nullptr;
+  int max_active_ = 1;
+  uint16_t* kv_raw_ = nullptr;
+  bool kv_raw_ready_ = false, kv_on_side_ = false;
+  int64_t* pos_ = nullptr;
+  uint8_t* image_ = nullptr;
+  QuantBuf q_buf_;
+  QuantBuf uq_, qrq_;  // act_quant of u (per sublayer) and of qr (attention q path and indexer)
+  TcGemm* tc_ = nullptr;  // non-null: this step's GEMMs run on tensor cores (prefill rows only)
+  const float* route_biased_ = nullptr;  // the last moe()'s biased router scores [T, E] (its frame: valid until the next allocation)
+  std::vector<ProfEvent> prof_;
+  cudaEvent_t prof_begin_ = nullptr;
+  std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace fb::cuda
