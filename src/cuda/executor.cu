@@ -27,7 +27,6 @@ class CudaStep : public CudaLayerOps {
       if (first_row_[size_t(s)] < 0) first_row_[size_t(s)] = t;
     }
     if (taps && taps->probe) probe_ = taps;
-    keep_ffn_y_ = probe_ != nullptr;
     n_taps_ = int(c_.dspark_target_layer_ids.size());
     taps_dev_ = taps_first_ = alloc<uint16_t>(T_ * n_taps_ * c_.dim);
     X_first_ = X_;

@@ -159,7 +159,6 @@ struct CudaRunOptions {
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
-  bool fuse_combine = true;           // kFast: the MoE combine inside the FFN site's hc_post (fast_small)
   bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
@@ -167,7 +166,7 @@ struct CudaRunOptions {
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, fuse_combine, mma_gemv,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, mma_gemv,
 // fp8_fma, attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -314,7 +313,6 @@ class CudaExecutor final : public model::Executor {
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query
   // path (same kernels, same bits; the gaps of one chain filled by the other).
   bool overlap_ = true;
-  bool fuse_combine_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,

@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kSiteThreads) fast_hc_finish_kernel(int64_t di
 // Thread per (row, 8-dim chunk): reads the HC streams' chunk and y's, writes the HC new chunks.
 template <int HC>
 __global__ void fast_hc_post_kernel(const uint16_t* __restrict__ y, uint16_t* X, int64_t T, int64_t dim, const HcMix* __restrict__ mix,
-                                    float* pre_out, const uint16_t* __restrict__ ye, int K, const uint16_t* __restrict__ ys) {
+                                    float* pre_out) {
   pdl_trigger();
   pdl_wait();
   const int64_t n8 = dim / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -268,21 +268,7 @@ __global__ void fast_hc_post_kernel(const uint16_t* __restrict__ y, uint16_t* X,
   float x[HC][8], yv[8];
 #pragma unroll
   for (int a = 0; a < HC; ++a) unpack8(*reinterpret_cast<const uint4*>(xr + a * dim + c * 8), x[a]);
-  if (ye) {  // moe_combine's value, in its order: f32 sum of the K expert rows, then the shared row
-    float e[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) yv[i] = 0.0f;
-    for (int k = 0; k < K; ++k) {
-      unpack8(__ldg(reinterpret_cast<const uint4*>(ye + (t * K + k) * dim) + c), e);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) yv[i] = __fadd_rn(yv[i], e[i]);
-    }
-    unpack8(__ldg(reinterpret_cast<const uint4*>(ys + t * dim) + c), e);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) yv[i] = __uint_as_float(uint32_t(to_bf(__fadd_rn(yv[i], e[i]))) << 16);
-  } else {
-    unpack8(__ldg(reinterpret_cast<const uint4*>(y + t * dim) + c), yv);
-  }
+  unpack8(__ldg(reinterpret_cast<const uint4*>(y + t * dim) + c), yv);
   float comb[HC * HC], post[HC];
 #pragma unroll
   for (int e = 0; e < HC * HC; ++e) comb[e] = m.comb[e];
@@ -455,15 +441,13 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
   return Status();
 }
 
-Status fast_hc_post(const uint16_t* y, uint16_t* X, int64_t T, int hc, int64_t dim, const HcMix* mix, float* pre_out, cudaStream_t st,
-                    const uint16_t* ye, int K, const uint16_t* ys) {
-  FB_CHECK(hc >= 1 && hc <= 4 && dim % 8 == 0 && (ye ? aligned16(ye) && aligned16(ys) && K >= 1 : aligned16(y)) && aligned16(X))
-      << "fast_hc_post hc=" << hc << " dim=" << dim;
+Status fast_hc_post(const uint16_t* y, uint16_t* X, int64_t T, int hc, int64_t dim, const HcMix* mix, float* pre_out, cudaStream_t st) {
+  FB_CHECK(hc >= 1 && hc <= 4 && dim % 8 == 0 && aligned16(y) && aligned16(X)) << "fast_hc_post hc=" << hc << " dim=" << dim;
   if (T == 0) return Status();
   const dim3 grid(blocks(T * (dim / 8), 128));
   const bool pdl = fast_pdl();
   cudaError_t e = cudaSuccess;
-  auto go = [&](auto kernel) { e = launch_pdl(pdl, kernel, grid, dim3(128), 0, st, y, X, T, dim, mix, pre_out, ye, K, ys); };
+  auto go = [&](auto kernel) { e = launch_pdl(pdl, kernel, grid, dim3(128), 0, st, y, X, T, dim, mix, pre_out); };
   switch (hc) {
     case 1: go(fast_hc_post_kernel<1>); break;
     case 2: go(fast_hc_post_kernel<2>); break;

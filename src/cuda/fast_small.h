@@ -55,10 +55,7 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
 
 // hc_post in place: X[t, b] = bf16(post[b] y[t] + sum_a comb[a, b] X[t, a]) (X as the site read
 // it), and pre_out[t, :] = mix[t].pre when pre_out != nullptr (the FFN site's hc_take_pre).
-// With ye != nullptr, y is not read: y[t] = moe_combine(ye, K, ys)[t] is formed in the kernel (the
-// combine's own order and rounding: the same bits as moe_combine), and never stored.
-Status fast_hc_post(const uint16_t* y, uint16_t* X, int64_t T, int hc, int64_t dim, const HcMix* mix, float* pre_out, cudaStream_t st,
-                    const uint16_t* ye = nullptr, int K = 0, const uint16_t* ys = nullptr);
+Status fast_hc_post(const uint16_t* y, uint16_t* X, int64_t T, int hc, int64_t dim, const HcMix* mix, float* pre_out, cudaStream_t st);
 
 // y [M, n] = RMSNorm(x, w) (bf16) and q = act_quant(y). n % 32 == 0, 16-byte rows.
 Status fast_norm_quant(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, const QuantBuf& q, cudaStream_t st);

@@ -244,27 +244,6 @@ TEST(FastSmall, HcPostInPlace) {
   }
 }
 
-// fuse_combine: the MoE combine formed inside hc_post equals moe_combine followed by hc_post, bit
-// for bit (same order, same rounding).
-TEST(FastSmall, HcPostWithCombineEqualsCombineThenPost) {
-  FB_NEED_GPU();
-  const SiteData d(19);
-  SiteRunner run(d);
-  Rng r(20);
-  const int K = 6;
-  const std::vector<uint16_t> ye = r.bf16(kMaxRows * K * kDim), ys = r.bf16(kMaxRows * kDim);
-  Dev<uint16_t> yed(ye), ysd(ys), y{size_t(kMaxRows * kDim)}, X1(d.X), X2(d.X);
-  for (int64_t T : {int64_t(1), int64_t(7), kMaxRows}) {
-    EXPECT_TRUE(hc_mixes(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, run.mix.p(), nullptr).ok());
-    X1.set(d.X);
-    X2.set(d.X);
-    EXPECT_TRUE(moe_combine(yed.p(), K, ysd.p(), T, kDim, y.p(), nullptr).ok());
-    EXPECT_TRUE(fast_hc_post(y.p(), X1.p(), T, kHc, kDim, run.mix.p(), nullptr, nullptr).ok());
-    EXPECT_TRUE(fast_hc_post(nullptr, X2.p(), T, kHc, kDim, run.mix.p(), nullptr, nullptr, yed.p(), K, ysd.p()).ok());
-    EXPECT_EQ(X1.get(), X2.get()) << "T=" << T;
-  }
-}
-
 TEST(FastSmall, NormQuantAndActQuant) {
   FB_NEED_GPU();
   Rng r(15);

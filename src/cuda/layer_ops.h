@@ -166,11 +166,6 @@ class CudaLayerOps {
                                        int64_t(c_.engram_cat_dim()), int64_t(c_.dspark_target_layer_ids.size()) * D});
     int max_active = 1;
     for (const LayerRole& r : c_.roles) max_active = std::max(max_active, r.n_active);
-    max_active_ = max_active;
-    if (T_ <= kFastSmallMaxRows) {  // the expert outputs of a deferred MoE combine (moe, fuse_combine)
-      moe_ye_ = alloc<uint16_t>(T_ * max_active * D);
-      moe_ys_ = alloc<uint16_t>(T_ * D);
-    }
     q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
     q_buf_.codes = alloc<uint8_t>(q_buf_.capacity);
     q_buf_.scales = alloc<float>(q_buf_.capacity / 32 + 1);
@@ -382,12 +377,7 @@ class CudaLayerOps {
     bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
     if (fused) {  // X is still the site's input: update in place
       fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
-      const Combine cb = site == Site::kFfn ? combine_ : Combine();
-      combine_ = Combine();
-      // moe()'s ye / ys were released with its frame, but nothing is allocated or written between
-      // its return and this launch (the backbone calls hc_expand right after moe).
-      step(fast_hc_post(y_, X_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, site == Site::kFfn ? pre_ : nullptr, st_, cb.ye,
-                        cb.K, cb.ys));
+      step(fast_hc_post(y_, X_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, site == Site::kFfn ? pre_ : nullptr, st_));
       return;
     }
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
@@ -407,11 +397,8 @@ class CudaLayerOps {
     float* weights = alloc<float>(n);
     uint16_t* a = alloc<uint16_t>(n * I);
     uint16_t* b = alloc<uint16_t>(n * I);
-    // fuse_combine: hc_expand(kFfn) reads the expert outputs after this frame is gone, so they
-    // live in the step's own buffers (a frame's fallback allocations are freed at its end).
-    const bool defer = fused_site_[1] && m_.fuse_combine_ && !keep_ffn_y_ && moe_ye_ && K <= max_active_;
-    uint16_t* ye = defer ? moe_ye_ : alloc<uint16_t>(n * D);
-    uint16_t* ys = defer ? moe_ys_ : alloc<uint16_t>(T_ * D);
+    uint16_t* ye = alloc<uint16_t>(n * D);
+    uint16_t* ys = alloc<uint16_t>(T_ * D);
     if (!ok()) return;
     float* route_scratch = alloc<float>(2 * T_ * r.n_experts);
     if (!ok()) return;
@@ -476,10 +463,6 @@ class CudaLayerOps {
     }
     shared();
     if (overlap) step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "moe join"));
-    if (defer) {  // hc_expand forms y inside its kernel
-      combine_ = {ye, int(K), ys};
-      return;
-    }
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
@@ -791,17 +774,6 @@ class CudaLayerOps {
   // Per site (attention, FFN) of the current layer: hc_mixes ran the fused fast site kernel.
   bool fused_site_[2] = {false, false};
   // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
-  // MoE outputs whose combine hc_expand(kFfn) does (fuse_combine), and whether y_ must be stored
-  // after moe (the layer gate downloads it).
-  struct Combine {
-    const uint16_t* ye = nullptr;
-    int K = 0;
-    const uint16_t* ys = nullptr;
-  };
-  Combine combine_;
-  bool keep_ffn_y_ = false;
-  uint16_t *moe_ye_ = nullptr, *moe_ys_ = nullptr;
-  int max_active_ = 1;
   uint16_t* kv_raw_ = nullptr;
   bool kv_raw_ready_ = false, kv_on_side_ = false;
   int64_t* pos_ = nullptr;

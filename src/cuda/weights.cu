@@ -52,14 +52,13 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fast_small") return flag(o.fast_small);
   if (name == "pdl") return flag(o.pdl);
   if (name == "overlap") return flag(o.overlap);
-  if (name == "fuse_combine") return flag(o.fuse_combine);
   if (name == "mma_gemv") return flag(o.mma_gemv);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, fuse_combine, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, mma_gemv, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -76,7 +75,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   fast_small_ = fast && o.fast_small;
   overlap_ = fast && o.overlap;
-  fuse_combine_ = fast && o.fuse_combine;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
