@@ -9,7 +9,11 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-numpy python3-venv
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libpcre2-dev libicu-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
-      libzstd-dev libpng-dev libjpeg-dev libwebp-dev clang libclang-rt-14-dev)
+      libzstd-dev libpng-dev libjpeg-dev libwebp-dev clang libclang-rt-14-dev
+      libjs-chart.js chromium)
+# libjs-chart.js: the dashboard's charts, embedded at build time (without it the page draws its own).
+# chromium: test only, headless, renders the dashboard (tests/server/test_dashboard.py; about a
+# minute to install; the test skips its browser part without it).
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -77,6 +77,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   le.tok = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
 
   std::unique_ptr<model::Executor> ex;
+  std::shared_ptr<storage::TieredExperts> tiers;  // the experts' host tiers, when the executor reads through them
   if (!s.scripted_output.empty()) {
     std::string text = FB_TRY(read_file_bytes(s.scripted_output));
     std::vector<std::vector<int32_t>> scripts;
@@ -92,7 +93,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   } else {
     engine::ExecutorOptions eo = s.tiers;
     if (s.max_context > 0) eo.context_tokens = s.max_context;
-    ex = FB_TRY(engine::make_executor(s.backend, dir, eo));
+    ex = FB_TRY(engine::make_executor(s.backend, dir, eo, &tiers));
     if (s.prefill_replay && !ex->supports_bounded_replay())
       return FB_ERROR(kUnsupported) << "--prefill-replay: the " << ex->name() << " executor does not run bounded replay (use --backend cpu)";
     le.model_dir = dir;
@@ -123,6 +124,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   eo.max_sessions = s.max_sessions;
   eo.kv_budget_bytes = s.kv_budget_bytes;
   eo.mixed_prefill_rows = s.mixed_prefill_rows;
+  eo.expert_tiers = tiers;
   le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);
   return le;
 }

@@ -170,8 +170,23 @@ void Engine::cancel(uint64_t id) {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s = stats_;
+  }
+  // The ledger and the tiers lock themselves; read outside mu_ so no lock order forms.
+  s.has_kv_cache = opt_.generator.kv_store != nullptr;
+  if (kv_ledger_) {
+    s.has_kv_ledger = true;
+    s.kv_ledger_tier = kv_tier_;
+    s.kv_ledger = kv_ledger_->usage(kv_tier_);
+  }
+  if (opt_.expert_tiers) {
+    s.has_expert_tiers = true;
+    s.expert_tiers = opt_.expert_tiers->stats();
+  }
+  return s;
 }
 
 // An admitted request: its job, its session (a generator of gens_) and the state that turns its
@@ -246,8 +261,20 @@ void Engine::loop() {
     stats_.active = int64_t(active.size());
     stats_.active_rates.clear();
     const double t = now_s();
-    for (auto& a : active)
-      if (a->t_first > 0 && t > a->t_first) stats_.active_rates.push_back({a->job.id, double(a->done.usage.completion_tokens - 1) / (t - a->t_first)});
+    for (auto& a : active) {
+      EngineStats::SessionRate r;
+      r.id = a->job.id;
+      r.tokens = a->done.usage.completion_tokens;
+      if (a->t_first > 0 && t > a->t_first) r.tok_s = double(r.tokens - 1) / (t - a->t_first);
+      if (a->has_gen) {
+        const Generator& g = *gens_[a->gen];
+        r.prefill_total = g.prefill_total();
+        r.prefill_done = a->prefilling ? g.prefill_done() : r.prefill_total;
+        const double t_end = a->t_first > 0 ? a->t_first : t;
+        if (t_end > a->t_admit && r.prefill_done > 0) r.prefill_tok_s = double(r.prefill_done) / (t_end - a->t_admit);
+      }
+      stats_.active_rates.push_back(r);
+    }
   }
 }
 
@@ -528,6 +555,7 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
     ++stats_.ttfts;
   }
   if (!toks.empty()) a.t_last = t;
+  const int64_t n_before = a.done.usage.completion_tokens;
   // spec/13 §6.4: scan a DSpark block in order; the first stop ends the request there.
   for (size_t i = 0; i < toks.size() && !a.finished; ++i) {
     const int32_t t = toks[i];
@@ -560,6 +588,10 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
       a.reason = FinishReason::kLength;
       a.finished = true;
     }
+  }
+  if (a.done.usage.completion_tokens > n_before) {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.emitted_tokens += a.done.usage.completion_tokens - n_before;
   }
   if (a.finished) end(a);
 }

@@ -27,6 +27,7 @@
 #include "engine/sampler.h"
 #include "memory/ledger.h"
 #include "model/executor.h"
+#include "storage/tiered_experts.h"
 #include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -102,12 +103,16 @@ struct EngineOptions {
   // inter-token latency while a prompt prefills. 0: a quarter of the prefill chunk (at least 16).
   // A step without decode rows takes a whole prefill chunk.
   int64_t mixed_prefill_rows = 0;
+  // The routed experts' host tiers the executor reads through (engine::make_executor's tiers_out),
+  // for stats() only (null: every expert resident, no tier counters).
+  std::shared_ptr<const storage::TieredExperts> expert_tiers;
 };
 
 struct EngineStats {
   int64_t requests_total = 0, requests_failed = 0, requests_cancelled = 0;
   int64_t queue_depth = 0, active = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0;
+  int64_t emitted_tokens = 0;        // tokens delivered so far, as they come (generated_tokens: finished requests)
   int64_t prefill_tokens = 0;        // prompt rows run through prefill (prompt - cached)
   int64_t images = 0, image_rows = 0;  // images in accepted requests / their span rows
   int64_t images_encoded = 0;          // tower runs (images whose KV was reused are not encoded)
@@ -125,12 +130,24 @@ struct EngineStats {
   double session_tok_s = 0; int64_t session_rates = 0;   // per finished request: tokens/s after the first
   struct SessionRate {
     uint64_t id = 0;
-    double tok_s = 0;  // tokens after the first / time since the first
+    double tok_s = 0;  // tokens after the first / time since the first (0 until the first token)
+    int64_t tokens = 0;                       // generated so far
+    int64_t prefill_done = 0, prefill_total = 0;  // prompt rows prefilled so far / to prefill
+    double prefill_tok_s = 0;                 // prefill_done / time since admission (until the first token)
+    bool decoding() const { return tokens > 0; }
   };
-  std::vector<SessionRate> active_rates;  // active requests that have emitted tokens
+  std::vector<SessionRate> active_rates;  // every active request, in admission order
   DsparkCounters dspark;
+  bool has_kv_cache = false;         // --kv-cache is on
   KvStoreStats kv;                   // the disk KV cache (--kv-cache), as of the last request
   int64_t kv_restored_tokens = 0;    // prompt positions restored from it
+  // The KV admission ledger (--kv-budget-bytes) by tier; absent without a budget.
+  bool has_kv_ledger = false;
+  memory::Tier kv_ledger_tier = memory::Tier::kHost;
+  memory::TierUsage kv_ledger;
+  // The routed experts' tiers (EngineOptions::expert_tiers); absent when every expert is resident.
+  bool has_expert_tiers = false;
+  storage::TierStats expert_tiers;
 };
 
 class Engine {

@@ -74,7 +74,11 @@ Result<ExecutorOptions> resolve_auto(const std::string& backend, const std::stri
 
 }  // namespace
 
-Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt_in) {
+Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt_in,
+                                                       std::shared_ptr<storage::TieredExperts>* tiers_out) {
+  std::shared_ptr<storage::TieredExperts> unused;
+  std::shared_ptr<storage::TieredExperts>& tiers = tiers_out ? *tiers_out : unused;
+  tiers.reset();
   if (opt_in.expert_slots < ExecutorOptions::kAutoSlots || opt_in.expert_staging < 0 || opt_in.host_experts < 0)
     return FB_ERROR(kInvalidArgument) << "expert slots (or -1: auto), staging slots and host experts must be >= 0";
   const ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
@@ -83,7 +87,10 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   if (backend == "cpu") {
     auto m = cpu::CpuModel::load(model_dir);
     if (!m.ok()) return m.status();
-    if (opt.expert_slots > 0) m.value()->set_expert_source(FB_TRY(make_host_tiers(backend, model_dir, opt)));
+    if (opt.expert_slots > 0) {
+      tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
+      m.value()->set_expert_source(tiers);
+    }
     return std::unique_ptr<model::Executor>(std::move(m).value());
   }
   if (backend == "cuda") {
@@ -94,7 +101,10 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     lo.expert_slots = opt.expert_slots;
     lo.expert_staging = opt.expert_staging;
     lo.run.numerics = FB_TRY(cuda::parse_numerics(opt.numerics));
-    if (opt.expert_slots > 0) lo.experts = FB_TRY(make_host_tiers(backend, model_dir, opt));
+    if (opt.expert_slots > 0) {
+      tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
+      lo.experts = tiers;
+    }
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kOutOfMemory)

@@ -30,8 +30,11 @@ struct ExecutorOptions {
   std::string numerics = "fast";
 };
 
+// `tiers_out` (optional) receives the routed experts' host tiers when the executor reads through
+// them (null when every expert is resident), so the engine can report their hit counters.
 Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir,
-                                                       const ExecutorOptions& opt = {});
+                                                       const ExecutorOptions& opt = {},
+                                                       std::shared_ptr<storage::TieredExperts>* tiers_out = nullptr);
 
 // The host tiers of the routed experts for `backend` (what make_executor uses; check-fixture keeps
 // the pointer for its counters): a host cache over the drives (the expert store replicas, or the

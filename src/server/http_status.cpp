@@ -45,4 +45,8 @@ std::string error_body(Api api, const HttpError& e, const std::string& message) 
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+bool api_key_ok(const std::string& key, const std::string& authorization, const std::string& x_api_key) {
+  return key.empty() || authorization == "Bearer " + key || x_api_key == key;
+}
+
 }  // namespace fb::server

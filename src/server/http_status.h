@@ -21,4 +21,8 @@ HttpError http_error_for(StatusCode code);
 HttpError http_error_for_http(int http);
 std::string error_body(Api api, const HttpError& e, const std::string& message);
 
+// --api-key: the request names `key` as "Authorization: Bearer KEY" or "x-api-key: KEY" (an
+// empty key lets every request in). Shared by the API and the dashboard's /v1/stats.
+bool api_key_ok(const std::string& key, const std::string& authorization, const std::string& x_api_key);
+
 }  // namespace fb::server

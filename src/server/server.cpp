@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "server/dashboard.h"
 #include "server/http_status.h"
 #include "server/peer_socket.h"
 #include "server/request_parse.h"
@@ -31,9 +32,7 @@ void send_error(httplib::Response& res, Api api, const HttpError& e, const std::
 }
 
 bool authorized(const httplib::Request& req, const ServerOptions& opt) {
-  if (opt.api_key.empty()) return true;
-  if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return true;
-  return req.get_header_value("x-api-key") == opt.api_key;
+  return api_key_ok(opt.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
 }
 
 std::string metrics_text(const engine::Engine& e) {
@@ -59,6 +58,7 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_kv_cache_bytes", "gauge", "bytes of checkpoints on disk", double(s.kv.bytes));
   m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
   m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
+  m("flashbox_emitted_tokens_total", "counter", "tokens delivered so far, counted as they come (generated: finished requests)", double(s.emitted_tokens));
   m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));
   m("flashbox_images_encoded_total", "counter", "vision tower runs (an image whose KV is reused is not encoded again)", double(s.images_encoded));
   m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
@@ -93,7 +93,8 @@ std::string metrics_text(const engine::Engine& e) {
     << "# TYPE flashbox_request_tokens_per_second summary\n"
     << "flashbox_request_tokens_per_second_sum " << s.session_tok_s << "\nflashbox_request_tokens_per_second_count " << s.session_rates << "\n";
   o << "# HELP flashbox_session_tokens_per_second decode rate of each active request so far\n# TYPE flashbox_session_tokens_per_second gauge\n";
-  for (const auto& r : s.active_rates) o << "flashbox_session_tokens_per_second{request=\"" << r.id << "\"} " << r.tok_s << "\n";
+  for (const auto& r : s.active_rates)
+    if (r.decoding()) o << "flashbox_session_tokens_per_second{request=\"" << r.id << "\"} " << r.tok_s << "\n";
   o << "# HELP flashbox_dspark_accepted_rounds rounds by number of accepted drafts\n# TYPE flashbox_dspark_accepted_rounds counter\n";
   for (size_t i = 0; i < s.dspark.accepted_hist.size(); ++i)
     o << "flashbox_dspark_accepted_rounds{accepted=\"" << i << "\"} " << s.dspark.accepted_hist[i] << "\n";
@@ -230,6 +231,7 @@ Status serve(engine::Engine& eng, const ServerOptions& opt) {
   svr.Get("/metrics", [&eng](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(eng), "text/plain; version=0.0.4");
   });
+  add_dashboard(svr, eng, opt);  // GET / (the live dashboard) and /v1/stats (its JSON)
   // A known path with the wrong method is 405 with an Allow header (not 404 "no such endpoint").
   auto wrong_method = [](const char* allow) {
     return [allow](const httplib::Request& req, httplib::Response& res) {

@@ -1,0 +1,151 @@
+// The dashboard's pieces without a server: /v1/stats JSON from engine counters (derived values,
+// null where a backend or configuration lacks the counter), the embedded files, the key check.
+// The live page against a running server: tests/server/test_dashboard.py.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server/dashboard_files.h"
+#include "server/http_status.h"
+#include "server/stats_json.h"
+
+namespace fb::server {
+namespace {
+
+const EmbeddedFile* find(const std::string& url) {
+  for (size_t i = 0; i < kDashboardFileCount; ++i)
+    if (url == kDashboardFiles[i].url) return &kDashboardFiles[i];
+  return nullptr;
+}
+
+TEST(Dashboard, EmbeddedFiles) {
+  const EmbeddedFile* page = find("/");
+  ASSERT_NE(page, nullptr);
+  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
+  EXPECT_NE(html.find("/dashboard/dashboard.js"), std::string::npos);
+  EXPECT_NE(html.find("id=\"v_decode_tok_s\""), std::string::npos);
+  EXPECT_EQ(page->data[page->size], 0);  // NUL after the bytes, not counted
+  EXPECT_EQ(std::string(page->content_type).rfind("text/html", 0), 0u);
+  const EmbeddedFile* js = find("/dashboard/dashboard.js");
+  ASSERT_NE(js, nullptr);
+  EXPECT_NE(std::string(reinterpret_cast<const char*>(js->data), js->size).find("/v1/stats"), std::string::npos);
+  ASSERT_NE(find("/dashboard/dashboard.css"), nullptr);
+  const EmbeddedFile* chart = find("/dashboard/chart.js");
+  ASSERT_NE(chart, nullptr);  // Chart.js, or a stub that says the page draws its own charts
+  const std::string c(reinterpret_cast<const char*>(chart->data), chart->size);
+  if (kDashboardHasChartJs)
+    EXPECT_NE(c.find("Chart.js"), std::string::npos);
+  else
+    EXPECT_LT(c.size(), 200u);
+  // Nothing on the page comes from the network.
+  for (size_t i = 0; i < kDashboardFileCount; ++i) {
+    if (std::string(kDashboardFiles[i].url) == "/dashboard/chart.js") continue;
+    const std::string body(reinterpret_cast<const char*>(kDashboardFiles[i].data), kDashboardFiles[i].size);
+    EXPECT_EQ(body.find("http://"), std::string::npos) << kDashboardFiles[i].url;
+    EXPECT_EQ(body.find("https://"), std::string::npos) << kDashboardFiles[i].url;
+  }
+}
+
+TEST(Dashboard, ApiKey) {
+  EXPECT_TRUE(api_key_ok("", "", ""));
+  EXPECT_TRUE(api_key_ok("k", "Bearer k", ""));
+  EXPECT_TRUE(api_key_ok("k", "", "k"));
+  EXPECT_FALSE(api_key_ok("k", "", ""));
+  EXPECT_FALSE(api_key_ok("k", "Bearer x", "y"));
+  EXPECT_FALSE(api_key_ok("k", "k", ""));
+}
+
+TEST(StatsJson, FreshEngineHasNoAverages) {
+  engine::EngineStats s;
+  StatsSource src;
+  src.backend = "cpu";
+  src.has_dspark = true;
+  const auto j = stats_json(s, src);
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_TRUE(j["derived"]["step_ms"].is_null());
+  EXPECT_TRUE(j["derived"]["decode_tok_s"].is_null());
+  EXPECT_TRUE(j["derived"]["dspark_tokens_per_round"].is_null());
+  EXPECT_TRUE(j["dspark"].is_object());
+  // Absent subsystems are null, so the page shows "n/a" rather than a fake 0.
+  EXPECT_TRUE(j["kv_cache"].is_null());
+  EXPECT_TRUE(j["expert_tiers"].is_null());
+  EXPECT_TRUE(j["ledger"]["HBM"].is_null());
+  EXPECT_TRUE(j["ledger"]["host"].is_null());
+  EXPECT_TRUE(j["kv_budget"].is_null());
+  EXPECT_TRUE(j["derived"]["expert_slot_hit_rate"].is_null());
+}
+
+TEST(StatsJson, CountersAndDerivedValues) {
+  engine::EngineStats s;
+  s.requests_total = 3;
+  s.active = 1;
+  s.queue_depth = 2;
+  s.emitted_tokens = 42;
+  s.ttfts = 2;
+  s.ttft_s = 0.5;
+  s.decode_s = 4.0;
+  s.prefill_s = 2.0;
+  s.steps = 10;
+  s.step_rows = 30;
+  s.step_prefill_rows = 100;
+  s.step_sessions = 15;
+  s.step_s = 0.25;
+  s.dspark.steps = 4;
+  s.dspark.accepted = 6;
+  s.dspark.proposals = 12;
+  s.dspark.backoff_steps = 7;
+  s.has_kv_cache = true;
+  s.kv.hits = 3;
+  s.kv.misses = 1;
+  s.has_kv_ledger = true;
+  s.kv_ledger_tier = memory::Tier::kHost;
+  s.kv_ledger.target_bytes = 1000;
+  s.kv_ledger.mandatory_bytes = 250;
+  s.has_expert_tiers = true;
+  s.expert_tiers.slot_hits = 9;
+  s.expert_tiers.slot_misses = 1;
+  s.expert_tiers.host_hits = 1;
+  s.expert_tiers.host_misses = 0;
+  s.active_rates.push_back({7, 12.5, 5, 64, 64, 300.0});
+  s.active_rates.push_back({8, 0, 0, 16, 64, 80.0});
+  StatsSource src;
+  src.has_dspark = true;
+  src.uptime_s = 9.5;
+  const auto j = stats_json(s, src);
+  EXPECT_EQ(j["uptime_s"], 9.5);
+  EXPECT_EQ(j["requests"]["queued"], 2);
+  EXPECT_EQ(j["tokens"]["emitted"], 42);
+  const auto& d = j["derived"];
+  EXPECT_DOUBLE_EQ(d["decode_tok_s"].get<double>(), 40.0 / 4.0);  // first tokens come from prefill rounds
+  EXPECT_DOUBLE_EQ(d["prefill_tok_s"].get<double>(), 50.0);
+  EXPECT_DOUBLE_EQ(d["step_ms"].get<double>(), 25.0);
+  EXPECT_DOUBLE_EQ(d["rows_per_step"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(d["sessions_per_step"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(d["ttft_ms"].get<double>(), 250.0);
+  EXPECT_DOUBLE_EQ(d["dspark_tokens_per_round"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(d["dspark_accept_rate"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(d["kv_cache_hit_rate"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(d["expert_slot_hit_rate"].get<double>(), 0.9);
+  EXPECT_DOUBLE_EQ(d["expert_host_hit_rate"].get<double>(), 1.0);
+  EXPECT_EQ(j["dspark"]["backoff_steps"], 7);
+  EXPECT_EQ(j["ledger"]["host"]["mandatory_bytes"], 250);
+  EXPECT_TRUE(j["ledger"]["HBM"].is_null());
+  ASSERT_EQ(j["sessions"].size(), 2u);
+  EXPECT_EQ(j["sessions"][0]["id"], 7);
+  EXPECT_DOUBLE_EQ(j["sessions"][0]["tok_s"].get<double>(), 12.5);
+  EXPECT_TRUE(j["sessions"][1]["tok_s"].is_null());  // still prefilling
+  EXPECT_EQ(j["sessions"][1]["prefill_done"], 16);
+}
+
+TEST(StatsJson, NoDsparkHead) {
+  engine::EngineStats s;
+  s.dspark.steps = 3;
+  StatsSource src;
+  src.has_dspark = false;
+  const auto j = stats_json(s, src);
+  EXPECT_TRUE(j["dspark"].is_null());
+  EXPECT_TRUE(j["derived"]["dspark_tokens_per_round"].is_null());
+}
+
+}  // namespace
+}  // namespace fb::server

@@ -1,0 +1,97 @@
+#include "server/stats_json.h"
+
+#include "memory/ledger.h"
+
+namespace fb::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+// num / den, or null when there is nothing to divide (no steps yet, no such tier).
+json ratio(double num, double den, double scale = 1.0) { return den > 0 ? json(num / den * scale) : json(nullptr); }
+
+}  // namespace
+
+json stats_json(const engine::EngineStats& s, const StatsSource& src) {
+  json j;
+  j["uptime_s"] = src.uptime_s;
+  j["backend"] = src.backend;
+  j["model"] = src.model;
+  j["requests"] = {{"total", s.requests_total},       {"failed", s.requests_failed},   {"cancelled", s.requests_cancelled},
+                   {"rejected", s.queue_rejected},    {"queued", s.queue_depth},       {"active", s.active},
+                   {"max_sessions", s.max_sessions},  {"sessions_cached", s.sessions_cached}};
+  j["tokens"] = {{"prompt", s.prompt_tokens},   {"cached", s.cached_tokens},   {"prefill", s.prefill_tokens},
+                 {"generated", s.generated_tokens}, {"emitted", s.emitted_tokens}, {"kv_restored", s.kv_restored_tokens}};
+  j["steps"] = {{"count", s.steps},
+                {"rows", s.step_rows},
+                {"prefill_rows", s.step_prefill_rows},
+                {"decode_rows", s.step_decode_rows},
+                {"sessions", s.step_sessions},
+                {"seconds", s.step_s},
+                {"prefill_round_seconds", s.prefill_s},
+                {"decode_round_seconds", s.decode_s}};
+  j["latency"] = {{"ttft_s_sum", s.ttft_s},           {"ttft_count", s.ttfts},
+                  {"queue_wait_s_sum", s.queue_wait_s}, {"queue_wait_count", s.queue_waits},
+                  {"finished_tok_s_sum", s.session_tok_s}, {"finished_count", s.session_rates}};
+  json sessions = json::array();
+  for (const auto& r : s.active_rates)
+    sessions.push_back({{"id", r.id},
+                        {"tokens", r.tokens},
+                        {"tok_s", r.decoding() ? json(r.tok_s) : json(nullptr)},
+                        {"prefill_done", r.prefill_done},
+                        {"prefill_total", r.prefill_total},
+                        {"prefill_tok_s", r.prefill_done > 0 ? json(r.prefill_tok_s) : json(nullptr)}});
+  j["sessions"] = sessions;
+  const engine::DsparkCounters& d = s.dspark;
+  j["dspark"] = src.has_dspark ? json{{"rounds", d.steps},           {"proposals", d.proposals},     {"accepted", d.accepted},
+                                      {"verify_rows", d.verify_rows}, {"backoff_steps", d.backoff_steps}, {"draft_s", d.draft_s},
+                                      {"verify_s", d.verify_s},       {"accepted_hist", d.accepted_hist}}
+                               : json(nullptr);
+  j["kv_cache"] = s.has_kv_cache ? json{{"hits", s.kv.hits},       {"misses", s.kv.misses},   {"rejected", s.kv.rejected},
+                                        {"evicted", s.kv.evicted}, {"entries", s.kv.entries}, {"bytes", s.kv.bytes}}
+                                 : json(nullptr);
+  j["kv_budget"] = s.kv_budget_bytes > 0 ? json{{"budget_bytes", s.kv_budget_bytes}, {"admitted_bytes", s.kv_admitted_bytes}} : json(nullptr);
+  // The ledgers by tier (HBM, host). Today the engine's KV admission ledger is the one the
+  // engine sees; the executors' own ledgers are not reported yet (null tiers: "n/a").
+  json ledger = json::object();
+  for (int t = 0; t < memory::kTierCount; ++t) {
+    const auto tier = memory::Tier(t);
+    if (s.has_kv_ledger && s.kv_ledger_tier == tier)
+      ledger[memory::tier_name(tier)] = {{"owner", "session KV"},
+                                         {"target_bytes", s.kv_ledger.target_bytes},
+                                         {"mandatory_bytes", s.kv_ledger.mandatory_bytes},
+                                         {"elastic_bytes", s.kv_ledger.elastic_bytes}};
+    else
+      ledger[memory::tier_name(tier)] = nullptr;
+  }
+  j["ledger"] = ledger;
+  const storage::TierStats& x = s.expert_tiers;
+  j["expert_tiers"] = s.has_expert_tiers ? json{{"slot_hits", x.slot_hits},     {"slot_misses", x.slot_misses}, {"host_hits", x.host_hits},
+                                                {"host_misses", x.host_misses}, {"drive_reads", x.drive_reads}, {"drive_bytes", x.drive_bytes},
+                                                {"overflow", x.overflow}}
+                                         : json(nullptr);
+  // Lifetime averages (the page takes "now" rates from the difference of two polls).
+  json dv;
+  // Tokens of decode rounds: everything emitted except each request's first token (sampled from
+  // its prompt's last logits in a prefill round).
+  dv["decode_tok_s"] = ratio(double(s.emitted_tokens - s.ttfts), s.decode_s);
+  dv["prefill_tok_s"] = ratio(double(s.step_prefill_rows), s.prefill_s);
+  dv["step_ms"] = ratio(s.step_s, double(s.steps), 1e3);
+  dv["rows_per_step"] = ratio(double(s.step_rows), double(s.steps));
+  dv["sessions_per_step"] = ratio(double(s.step_sessions), double(s.steps));
+  dv["ttft_ms"] = ratio(s.ttft_s, double(s.ttfts), 1e3);
+  dv["queue_wait_ms"] = ratio(s.queue_wait_s, double(s.queue_waits), 1e3);
+  dv["finished_tok_s"] = ratio(s.session_tok_s, double(s.session_rates));
+  // DSpark: tokens per draft+verify round (accepted drafts + the verified token), the share of
+  // drafts accepted.
+  dv["dspark_tokens_per_round"] = src.has_dspark ? ratio(double(d.accepted + d.steps), double(d.steps)) : json(nullptr);
+  dv["dspark_accept_rate"] = src.has_dspark ? ratio(double(d.accepted), double(d.proposals)) : json(nullptr);
+  dv["kv_cache_hit_rate"] = s.has_kv_cache ? ratio(double(s.kv.hits), double(s.kv.hits + s.kv.misses)) : json(nullptr);
+  dv["expert_slot_hit_rate"] = s.has_expert_tiers ? ratio(double(x.slot_hits), double(x.slot_hits + x.slot_misses)) : json(nullptr);
+  dv["expert_host_hit_rate"] = s.has_expert_tiers ? ratio(double(x.host_hits), double(x.host_hits + x.host_misses)) : json(nullptr);
+  j["derived"] = dv;
+  return j;
+}
+
+}  // namespace fb::server
