@@ -8,15 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-default}"
 tools/setup.sh "$preset"
-# Python test tools (HF tokenizers, openai, anthropic) in a virtual environment: Debian's system
+# Python test tools (HF tokenizers, openai, anthropic, matplotlib) in a virtual environment: Debian's system
 # interpreter refuses a system-wide pip install (externally managed). ctest runs the Python tests
 # with this interpreter, and they fail, not skip, without their packages.
 VENV="$PWD/build/pyenv"
 if [ ! -x "$VENV/bin/python3" ]; then
   python3 -m venv "$VENV" || { echo "test: python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 fi
-if ! "$VENV/bin/python3" -c "import tokenizers, openai, anthropic, requests, numpy" >/dev/null 2>&1; then
-  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check tokenizers openai anthropic requests numpy ||
+# matplotlib: tools/plot_bench.py (docs/plots/) and its test.
+if ! "$VENV/bin/python3" -c "import tokenizers, openai, anthropic, requests, numpy, matplotlib" >/dev/null 2>&1; then
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check tokenizers openai anthropic requests numpy matplotlib ||
     { echo "test: pip install into $VENV failed (PyPI unreachable?)"; exit 1; }
 fi
 cmake -S . -B "build/$preset" -DPython3_EXECUTABLE="$VENV/bin/python3" >/dev/null
