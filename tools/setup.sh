@@ -21,6 +21,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
 fi
+# xgrammar's C++ core (constrained decoding, issue 27): Debian has no package, so its PyPI source
+# distribution, pinned by version and hash, is unpacked into third_party/ (ignored by git) and the
+# top-level CMakeLists builds its C++ sources. Without it the build has no response_format
+# enforcement (those requests get 400); nothing else needs it.
+xg_version=0.2.9
+xg_sha256=87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90
+if [ ! -f "third_party/xgrammar-$xg_version/include/xgrammar/xgrammar.h" ]; then
+  mkdir -p third_party
+  tarball="third_party/xgrammar-$xg_version.tar.gz"
+  if python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary xgrammar "xgrammar==$xg_version" -d third_party &&
+     echo "$xg_sha256  $tarball" | sha256sum -c --quiet -; then
+    tar xzf "$tarball" -C third_party && rm -f "$tarball"
+    echo "setup: xgrammar $xg_version unpacked into third_party/"
+  else
+    rm -f "$tarball"
+    echo "setup: could not fetch xgrammar $xg_version from PyPI: building without response_format enforcement"
+  fi
+fi
 cmake --preset "$preset" >/dev/null
 # Say which build this is and why (the CUDA executor needs nvcc; the GPU itself is not needed to build).
 cuda_cc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "build/$preset/CMakeCache.txt" | head -1)

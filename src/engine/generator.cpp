@@ -354,14 +354,40 @@ model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int
 }
 
 const float* Generator::processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra) {
-  if (!sp.processes_logits()) return row;
-  process_logits(row, vocab_, sp, generated_, extra, &processed_);
+  if (!sp.processes_logits() && !sp.constraint) return row;
+  if (sp.processes_logits()) process_logits(row, vocab_, sp, generated_, extra, &processed_);
+  else processed_.assign(row, row + vocab_);
+  if (sp.constraint) {
+    // spec/16 §2 step 1: disallowed ids to -inf (exp gives 0; argmax never picks them while one
+    // allowed id is finite, and the grammar always allows one: EOS once the value is complete).
+    sp.constraint->allowed(extra, &allowed_);
+    FB_CHECK_GE(int64_t(allowed_.size()) * 32, vocab_);
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t w = 0; w * 32 < vocab_; ++w) {
+      const uint32_t m = allowed_[size_t(w)];
+      if (m == 0xffffffffu) continue;
+      if (m == 0) {  // most words of a number or punctuation state
+        std::fill(processed_.begin() + w * 32, processed_.begin() + std::min<int64_t>(vocab_, w * 32 + 32), ninf);
+        continue;
+      }
+      for (int64_t t = w * 32; t < std::min<int64_t>(vocab_, w * 32 + 32); ++t)
+        if (!((m >> (t - w * 32)) & 1u)) processed_[size_t(t)] = ninf;
+    }
+  }
   return processed_.data();
+}
+
+Status Generator::constrain_emitted(const SamplingParams& sp, std::span<const int32_t> toks) {
+  if (!sp.constraint) return Status();
+  for (int32_t t : toks)
+    if (!sp.constraint->accept(t)) return FB_ERROR(kInternal) << "token " << t << " was emitted but the response format does not allow it";
+  return Status();
 }
 
 Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
                                    int top_n) {
   const int32_t t = sample(processed_row(logits_.data(), sp), vocab_, sp, rng);
+  FB_RETURN_IF_ERROR(constrain_emitted(sp, std::span<const int32_t>(&t, 1)));
   if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));  // raw logprobs (spec/16 §4)
   ++generated_[t];
   out->push_back(t);
@@ -507,9 +533,18 @@ Status Generator::plan_dspark(const SamplingParams& sp, Rng& rng, int session, m
   // requests draw the chain from q_k = their own transform of the corrected rows (§4.6, §6.3).
   // The draft runs on this session alone; only the verify rows join the shared step.
   Result<model::DraftOutput> dr = [&] {
-    if (greedy) return ex_->draft(*session_, rd.anchor, tap_.data(), p);
+    std::vector<int32_t> chain;  // drafts drawn so far (the penalties and the grammar count them, as the target will)
+    if (greedy && !sp.constraint) return ex_->draft(*session_, rd.anchor, tap_.data(), p);
+    if (greedy) {
+      // Under a grammar the greedy proposals are the argmax of the MASKED draft rows: exactness
+      // never depends on the proposals (verification masks the target rows), acceptance does.
+      const model::DraftPicker pick = [&](int64_t, const float* row) {
+        chain.push_back(argmax(processed_row(row, sp, chain), vocab_));
+        return chain.back();
+      };
+      return ex_->draft_sampled(*session_, rd.anchor, tap_.data(), p, pick);
+    }
     Rng draws = rng.stream(p + 1, kRngDraftDraw);
-    std::vector<int32_t> chain;  // drafts drawn so far (the penalties count them, as the target will)
     const model::DraftPicker pick = [&](int64_t k, const float* row) {
       FB_CHECK_EQ(k, int64_t(rd.q.size()) + 1);
       rd.q.push_back(sampling_distribution(processed_row(row, sp, chain), vocab_, sp));
@@ -595,6 +630,11 @@ Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams
     counters_.residual_draws += v.residual;
   }
   const float* last = &o.logits[size_t(a * vocab_)];
+  {
+    std::vector<int32_t> emitted(d.ids.begin() + 1, d.ids.begin() + 1 + a);
+    emitted.push_back(t_next);
+    FB_RETURN_IF_ERROR(constrain_emitted(sp, emitted));
+  }
   // COMMIT: keep positions p+1..p+1+a, roll back the rest (exact for the <= B rejected rows,
   // spec/13 §6.5), feed the kept taps to the rings.
   if (a < L) FB_RETURN_IF_ERROR(session_->rollback(p + 2 + a));

@@ -189,10 +189,14 @@ class Generator {
   DsparkCounters counters_;
   VerifyCostTable cost_;
   TokenCounts generated_;    // tokens emitted since the last prefill (SamplingParams penalties)
-  std::vector<float> processed_;  // a logits row after SamplingParams' bias and penalties (scratch)
-  // The row the sampling steps see: `row` itself, or its processed copy when the request biases or
-  // penalises (`extra`: tokens generated after generated_, e.g. accepted drafts before a verify row).
+  std::vector<float> processed_;  // a logits row after SamplingParams' bias, penalties and mask (scratch)
+  std::vector<uint32_t> allowed_;  // the constraint's mask for that row (scratch)
+  // The row the sampling steps see: `row` itself, or its processed copy when the request biases,
+  // penalises or constrains (`extra`: tokens generated after generated_, e.g. accepted drafts
+  // before a verify row; the constraint's mask is the one after them).
   const float* processed_row(const float* row, const SamplingParams& sp, std::span<const int32_t> extra = {});
+  // Emitted tokens advance the request's constraint (a token it refuses is a bug upstream: kInternal).
+  Status constrain_emitted(const SamplingParams& sp, std::span<const int32_t> toks);
   int backoff_next_ = 0;  // plain steps the next unpaying round imposes
   int backoff_left_ = 0;  // plain steps still to take before drafting again
   // The prompt being prefilled (begin_prefill .. its last finish_prefill): positions

@@ -6,11 +6,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
 #include <string>
 #include <vector>
+
+#include "engine/token_constraint.h"
 
 namespace fb::engine {
 
@@ -26,6 +29,10 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // Constrained decoding (response_format): tokens the grammar does not allow get -inf before the
+  // steps above, on every row the generator samples or verifies. The request's own grammar state:
+  // the generator advances it as tokens are emitted (shared, never between requests).
+  std::shared_ptr<TokenConstraint> constraint;
   bool greedy() const { return temperature <= 0.0f; }
   bool processes_logits() const { return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
