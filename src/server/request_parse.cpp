@@ -5,6 +5,9 @@
 #include <cstdlib>
 
 #include "tokenizer/prompt_encoder.h"
+#if FB_SERVER_HAS_GRAMMAR
+#include "grammar/compiler.h"
+#endif
 
 namespace fb::server {
 
@@ -399,6 +402,41 @@ Result<ojson> responses_messages(const ojson& b) {
   return msgs;
 }
 
+// OpenAI response_format (chat): {"type": "text" | "json_object" | "json_schema", json_schema:
+// {name, description, schema, strict}} -> the request's token constraint (issue 27). The schema
+// is also rendered into the prompt (spec/15 §6.4; parse_request).
+Status parse_response_format(const ojson& b, const ParseContext& ctx, bool thinking, engine::SamplingParams* s) {
+  if (!b.contains("response_format") || b["response_format"].is_null()) return Status();
+  const ojson& rf = b["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    return type_error("response_format", "an object with 'type' text, json_object or json_schema");
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "text") return Status();
+  if (type != "json_object" && type != "json_schema")
+    return FB_ERROR(kInvalidArgument) << "'response_format.type' must be text, json_object or json_schema (got \"" << type << "\")";
+#if FB_SERVER_HAS_GRAMMAR
+  if (!ctx.grammar) return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine, which this server has not loaded";
+  grammar::ResponseFormat f;
+  f.after_reasoning = thinking;
+  if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) return type_error("response_format.json_schema", "an object");
+    const ojson& js = rf["json_schema"];
+    f.kind = grammar::ResponseFormat::Kind::kJsonSchema;
+    f.schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : ojson::object();
+    if (js.contains("strict") && !js["strict"].is_null()) {
+      if (!js["strict"].is_boolean()) return type_error("response_format.json_schema.strict", "a boolean");
+      f.strict = js["strict"].get<bool>();
+    }
+  }
+  auto c = ctx.grammar->compile(f);
+  if (!c.ok()) return c.status();
+  s->constraint = std::move(c).value();
+  return Status();
+#else
+  return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
+#endif
+}
+
 }  // namespace
 
 Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseContext& ctx) {
@@ -485,6 +523,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   }
   pr.prompt_text = std::move(text);
   pr.req.thinking = th.on;
+  if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, th.on, &pr.req.sampling));
   for (const auto& [id, v] : pr.req.sampling.logit_bias)
     if (ctx.tok && id >= ctx.tok->vocab_size())
       return FB_ERROR(kInvalidArgument) << "'logit_bias' names token " << id << ", outside the vocabulary of " << ctx.tok->vocab_size();

@@ -11,6 +11,10 @@
 #include "server/image_input.h"
 #include "tokenizer/tokenizer.h"
 
+namespace fb::grammar {
+class Compiler;
+}
+
 namespace fb::server {
 
 using ojson = nlohmann::ordered_json;
@@ -23,6 +27,9 @@ struct ParseContext {
   std::string tools_template;  // official Tools-block text when the snapshot has it
   ImagePolicy images;          // image content parts (vision null: the model has none)
   int32_t image_token_id = 129264;
+  // response_format json_object / json_schema (issue 27); null: this build has no grammar engine
+  // (xgrammar not fetched) and such requests are refused.
+  const grammar::Compiler* grammar = nullptr;
 };
 
 struct ParsedRequest {

@@ -11,6 +11,9 @@
 #include "server/http_status.h"
 #include "server/peer_socket.h"
 #include "server/request_parse.h"
+#if FB_SERVER_HAS_GRAMMAR
+#include "grammar/compiler.h"
+#endif
 #include "server/responder.h"
 
 namespace fb::server {
@@ -101,7 +104,8 @@ std::string metrics_text(const engine::Engine& e) {
   return o.str();
 }
 
-void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+void handle_generate(engine::Engine& eng, const ServerOptions& opt, const grammar::Compiler* gram, Endpoint ep, const httplib::Request& req,
+                     httplib::Response& res) {
   const Api api = api_of(ep);
   if (!authorized(req, opt)) return send_error(res, api, http_error_for_http(401), "invalid or missing API key");
   ojson body = ojson::parse(req.body, nullptr, false);
@@ -110,6 +114,7 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, Endpoint ep,
   ctx.tok = &eng.tokenizer();
   ctx.max_context = eng.max_context();
   ctx.tools_template = opt.tools_template;
+  ctx.grammar = gram;
   // Images: decoded and preprocessed here; the tower runs on the engine's executor. A model
   // without one answers image parts with 400 "model has no vision tower".
   ctx.images.vision = eng.config().has_vision() ? &eng.config() : nullptr;
@@ -205,10 +210,19 @@ Status serve(engine::Engine& eng, const ServerOptions& opt) {
   httplib::Server svr;
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30, 0);
-  auto guard = [&eng, &opt](Endpoint ep) {
-    return [&eng, &opt, ep](const httplib::Request& req, httplib::Response& res) {
+  // The grammar engine's view of the vocabulary, built once (tens of ms) for every response_format.
+#if FB_SERVER_HAS_GRAMMAR
+  auto gc = grammar::Compiler::create(eng.tokenizer(), eng.config().vocab_size, int32_t(eng.config().eos_token_id));
+  if (!gc.ok()) return gc.status();
+  const std::unique_ptr<grammar::Compiler> gram_owner = std::move(gc).value();
+  const grammar::Compiler* gram = gram_owner.get();
+#else
+  const grammar::Compiler* gram = nullptr;
+#endif
+  auto guard = [&eng, &opt, gram](Endpoint ep) {
+    return [&eng, &opt, gram, ep](const httplib::Request& req, httplib::Response& res) {
       try {
-        handle_generate(eng, opt, ep, req, res);
+        handle_generate(eng, opt, gram, ep, req, res);
       } catch (const std::exception& ex) {  // the JSON library's boundary (STYLE.md "Errors")
         send_error(res, api_of(ep), http_error_for_http(400), std::string("bad request: ") + ex.what());
       }

@@ -2,6 +2,9 @@
 // (types, defaults, thinking, tools onto the system message, Anthropic and Responses mapping).
 #include <gtest/gtest.h>
 
+#if FB_SERVER_HAS_GRAMMAR
+#include "grammar/compiler.h"
+#endif
 #include "server/http_status.h"
 #include "server/request_parse.h"
 #include "tokenizer/test_assets.h"
@@ -88,6 +91,57 @@ TEST(RequestParse, MaxTokensBeyondContextAndBadValues) {
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find("'max_output_tokens' must be at least 1 (got 0)"), std::string::npos) << other.status().message();
 }
+
+#if FB_SERVER_HAS_GRAMMAR
+// Issue 27: response_format becomes the request's token constraint (thinking: after </think>);
+// unsupported types, keywords and unsatisfiable schemas are 400s naming them.
+TEST(RequestParse, ResponseFormat) {
+  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
+  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
+  ParseContext c = ctx();
+  c.grammar = gram->get();
+  auto p = [&](const std::string& rf, bool thinking = false) {
+    const std::string body = std::string(R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":")") +
+                             (thinking ? "enabled" : "disabled") + R"("},"response_format":)" + rf + "}";
+    return parse_request(Endpoint::kChat, ojson::parse(body), c);
+  };
+  auto allows = [](engine::TokenConstraint& k, const std::string& text) {
+    for (int32_t t : tokenizer::v41_tokenizer().encode(text))
+      if (!k.accept(t)) return false;
+    return true;
+  };
+  auto text = p(R"({"type":"text"})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->req.sampling.constraint, nullptr);
+  auto obj = p(R"({"type":"json_object"})");
+  ASSERT_TRUE(obj.ok()) << obj.status().to_string();
+  ASSERT_NE(obj->req.sampling.constraint, nullptr);
+  EXPECT_FALSE(allows(*obj->req.sampling.constraint, "Sure"));
+  const char* schema_rf = R"({"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}})";
+  auto sch = p(schema_rf);
+  ASSERT_TRUE(sch.ok()) << sch.status().to_string();
+  EXPECT_NE(sch->prompt_text.find("\"required\""), std::string::npos) << "the schema is also rendered into the prompt";
+  EXPECT_TRUE(allows(*sch->req.sampling.constraint, R"({"a": 5})"));
+  EXPECT_FALSE(allows(*p(schema_rf)->req.sampling.constraint, R"({"b")"));  // a fresh request's state
+  auto think = p(R"({"type":"json_object"})", true);
+  ASSERT_TRUE(think.ok());
+  EXPECT_TRUE(allows(*think->req.sampling.constraint, "Let me think."));
+  for (const char* bad : {R"({"type":"xml"})", R"("json")", R"({"type":"json_schema"})",
+                          R"({"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a"}}})",
+                          R"({"type":"json_schema","json_schema":{"schema":{"enum":[]}}})",
+                          R"({"type":"json_schema","json_schema":{"strict":"yes","schema":{}}})"}) {
+    auto e = p(bad);
+    EXPECT_FALSE(e.ok()) << bad;
+    if (!e.ok()) {
+      EXPECT_EQ(http_error_for(e.status().code()).http, 400) << bad << ": " << e.status().message();
+    }
+  }
+  EXPECT_NE(p(R"({"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a"}}})").status().message().find("'pattern'"), std::string::npos);
+  ParseContext none = ctx();  // a server without the grammar engine refuses rather than ignore
+  auto r = parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_object"}})"), none);
+  EXPECT_FALSE(r.ok());
+}
+#endif
 
 // Issue 27: logit_bias and the penalties reach the sampler; bad values are 400s naming them.
 TEST(RequestParse, LogitBiasAndPenalties) {
