@@ -2,6 +2,7 @@
 // render with the V4.1 prompt encoder and stream engine events; prefill progress on stderr.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -56,21 +57,25 @@ Result<std::pair<std::string, std::string>> generate(LoadedEngine& le, const Cha
   const bool tty = isatty(fileno(stdout)) != 0;
   const char* dim = tty ? "\033[2m" : "";
   const char* undim = tty ? "\033[0m" : "";
+  // Prefill progress only on a terminal (a log or a pipe gets no carriage-return lines).
+  const bool progress = isatty(fileno(stderr)) != 0;
+  const auto t_submit = std::chrono::steady_clock::now();
   engine::Event e;
   for (;;) {
     if (!q.pop(&e, 1000)) continue;
     using K = engine::Event::Kind;
     if (e.kind == K::kPrefill) {
-      if (e.total > 64) {
+      if (progress && e.total > 64) {
         const int w = 30, fill = int(w * e.done / std::max<int64_t>(1, e.total));
-        std::fprintf(stderr, "\r[prefill %s%s] %lld/%lld", std::string(size_t(fill), '#').c_str(), std::string(size_t(w - fill), '.').c_str(),
-                     (long long)e.done, (long long)e.total);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_submit).count();
+        std::fprintf(stderr, "\r[prefill %s%s] %lld/%lld tokens, %.0f tok/s", std::string(size_t(fill), '#').c_str(),
+                     std::string(size_t(w - fill), '.').c_str(), (long long)e.done, (long long)e.total, s > 0 ? double(e.done) / s : 0.0);
         showed_progress = true;
       }
       continue;
     }
     if (showed_progress) {
-      std::fprintf(stderr, "\r%60s\r", "");
+      std::fprintf(stderr, "\r%80s\r", "");
       showed_progress = false;
     }
     if (e.kind == K::kReasoning) {
