@@ -1,7 +1,8 @@
 // CudaExecutor: the whole forward pass on the GPU (backbone and DSpark draft), weights resident
 // in HBM in their stored formats, per-session compact caches on the device. It mirrors
-// cpu/executor.{h,cpp} class for class (CudaLayerOps / CudaStep / CudaDraftStep in
-// executor.cu) and must reproduce CpuModel's logits bit for bit (docs/numerics.md).
+// cpu/executor.h class for class (CudaLayerOps in layer_ops.h, CudaStep in executor.cu,
+// CudaDraftStep in draft.cu). The exact numerics class reproduces CpuModel's logits bit for bit;
+// the fast class (the default) stays within the gates of docs/numerics.md.
 // Never includes engine/server code; host bookkeeping (positions, ring slots, hashes) only.
 #pragma once
 
