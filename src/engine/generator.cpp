@@ -110,6 +110,22 @@ Status Generator::commit_taps(int64_t first_pos, const uint16_t* rows, int64_t n
 
 namespace {
 
+// The disk KV cache's key of a prompt: its token ids, with each image row's id replaced by a
+// negative id derived from the row's content key (image hash and slot), so a stored prefix is only
+// found for the same images at the same places (real ids are >= 0; a false match would need the
+// 31-bit ids of every row of a different image to collide).
+std::vector<int32_t> store_key(std::span<const int32_t> prompt, const PromptEmbeddings* e) {
+  std::vector<int32_t> k(prompt.begin(), prompt.end());
+  if (!e) return k;
+  for (size_t p = 0; p < k.size() && p < e->key.size(); ++p) {
+    if (e->key[p] == 0) continue;
+    uint64_t h = e->key[p] * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    k[p] = int32_t(-1 - int64_t(h & 0x7FFFFFFF));
+  }
+  return k;
+}
+
 // A disk KV cache checkpoint as the generator stores it: the last prompt row's logits and DSpark
 // tap row (so a repeated prompt needs no prefill), then the executor's session bytes.
 constexpr char kCheckpointMagic[8] = {'F', 'B', 'G', 'C', 'K', 'P', 'T', '1'};
@@ -218,13 +234,13 @@ Status Generator::begin_prefill(std::span<const int32_t> prompt, const PromptEmb
       }
     }
   }
-  // Disk KV cache: a longer stored prefix of a text prompt replaces the in-memory reuse (at least
-  // one row is left to prefill, for its logits). The restore validates the bytes before it touches
-  // the session; a refused one is logged and the prompt runs as it would without the store.
+  // Disk KV cache: a longer stored prefix of the prompt (images matched by content, store_key)
+  // replaces the in-memory reuse. The restore validates the bytes before it touches the session; a
+  // refused one is logged and the prompt runs as it would without the store.
   restored_ = 0;
   std::vector<float> restored_logits;  // a checkpoint of the whole prompt: its last row's logits
-  if (opt_.kv_store && !embeds && c < N) {
-    if (auto hit = opt_.kv_store->longest_prefix(prompt, N); hit && hit->tokens > c) {
+  if (opt_.kv_store && c < N) {
+    if (auto hit = opt_.kv_store->longest_prefix(store_key(prompt, embeds), N); hit && hit->tokens > c) {
       CheckpointParts parts;
       Status r = unpack_checkpoint(hit->state, &parts);
       if (r.ok() && hit->tokens == N && (int64_t(parts.logits.size()) != vocab_ || (dspark_ok_ && int64_t(parts.tap.size()) != tap_w_)))
@@ -321,11 +337,12 @@ Status Generator::finish_prefill(const model::StepOutput& out) {
 void Generator::complete_prefill() {
   const int64_t N = pf_end_;
   // Disk KV cache: the prompt's state (with its last logits and tap row, so the same prompt needs
-  // no prefill at all) for the next request that starts with it (text prompts; a store error
-  // costs the checkpoint, never the request).
-  if (opt_.kv_store && !pf_embeds_ && N > restored_) {
+  // no prefill at all) for the next request that starts with it (image rows keyed by content,
+  // store_key; a store error costs the checkpoint, never the request).
+  if (opt_.kv_store && N > restored_) {
     auto state = ex_->save_session(*session_);
-    Status st = state.ok() ? opt_.kv_store->put(pf_prompt_, pack_checkpoint(logits_, dspark_ok_ ? tap_ : std::vector<uint16_t>{}, *state))
+    Status st = state.ok() ? opt_.kv_store->put(store_key(pf_prompt_, pf_embeds_),
+                                                pack_checkpoint(logits_, dspark_ok_ ? tap_ : std::vector<uint16_t>{}, *state))
                            : state.status();
     if (!st.ok() && st.code() != StatusCode::kUnsupported) FB_LOG(kWarn) << "kv cache: checkpoint of " << N << " tokens not stored: " << st.to_string();
   }

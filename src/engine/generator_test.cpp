@@ -477,6 +477,33 @@ TEST(GeneratorTinyModel, DsparkGreedyEqualsPlainGreedy) {
   EXPECT_GT(cnt.steps, 0);
 }
 
+// Prompt of 5 text tokens of `base`, n_img image rows (embeddings from `seed`, content keys
+// seed:slot), then n_tail text tokens of `base` from tail_at.
+void image_prompt(const std::vector<int32_t>& base, int32_t img, int64_t D, int n_img, int n_tail, int tail_at, uint32_t seed,
+                  std::vector<int32_t>& prompt, PromptEmbeddings& e) {
+  prompt.assign(base.begin(), base.begin() + 5);
+  e.row.assign(5, -1);
+  e.key.assign(5, 0);
+  for (int i = 0; i < n_img; ++i) {
+    prompt.push_back(img);
+    e.row.push_back(i);
+    e.key.push_back((uint64_t(seed) << 32) | uint64_t(i + 1));
+  }
+  for (int i = 0; i < n_tail; ++i) {
+    prompt.push_back(base[size_t(tail_at + i)]);
+    e.row.push_back(-1);
+    e.key.push_back(0);
+  }
+  e.data.resize(size_t(n_img * D));
+  for (auto& v : e.data) {
+    seed = seed * 1664525u + 1013904223u;
+    const float f = (float(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    v = uint16_t(bits >> 16);
+  }
+}
+
 // Prefix reuse after a prompt with an image span: prompt A (5 text, 12 image rows, 3 text),
 // greedy tokens, then prompt B (the same 5 text, 9 other image rows, 4 text) on the same
 // generator must give the tokens a fresh generator gives for B (DSpark on and off). This failed
@@ -491,27 +518,7 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
   const int64_t D = c.dim;
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
   auto make = [&](int n_img, int n_tail, int tail_at, uint32_t seed, std::vector<int32_t>& prompt, PromptEmbeddings& e) {
-    prompt.assign(base.begin(), base.begin() + 5);
-    e.row.assign(5, -1);
-    e.key.assign(5, 0);
-    for (int i = 0; i < n_img; ++i) {
-      prompt.push_back(img);
-      e.row.push_back(i);
-      e.key.push_back((uint64_t(seed) << 32) | uint64_t(i + 1));
-    }
-    for (int i = 0; i < n_tail; ++i) {
-      prompt.push_back(base[size_t(tail_at + i)]);
-      e.row.push_back(-1);
-      e.key.push_back(0);
-    }
-    e.data.resize(size_t(n_img * D));
-    for (auto& v : e.data) {
-      seed = seed * 1664525u + 1013904223u;
-      const float f = (float(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      v = uint16_t(bits >> 16);
-    }
+    image_prompt(base, img, D, n_img, n_tail, tail_at, seed, prompt, e);
   };
   std::vector<int32_t> pa, pb;
   PromptEmbeddings ea, eb;
@@ -542,6 +549,57 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
     EXPECT_EQ(reused.reused_tokens(), 4) << "dspark " << dspark;
     EXPECT_EQ(got, gen(fresh, pb, eb)) << "dspark " << dspark;
   }
+}
+
+// The disk KV cache with image prompts: images are matched by content (PromptEmbeddings::key).
+// The same image prompt restores whole in a fresh generator and gives the same tokens; the same
+// text with a different image restores at most the text before it and equals a cold run.
+TEST_P(GeneratorFixture, DiskKvCacheMatchesImagesByContent) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const auto base = load_prompt(dir);
+  const auto& c = (*ex)->config();
+  const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
+  std::vector<int32_t> pa, pb;
+  PromptEmbeddings ea, eb;
+  image_prompt(base, img, c.dim, 12, 3, 10, 1, pa, ea);
+  image_prompt(base, img, c.dim, 12, 3, 10, 2, pb, eb);  // same tokens, another image
+  ASSERT_EQ(pa, pb);
+  SamplingParams sp;
+  sp.temperature = 0;
+  auto gen = [&](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e) {
+    Status s = g.prefill(p, {}, &e);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    Rng rng(0);
+    std::vector<int32_t> out;
+    while (out.size() < 12) {
+      Status st = g.next(sp, rng, &out);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok()) break;
+    }
+    out.resize(std::min<size_t>(out.size(), 12));
+    return out;
+  };
+  const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_img_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
+  fs::remove_all(kv);
+  auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  GeneratorOptions with, cold;
+  with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+  Generator g1(**ex, with), cold_a(**ex, cold), cold_b(**ex, cold);
+  const auto a = gen(g1, pa, ea);
+  EXPECT_GE(with.kv_store->stats().entries, 1) << "an image prompt is stored";
+  EXPECT_EQ(a, gen(cold_a, pa, ea));
+  Generator g2(**ex, with);
+  EXPECT_EQ(gen(g2, pa, ea), a) << "the same image prompt from the disk cache";
+  EXPECT_EQ(g2.restored_tokens(), int64_t(pa.size())) << "restored whole";
+  Generator g3(**ex, with);
+  const auto b = gen(g3, pb, eb);
+  EXPECT_LE(g3.restored_tokens(), 5) << "a different image must not be restored";
+  EXPECT_EQ(b, gen(cold_b, pb, eb));
+  fs::remove_all(kv);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GeneratorFixture, ::testing::Values("tiny-s0", "tiny-s1-long"));
