@@ -176,6 +176,35 @@ TEST(FastGemv, Fp8) {
   }
 }
 
+// Two weights of one K over the same codes in one launch (wq_a + wkv, shared w1 + w3): each
+// output bit for bit the single call's, for shapes whose split-K factors differ, at 1, 7, 64 rows.
+TEST(FastGemv, Fp8PairEqualsTwoCalls) {
+  NEED_GPU();
+  Rng rng(12);
+  const int64_t K = 5120, KB = K / 32, Na = 1280, Nb = 512;
+  Dev<bf16_t> dx(rng.act(kRows * K));
+  Dev<uint8_t> qc(size_t(kRows * K));
+  Dev<float> qs(size_t(kRows * KB));
+  const QuantBuf q{qc.p(), qs.p(), kRows * K};
+  ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+  Dev<uint8_t> wa(rng.e4m3(Na * K)), sa(rng.bytes(((Na + 31) / 32) * KB, 118, 132)), wb(rng.e4m3(Nb * K)), sb(rng.bytes(((Nb + 31) / 32) * KB, 118, 132));
+  const Fp8W A{wa.p(), sa.p(), Na, K}, B{wb.p(), sb.p(), Nb, K};
+  Dev<bf16_t> ya(size_t(kRows * Na)), yb(size_t(kRows * Nb));
+  for (int64_t M : {int64_t(1), int64_t(7), kRows}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    ya.poison();
+    yb.poison();
+    ASSERT_TRUE(fast_fp8_gemv_q(q, M, A, ya.p(), nullptr).ok());
+    ASSERT_TRUE(fast_fp8_gemv_q(q, M, B, yb.p(), nullptr).ok());
+    const auto want_a = ya.get(), want_b = yb.get();
+    ya.poison();
+    yb.poison();
+    ASSERT_TRUE(fast_fp8_gemv2_q(q, M, A, ya.p(), B, yb.p(), nullptr).ok());
+    expect_rows_same(ya.get(), want_a, Na, 0, M, "fp8 pair: a");
+    expect_rows_same(yb.get(), want_b, Nb, 0, M, "fp8 pair: b");
+  }
+}
+
 // ---- MXFP4 experts ------------------------------------------------------------------------------
 
 TEST(FastGemv, Fp4Experts) {

@@ -504,6 +504,23 @@ void image_prompt(const std::vector<int32_t>& base, int32_t img, int64_t D, int 
   }
 }
 
+// n greedy tokens after prefilling `p` with its image rows `e` on g.
+std::vector<int32_t> greedy_with_images(Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e, size_t n) {
+  Status s = g.prefill(p, {}, &e);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  SamplingParams sp;
+  sp.temperature = 0;
+  Rng rng(0);
+  std::vector<int32_t> out;
+  while (out.size() < n) {
+    Status st = g.next(sp, rng, &out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) break;
+  }
+  out.resize(std::min<size_t>(out.size(), n));
+  return out;
+}
+
 // Prefix reuse after a prompt with an image span: prompt A (5 text, 12 image rows, 3 text),
 // greedy tokens, then prompt B (the same 5 text, 9 other image rows, 4 text) on the same
 // generator must give the tokens a fresh generator gives for B (DSpark on and off). This failed
@@ -517,28 +534,11 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
   const auto& c = (*ex)->config();
   const int64_t D = c.dim;
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
-  auto make = [&](int n_img, int n_tail, int tail_at, uint32_t seed, std::vector<int32_t>& prompt, PromptEmbeddings& e) {
-    image_prompt(base, img, D, n_img, n_tail, tail_at, seed, prompt, e);
-  };
   std::vector<int32_t> pa, pb;
   PromptEmbeddings ea, eb;
-  make(12, 3, 10, 1, pa, ea);
-  make(9, 4, 20, 2, pb, eb);
-  SamplingParams sp;
-  sp.temperature = 0;
-  auto gen = [&](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e, size_t n = 24) {
-    Status s = g.prefill(p, {}, &e);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    Rng rng(0);
-    std::vector<int32_t> out;
-    while (out.size() < n) {
-      Status st = g.next(sp, rng, &out);
-      EXPECT_TRUE(st.ok()) << st.to_string();
-      if (!st.ok()) break;
-    }
-    out.resize(std::min<size_t>(out.size(), n));
-    return out;
-  };
+  image_prompt(base, img, D, 12, 3, 10, 1, pa, ea);
+  image_prompt(base, img, D, 9, 4, 20, 2, pb, eb);
+  auto gen = [](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e, size_t n = 24) { return greedy_with_images(g, p, e, n); };
   for (bool dspark : {false, true}) {
     GeneratorOptions opt;
     opt.dspark = dspark;
@@ -567,21 +567,7 @@ TEST_P(GeneratorFixture, DiskKvCacheMatchesImagesByContent) {
   image_prompt(base, img, c.dim, 12, 3, 10, 1, pa, ea);
   image_prompt(base, img, c.dim, 12, 3, 10, 2, pb, eb);  // same tokens, another image
   ASSERT_EQ(pa, pb);
-  SamplingParams sp;
-  sp.temperature = 0;
-  auto gen = [&](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e) {
-    Status s = g.prefill(p, {}, &e);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    Rng rng(0);
-    std::vector<int32_t> out;
-    while (out.size() < 12) {
-      Status st = g.next(sp, rng, &out);
-      EXPECT_TRUE(st.ok()) << st.to_string();
-      if (!st.ok()) break;
-    }
-    out.resize(std::min<size_t>(out.size(), 12));
-    return out;
-  };
+  auto gen = [](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e) { return greedy_with_images(g, p, e, 12); };
   const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_img_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
   fs::remove_all(kv);
   auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());
