@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -27,6 +27,7 @@ struct Args {
   bool verbose = false;
   bool compare_cpu = false;
   std::string numerics = "fast";
+  std::vector<std::string> cuda_opts;  // NAME=VALUE (cuda::set_run_option)
   std::string dump;
 };
 
@@ -59,6 +60,11 @@ int run(const Args& a) {
       auto nm = cuda::parse_numerics(a.numerics);
       if (!nm.ok()) return nm.status();
       lo.run.numerics = *nm;
+      for (const auto& kv : a.cuda_opts) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) return FB_ERROR(kInvalidArgument) << "--cuda-opt wants NAME=VALUE (got " << kv << ")";
+        FB_RETURN_IF_ERROR(cuda::set_run_option(lo.run, kv.substr(0, eq), kv.substr(eq + 1)));
+      }
       if (a.expert_slots > 0) {
         // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
@@ -133,6 +139,7 @@ Runner add_check_fixture(CLI::App& app) {
                "also run the CPU reference in lockstep and compare logits, taps and drafts (bit for bit with --numerics exact)");
   app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));
+  app.add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for bench --ab), e.g. tc_gemv=1");
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");
   return [a] { return run(*a); };
 }

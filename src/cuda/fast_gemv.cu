@@ -43,6 +43,7 @@
 #include "cuda/numerics.cuh"
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
+#include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
 
@@ -57,6 +58,8 @@ constexpr int kThreads = 256;
 // 23% achieved occupancy). Same arithmetic either way (fast_gemv.h set_fast_gemv_occupancy).
 constexpr int kOccBlocks = 3;
 std::atomic<bool> g_fast_occupancy{false};
+// Route the FP8 / MXFP4 GEMVs to the tensor-core kernels of tc_gemv.cu (set_fast_gemv_tc).
+std::atomic<bool> g_fast_tc{false};
 constexpr int kWarps = kThreads / 32;
 // Steps whose weight loads a lane issues before it uses the first: 4 x 16 bytes per lane.
 constexpr int kUnroll = 4;
@@ -692,12 +695,15 @@ Status launch_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const u
 }  // namespace
 
 void set_fast_gemv_occupancy(bool on) { g_fast_occupancy.store(on, std::memory_order_relaxed); }
+void set_fast_gemv_tc(bool on) { g_fast_tc.store(on, std::memory_order_relaxed); }
+bool fast_gemv_tc() { return g_fast_tc.load(std::memory_order_relaxed); }
 
 Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && w.K < (int64_t(1) << 30) && w.w && w.s) << "fast fp8 gemv K=" << w.K;
   FB_CHECK(aligned16(w.w) && aligned16(q.codes)) << "fast fp8 gemv: 16-byte weight rows and codes";
   FB_CHECK(M * w.K <= q.capacity) << "fast fp8 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || w.N == 0) return Status();
+  if (fast_gemv_tc()) return tc_fp8_gemv(q, M, w, y, nullptr, nullptr, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, w, y, nullptr, nullptr, st); });
 }
 
@@ -708,12 +714,14 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
   if (M == 0) return Status();
   if (wa.N == 0) return fast_fp8_gemv_q(q, M, wb, yb, st);
   if (wb.N == 0) return fast_fp8_gemv_q(q, M, wa, ya, st);
+  if (fast_gemv_tc()) return tc_fp8_gemv(q, M, wa, ya, &wb, yb, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, wa, ya, &wb, yb, st); });
 }
 
 Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
+  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st);
   return launch_fp4<false>(q, M, x_div, w, w, expert, y, nullptr, st);
 }
 
@@ -723,6 +731,7 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
+  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st);
   return launch_fp4<true>(q, M, x_div, wa, wb, expert, ya, yb, st);
 }
 
@@ -835,6 +844,63 @@ Status fast_gemv_bench() {
       }
     }
   }
+  // The released decode shapes (D = 5120, q_lora 1280, kv 512, 64 x 512 heads, o 8 x 1024, I = 2304),
+  // CUDA-core kernels against the tensor-core ones (set_fast_gemv_tc), one line per shape and M.
+  const bool tc_was = fast_gemv_tc();
+  {
+    DeviceBuffer ex64;
+    FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
+    int32_t e64[64];
+    for (int i = 0; i < 64; ++i) e64[i] = i % 16;
+    FB_CUDA_TRY(cudaMemcpy(ex64.get(), e64, sizeof(e64), cudaMemcpyHostToDevice));
+    struct Fp8Case { const char* name; int64_t Na, Nb, K; };
+    for (Fp8Case c : {Fp8Case{"wq_a+wkv", 1280, 512, 5120}, Fp8Case{"wq_b", 32768, 0, 1280}, Fp8Case{"wo_b", 5120, 0, 8192},
+                      Fp8Case{"shared w1+w3", 2304, 2304, 5120}, Fp8Case{"shared w2", 5120, 0, 2304}}) {
+      const int64_t K = c.K, KB = K / 32, ba = c.Na * K, bb = c.Nb * K, sa = ((c.Na + 31) / 32) * KB, sb = ((c.Nb + 31) / 32) * KB;
+      const int64_t set = ba + bb, slices = int64_t(pool_bytes) / set;
+      for (int64_t M : {1, 6}) {
+        double ms[2] = {0.0, 0.0};
+        for (int tc = 0; tc < 2; ++tc) {
+          set_fast_gemv_tc(tc == 1);
+          FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                     [&](int i) {
+                                       const int64_t o = (i % slices) * set;
+                                       const Fp8W a{wp + o, sp, c.Na, K}, b{wp + o + ba, sp + sa, c.Nb, K};
+                                       return c.Nb ? fast_fp8_gemv2_q(q, M, a, y, b, y + kMaxRows * 16384, st) : fast_fp8_gemv_q(q, M, a, y, st);
+                                     },
+                                     &ms[tc]));
+        }
+        const double bytes = double(ba + bb + sa + sb);
+        std::printf("decode fp8 %-13s M=%lld: cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s\n", c.name, (long long)M, ms[0] * 1e3,
+                    bytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3, bytes / (ms[1] * 1e-3) / 1e9);
+      }
+    }
+    const int64_t D = 5120, I = 2304, eb = I * D / 2, esb = I * D / 32, E = 16;
+    const int64_t set = 3 * E * (eb + esb), slices = std::max<int64_t>(1, int64_t(pool_bytes) / set);
+    auto wset = [&](int i, int which, int64_t N, int64_t K) {
+      const int64_t base = (i % slices) * set + which * E * (eb + esb);
+      return Fp4W{wp + base, wp + base + E * eb, N, K, eb, esb};
+    };
+    for (int64_t M : {6, 36}) {
+      double ms13[2] = {0.0, 0.0}, ms2[2] = {0.0, 0.0};
+      for (int tc = 0; tc < 2; ++tc) {
+        set_fast_gemv_tc(tc == 1);
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     return fast_fp4_gemv2_q(q, M, 6, wset(i, 0, I, D), wset(i, 1, I, D), ex64.get<int32_t>(), y,
+                                                             y + kMaxRows * 16384, st);
+                                   },
+                                   &ms13[tc]));
+        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st); },
+                                   &ms2[tc]));
+      }
+      const double b13 = double(M) * 2 * (eb + esb), b2 = double(M) * (eb + esb);
+      std::printf("decode fp4 experts M=%lld: w1+w3 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s; w2 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s\n",
+                  (long long)M, ms13[0] * 1e3, b13 / (ms13[0] * 1e-3) / 1e9, ms13[1] * 1e3, b13 / (ms13[1] * 1e-3) / 1e9, ms2[0] * 1e3,
+                  b2 / (ms2[0] * 1e-3) / 1e9, ms2[1] * 1e3, b2 / (ms2[1] * 1e-3) / 1e9);
+    }
+  }
+  set_fast_gemv_tc(tc_was);
   std::fflush(stdout);
   return Status();
 }

@@ -50,6 +50,11 @@ Status fast_bf16_gemv(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, cons
 // (fast_gemv_test). The executor turns it on (CudaRunOptions::fast_occupancy, measured with
 // `bench --ab fast_occupancy=0,1`: docs/results.md); off here until a caller sets it.
 void set_fast_gemv_occupancy(bool on);
+// Process-wide: the FP8 and MXFP4 calls above run on the tensor-core kernels of tc_gemv.h (a
+// different fixed order: other bits, the same guarantees; CudaRunOptions::tc_gemv). bf16 is
+// unaffected. Off here until a caller sets it.
+void set_fast_gemv_tc(bool on);
+bool fast_gemv_tc();
 
 // Weight-streaming rate of the fast and exact FP8 / MXFP4 GEMVs at a few decode shapes (cudaEvent
 // timing, averaged over repeats), one line each to stdout. For tests and the bench; allocates and

@@ -23,6 +23,7 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
+#include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
 
 namespace fb::cuda {
@@ -127,8 +128,13 @@ constexpr int64_t kRows = 64;
 
 // ---- FP8 ----------------------------------------------------------------------------------------
 
-TEST(FastGemv, Fp8) {
-  NEED_GPU();
+// Switches the FP8 / MXFP4 calls to the tensor-core kernels (tc_gemv.h) for a scope.
+struct TcOn {
+  TcOn() { set_fast_gemv_tc(true); }
+  ~TcOn() { set_fast_gemv_tc(false); }
+};
+
+void fp8_cases() {
   Rng rng(11);
   struct Case { int64_t N, K; };
   // Released-like shapes: square 4096, hidden 5120 in and out, q_b (1536 -> 32768), N not a
@@ -176,10 +182,20 @@ TEST(FastGemv, Fp8) {
   }
 }
 
+TEST(FastGemv, Fp8) {
+  NEED_GPU();
+  fp8_cases();
+}
+
+TEST(FastGemv, TcFp8) {
+  NEED_GPU();
+  TcOn tc;
+  fp8_cases();
+}
+
 // Two weights of one K over the same codes in one launch (wq_a + wkv, shared w1 + w3): each
 // output bit for bit the single call's, for shapes whose split-K factors differ, at 1, 7, 64 rows.
-TEST(FastGemv, Fp8PairEqualsTwoCalls) {
-  NEED_GPU();
+void fp8_pair_cases() {
   Rng rng(12);
   const int64_t K = 5120, KB = K / 32, Na = 1280, Nb = 512;
   Dev<bf16_t> dx(rng.act(kRows * K));
@@ -205,10 +221,20 @@ TEST(FastGemv, Fp8PairEqualsTwoCalls) {
   }
 }
 
+TEST(FastGemv, Fp8PairEqualsTwoCalls) {
+  NEED_GPU();
+  fp8_pair_cases();
+}
+
+TEST(FastGemv, TcFp8PairEqualsTwoCalls) {
+  NEED_GPU();
+  TcOn tc;
+  fp8_pair_cases();
+}
+
 // ---- MXFP4 experts ------------------------------------------------------------------------------
 
-TEST(FastGemv, Fp4Experts) {
-  NEED_GPU();
+void fp4_expert_cases() {
   Rng rng(12);
   struct Case { int64_t N, K, x_div; };
   // w1/w3 (N = I, K = D) and w2 (N = D, K = I) of D = 4096 / I = 2048 and D = 5120 / I = 3072;
@@ -283,6 +309,38 @@ TEST(FastGemv, Fp4Experts) {
     ASSERT_TRUE(fast_fp4_gemv_q(q, 7, cs.x_div, wa, nullptr, ya.p(), nullptr).ok());
     expect_rows_same(ya.get(), with_zero, N, 0, 7, "fp4 expert nullptr vs zeros");
   }
+}
+
+TEST(FastGemv, Fp4Experts) {
+  NEED_GPU();
+  fp4_expert_cases();
+}
+
+TEST(FastGemv, TcFp4Experts) {
+  NEED_GPU();
+  TcOn tc;
+  fp4_expert_cases();
+}
+
+// The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
+// non-empty and 32-aligned, at most 8, the tile <= 16 KB for released K.
+TEST(FastGemv, TcChunks) {
+  for (bool fp4 : {false, true})
+    for (int64_t K = 32; K <= 20000; K += 32) {
+      const TcChunks c = tc_chunks(K, fp4);
+      SCOPED_TRACE("K=" + std::to_string(K) + (fp4 ? " fp4" : " fp8"));
+      ASSERT_GE(c.nk, 1);
+      ASSERT_LE(c.nk, 8);
+      ASSERT_EQ(c.kc % (fp4 ? 256 : 128), 0);
+      ASSERT_GT(K - int64_t(c.nk - 1) * c.kc, 0);  // the last chunk is not empty
+      ASSERT_LE(K, int64_t(c.nk) * c.kc);
+      if (K <= 8 * (fp4 ? 2048 : 1024)) {
+        ASSERT_LE(c.kc, fp4 ? 2048 : 1024);
+      }
+    }
+  EXPECT_EQ(tc_chunks(5120, false).nk, 5);
+  EXPECT_EQ(tc_chunks(5120, true).nk, 3);
+  EXPECT_EQ(tc_chunks(2304, true).kc, 1280);
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

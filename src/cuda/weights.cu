@@ -49,6 +49,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
   if (name == "fast_gemv") return flag(o.fast_gemv);
   if (name == "fast_occupancy") return flag(o.fast_occupancy);
+  if (name == "tc_gemv") return flag(o.tc_gemv);
   if (name == "fast_small") return flag(o.fast_small);
   if (name == "pdl") return flag(o.pdl);
   if (name == "overlap") return flag(o.overlap);
@@ -58,7 +59,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, fast_small, pdl, overlap, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, mma_gemv, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -73,6 +74,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   mma_gemv_ = fast && o.mma_gemv && !fast_gemv_;
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
+  set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
   fast_small_ = fast && o.fast_small;
   overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)

@@ -1,0 +1,336 @@
+// The tensor-core decode GEMVs of tc_gemv.h. One kernel template for both weight formats:
+//
+//  CTA (128 threads, 4 warps) = one (stripe of 16 output rows, K chunk) of one weight, for one
+//  group of 8 activation rows (FP8, blockIdx.y) or one expert row (MXFP4, blockIdx.y = m).
+//  1. cp.async copies the weight tile [16][chunk bytes] into shared memory (16-byte units, the
+//     unit index XOR-swizzled by the row within each 128-byte group so ldmatrix's 8 row addresses
+//     hit 8 distinct bank groups); rows past N are clamped (computed, never stored). Dense FP8
+//     tiles are copied before griddepcontrol.wait (weights never depend on the step).
+//  2. The weight scales (e8m0 -> f32) and the activations: FP8 rows m0..m0+7 (zeros past M) as
+//     raw e4m3 codes, row stride chunk + 16 bytes (conflict-free B loads); the MXFP4 row's codes
+//     per 32-block as [even k of words 0..3][odd k of words 0..3], the order in which the e2m1
+//     widening delivers the weights (e2m1_lo/hi_e4m3).
+//  3. A warp's units u = warp, warp + 4, ...: 32 bytes of every tile row = one FP8 32-block or
+//     two MXFP4 32-blocks; one ldmatrix.x4, then per 32-block one mma.m16n8k32 from zero and
+//     acc += d * (weight scale * activation scale) (FMA). Lane (g, t) holds d for rows g and g + 8
+//     and columns 2t, 2t + 1 (FP8: activation rows; MXFP4: column 0 is the row, the rest zeros).
+//  4. The 4 warps' accumulators add in warp order (shared memory), the nk chunks' in rank order
+//     (the cluster's shared memory, rank 0 reads), one RNE rounding to bf16.
+// Every sum's order is a function of (N, K) only: deterministic and row-invariant.
+#include "cuda/tc_gemv.h"
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "cuda/device.h"
+#include "cuda/fast_small.h"
+#include "cuda/numerics.cuh"
+#include "cuda/pdl.cuh"
+
+namespace fb::cuda {
+
+namespace cg = cooperative_groups;
+using dev::to_bf;
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStripe = 16;                            // output rows per CTA (the mma's m)
+constexpr int kRowGroup = 8;                           // FP8 activation rows per CTA (the mma's n)
+constexpr int kFp8ChunkMax = 1024, kFp4ChunkMax = 2048;  // k per chunk: 16 KB of weight tile
+constexpr int kMaxChunks = 8;                          // the portable cluster size
+
+// One weight of a launch: codes, scales, rows, stripes of 16, output [M, N].
+struct TcPart {
+  const uint8_t* W = nullptr;
+  const uint8_t* S = nullptr;
+  int64_t N = 0;
+  int64_t stripes = 0;
+  uint16_t* y = nullptr;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (the source is not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d = A (16 x 32 e4m3, row) . B (32 x 8 e4m3, col), f32, from zero.
+__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Eight e2m1 nibbles (nibble i = element i) -> the e4m3 bytes of value * 2^-6, exactly: the
+// magnitude bits e1 e0 m go to e4m3 bits 4..2 (exponent 00e1e0, mantissa m00: 2^(e-7) (1 + m/2)
+// for e > 0, and e = 0, m = 1 is the subnormal 2^-7 = 0.5 * 2^-6), the sign to bit 7.
+// lo: the low nibbles (elements 0, 2, 4, 6) as bytes 0..3; hi: the high nibbles (1, 3, 5, 7).
+__device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+__device__ __forceinline__ uint32_t e2m1_hi_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
+
+// Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
+__device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
+
+template <bool FP4>
+__global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+                                                         TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
+                                                         const int32_t* __restrict__ expert) {
+  pdl_trigger();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = kc_max + 16, kb_max = kc_max / 32;
+  uint8_t* wt = smem;                                                              // [16][rb]
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 [8][xrow]; FP4 [kc_max]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : kRowGroup * xrow));   // FP8 [8][kb_max]; FP4 [kb_max]
+  float* wsc = xsc + (FP4 ? kb_max : kRowGroup * kb_max);                          // FP8 [kb_max]; FP4 [16][kb_max]
+  float* red = wsc + (FP4 ? kStripe * kb_max : kb_max);                            // [warps][32][4]
+  float* part = red + kWarps * 128;                                                // [32][4]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t xa = pa.stripes * nk;
+  const bool second = int64_t(blockIdx.x) >= xa;
+  const int64_t bx = second ? int64_t(blockIdx.x) - xa : int64_t(blockIdx.x);
+  const int64_t N = second ? pb.N : pa.N, n0 = (bx / nk) * kStripe;
+  uint16_t* __restrict__ y = second ? pb.y : pa.y;
+  const uint8_t* W = second ? pb.W : pa.W;
+  const uint8_t* S = second ? pb.S : pa.S;
+  const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
+  const int64_t m = blockIdx.y;  // FP4: the row; FP8: the row group
+
+  if constexpr (FP4) {
+    pdl_wait();  // the expert ids come from the step
+    const int64_t e = expert ? expert[m] : 0;
+    if (e < 0) return;  // a skipped row: every CTA of the cluster has this row, all return
+    W += e * w_stride;
+    S += e * s_stride;
+  }
+  // 1. the weight tile
+  {
+    const int upr = (FP4 ? kc / 2 : kc) / 16;
+    const int64_t gstride = FP4 ? K / 2 : K, gk0 = FP4 ? k0 / 2 : k0;
+    for (int u = tid; u < kStripe * upr; u += kThreads) {
+      const int r = u / upr, j = u % upr;
+      const int64_t n = n0 + r < N ? n0 + r : N - 1;
+      cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
+    }
+    cp_async_commit();
+  }
+  // 2. scales and activations
+  if constexpr (FP4) {
+    for (int i = tid; i < kStripe * nb; i += kThreads) {
+      const int r = i / nb, b = i % nb;
+      const int64_t n = n0 + r < N ? n0 + r : N - 1;
+      wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
+    }
+    const int64_t xm = m / x_div;
+    for (int b = tid; b < nb; b += kThreads) {
+      const uint4* src = reinterpret_cast<const uint4*>(xc + xm * K + k0 + b * 32);
+      const uint4 lo = src[0], hi = src[1];
+      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      uint32_t ev[4], od[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        ev[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x6420);  // codes 8q, 8q+2, 8q+4, 8q+6
+        od[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x7531);  // codes 8q+1, 8q+3, 8q+5, 8q+7
+      }
+      *reinterpret_cast<uint4*>(xt + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
+      *reinterpret_cast<uint4*>(xt + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
+      xsc[b] = xs[xm * KB + k0 / 32 + b];
+    }
+  } else {
+    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    pdl_wait();  // the activation codes come from the step
+    const int64_t m0 = m * kRowGroup;
+    const int xupr = kc / 16;
+    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
+      const bool ok = m0 + j < M;
+      cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
+    }
+    cp_async_commit();
+    for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+      const int j = i / nb, b = i % nb;
+      xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  // 3. the mma loop
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
+  const int units = FP4 ? (nb + 1) / 2 : nb;
+  for (int u = warp; u < units; u += kWarps) {
+    uint32_t r[4];
+    ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
+    if constexpr (FP4) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int b = 2 * u + h;
+        if (b >= nb) break;
+        const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
+        const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
+        uint32_t b0 = 0, b1 = 0;
+        if (g == 0) {
+          b0 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 4 * t);
+          b1 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 16 + 4 * t);
+        }
+        float d[4];
+        mma_e4m3(a, b0, b1, d);
+        const float sx = xsc[b];
+        acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(wsc[g * kb_max + b], sx), acc[0]);
+        acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(wsc[(g + 8) * kb_max + b], sx), acc[2]);
+      }
+    } else {
+      const int b = u;
+      const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb), b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+      float d[4];
+      mma_e4m3(r, b0, b1, d);
+      const float ws = wsc[b];
+      const float s0 = __fmul_rn(ws, xsc[(2 * t) * kb_max + b]), s1 = __fmul_rn(ws, xsc[(2 * t + 1) * kb_max + b]);
+      acc[0] = __fmaf_rn(d[0], s0, acc[0]);
+      acc[1] = __fmaf_rn(d[1], s1, acc[1]);
+      acc[2] = __fmaf_rn(d[2], s0, acc[2]);
+      acc[3] = __fmaf_rn(d[3], s1, acc[3]);
+    }
+  }
+
+  // 4. fold: warps in order, then the cluster's chunks in rank order
+  reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp == 0) {
+    float4 v = reinterpret_cast<const float4*>(red)[lane];
+    for (int w = 1; w < kWarps; ++w) {
+      const float4 o = reinterpret_cast<const float4*>(red)[w * 32 + lane];
+      v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
+    }
+    reinterpret_cast<float4*>(part)[lane] = v;
+  }
+  bool writer = warp == 0;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (nk > 1) {
+    cluster.sync();
+    writer = writer && cluster.block_rank() == 0;
+    if (writer) {
+      float4 v = reinterpret_cast<const float4*>(part)[lane];
+      for (int rk = 1; rk < nk; ++rk) {
+        const float4 o = reinterpret_cast<const float4*>(cluster.map_shared_rank(part, rk))[lane];
+        v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
+      }
+      reinterpret_cast<float4*>(part)[lane] = v;
+    }
+  }
+  if (writer) {
+    const float4 v = reinterpret_cast<const float4*>(part)[lane];
+    const int64_t na = n0 + g, nb8 = n0 + g + 8;
+    if constexpr (FP4) {
+      if (t == 0) {
+        if (na < N) y[m * N + na] = to_bf(v.x);
+        if (nb8 < N) y[m * N + nb8] = to_bf(v.z);
+      }
+    } else {
+      const int64_t m0 = m * kRowGroup, c0 = m0 + 2 * t, c1 = c0 + 1;
+      if (na < N && c0 < M) y[c0 * N + na] = to_bf(v.x);
+      if (na < N && c1 < M) y[c1 * N + na] = to_bf(v.y);
+      if (nb8 < N && c0 < M) y[c0 * N + nb8] = to_bf(v.z);
+      if (nb8 < N && c1 < M) y[c1 * N + nb8] = to_bf(v.w);
+    }
+  }
+  if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+}
+
+size_t smem_bytes(bool fp4, int kc_max) {
+  const int kb = kc_max / 32;
+  const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
+  const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * (kc_max + 16);
+  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : size_t(kb) * 4 * (kRowGroup + 1);
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4;
+}
+
+template <bool FP4>
+Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride, int64_t s_stride,
+              const int32_t* expert, cudaStream_t st) {
+  const TcChunks ch = tc_chunks(K, FP4);
+  const size_t smem = smem_bytes(FP4, ch.kc);
+  const auto kernel = &tc_gemv_kernel<FP4>;
+  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
+  const int64_t gx = (pa.stripes + pb.stripes) * ch.nk, gy = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
+  FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  if (fast_pdl()) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (ch.nk > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = unsigned(ch.nk);
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  cfg.attrs = na ? attr : nullptr;
+  cfg.numAttrs = unsigned(na);
+  FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
+                                 ch.nk, ch.kc, w_stride, s_stride, expert));
+  FB_CUDA_LAUNCHED("tc_gemv_kernel");
+  return Status();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+TcChunks tc_chunks(int64_t K, bool fp4) {
+  const int64_t cmax = fp4 ? kFp4ChunkMax : kFp8ChunkMax, align = fp4 ? 256 : 128;
+  int64_t nk = std::min<int64_t>(kMaxChunks, (K + cmax - 1) / cmax);
+  if (nk < 1) nk = 1;
+  int64_t kc = ((K + nk - 1) / nk + align - 1) / align * align;
+  nk = (K + kc - 1) / kc;  // every chunk non-empty
+  return TcChunks{int(nk), int(kc)};
+}
+
+Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st) {
+  FB_CHECK(wa.K % 32 == 0 && wa.K > 0 && wa.K < (int64_t(1) << 30) && (!wb || wb->K == wa.K)) << "tc fp8 gemv K=" << wa.K;
+  FB_CHECK(aligned16(wa.w) && (!wb || aligned16(wb->w)) && aligned16(q.codes)) << "tc fp8 gemv: 16-byte weight rows and codes";
+  FB_CHECK(M * wa.K <= q.capacity) << "tc fp8 gemv M=" << M << " capacity=" << q.capacity;
+  if (M == 0) return Status();
+  auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
+  const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
+  if (pa.stripes + pb.stripes == 0) return Status();
+  return launch<false>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
+}
+
+Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
+                   const int32_t* expert, cudaStream_t st) {
+  FB_CHECK(wa.K % 32 == 0 && wa.K > 0 && wa.K < (int64_t(1) << 30) && x_div >= 1) << "tc fp4 gemv K=" << wa.K << " x_div=" << x_div;
+  FB_CHECK(!wb || (wb->N == wa.N && wb->K == wa.K && wb->w_stride == wa.w_stride && wb->s_stride == wa.s_stride)) << "tc fp4 gemv2: shapes differ";
+  FB_CHECK(aligned16(wa.w) && (!wb || aligned16(wb->w)) && wa.w_stride % 16 == 0 && aligned16(q.codes)) << "tc fp4 gemv: 16-byte rows";
+  FB_CHECK(((M - 1) / x_div + 1) * wa.K <= q.capacity || M == 0) << "tc fp4 gemv M=" << M << " capacity=" << q.capacity;
+  if (M == 0 || wa.N == 0) return Status();
+  auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
+  const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
+  return launch<true>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
+}
+
+}  // namespace fb::cuda

@@ -1,0 +1,50 @@
+// Tensor-core decode GEMVs of the fast class [fast]: the block-scaled FP8 and MXFP4 GEMVs of
+// fast_gemv.h (same operands, same semantics, same guarantees: deterministic, row-invariant, NMSE
+// far below 1e-5 against the exact kernels), built to stream the weights at the HBM rate:
+//
+//  * the weight matrix is cut into stripes of 16 output rows and each stripe's K into nk chunks
+//    (nk and the chunk length from K alone); one CTA of 4 warps owns one (stripe, chunk[, row
+//    group or expert row]) and copies its whole weight tile (<= 16 KB) into shared memory with
+//    cp.async in one burst, before griddepcontrol.wait where the weights do not depend on the
+//    step (dense FP8), so the copy overlaps the previous kernel; many small CTAs per SM keep
+//    ~100+ KB per SM in flight and there is no pass structure and no pipeline ramp per column;
+//  * ldmatrix gives the mma.m16n8k32 e4m3 A fragments straight from the tile (FP8: as stored;
+//    MXFP4: each e2m1 nibble widened to the e4m3 byte of value * 2^-6 by shifts and masks, the
+//    2^6 folded into the block scale); B = the act_quant codes of up to 8 activation rows (MXFP4:
+//    one row, staged in the k order the widening produces);
+//  * each 32-block's mma starts from zero and is scaled into f32 accumulators by weight scale x
+//    activation scale (FMA); the 4 warps' partials fold in warp order in shared memory, and the nk
+//    chunks' partials in rank order through distributed shared memory of a thread-block cluster
+//    (nk CTAs), so no global scratch, atomics or second launch.
+//
+// Row invariance: an output (row m, column n) is a fixed sum over (chunk, warp, block) whose terms
+// are functions of row m's codes and scales and of the weights only; M changes the grid, never a
+// row's terms or their order (an mma's output column depends on its own B column only).
+// Host header; callers go through fast_gemv.h (set_fast_gemv_tc routes its FP8 / MXFP4 calls here).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+// ya = q . wa^T [M, wa.N] and, when wb != nullptr, yb = q . wb^T (wb->K == wa.K) in one launch.
+// K % 32 == 0; 16-byte aligned weights and codes.
+Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st);
+// Experts: row m reads activation row m / x_div and expert expert[m] (nullptr: 0; < 0: skipped,
+// y untouched) of wa (and of wb into yb when wb != nullptr; same shape and strides).
+Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
+                   const int32_t* expert, cudaStream_t st);
+
+// The chunking of a K (exposed for tests): nk chunks of kc elements (the last one shorter).
+struct TcChunks {
+  int nk = 1;
+  int kc = 0;
+};
+TcChunks tc_chunks(int64_t K, bool fp4);
+
+}  // namespace fb::cuda
