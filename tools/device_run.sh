@@ -35,7 +35,7 @@ row "build flashbox" "rc=$bc $((t3 - t2))s"
 [ $bc -ne 0 ] && grep -E "error|Error" "$LOG/build_cli.log" | head -10
 
 if [ $bt -eq 0 ]; then
-  FB_FIXTURES_DIR="$PWD/$FIX" timeout 240 ctest --test-dir "$BUILD" -L gpu -R "^($(echo $GPU_TESTS | tr ' ' '|'))\$" -V --timeout 200 >"$LOG/ctest.log" 2>&1
+  FB_FIXTURES_DIR="$PWD/$FIX" timeout 360 ctest --test-dir "$BUILD" -L gpu -R "^($(echo $GPU_TESTS | tr ' ' '|'))\$" -V --timeout 300 >"$LOG/ctest.log" 2>&1
   ct=$?
   grep -E "Failure|differ|Expected|Which is|Value of|\[  FAILED|compare |check-fixture " "$LOG/ctest.log" | head -60
   row "ctest -L gpu -R ^cuda_" "rc=$ct $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)"
