@@ -900,6 +900,35 @@ Status fast_gemv_bench() {
                   b2 / (ms2[0] * 1e-3) / 1e9, ms2[1] * 1e3, b2 / (ms2[1] * 1e-3) / 1e9);
     }
   }
+  // The tensor-core kernels' chunk size and programmatic dependent launch (back-to-back calls
+  // overlap their weight copies with the previous call's tail), M = 1.
+  const bool pdl_was = fast_pdl();
+  set_fast_gemv_tc(true);
+  for (int pdl = 0; pdl < 2; ++pdl)
+    for (int sc : {1, 2, 4}) {
+      set_fast_pdl(pdl == 1);
+      tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
+      struct One { const char* name; int64_t N, K; bool fp4; };
+      std::printf("tc chunk max fp8 %d fp4 %d pdl %d:", 512 * sc, 1024 * sc, pdl);
+      for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
+                    One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
+        const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
+        double ms = 0.0;
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     uint8_t* base = wp + (i % slices) * wbytes;
+                                     if (!c.fp4) return fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
+                                     const int64_t eb1 = c.N * c.K / 2;
+                                     return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, eb1, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
+                                   },
+                                   &ms));
+        const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);  // fp4: the 6 experts read
+        std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
+      }
+      std::printf("\n");
+    }
+  tc_gemv_set_chunk_max(0, 0);
+  set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);
   return Status();

@@ -22,6 +22,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/check.h"
 #include "cuda/device.h"
@@ -301,8 +302,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
+}  // namespace
+
+void tc_gemv_set_chunk_max(int fp8_k, int fp4_k) {
+  g_chunk_max[0].store(fp8_k > 0 ? fp8_k : kFp8ChunkMax);
+  g_chunk_max[1].store(fp4_k > 0 ? fp4_k : kFp4ChunkMax);
+}
+
 TcChunks tc_chunks(int64_t K, bool fp4) {
-  const int64_t cmax = fp4 ? kFp4ChunkMax : kFp8ChunkMax, align = fp4 ? 256 : 128;
+  const int64_t cmax = g_chunk_max[fp4 ? 1 : 0].load(), align = fp4 ? 256 : 128;
   int64_t nk = std::min<int64_t>(kMaxChunks, (K + cmax - 1) / cmax);
   if (nk < 1) nk = 1;
   int64_t kc = ((K + nk - 1) / nk + align - 1) / align * align;

@@ -46,5 +46,8 @@ struct TcChunks {
   int kc = 0;
 };
 TcChunks tc_chunks(int64_t K, bool fp4);
+// Bench only: the largest chunk (k elements) per CTA, FP8 and MXFP4 (<= 0: the defaults 1024 / 2048).
+// Process-wide; changes the bits (the chunking is part of the order), never row invariance.
+void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 
 }  // namespace fb::cuda
