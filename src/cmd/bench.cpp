@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 
+#include "base/progress.h"
 #include "bench/decode_bench.h"
 #include "bench/dspark_sweep.h"
 #include "bench/fake_context.h"
@@ -275,7 +276,10 @@ int run(const Args& a) {
                  a.expert_slots > 0 ? (std::to_string(a.expert_slots) + " HBM slots per layer").c_str() : "all resident",
                  double(std::clock() - t0) / CLOCKS_PER_SEC);
     if (a.expert_slots > 0) return run_tier_sweep_rows(a, csv, **ex, lim->h2d_pinned_gbps);
+    Progress decode_progress("bench decode", int64_t(a.contexts.size()), "contexts");  // on a terminal only
+    int64_t n_contexts = 0;
     for (int64_t L : a.contexts) {
+      decode_progress.update(n_contexts++);
       auto s = (*ex)->new_session();
       Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
       if (!st.ok()) {
@@ -287,6 +291,7 @@ int run(const Args& a) {
         std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, t.status().to_string().c_str());
         return 1;
       }
+      decode_progress.hide();  // the rows and notes below go to the same terminal
       report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps);
       if (a.graph_step) {
         auto g = bench::time_graph_step(**ex, *s, 10);
@@ -364,8 +369,11 @@ int run(const Args& a) {
         }
       }
     }
+    decode_progress.update(n_contexts);
+    decode_progress.finish();
     for (int64_t N : a.prefill) {
       // Exact chunked prefill of N random tokens (CUDA cores, reference-exact kernels).
+      Progress prefill_progress("bench prefill " + std::to_string(N), N, "tokens");  // on a terminal only
       auto s = (*ex)->new_session();
       std::vector<model::SessionState*> ss{s.get()};
       const auto t0 = std::chrono::steady_clock::now();
@@ -375,8 +383,10 @@ int run(const Args& a) {
           std::fprintf(stderr, "bench: prefill %lld: %s\n", (long long)N, o.status().to_string().c_str());
           return 1;
         }
+        prefill_progress.update(std::min(N, s0 + a.prefill_chunk));
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      prefill_progress.finish();
       const double gflop_tok = bench::decode_step_cost((*ex)->config(), N / 2, true).flops / 1e9;  // mean context N/2
       const double tflops = gflop_tok * double(N) / sec / 1e3;
       csv.row("prefill_tok_s", N, double(N) / sec, "tok/s");

@@ -2,12 +2,13 @@
 // render with the V4.1 prompt encoder and stream engine events; prefill progress on stderr.
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "base/progress.h"
 #include "cmd/commands.h"
 #include "cmd/engine_setup.h"
 #include "tokenizer/prompt_encoder.h"
@@ -52,31 +53,27 @@ Result<std::pair<std::string, std::string>> generate(LoadedEngine& le, const Cha
   engine::EventQueue q;
   FB_TRY(le.engine->submit(req, q.sink()));
   std::string text, reasoning;
-  bool in_reasoning = false, showed_progress = false;
+  bool in_reasoning = false;
   // Reasoning is shown dimmed on a terminal; piped output gets no escape codes.
   const bool tty = isatty(fileno(stdout)) != 0;
   const char* dim = tty ? "\033[2m" : "";
   const char* undim = tty ? "\033[0m" : "";
-  // Prefill progress only on a terminal (a log or a pipe gets no carriage-return lines).
-  const bool progress = isatty(fileno(stderr)) != 0;
-  const auto t_submit = std::chrono::steady_clock::now();
+  // Prefill progress (tokens, tok/s, ETA) only on a terminal: a log or a pipe gets nothing.
+  std::unique_ptr<Progress> prefill;
   engine::Event e;
   for (;;) {
     if (!q.pop(&e, 1000)) continue;
     using K = engine::Event::Kind;
     if (e.kind == K::kPrefill) {
-      if (progress && e.total > 64) {
-        const int w = 30, fill = int(w * e.done / std::max<int64_t>(1, e.total));
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_submit).count();
-        std::fprintf(stderr, "\r[prefill %s%s] %lld/%lld tokens, %.0f tok/s", std::string(size_t(fill), '#').c_str(),
-                     std::string(size_t(w - fill), '.').c_str(), (long long)e.done, (long long)e.total, s > 0 ? double(e.done) / s : 0.0);
-        showed_progress = true;
+      if (e.total > 64) {
+        if (!prefill) prefill = std::make_unique<Progress>("prefill", e.total, "tokens");
+        prefill->update(e.done);
       }
       continue;
     }
-    if (showed_progress) {
-      std::fprintf(stderr, "\r%80s\r", "");
-      showed_progress = false;
+    if (prefill) {  // the answer starts: the line goes away
+      prefill->clear();
+      prefill.reset();
     }
     if (e.kind == K::kReasoning) {
       if (!in_reasoning) std::printf("%s", dim);

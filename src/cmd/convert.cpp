@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "base/progress.h"
 #include "cmd/commands.h"
 #include "loader/snapshot.h"
 #include "storage/expert_store.h"
@@ -22,10 +23,13 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "convert: %s\n", snap.status().to_string().c_str());
     return 2;
   }
-  Status st = storage::write_expert_store(**snap, a.out, a.replicas, [](const storage::ConvertProgress& p) {
-    std::fprintf(stderr, "\rconvert: %lld / %lld experts", (long long)p.done, (long long)p.total);
+  // Experts written, rate and ETA on a terminal only (a log or a pipe gets the result line alone).
+  Progress progress("convert", 0, "experts");
+  Status st = storage::write_expert_store(**snap, a.out, a.replicas, [&progress](const storage::ConvertProgress& p) {
+    progress.set_total(p.total);
+    progress.update(p.done);
   });
-  std::fprintf(stderr, "\n");
+  if (st.ok()) progress.finish();
   if (!st.ok()) {
     std::fprintf(stderr, "convert: %s\n", st.to_string().c_str());
     return 1;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "base/mapped_file.h"
+#include "base/progress.h"
 #include "cmd/commands.h"
 #include "loader/snapshot.h"
 #include "loader/tiny_model.h"
@@ -41,6 +42,8 @@ Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const
   o.engram_compressed_vocab = em.n_classes;
   std::fprintf(stderr, "make-tiny: writing %s (seed %llu%s)...\n", out.c_str(), (unsigned long long)seed,
                std::string(vision ? ", vision" : "").append(smooth ? ", smooth (hidden 1024, complete selections)" : "").c_str());
+  Progress progress("make-tiny", 0, ProgressUnit::kBytes);  // bytes and tensors, on a terminal only
+  o.progress = &progress;
   FB_RETURN_IF_ERROR(loader::write_tiny_model(o));
   std::error_code ec;
   fs::copy_file(tok_path, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing, ec);

@@ -8,6 +8,7 @@
 #include "memory/plan.h"
 
 #include "cpu/executor.h"
+#include "loader/read_in.h"
 #include "loader/snapshot.h"
 #include "storage/tiered_experts.h"
 #ifdef FB_HAVE_CUDA_EXECUTOR
@@ -72,6 +73,24 @@ Result<ExecutorOptions> resolve_auto(const std::string& backend, const std::stri
   return opt;
 }
 
+// Reads the weights the executor keeps resident in from the drive before it is built, with their
+// progress on a terminal (issue 24): bytes and tensors. Routed experts read through the tiers stay
+// on the drive. Skipped when they exceed 80% of the available memory (they would not stay cached,
+// and the executor pages them in as before).
+void read_in_weights(const std::string& model_dir, bool experts_tiered) {
+  auto snap = loader::Snapshot::open(model_dir);
+  if (!snap.ok()) return;  // the executor's loader reports it
+  Progress progress("load weights", 0, ProgressUnit::kBytes);
+  std::function<bool(const std::string&)> skip;
+  if (experts_tiered) skip = loader::is_routed_expert_tensor;
+  const uint64_t avail = loader::available_memory_bytes();
+  const uint64_t limit = avail > 0 ? avail / 5 * 4 : ~uint64_t(0);
+  auto r = loader::read_in(**snap, skip, limit, &progress);
+  if (!r.read && r.bytes > 0) {
+    FB_LOG(kInfo) << "load: " << r.bytes / 1000000 << " MB of weights exceed 80% of the available memory: not read in ahead";
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backend, const std::string& model_dir, const ExecutorOptions& opt_in,
@@ -84,6 +103,12 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   const ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
   if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0))
     return FB_ERROR(kInvalidArgument) << "--host-experts, --expert-store and --expert-staging need --expert-slots N (experts are all resident otherwise)";
+#ifdef FB_HAVE_CUDA_EXECUTOR
+  const bool have_cuda = true;
+#else
+  const bool have_cuda = false;
+#endif
+  if (backend == "cpu" || (backend == "cuda" && have_cuda)) read_in_weights(model_dir, opt.expert_slots > 0);
   if (backend == "cpu") {
     auto m = cpu::CpuModel::load(model_dir);
     if (!m.ok()) return m.status();

@@ -282,11 +282,21 @@ Status write_tiny_model(const TinyModelOptions& o) {
   json weight_map = json::object();
   int64_t total = 0;
   std::map<std::string, size_t> fp8_owner;  // weight name -> index of its scale placeholder
+  auto is_scale_name = [](const std::string& nm) { return nm.size() > 6 && nm.compare(nm.size() - 6, 6, ".scale") == 0; };
+  const int64_t n_tensors = int64_t(specs.size());
+  int64_t n_done = 0, all_bytes = 0, bytes_done = 0;
+  for (const auto& s : specs) all_bytes += s.nbytes();
+  if (o.progress) {
+    o.progress->set_total(all_bytes);
+    o.progress->set_items_total(n_tensors, "tensors");
+  }
   for (const auto& s : specs) {
     SafetensorsTensor t{s.name, s.dtype, s.shape, {}};
     const int64_t n = s.nbytes() / int64_t(dtype_size(s.dtype));
-    const bool is_scale = s.name.size() > 6 && s.name.compare(s.name.size() - 6, 6, ".scale") == 0;
-    if (is_scale) continue;  // written together with its weight
+    if (o.progress) o.progress->update(bytes_done, n_done);  // what the tensors before this one made
+    bytes_done += s.nbytes();
+    ++n_done;
+    if (is_scale_name(s.name)) continue;  // written together with its weight
     const std::string& nm = s.name;
     if (s.dtype == DType::kF8E4M3) {
       const int64_t rows = s.shape[0], cols = s.shape[1];
@@ -359,7 +369,12 @@ Status write_tiny_model(const TinyModelOptions& o) {
   const std::string idx = index.dump(1);
   FB_RETURN_IF_ERROR(write_file_atomic((fs::path(o.out_dir) / "model.safetensors.index.json").string(), idx.data(), idx.size()));
   // config.json last: a folder without it is not a model, so an interrupted run is never mistaken for one
-  return write_file_atomic((fs::path(o.out_dir) / "config.json").string(), cfg_text.data(), cfg_text.size());
+  FB_RETURN_IF_ERROR(write_file_atomic((fs::path(o.out_dir) / "config.json").string(), cfg_text.data(), cfg_text.size()));
+  if (o.progress) {
+    o.progress->update(all_bytes, n_tensors);
+    o.progress->finish();
+  }
+  return Status();
 }
 
 }  // namespace fb::loader

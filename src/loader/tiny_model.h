@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "base/progress.h"
 #include "base/status.h"
 
 namespace fb::loader {
@@ -23,6 +24,10 @@ struct TinyModelOptions {
   // draft, index top-k and candidate blocks larger than any context up to 4,096 positions), so
   // its logits are a continuous function of arithmetic error and two numerics classes compare.
   bool smooth = false;
+  // Optional: its total becomes the checkpoint's bytes and its second counter the tensors,
+  // updated per tensor and finished when the files are written
+  // (make-tiny's progress on a terminal, issue 24).
+  Progress* progress = nullptr;
 };
 
 // The tiny model's config.json text (HF layout).
