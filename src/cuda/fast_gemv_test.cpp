@@ -323,7 +323,7 @@ TEST(FastGemv, TcFp4Experts) {
 }
 
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
-// non-empty and 32-aligned, at most 8, the tile <= 16 KB for released K.
+// non-empty and 32-aligned, at most 8, the tile <= 32 KB for released K.
 TEST(FastGemv, TcChunks) {
   for (bool fp4 : {false, true})
     for (int64_t K = 32; K <= 20000; K += 32) {
@@ -334,13 +334,14 @@ TEST(FastGemv, TcChunks) {
       ASSERT_EQ(c.kc % (fp4 ? 256 : 128), 0);
       ASSERT_GT(K - int64_t(c.nk - 1) * c.kc, 0);  // the last chunk is not empty
       ASSERT_LE(K, int64_t(c.nk) * c.kc);
-      if (K <= 8 * (fp4 ? 2048 : 1024)) {
-        ASSERT_LE(c.kc, fp4 ? 2048 : 1024);
+      if (K <= 8 * (fp4 ? 4096 : 2048)) {
+        ASSERT_LE(c.kc, fp4 ? 4096 : 2048);
       }
     }
-  EXPECT_EQ(tc_chunks(5120, false).nk, 5);
-  EXPECT_EQ(tc_chunks(5120, true).nk, 3);
-  EXPECT_EQ(tc_chunks(2304, true).kc, 1280);
+  EXPECT_EQ(tc_chunks(5120, false).nk, 3);
+  EXPECT_EQ(tc_chunks(5120, true).nk, 2);
+  EXPECT_EQ(tc_chunks(2304, true).nk, 1);
+  EXPECT_EQ(tc_chunks(8192, false).kc, 2048);
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

@@ -41,7 +41,10 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStripe = 16;                            // output rows per CTA (the mma's m)
 constexpr int kRowGroup = 8;                           // FP8 activation rows per CTA (the mma's n)
-constexpr int kFp8ChunkMax = 1024, kFp4ChunkMax = 2048;  // k per chunk: 16 KB of weight tile
+// k per chunk: 32 KB of weight tile (micro-bench on the H200, tc_gemv_set_chunk_max sweep 512/1024/
+// 2048 for FP8 and 1024/2048/4096 for MXFP4 at the released decode shapes: the largest was fastest
+// or equal for every shape, e.g. wq_b 1.30 / 1.73 / 2.32 TB/s with PDL)
+constexpr int kFp8ChunkMax = 2048, kFp4ChunkMax = 4096;
 constexpr int kMaxChunks = 8;                          // the portable cluster size
 
 // One weight of a launch: codes, scales, rows, stripes of 16, output [M, N].
@@ -101,15 +104,17 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   float* part = red + kWarps * 128;                                                // [32][4]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t xa = pa.stripes * nk;
-  const bool second = int64_t(blockIdx.x) >= xa;
-  const int64_t bx = second ? int64_t(blockIdx.x) - xa : int64_t(blockIdx.x);
+  // FP8: x = tile (stripe * nk + chunk), y = row group. MXFP4: x = row, y = tile, so the rows of a
+  // tile are scheduled together and rows sharing an expert read its tile from L2.
+  const int64_t tile = FP4 ? int64_t(blockIdx.y) : int64_t(blockIdx.x), xa = pa.stripes * nk;
+  const bool second = tile >= xa;
+  const int64_t bx = second ? tile - xa : tile;
   const int64_t N = second ? pb.N : pa.N, n0 = (bx / nk) * kStripe;
   uint16_t* __restrict__ y = second ? pb.y : pa.y;
   const uint8_t* W = second ? pb.W : pa.W;
   const uint8_t* S = second ? pb.S : pa.S;
   const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
-  const int64_t m = blockIdx.y;  // FP4: the row; FP8: the row group
+  const int64_t m = FP4 ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
 
   if constexpr (FP4) {
     pdl_wait();  // the expert ids come from the step
@@ -269,7 +274,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const size_t smem = smem_bytes(FP4, ch.kc);
   const auto kernel = &tc_gemv_kernel<FP4>;
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
-  const int64_t gx = (pa.stripes + pb.stripes) * ch.nk, gy = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
+  const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
+  const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
@@ -285,8 +291,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   }
   if (ch.nk > 1) {
     attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = unsigned(ch.nk);
-    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.x = FP4 ? 1u : unsigned(ch.nk);  // the nk chunks of a tile
+    attr[na].val.clusterDim.y = FP4 ? unsigned(ch.nk) : 1u;
     attr[na].val.clusterDim.z = 1;
     ++na;
   }

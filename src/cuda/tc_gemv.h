@@ -4,7 +4,7 @@
 //
 //  * the weight matrix is cut into stripes of 16 output rows and each stripe's K into nk chunks
 //    (nk and the chunk length from K alone); one CTA of 4 warps owns one (stripe, chunk[, row
-//    group or expert row]) and copies its whole weight tile (<= 16 KB) into shared memory with
+//    group or expert row]) and copies its whole weight tile (<= 32 KB) into shared memory with
 //    cp.async in one burst, before griddepcontrol.wait where the weights do not depend on the
 //    step (dense FP8), so the copy overlaps the previous kernel; many small CTAs per SM keep
 //    ~100+ KB per SM in flight and there is no pass structure and no pipeline ramp per column;
@@ -46,7 +46,7 @@ struct TcChunks {
   int kc = 0;
 };
 TcChunks tc_chunks(int64_t K, bool fp4);
-// Bench only: the largest chunk (k elements) per CTA, FP8 and MXFP4 (<= 0: the defaults 1024 / 2048).
+// Bench only: the largest chunk (k elements) per CTA, FP8 and MXFP4 (<= 0: the defaults 2048 / 4096).
 // Process-wide; changes the bits (the chunking is part of the order), never row invariance.
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 
