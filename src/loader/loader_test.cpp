@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loader/read_in.h"
 #include "loader/safetensors.h"
 
 namespace fb::loader {
@@ -174,6 +175,64 @@ TEST(TinyModel, WritesAValidSnapshotDeterministically) {
   double mean = 0;
   for (int64_t i = 0; i < an.numel(); ++i) mean += bf16_to_f32(an.as<uint16_t>()[i]);
   EXPECT_NEAR(mean / double(an.numel()), 0.025, 0.005);
+  std::filesystem::remove_all(dir);
+}
+
+// make-tiny's progress and the load-time read-in (issue 24), through a forced reporter.
+TEST(TinyModel, ProgressAndReadIn) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fb_tiny_progress_" + std::to_string(::getpid()));
+  std::vector<std::string> lines;
+  ProgressOptions po;
+  po.mode = ProgressOptions::Mode::kOn;
+  po.sink = [&lines](std::string_view s) { lines.emplace_back(s); };
+  TinyModelOptions o;
+  o.out_dir = dir.string();
+  o.vocab_size = 4096;
+  o.engram_compressed_vocab = 3000;
+  Progress mp("make-tiny", 0, ProgressUnit::kBytes, po);
+  o.progress = &mp;
+  ASSERT_TRUE(write_tiny_model(o).ok());
+  auto s = Snapshot::open(o.out_dir);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const auto names = (*s)->tensor_names();
+  uint64_t all = 0, experts = 0;
+  int64_t n_experts = 0;
+  for (const auto& n : names) {
+    const uint64_t b = (*s)->get(n).nbytes();
+    all += b;
+    if (is_routed_expert_tensor(n)) {
+      experts += b;
+      ++n_experts;
+    }
+  }
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("\rmake-tiny: ", 0), 0u) << lines.back();
+  EXPECT_NE(lines.back().find(", " + std::to_string(names.size()) + " tensors\033[K\n"), std::string::npos) << lines.back();
+  EXPECT_GT(n_experts, 0);
+
+  lines.clear();
+  Progress lp("load weights", 0, ProgressUnit::kBytes, po);
+  ReadInResult r = read_in(**s, {}, ~uint64_t(0), &lp);
+  EXPECT_TRUE(r.read);
+  EXPECT_EQ(r.bytes, all);
+  EXPECT_EQ(r.tensors, int64_t(names.size()));
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find(", " + std::to_string(names.size()) + " tensors\033[K\n"), std::string::npos) << lines.back();
+
+  // Tiered experts stay on the drive.
+  r = read_in(**s, is_routed_expert_tensor, ~uint64_t(0), nullptr);
+  EXPECT_TRUE(r.read);
+  EXPECT_EQ(r.bytes, all - experts);
+  EXPECT_EQ(r.tensors, int64_t(names.size()) - n_experts);
+
+  // Over the memory limit: nothing read, nothing shown.
+  lines.clear();
+  Progress over("load weights", 0, ProgressUnit::kBytes, po);
+  r = read_in(**s, {}, all - 1, &over);
+  EXPECT_FALSE(r.read);
+  EXPECT_EQ(r.bytes, all);
+  over.finish();
+  EXPECT_TRUE(lines.empty());
   std::filesystem::remove_all(dir);
 }
 
