@@ -157,18 +157,17 @@ struct CudaRunOptions {
   bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
   bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
   bool fast_occupancy = true;         // ... compiled with a register cap for more warps per SM (same bits; A/B in docs/results.md)
-  bool tc_gemv = false;               // ... FP8 / MXFP4 ones on the tensor-core kernels of tc_gemv.h (other bits, same guarantees)
+  bool tc_gemv = true;                // ... FP8 / MXFP4 ones on the tensor-core kernels of tc_gemv.h (other bits, same guarantees; A/B in docs/results.md)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
-  bool mma_gemv = false;              // tensor-core FP8/FP4 GEMVs for decode rows (mma_gemv.h; not adopted)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, mma_gemv,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -303,8 +302,6 @@ class CudaExecutor final : public model::Executor {
   // technique that leaves the CPU's bits.
   CudaRunOptions run_;
   bool tc_on_ = true;
-  // Decode / verify / draft GEMVs on tensor cores (mma_gemv.h; not adopted, off by default).
-  bool mma_gemv_ = false;
   // The fast class's GEMVs (fast_gemv.h) for decode / verify / draft rows.
   bool fast_gemv_ = true;
   // The fast class's fused small ops (fast_small.h) for steps of up to 64 rows, and the mHC site's

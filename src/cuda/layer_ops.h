@@ -23,7 +23,6 @@
 #include "cpu/session_cache.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
-#include "cuda/mma_gemv.h"
 #include "model/forward.h"
 #include "model/selection.h"
 
@@ -466,23 +465,12 @@ class CudaLayerOps {
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
-  // Routed experts on the GEMV kernels (exact, fast_gemv.h or mma_gemv.h), ids indexing w's arrays (n_ids
+  // Routed experts on the GEMV kernels (exact or fast_gemv.h), ids indexing w's arrays (n_ids
   // entries: experts, or a tiered layer's slots); ids < 0 are skipped (rows of another wave).
   void routed_experts(const DevLayer& w, int64_t K, const int32_t* ids, const float* weights, uint16_t* a, uint16_t* b, uint16_t* ye,
                       int n_ids) {
     const int64_t D = c_.dim, I = c_.moe_inter_dim, n = T_ * K;
-    if (m_.mma_gemv_ && mma_gemv_ok(D, uq_.codes, w.w1.w, w.w1.w_stride, true) && mma_gemv_ok(I, q_buf_.codes, w.w2.w, w.w2.w_stride, true)) {
-      // Rows grouped by expert on the device (rows sharing an expert widen its weights once).
-      int32_t* gs = alloc<int32_t>(mma_group_ints(n));
-      if (!ok()) return;
-      const MmaGroups groups = mma_groups_at(gs, n);
-      const int64_t slots = std::min<int64_t>(n, n_ids);
-      step(mma_group_rows(ids, n, n_ids, groups, st_));
-      step(mma_fp4_gemm_q(uq_, n, K, w.w1, groups, slots, a, st_));
-      step(mma_fp4_gemm_q(uq_, n, K, w.w3, groups, slots, b, st_));
-      step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
-      step(mma_fp4_gemm_q(q_buf_, n, 1, w.w2, groups, slots, ye, st_));
-    } else if (m_.fast_gemv_) {
+    if (m_.fast_gemv_) {
       // [fast] every (row, expert) pair on its own warps: row-invariant for any n. The kernels
       // take at most kFastGemvMaxRows rows a call; chunks keep whole activation rows (multiples of K).
       const int64_t step_rows = std::max<int64_t>(K, kFastGemvMaxRows / K * K);
@@ -615,7 +603,6 @@ class CudaLayerOps {
   void gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y) {
     if (tc_ && M >= kTcMinGemmRows) step(tc_fp8_gemm_q(*tc_, q, M, w, y, st_));
     else if (m_.fast_gemv_ && M <= kFastGemvMaxRows) step(fast_fp8_gemv_q(q, M, w, y, st_));
-    else if (m_.mma_gemv_ && mma_gemv_ok(w.K, q.codes, w.w, 0, false)) step(mma_fp8_gemm_q(q, M, w, y, st_));
     else step(fp8_gemm_q(q, M, w, y, st_));
   }
   // Two weights over the same codes: one launch on the fast GEMVs (true), else two gemm_q (false).

@@ -21,7 +21,6 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
-#include "cuda/mma_gemv.h"
 #include "cuda/tc_gemm.h"
 
 namespace fb::cuda {
@@ -983,104 +982,6 @@ TEST(CudaOps, TensorCoreBf16GroupedAndF32) {
     }
   cf.expect("tc bf16 f32 out");
   ca.expect("tc bf16 f32 add");
-}
-
-
-// ---- tensor-core GEMVs of decode / verify rows (mma_gemv.h; off by default) ----------------------
-// Same written-down tolerance as the prefill GEMMs (TcCheck), plus row invariance: a row computed
-// alone gives the same bits as inside a group of rows (DSpark's verify == decode).
-TEST(CudaOps, MmaGemvFp8RowsIndependent) {
-  NEED_GPU();
-  Rng rng(21);
-  struct Case { int64_t M, K, N; bool nan; };
-  for (Case cs : {Case{1, 5120, 1536, false}, Case{6, 1536, 4096, false}, Case{17, 2048, 100, true}}) {
-    const int64_t KB = cs.K / 32;
-    auto x = rng.act(cs.M * cs.K);
-    auto w = rng.e4m3_codes(cs.N * cs.K);
-    if (cs.nan) w[size_t(rng.uniform(0, int(cs.N * cs.K) - 1))] = 0x7F;
-    auto ws = rng.bytes(((cs.N + 31) / 32) * KB, 118, 132);
-    std::vector<bf16_t> want(static_cast<size_t>(cs.M * cs.N));
-    cpu::fp8_gemm(x.data(), cs.M, view(DType::kF8E4M3, {cs.N, cs.K}, w.data()), view(DType::kF8E8M0, {(cs.N + 31) / 32, KB}, ws.data()),
-                  want.data());
-    Dev<bf16_t> dx(x), dy(want.size()), dy1(static_cast<size_t>(cs.N));
-    Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(cs.M * cs.K));
-    Dev<float> qs(static_cast<size_t>(cs.M * KB));
-    QuantBuf q{qc.p(), qs.p(), cs.M * cs.K};
-    const Fp8W fw{dw.p(), dws.p(), cs.N, cs.K};
-    ASSERT_TRUE(mma_gemv_ok(cs.K, q.codes, fw.w, 0, false));
-    ASSERT_TRUE(act_quant(dx.p(), cs.M, cs.K, q, nullptr).ok());
-    ASSERT_TRUE(mma_fp8_gemm_q(q, cs.M, fw, dy.p(), nullptr).ok());
-    const auto got = dy.get();
-    check_fp8_gemm(x, w, ws, cs.M, cs.N, cs.K, got, want, "mma fp8 gemv");
-    // The last row alone (its codes at the front of a one-row buffer): the same bits.
-    const int64_t last = cs.M - 1;
-    QuantBuf q1{qc.p() + last * cs.K, qs.p() + last * KB, cs.K};
-    ASSERT_TRUE(mma_fp8_gemm_q(q1, 1, fw, dy1.p(), nullptr).ok());
-    const auto one = dy1.get();
-    EXPECT_EQ(0, std::memcmp(one.data(), &got[size_t(last * cs.N)], size_t(cs.N) * 2)) << "row " << last << " alone differs";
-  }
-}
-
-TEST(CudaOps, MmaGemvFp4ExpertGroups) {
-  NEED_GPU();
-  Rng rng(22);
-  // Six verify-like tokens, top-6 of 16 experts (rows share experts), 5120 -> 2304.
-  const int64_t T = 6, topk = 6, K = 5120, N = 2304, KB = K / 32, M = T * topk;
-  const int E = 16;
-  auto x = rng.act(T * K);
-  const int64_t wb = N * K / 2, sb = N * KB;
-  auto w = rng.bytes(wb * E);
-  auto ws = rng.bytes(sb * E, 118, 130);
-  std::vector<int32_t> ex(static_cast<size_t>(M));
-  for (auto& e : ex) e = rng.uniform(0, E - 1);
-  std::vector<bf16_t> want(static_cast<size_t>(M * N));
-  for (int64_t m = 0; m < M; ++m)
-    cpu::fp4_gemm(&x[size_t((m / topk) * K)], 1, view(DType::kI8, {N, K / 2}, &w[size_t(ex[size_t(m)] * wb)]),
-                  view(DType::kF8E8M0, {N, KB}, &ws[size_t(ex[size_t(m)] * sb)]), &want[size_t(m * N)]);
-  Dev<bf16_t> dx(x), dy(want.size()), dy1(static_cast<size_t>(N));
-  Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(T * K));
-  Dev<float> qs(static_cast<size_t>(T * KB));
-  Dev<int32_t> dex(ex), gs(static_cast<size_t>(mma_group_ints(M))), gs1(static_cast<size_t>(mma_group_ints(1)));
-  QuantBuf q{qc.p(), qs.p(), T * K};
-  const Fp4W fw{dw.p(), dws.p(), N, K, wb, sb};
-  ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
-  const MmaGroups g = mma_groups_at(gs.p(), M);
-  ASSERT_TRUE(mma_group_rows(dex.p(), M, E, g, nullptr).ok());
-  ASSERT_TRUE(mma_fp4_gemm_q(q, M, topk, fw, g, std::min<int64_t>(M, E), dy.p(), nullptr).ok());
-  const auto got = dy.get();
-  // The grouping itself: experts ascending, rows ascending, every row once.
-  const auto gh = gs.get();
-  const int slots = gh[0];
-  std::vector<int32_t> rows(gh.begin() + 1, gh.begin() + 1 + M);
-  std::vector<int32_t> order(static_cast<size_t>(M));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ex[size_t(a)] < ex[size_t(b)]; });
-  EXPECT_EQ(rows, order);
-  EXPECT_EQ(slots, int(std::set<int32_t>(ex.begin(), ex.end()).size()));
-  std::vector<uint8_t> codes(static_cast<size_t>(T * K));
-  std::vector<float> scales(static_cast<size_t>(T * KB));
-  for (int64_t t = 0; t < T; ++t) cpu::act_quant_row(&x[size_t(t * K)], K, &codes[size_t(t * K)], &scales[size_t(t * KB)]);
-  TcCheck chk;
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t t = m / topk, e = ex[size_t(m)];
-    const uint8_t* we = &w[size_t(e * wb)];
-    const uint8_t* se = &ws[size_t(e * sb)];
-    for (int64_t n = 0; n < N; n += 7) {  // every 7th output keeps the host check short
-      double A = 0;
-      for (int64_t k = 0; k < K; ++k)
-        A += std::fabs(double(e4m3_to_f32(codes[size_t(t * K + k)])) * scales[size_t(t * KB + k / 32)] *
-                       e2m1_to_f32(e2m1_code_at(we + n * (K / 2), k)) * e8m0_to_f32(se[size_t(n * KB + k / 32)]));
-      chk.add(bf16_to_f32(got[size_t(m * N + n)]), bf16_to_f32(want[size_t(m * N + n)]), A, K);
-    }
-  }
-  chk.expect("mma fp4 expert gemv");
-  // Row 0 alone (a one-row grouping over the same activation buffer): the same bits.
-  Dev<int32_t> dex1(std::vector<int32_t>{ex[0]});
-  const MmaGroups g1 = mma_groups_at(gs1.p(), 1);
-  ASSERT_TRUE(mma_group_rows(dex1.p(), 1, E, g1, nullptr).ok());
-  ASSERT_TRUE(mma_fp4_gemm_q(q, 1, topk, fw, g1, 1, dy1.p(), nullptr).ok());
-  const auto one = dy1.get();
-  EXPECT_EQ(0, std::memcmp(one.data(), got.data(), size_t(N) * 2)) << "row 0 alone differs from row 0 in its group";
 }
 
 

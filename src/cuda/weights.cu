@@ -53,13 +53,12 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fast_small") return flag(o.fast_small);
   if (name == "pdl") return flag(o.pdl);
   if (name == "overlap") return flag(o.overlap);
-  if (name == "mma_gemv") return flag(o.mma_gemv);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, mma_gemv, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -71,7 +70,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   tc_min_rows_ = std::max<int64_t>(1, o.tc_prefill_min_rows);
   tc_hc_mixes_ = fast && o.tc_hc_mixes;
   fast_gemv_ = fast && o.fast_gemv;
-  mma_gemv_ = fast && o.mma_gemv && !fast_gemv_;
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
