@@ -30,7 +30,6 @@ def check(cond, what, text=""):
 
 def env():
     e = dict(os.environ)
-    e.pop("FB_PROGRESS", None)  # the terminal alone decides
     return e
 
 

@@ -1,5 +1,7 @@
 #include "base/progress.h"
 
+#include <atomic>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -38,10 +40,17 @@ std::string format_seconds(double s) {
 
 }  // namespace
 
+namespace {
+std::atomic<ProgressOptions::Mode> g_default{ProgressOptions::Mode::kAuto};
+}  // namespace
+
+void set_progress_default(ProgressOptions::Mode mode) { g_default.store(mode, std::memory_order_relaxed); }
+
 bool progress_enabled(ProgressOptions::Mode mode, std::FILE* out) {
   if (mode == ProgressOptions::Mode::kOn) return true;
   if (mode == ProgressOptions::Mode::kOff) return false;
-  if (const char* e = std::getenv("FB_PROGRESS"); e && *e) return std::strcmp(e, "0") != 0;
+  const ProgressOptions::Mode d = g_default.load(std::memory_order_relaxed);
+  if (d != ProgressOptions::Mode::kAuto) return d == ProgressOptions::Mode::kOn;
   return isatty(fileno(out ? out : stderr)) != 0;
 }
 

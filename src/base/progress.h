@@ -1,8 +1,9 @@
 // Progress of long work on a terminal (issue 24): one status line on stderr, redrawn in place at
 // most ~10 times a second, with the phase, done/total in the phase's unit, the rate and the ETA,
 // then one final line. When stderr is not a terminal (CI logs, pipes, files) nothing at all is
-// written. FB_PROGRESS=1 in the environment forces the lines on (FB_PROGRESS=0: off); unit tests
-// force them with ProgressOptions and read them through a sink with an injected clock.
+// written (a command may override that for the process: set_progress_default; no environment
+// variable is read); unit tests force them with ProgressOptions and read them through a sink with
+// an injected clock.
 //
 //   Progress p("load weights", total_bytes, ProgressUnit::kBytes);
 //   p.set_items_total(n_tensors, "tensors");
@@ -26,7 +27,7 @@ enum class ProgressUnit {
 
 struct ProgressOptions {
   enum class Mode {
-    kAuto,  // on when the output is a terminal; FB_PROGRESS=1 / 0 overrides
+    kAuto,  // on when the output is a terminal (unless set_progress_default overrides)
     kOn,    // always (tests)
     kOff,   // never
   };
@@ -36,6 +37,10 @@ struct ProgressOptions {
   std::function<double()> clock;                 // seconds, monotonic; empty: steady_clock
   double min_interval_s = 0.1;                   // at most one redraw per interval
 };
+
+// Process-wide meaning of kAuto: kAuto (follow the terminal), kOn or kOff. For a command-line flag
+// of main's, never read from the environment (issue 19: no getenv below main).
+void set_progress_default(ProgressOptions::Mode mode);
 
 // Whether progress lines would be drawn on `out` (stderr when null) under `mode`.
 bool progress_enabled(ProgressOptions::Mode mode = ProgressOptions::Mode::kAuto, std::FILE* out = nullptr);

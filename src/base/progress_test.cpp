@@ -1,6 +1,7 @@
 #include "base/progress.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -116,18 +117,14 @@ TEST(Progress, OffWritesNothing) {
   EXPECT_TRUE(h.writes.empty());
 }
 
-TEST(Progress, AutoFollowsTheEnvironmentOverride) {
-  // ctest's stderr is a file or a pipe, so auto is off unless FB_PROGRESS forces it.
-  const char* old = std::getenv("FB_PROGRESS");
-  const std::string saved = old ? old : "";
-  setenv("FB_PROGRESS", "1", 1);
+TEST(Progress, AutoFollowsTheProcessDefault) {
+  // ctest's stderr is a file or a pipe, so auto is off unless the process default forces it.
+  set_progress_default(ProgressOptions::Mode::kOn);
   EXPECT_TRUE(progress_enabled());
-  setenv("FB_PROGRESS", "0", 1);
+  set_progress_default(ProgressOptions::Mode::kOff);
   EXPECT_FALSE(progress_enabled());
-  if (old)
-    setenv("FB_PROGRESS", saved.c_str(), 1);
-  else
-    unsetenv("FB_PROGRESS");
+  set_progress_default(ProgressOptions::Mode::kAuto);
+  EXPECT_EQ(progress_enabled(), isatty(fileno(stderr)) != 0);
 }
 
 TEST(Progress, UnfinishedLineIsErasedAndClearWritesNoFinalLine) {
