@@ -2,7 +2,6 @@
 // forward(); the sublayer ops it shares with the draft are in layer_ops.h, the draft in draft.cu,
 // loading and sessions in weights.cu / session.cu. Class for class the mirror of cpu/executor.cpp.
 #include "cuda/layer_ops.h"
-#include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
 
@@ -775,7 +774,6 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);
-  tc_gemv_set_persistent(run_.tc_persist);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

@@ -928,29 +928,6 @@ Status fast_gemv_bench() {
       std::printf("\n");
     }
   tc_gemv_set_chunk_max(0, 0);
-  // One CTA per tile against the persistent, double-buffered form, with PDL, M = 1 (FP8) / 6 rows (experts).
-  set_fast_pdl(true);
-  for (int persist = 0; persist < 2; ++persist) {
-    tc_gemv_set_persistent(persist == 1);
-    struct One { const char* name; int64_t N, K; bool fp4; };
-    std::printf("tc %s pdl 1:", persist ? "persistent" : "per-tile  ");
-    for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
-                  One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
-      const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;
-      double ms = 0.0;
-      FB_RETURN_IF_ERROR(time_ms(st, kReps,
-                                 [&](int i) {
-                                   uint8_t* base = wp + (i % slices) * wbytes;
-                                   if (!c.fp4) return fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
-                                   return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, c.N * c.K / 2, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
-                                 },
-                                 &ms));
-      const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);
-      std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
-    }
-    std::printf("\n");
-  }
-  tc_gemv_set_persistent(false);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);

@@ -133,11 +133,6 @@ struct TcOn {
   TcOn() { set_fast_gemv_tc(true); }
   ~TcOn() { set_fast_gemv_tc(false); }
 };
-// ... on their persistent, double-buffered form.
-struct PersistOn {
-  PersistOn() { tc_gemv_set_persistent(true); }
-  ~PersistOn() { tc_gemv_set_persistent(false); }
-};
 
 void fp8_cases() {
   Rng rng(11);
@@ -195,13 +190,6 @@ TEST(FastGemv, Fp8) {
 TEST(FastGemv, TcFp8) {
   NEED_GPU();
   TcOn tc;
-  fp8_cases();
-}
-
-TEST(FastGemv, TcPersistentFp8) {
-  NEED_GPU();
-  TcOn tc;
-  PersistOn persist;
   fp8_cases();
 }
 
@@ -332,54 +320,6 @@ TEST(FastGemv, TcFp4Experts) {
   NEED_GPU();
   TcOn tc;
   fp4_expert_cases();
-}
-
-TEST(FastGemv, TcPersistentFp4Experts) {
-  NEED_GPU();
-  TcOn tc;
-  PersistOn persist;
-  fp4_expert_cases();
-}
-
-// The persistent form computes every output as the one-CTA-per-tile form, bit for bit (same
-// chunks, same order), for 1, 7 and 64 rows, paired and single weights.
-TEST(FastGemv, TcPersistentSameBits) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(31);
-  const int64_t K = 2080, KB = K / 32, Na = 1000, Nb = 77, E = 8;
-  Dev<bf16_t> dx(rng.act(kRows * K));
-  Dev<uint8_t> qc(size_t(kRows * K));
-  Dev<float> qs(size_t(kRows * KB));
-  const QuantBuf q{qc.p(), qs.p(), kRows * K};
-  ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-  Dev<uint8_t> wa(rng.e4m3(Na * K)), sa(rng.bytes(((Na + 31) / 32) * KB, 118, 132)), wb(rng.e4m3(Nb * K)), sb(rng.bytes(((Nb + 31) / 32) * KB, 118, 132));
-  Dev<uint8_t> fw(rng.bytes(E * Na * K / 2)), fs(rng.bytes(E * Na * KB, 118, 130));
-  std::vector<int32_t> ex(kRows);
-  for (auto& e : ex) e = rng.uniform(-1, int(E) - 1);
-  Dev<int32_t> dex(ex);
-  const Fp8W A{wa.p(), sa.p(), Na, K}, B{wb.p(), sb.p(), Nb, K};
-  const Fp4W F{fw.p(), fs.p(), Na, K, Na * K / 2, Na * KB};
-  Dev<bf16_t> ya(size_t(kRows * Na)), yb(size_t(kRows * Nb));
-  for (int64_t M : {int64_t(1), int64_t(7), kRows}) {
-    SCOPED_TRACE("M=" + std::to_string(M));
-    std::vector<bf16_t> got[2][3];
-    for (int persist = 0; persist < 2; ++persist) {
-      tc_gemv_set_persistent(persist == 1);
-      ya.poison();
-      yb.poison();
-      ASSERT_TRUE(fast_fp8_gemv2_q(q, M, A, ya.p(), B, yb.p(), nullptr).ok());
-      got[persist][0] = ya.get();
-      got[persist][1] = yb.get();
-      ya.poison();
-      ASSERT_TRUE(fast_fp4_gemv_q(q, M, 4, F, dex.p(), ya.p(), nullptr).ok());
-      got[persist][2] = ya.get();
-    }
-    tc_gemv_set_persistent(false);
-    EXPECT_TRUE(got[0][0] == got[1][0]) << "fp8 a";
-    EXPECT_TRUE(got[0][1] == got[1][1]) << "fp8 b";
-    EXPECT_TRUE(got[0][2] == got[1][2]) << "fp4 experts (skipped rows untouched in both)";
-  }
 }
 
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk

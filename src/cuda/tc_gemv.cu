@@ -23,9 +23,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "base/check.h"
 #include "cuda/device.h"
@@ -262,243 +259,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
 }
 
-// ---- persistent variant (tc_gemv_set_persistent) -------------------------------------------------
-// The same arithmetic with the work items (stripe, row unit) spread over persistent clusters: a
-// cluster walks items cid, cid + clusters, ... and each CTA double-buffers its chunk of them
-// (weight tile, raw activation codes, raw weight scales and activation scales, all by cp.async),
-// so the next item's copy is in flight while the current one is computed. Per buffer (16-byte
-// aligned regions): W [16][rb] | x (FP8 [rg][kc_max + 16], MXFP4 [kc_max]) | weight scale bytes (FP8
-// [kb_max], MXFP4 [16][kb_max]) | activation scales f32 (FP8 [rg][kb_max], MXFP4 [kb_max]).
-// rg = min(M, 8) staged FP8 rows (B columns past rg are zeros, as before).
-struct PLayout {
-  int rb, xrow, kb_max, rg, x, ws, xs, bytes;
-};
-__host__ __device__ inline int up16(int v) { return (v + 15) & ~15; }
-__host__ __device__ inline PLayout playout(bool fp4, int kc_max, int rg) {
-  PLayout L;
-  L.rb = fp4 ? kc_max / 2 : kc_max;
-  L.xrow = kc_max + 16;
-  L.kb_max = kc_max / 32;
-  L.rg = rg;
-  L.x = kStripe * L.rb;
-  L.ws = L.x + up16(fp4 ? kc_max : rg * L.xrow);
-  L.xs = L.ws + up16(fp4 ? kStripe * L.kb_max : L.kb_max);
-  L.bytes = L.xs + up16((fp4 ? L.kb_max : rg * L.kb_max) * 4);
-  return L;
-}
-constexpr int kMaxFp4Rows = 1024;  // expert ids kept in shared memory
-
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
-// n bytes from src to shared dst (both at the same offset mod 4 when `aligned`): 4-byte cp.async
-// units clipped at n, or plain byte copies (tiny models' odd scale rows).
-__device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, int n, bool aligned, int tid, int nthreads) {
-  if (aligned) {
-    for (int q = tid; q * 4 < n; q += nthreads) cp_async4(smem_u32(dst + 4 * q), src + 4 * q, min(4, n - 4 * q));
-  } else {
-    for (int q = tid; q < n; q += nthreads) dst[q] = src[q];
-  }
-}
-
-template <bool FP4>
-__global__ void __launch_bounds__(kThreads) tc_gemv_persist(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
-                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int rg, int64_t w_stride,
-                                                          int64_t s_stride, const int32_t* __restrict__ expert) {
-  pdl_trigger();
-  extern __shared__ __align__(16) uint8_t smem[];
-  const PLayout L = playout(FP4, kc_max, rg);
-  float* red = reinterpret_cast<float*>(smem + 2 * L.bytes);  // [warps][32][4]
-  float* part = red + kWarps * 128;                             // [32][4]
-  int32_t* ids = reinterpret_cast<int32_t*>(part + 128);        // MXFP4: [M]
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int64_t cid = blockIdx.x / nk, nclusters = gridDim.x / nk;
-  const int k0 = int(blockIdx.x % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
-  const int64_t rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup, items = (pa.stripes + pb.stripes) * rows;
-  if constexpr (FP4) {
-    pdl_wait();  // the expert ids come from the step
-    for (int64_t i = tid; i < M; i += kThreads) ids[i] = expert ? expert[i] : 0;
-    __syncthreads();
-  }
-  struct Item {
-    int64_t r, n0, N;
-    bool second;
-  };
-  auto item_of = [&](int64_t it) {
-    Item x;
-    const int64_t st = it / rows;
-    x.r = it % rows;
-    x.second = st >= pa.stripes;
-    x.n0 = (x.second ? st - pa.stripes : st) * kStripe;
-    x.N = x.second ? pb.N : pa.N;
-    return x;
-  };
-  auto live = [&](const Item& x) { return !FP4 || ids[x.r] >= 0; };
-  auto issue_w = [&](int64_t it, int buf) {
-    const Item x = item_of(it);
-    if (!live(x)) return;
-    uint8_t* B = smem + buf * L.bytes;
-    const uint8_t* W = x.second ? pb.W : pa.W;
-    const uint8_t* S = x.second ? pb.S : pa.S;
-    if constexpr (FP4) {
-      W += ids[x.r] * w_stride;
-      S += ids[x.r] * s_stride;
-    }
-    const int upr = (FP4 ? kc / 2 : kc) / 16;
-    const int64_t gstride = FP4 ? K / 2 : K, gk0 = FP4 ? k0 / 2 : k0;
-    for (int u = tid; u < kStripe * upr; u += kThreads) {
-      const int r = u / upr, j = u % upr;
-      const int64_t n = x.n0 + r < x.N ? x.n0 + r : x.N - 1;
-      cp_async16(smem_u32(B + tile_off(r, j, L.rb)), W + n * gstride + gk0 + j * 16, 16);
-    }
-    if constexpr (FP4) {
-      const bool al = ((KB | (k0 / 32)) & 3) == 0 && (reinterpret_cast<uintptr_t>(S) & 3) == 0;
-      for (int r = warp; r < kStripe; r += kWarps) {
-        const int64_t n = x.n0 + r < x.N ? x.n0 + r : x.N - 1;
-        copy_bytes(B + L.ws + r * L.kb_max, S + n * KB + k0 / 32, nb, al, lane, 32);
-      }
-    } else {
-      const uint8_t* src = S + (x.n0 / 32) * KB + k0 / 32;
-      copy_bytes(B + L.ws, src, nb, (reinterpret_cast<uintptr_t>(src) & 3) == 0, tid, kThreads);
-    }
-  };
-  auto issue_x = [&](int64_t it, int buf) {
-    const Item x = item_of(it);
-    if (!live(x)) return;
-    uint8_t* B = smem + buf * L.bytes;
-    if constexpr (FP4) {
-      const int64_t xm = x.r / x_div;
-      for (int u = tid; u < kc / 16; u += kThreads) cp_async16(smem_u32(B + L.x + 16 * u), xc + xm * K + k0 + 16 * u, 16);
-      for (int b = tid; b < nb; b += kThreads) cp_async4(smem_u32(B + L.xs + 4 * b), xs + xm * KB + k0 / 32 + b, 4);
-    } else {
-      const int64_t m0 = x.r * kRowGroup;
-      const int xupr = kc / 16;
-      for (int u = tid; u < rg * xupr; u += kThreads) {
-        const int j = u / xupr, q = u % xupr;
-        const bool ok = m0 + j < M;
-        cp_async16(smem_u32(B + L.x + j * L.xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
-      }
-      for (int i = tid; i < rg * nb; i += kThreads) {
-        const int j = i / nb, b = i % nb;
-        const bool ok = m0 + j < M;
-        cp_async4(smem_u32(B + L.xs + 4 * (j * L.kb_max + b)), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
-      }
-    }
-  };
-
-  int64_t it = cid;
-  if (it < items) issue_w(it, 0);
-  if constexpr (!FP4) pdl_wait();  // the activations come from the step
-  if (it < items) issue_x(it, 0);
-  cp_async_commit();
-  cg::cluster_group cluster = cg::this_cluster();
-  const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);
-  const int units = FP4 ? (nb + 1) / 2 : nb;
-  for (int buf = 0; it < items; it += nclusters, buf ^= 1) {
-    if (it + nclusters < items) {
-      issue_w(it + nclusters, buf ^ 1);
-      issue_x(it + nclusters, buf ^ 1);
-    }
-    cp_async_commit();
-    cp_async_wait_1();  // this item's group
-    __syncthreads();
-    const Item x = item_of(it);
-    if (live(x)) {  // MXFP4: the whole cluster shares the item, so all skip together
-      const uint8_t* B = smem + buf * L.bytes;
-      const uint8_t* xt = B + L.x;
-      const uint8_t* wsb = B + L.ws;
-      const float* xsf = reinterpret_cast<const float*>(B + L.xs);
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int u = warp; u < units; u += kWarps) {
-        uint32_t r[4];
-        ldsm_x4(smem_u32(B + tile_off(lr, 2 * u + (li >> 1), L.rb)), r);
-        if constexpr (FP4) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int b = 2 * u + h;
-            if (b >= nb) break;
-            const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];
-            const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
-            uint32_t b0 = 0, b1 = 0;
-            if (g == 0) {  // codes 8t .. 8t + 7 of the block: even ones for b0, odd ones for b1
-              const uint32_t c0 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 8 * t), c1 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 8 * t + 4);
-              b0 = __byte_perm(c0, c1, 0x6420);
-              b1 = __byte_perm(c0, c1, 0x7531);
-            }
-            float d[4];
-            mma_e4m3(a, b0, b1, d);
-            const float sx = xsf[b];
-            acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(dev::e8m0_val(wsb[g * L.kb_max + b]), sx), acc[0]);
-            acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(dev::e8m0_val(wsb[(g + 8) * L.kb_max + b]), sx), acc[2]);
-          }
-        } else {
-          const int b = u;
-          uint32_t b0 = 0, b1 = 0;
-          if (g < rg) {
-            const uint8_t* xb = xt + g * L.xrow + b * 32 + 4 * t;
-            b0 = *reinterpret_cast<const uint32_t*>(xb);
-            b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
-          }
-          float d[4];
-          mma_e4m3(r, b0, b1, d);
-          const float ws = dev::e8m0_val(wsb[b]);
-          const float s0 = 2 * t < rg ? __fmul_rn(ws, xsf[(2 * t) * L.kb_max + b]) : 0.0f;
-          const float s1 = 2 * t + 1 < rg ? __fmul_rn(ws, xsf[(2 * t + 1) * L.kb_max + b]) : 0.0f;
-          acc[0] = __fmaf_rn(d[0], s0, acc[0]);
-          acc[1] = __fmaf_rn(d[1], s1, acc[1]);
-          acc[2] = __fmaf_rn(d[2], s0, acc[2]);
-          acc[3] = __fmaf_rn(d[3], s1, acc[3]);
-        }
-      }
-      reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      __syncthreads();
-      if (warp == 0) {
-        float4 v = reinterpret_cast<const float4*>(red)[lane];
-        for (int w = 1; w < kWarps; ++w) {
-          const float4 o = reinterpret_cast<const float4*>(red)[w * 32 + lane];
-          v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
-        }
-        reinterpret_cast<float4*>(part)[lane] = v;
-      }
-      bool writer = warp == 0;
-      if (nk > 1) {
-        cluster.sync();
-        writer = writer && cluster.block_rank() == 0;
-        if (writer) {
-          float4 v = reinterpret_cast<const float4*>(part)[lane];
-          for (int rk = 1; rk < nk; ++rk) {
-            const float4 o = reinterpret_cast<const float4*>(cluster.map_shared_rank(part, rk))[lane];
-            v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
-          }
-          reinterpret_cast<float4*>(part)[lane] = v;
-        }
-      }
-      if (writer) {
-        const float4 v = reinterpret_cast<const float4*>(part)[lane];
-        const int64_t na = x.n0 + g, nb8 = x.n0 + g + 8, N = x.N;
-        uint16_t* __restrict__ y = x.second ? pb.y : pa.y;
-        if constexpr (FP4) {
-          if (t == 0) {
-            if (na < N) y[x.r * N + na] = to_bf(v.x);
-            if (nb8 < N) y[x.r * N + nb8] = to_bf(v.z);
-          }
-        } else {
-          const int64_t c0 = x.r * kRowGroup + 2 * t, c1 = c0 + 1;
-          if (na < N && c0 < M) y[c0 * N + na] = to_bf(v.x);
-          if (na < N && c1 < M) y[c1 * N + na] = to_bf(v.y);
-          if (nb8 < N && c0 < M) y[c0 * N + nb8] = to_bf(v.z);
-          if (nb8 < N && c1 < M) y[c1 * N + nb8] = to_bf(v.w);
-        }
-      }
-      if (nk > 1) cluster.sync();  // part and the other ranks' buffers are reused next
-    }
-    __syncthreads();  // this buffer is refilled next iteration
-  }
-  cp_async_wait_all();  // nothing in flight at exit
-}
-
 size_t smem_bytes(bool fp4, int kc_max) {
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
@@ -544,77 +304,6 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   return Status();
 }
 
-// The persistent kernels: as many clusters as can be resident (occupancy query cached per kernel,
-// shared memory size and cluster size), at most one per item.
-template <bool FP4>
-Status launch_persist(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride,
-                      int64_t s_stride, const int32_t* expert, cudaStream_t st) {
-  const TcChunks ch = tc_chunks(K, FP4);
-  const int rg = FP4 ? 1 : int(std::min<int64_t>(M, kRowGroup));
-  const PLayout L = playout(FP4, ch.kc, rg);
-  const size_t smem = size_t(2) * L.bytes + size_t(kWarps) * 128 * 4 + 128 * 4 + (FP4 ? size_t(kMaxFp4Rows) * 4 : 0);
-  FB_CHECK(!FP4 || M <= kMaxFp4Rows) << "tc fp4 gemv (persistent) rows " << M;
-  const auto kernel = &tc_gemv_persist<FP4>;
-  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  int na = 0;
-  if (ch.nk > 1) {
-    attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = unsigned(ch.nk);
-    attr[na].val.clusterDim.y = 1;
-    attr[na].val.clusterDim.z = 1;
-    ++na;
-  }
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, size_t, int, int>, int64_t> cache;  // -> resident clusters
-  int dev_id = 0;
-  FB_CUDA_TRY(cudaGetDevice(&dev_id));
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, ch.nk, dev_id);
-  int64_t resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto f = cache.find(key); f != cache.end()) resident = f->second;
-  }
-  if (resident == 0) {
-    if (ch.nk > 1) {
-      cfg.gridDim = dim3(unsigned(ch.nk));
-      cfg.attrs = attr;
-      cfg.numAttrs = unsigned(na);
-      int clusters = 0;
-      FB_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-      resident = clusters;
-    } else {
-      int sms = 0, per_sm = 0;
-      FB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
-      FB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-      resident = int64_t(sms) * per_sm;
-    }
-    if (resident < 1) resident = 1;
-    std::lock_guard<std::mutex> lock(mu);
-    cache[key] = resident;
-  }
-  const int64_t rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup, items = (pa.stripes + pb.stripes) * rows;
-  const int64_t clusters = std::min(items, resident);
-  if (fast_pdl()) {
-    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
-  cfg.gridDim = dim3(unsigned(clusters * ch.nk));
-  cfg.attrs = na ? attr : nullptr;
-  cfg.numAttrs = unsigned(na);
-  FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, rg, w_stride, s_stride, expert));
-  FB_CUDA_LAUNCHED("tc_gemv_persist");
-  return Status();
-}
-
-std::atomic<bool> g_persist{false};
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
@@ -622,9 +311,6 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 namespace {
 std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
-
-void tc_gemv_set_persistent(bool on) { g_persist.store(on, std::memory_order_relaxed); }
-bool tc_gemv_persistent() { return g_persist.load(std::memory_order_relaxed); }
 
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k) {
   g_chunk_max[0].store(fp8_k > 0 ? fp8_k : kFp8ChunkMax);
@@ -648,7 +334,6 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
-  if (g_persist.load(std::memory_order_relaxed)) return launch_persist<false>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
   return launch<false>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
 }
 
@@ -661,7 +346,6 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   if (M == 0 || wa.N == 0) return Status();
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
-  if (g_persist.load(std::memory_order_relaxed)) return launch_persist<true>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
   return launch<true>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
 }
 

@@ -49,9 +49,5 @@ TcChunks tc_chunks(int64_t K, bool fp4);
 // Bench only: the largest chunk (k elements) per CTA, FP8 and MXFP4 (<= 0: the defaults 2048 / 4096).
 // Process-wide; changes the bits (the chunking is part of the order), never row invariance.
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
-// Process-wide: the persistent, double-buffered kernels (tc_gemv.cu "persistent variant") instead
-// of one CTA per tile. Same chunking and order of every sum: the same bits (tested).
-void tc_gemv_set_persistent(bool on);
-bool tc_gemv_persistent();
 
 }  // namespace fb::cuda

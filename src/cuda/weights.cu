@@ -9,7 +9,6 @@
 #include "cpu/session_cache.h"
 #include "cuda/executor.h"
 #include "cuda/fast_gemv.h"
-#include "cuda/tc_gemv.h"
 #include "cuda/fast_small.h"
 
 #include "loader/bind.h"
@@ -51,7 +50,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fast_gemv") return flag(o.fast_gemv);
   if (name == "fast_occupancy") return flag(o.fast_occupancy);
   if (name == "tc_gemv") return flag(o.tc_gemv);
-  if (name == "tc_persist") return flag(o.tc_persist);
   if (name == "fast_small") return flag(o.fast_small);
   if (name == "pdl") return flag(o.pdl);
   if (name == "overlap") return flag(o.overlap);
@@ -60,7 +58,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, tc_persist, fast_small, pdl, overlap, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
@@ -75,7 +73,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
-  tc_gemv_set_persistent(o.tc_persist);       // process-wide, same bits either way
   fast_small_ = fast && o.fast_small;
   overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
