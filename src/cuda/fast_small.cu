@@ -9,8 +9,6 @@
 //    loads) and pdl_wait() before its first read of step data.
 #include "cuda/fast_small.h"
 
-#include <algorithm>
-
 #include <atomic>
 
 #include "base/check.h"
@@ -487,33 +485,6 @@ Status fast_swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_
   FB_CUDA_TRY(
       launch_pdl(fast_pdl(), fast_swiglu_quant_kernel, dim3(blocks(M * (n / 8), 128)), dim3(128), 0, st, a, b, M, n, limit, weight, q.codes, q.scales));
   FB_CUDA_LAUNCHED("fast_swiglu_quant_kernel");
-  return Status();
-}
-
-// ---- L2 prefetch -------------------------------------------------------------------------------
-
-namespace {
-
-constexpr int64_t kPrefetchChunk = 32 * 1024;
-
-__global__ void l2_prefetch_kernel(const uint8_t* p, int64_t bytes) {
-  for (int64_t off = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kPrefetchChunk; off < bytes;
-       off += int64_t(gridDim.x) * blockDim.x * kPrefetchChunk) {
-    const int64_t n = bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(uint32_t(n & ~int64_t(15))) : "memory");
-  }
-}
-
-}  // namespace
-
-Status l2_prefetch(const void* p, int64_t bytes, cudaStream_t st) {
-  if (!p || bytes < 16) return Status();
-  FB_CHECK((reinterpret_cast<uintptr_t>(p) & 15u) == 0) << "l2_prefetch: 16-byte aligned start";
-  const int64_t chunks = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
-  const int threads = 128;
-  const int64_t blocks = std::min<int64_t>(64, (chunks + threads - 1) / threads);
-  l2_prefetch_kernel<<<unsigned(blocks), threads, 0, st>>>(static_cast<const uint8_t*>(p), bytes);
-  FB_CUDA_LAUNCHED("l2_prefetch_kernel");
   return Status();
 }
 

@@ -65,9 +65,4 @@ Status fast_act_quant(const uint16_t* x, int64_t M, int64_t K, const QuantBuf& q
 Status fast_swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q,
                          cudaStream_t st);
 
-// Pulls [p, p + bytes) into L2 (cp.async.bulk.prefetch.L2, 32 KB per instruction; a hint: no
-// effect on any value). For weights a later kernel of the step reads, issued on a side stream while
-// latency-bound kernels leave HBM idle (CudaRunOptions::l2_prefetch_mb).
-Status l2_prefetch(const void* p, int64_t bytes, cudaStream_t st);
-
 }  // namespace fb::cuda

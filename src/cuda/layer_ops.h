@@ -329,17 +329,6 @@ class CudaLayerOps {
     }
     gemm_q(qrq_, T_, w.wq_b, q_);
     step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
-    // [fast] while attention's latency-bound kernels run, pull the start of wo_a into L2 on the side
-    // stream (a hint: no value changes; nothing joins it, so never inside a graph capture)
-    const int64_t pf = m_.run_.l2_prefetch_mb * (int64_t(1) << 20);
-    if (pf > 0 && side_ok() && !m_.ws_.capturing) {
-      if (!kv_on_side_) {
-        step(cuda_status(cudaEventRecord(m_.fork_, st_), "prefetch fork"));
-        step(cuda_status(cudaStreamWaitEvent(m_.side_, m_.fork_, 0), "prefetch fork"));
-      }
-      const int64_t wo_a_bytes = c_.o_groups * c_.o_lora_rank * c_.o_group_in() * 2;
-      step(l2_prefetch(w.wo_a, std::min(pf, wo_a_bytes), m_.side_));
-    }
   }
 
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).

@@ -45,13 +45,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
     o.tc_prefill_min_rows = v;
     return Status();
   }
-  if (name == "l2_prefetch_mb") {
-    char* end = nullptr;
-    const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end || v < 0) return FB_ERROR(kInvalidArgument) << "l2_prefetch_mb must be an integer >= 0 (got \"" << value << "\")";
-    o.l2_prefetch_mb = v;
-    return Status();
-  }
   if (name == "tc_prefill") return flag(o.tc_prefill);
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
   if (name == "fast_gemv") return flag(o.fast_gemv);
@@ -65,7 +58,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, l2_prefetch_mb, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "attn_split, attn_predequant, bounded_replay)";
 }
 
