@@ -48,8 +48,11 @@ int run(const Args& a) {
         continue;
       }
       total += info->bytes;
-      std::printf("%-48s %8lld tokens %12.1f KB  model %016llx\n", f.filename().string().c_str(), (long long)info->n_tokens,
-                  double(info->bytes) / 1e3, (unsigned long long)info->model_id);
+      // a delta checkpoint is checked as a file here; its rebuild (parent chain, rebuilt checksum)
+      // is checked when a server or run restores it, and an orphan is dropped at the store's open
+      const std::string kind = info->parent_tokens >= 0 ? "  delta of the " + std::to_string(info->parent_tokens) + "-token checkpoint" : "";
+      std::printf("%-48s %8lld tokens %12.1f KB  model %016llx%s\n", f.filename().string().c_str(), (long long)info->n_tokens,
+                  double(info->bytes) / 1e3, (unsigned long long)info->model_id, kind.c_str());
     }
     std::printf("%zu checkpoints, %.1f MB%s\n", files.size(), double(total) / 1e6, bad ? (", " + std::to_string(bad) + " damaged").c_str() : "");
     return a.action == "verify" && bad > 0 ? 1 : 0;

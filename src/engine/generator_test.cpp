@@ -395,6 +395,48 @@ TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
   }
 }
 
+// A conversation that grows turn by turn (each prompt extends the last): with delta checkpoints
+// the store writes no more than whole checkpoints (tiny-s0: about half) and every turn's output
+// is the cold run's, with deltas and without.
+TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  const int64_t L = int64_t(prompt.size());
+  uint64_t written[2] = {0, 0};
+  std::vector<std::vector<int32_t>> outs[2];
+  for (int deltas = 0; deltas < 2; ++deltas) {
+    const std::string kv = (fs::temp_directory_path() / ("fb_gen_kvd_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
+    fs::remove_all(kv);
+    auto store = KvStore::open(kv, 256 << 20, (*ex)->identity());
+    ASSERT_TRUE(store.ok());
+    (*store)->set_deltas(deltas == 1);
+    GeneratorOptions with;
+    with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+    for (int64_t n = L / 2; n <= L; n += std::max<int64_t>(1, L / 8)) {
+      const std::vector<int32_t> turn(prompt.begin(), prompt.begin() + n);
+      Generator g(**ex, with);  // a new request: only the disk cache carries the conversation
+      outs[deltas].push_back(run(**ex, turn, 4, with, nullptr, &g));
+      if (n > L / 2) EXPECT_GT(g.restored_tokens(), 0) << n;
+    }
+    written[deltas] = with.kv_store->stats().written;
+    fs::remove_all(kv);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  GeneratorOptions cold;
+  for (size_t t = 0; t < outs[1].size(); ++t) {
+    const int64_t n = L / 2 + int64_t(t) * std::max<int64_t>(1, L / 8);
+    EXPECT_EQ(outs[1][t], run(**ex, std::vector<int32_t>(prompt.begin(), prompt.begin() + n), 4, cold)) << "turn " << t;
+  }
+  // A delta is written only when it is under half its full state (on small models the fixed-size
+  // rings and the logits row can dominate, and every turn is whole): never more bytes than without.
+  EXPECT_LE(written[1], written[0]);
+  std::printf("  %zu turns: %llu bytes of checkpoints written with deltas, %llu without\n", outs[1].size(), (unsigned long long)written[1],
+              (unsigned long long)written[0]);
+}
+
 // Sampled requests run the DSpark loop with rejection sampling on the real draft (sampled
 // Markov chain of the CPU executor); a seed reproduces its transcript.
 TEST_P(GeneratorFixture, SampledDsparkRunsAndReproduces) {

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <string>
 
 #include <unistd.h>
@@ -132,6 +133,137 @@ TEST(KvStore, DamagedTruncatedAndLeftoverFilesAreDroppedNotServed) {
   EXPECT_EQ(h->state, "short-state");
   EXPECT_EQ((*s)->stats().rejected, 3);
   EXPECT_EQ(files(dir).size(), 1u) << "damaged files and leftovers are removed";
+}
+
+// A stand-in for a serialized session of n positions, shaped like docs/formats.md's: a header with
+// the position, the token ids, then per layer a fixed ring whose rows follow the last positions,
+// growing compressed entries (fixed bytes per position once written) and a small changing tail.
+std::string fake_state(const std::vector<int32_t>& toks, int n) {
+  std::string s = "FBSESS" + std::to_string(n) + "|";
+  s.append(reinterpret_cast<const char*>(toks.data()), size_t(n) * 4);
+  for (int layer = 0; layer < 4; ++layer) {
+    for (int slot = 0; slot < 16; ++slot) {
+      const int pos = n - 16 + slot;
+      for (int b = 0; b < 64; ++b) s.push_back(char((pos * 131 + b * 7 + layer * 17) & 0xFF));
+    }
+    for (int e = 0; e < n / 2; ++e)
+      for (int b = 0; b < 48; ++b) s.push_back(char((e * 29 + b * 11 + layer * 5 + toks[size_t(2 * e)]) & 0xFF));
+    for (int b = 0; b < 32; ++b) s.push_back(char((n * 3 + b + layer) & 0xFF));
+  }
+  return s;
+}
+
+TEST(KvStore, DeltaCodingRoundTripsAndRejectsBadOps) {
+  std::string parent(5000, '\0'), child;
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = char((i * 7919) >> 3);
+  child = parent.substr(0, 1200) + "inserted bytes" + parent.substr(1200, 3000) + std::string(300, 'z') + parent.substr(4100);
+  auto ops = encode_delta(parent, child, child.size());
+  ASSERT_TRUE(ops.has_value());
+  EXPECT_LT(ops->size(), child.size() / 4);
+  auto back = apply_delta(parent, *ops, child.size());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, child);
+  EXPECT_FALSE(encode_delta(parent, std::string(5000, 'q'), 100).has_value()) << "more literal bytes than allowed";
+  EXPECT_EQ(apply_delta(parent, ops->substr(0, ops->size() - 3), child.size()).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(apply_delta(parent.substr(0, 2000), *ops, child.size()).status().code(), StatusCode::kCorrupt) << "a copy past the parent";
+  EXPECT_EQ(apply_delta(parent, *ops, child.size() + 1).status().code(), StatusCode::kCorrupt);
+  std::string bad = *ops;
+  bad[0] = char(7);
+  EXPECT_EQ(apply_delta(parent, bad, child.size()).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(KvStore, GrowingConversationIsStoredAsDeltasAndRestoresExactly) {
+  const std::string dir = fresh_dir("fb_kv_store_d");
+  const auto toks = seq(400, 7);
+  const std::vector<int> turns = {200, 260, 320, 380};
+  uint64_t full_bytes = 0;
+  {
+    auto s = KvStore::open(dir, 64 << 20, 9);
+    ASSERT_TRUE(s.ok());
+    for (int n : turns) {
+      ASSERT_TRUE((*s)->put(std::span(toks).first(size_t(n)), fake_state(toks, n)).ok());
+      full_bytes += 32 + 4 * uint64_t(n) + fake_state(toks, n).size() + 4;
+    }
+    const KvStoreStats st = (*s)->stats();
+    EXPECT_EQ(st.entries, 4);
+    EXPECT_EQ(st.deltas, 3);
+    EXPECT_LT(st.written, full_bytes / 2) << "written " << st.written << " of " << full_bytes << " full";
+    std::printf("  4 turns: %llu bytes written with deltas, %llu as full checkpoints\n", (unsigned long long)st.written,
+                (unsigned long long)full_bytes);
+  }
+  auto s = KvStore::open(dir, 64 << 20, 9);  // a new process: the chain is resolved from the files
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->stats().deltas, 3);
+  for (int n : turns) {
+    auto h = (*s)->longest_prefix(toks, n);
+    ASSERT_TRUE(h.has_value()) << n;
+    EXPECT_EQ(h->tokens, n);
+    EXPECT_TRUE(h->state == fake_state(toks, n)) << "turn " << n;
+  }
+  // With deltas off every checkpoint is whole.
+  (*s)->set_deltas(false);
+  ASSERT_TRUE((*s)->put(toks, fake_state(toks, 400)).ok());
+  EXPECT_EQ((*s)->stats().deltas, 3);
+}
+
+TEST(KvStore, DeltaChainsStayShortAndDieWithTheirParent) {
+  const std::string dir = fresh_dir("fb_kv_store_e");
+  const auto toks = seq(800, 3);
+  auto s = KvStore::open(dir, 256 << 20, 4);
+  ASSERT_TRUE(s.ok());
+  for (int k = 0; k < 12; ++k) {
+    const int n = 200 + 40 * k;
+    ASSERT_TRUE((*s)->put(std::span(toks).first(size_t(n)), fake_state(toks, n)).ok());
+  }
+  EXPECT_EQ((*s)->stats().entries, 12);
+  for (int k = 0; k < 12; ++k) {
+    const int n = 200 + 40 * k;
+    auto h = (*s)->longest_prefix(toks, n);
+    ASSERT_TRUE(h.has_value());
+    EXPECT_TRUE(h->state == fake_state(toks, n)) << n;
+  }
+  // A damaged full checkpoint takes every delta built on it along: nothing wrong is served.
+  std::string root;
+  for (const auto& f : files(dir))
+    if (f.filename().string().find("-200.fbkv") != std::string::npos) root = f.string();
+  ASSERT_FALSE(root.empty());
+  {
+    std::fstream io(root, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(std::streamoff(fs::file_size(root) - 100));  // inside the state: the file's checksum fails
+    io.put('#');
+  }
+  const int64_t before = (*s)->stats().entries;
+  s->reset();  // a fresh process (the store keeps the last state it read in memory)
+  s = KvStore::open(dir, 256 << 20, 4);
+  ASSERT_TRUE(s.ok());
+  auto h = (*s)->longest_prefix(toks, 800);
+  const KvStoreStats st = (*s)->stats();
+  EXPECT_FALSE(h.has_value()) << "every checkpoint here is built on the damaged one";
+  EXPECT_EQ(st.rejected, before);
+  EXPECT_EQ(st.entries, 0);
+  EXPECT_TRUE(files(dir).empty());
+  std::printf("  damaged root: %lld of %lld entries dropped, served %lld tokens\n", (long long)(before - st.entries), (long long)before,
+              (long long)(h ? h->tokens : 0));
+  // Under a budget smaller than the chain: eviction keeps the total within it (a delta goes with
+  // its parent), and whatever stays restores exactly.
+  s->reset();
+  auto small = KvStore::open(dir, 40 << 10, 4);
+  ASSERT_TRUE(small.ok());
+  for (int k = 0; k < 12; ++k) {
+    const int n = 200 + 40 * k;
+    const Status st2 = (*small)->put(std::span(toks).first(size_t(n)), fake_state(toks, n));
+    EXPECT_TRUE(st2.ok() || st2.code() == StatusCode::kResourceExhausted) << st2.to_string();
+    EXPECT_LE((*small)->stats().bytes, uint64_t(40) << 10);
+  }
+  EXPECT_GT((*small)->stats().evicted, 0);
+  int served = 0;
+  for (int64_t n = 200; n <= 640; n += 40) {
+    auto r = (*small)->longest_prefix(std::span(toks).first(size_t(n)), n);
+    if (!r.has_value()) continue;
+    ++served;
+    EXPECT_TRUE(r->state == fake_state(toks, int(r->tokens))) << r->tokens;
+  }
+  EXPECT_GT(served, 0);
 }
 
 }  // namespace
