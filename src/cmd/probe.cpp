@@ -32,7 +32,7 @@ struct ProbeArgs {
   std::string model;
   double seconds = 2.0;
   int file_mib = 1024;
-  double hbm_target_gib = -1, host_target_gib = -1, hbm_gbps = -1, h2d_gbps = -1, drive_gbps = -1;
+  double hbm_target_gib = -1, host_target_gib = -1, hbm_gbps = -1, h2d_gbps = -1, drive_gbps = -1, kernel_gbps = -1;
   int expert_slots = -1;
   int64_t host_experts = -1;
   int sessions = 1;
@@ -152,6 +152,10 @@ int run_probe(const ProbeArgs& a) {
 
   memory::TierRates rates;
   rates.hbm_bytes_per_s = a.hbm_gbps > 0 ? a.hbm_gbps * kGB : 4.3e12;
+  // The rate the decode kernels reach today, measured (not the copy roofline): the fast class on
+  // the H200 streams a synthetic released-dimension token's 14.2352 GB in 13.53 ms at 4K context
+  // with every expert resident (session 8, commit 2c458d3, docs/bench/h200-synthetic-s8-final-2c458d3.csv).
+  const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 14.2352e9 / 13.53e-3;
   rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
   rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
   const int layers = cfg->n_layers, n = cfg->n_routed_experts, k = cfg->n_activated_experts;
@@ -174,6 +178,11 @@ int run_probe(const ProbeArgs& a) {
                 "overlapped (%.1f tok/s)\n",
                 share * 100, l.hbm_hit * 100, l.host_hit * 100, (1 - l.hbm_hit - l.host_hit) * 100, b.serial_s * 1e3,
                 b.floor_tok_per_s(), b.overlapped_s * 1e3, b.ceiling_tok_per_s());
+    memory::TierRates today = rates;
+    today.hbm_bytes_per_s = measured_hbm;
+    const memory::DecodeBound bt = memory::decode_bound(l, today);
+    std::printf("    with today's kernels (%.0f GB/s effective): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
+                measured_hbm / kGB, bt.serial_s * 1e3, bt.floor_tok_per_s(), bt.overlapped_s * 1e3, bt.ceiling_tok_per_s());
     if (plan->hbm_slots_per_layer > 0 && plan->hbm_slots_per_layer < n && !a.no_sim) {
       // What the executor's policy reaches (CUDA default: LFU, aging 64): the lookups replayed on
       // the host from a cold start (storage::SlotSim; within ~1.3 points of the H200 sweep).
@@ -211,6 +220,7 @@ Runner add_probe(CLI::App& app) {
   app.add_option("--host-target-gib", a->host_target_gib, "override the pinned host RAM target");
   app.add_option("--hbm-gbps", a->hbm_gbps, "override the HBM read rate");
   app.add_option("--h2d-gbps", a->h2d_gbps, "override the pinned H2D rate");
+  app.add_option("--kernel-gbps", a->kernel_gbps, "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
   app.add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
   app.add_option("--expert-slots", a->expert_slots, "HBM expert slots per layer (default: from the remainder)");
   app.add_option("--host-experts", a->host_experts, "host cache size in experts (default: from the remainder)");
