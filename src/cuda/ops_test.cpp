@@ -21,81 +21,15 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
+#include "cuda/ops_test_util.h"
 #include "cuda/tc_gemm.h"
 
 namespace fb::cuda {
 namespace {
 
-using bf16_t = uint16_t;
-
-using test_util::Dev;
-using test_util::have_gpu;
+using namespace ops_test_util;  // bf16_t, Dev, have_gpu, Rng, expect_same, ...
 #define NEED_GPU() FB_NEED_GPU()
 
-bool isnan_bits(uint16_t b) { return (b & 0x7FFF) > 0x7F80; }
-bool isnan_bits(float f) { return std::isnan(f); }
-bool isnan_bits(uint8_t) { return false; }
-bool isnan_bits(int32_t) { return false; }
-
-// NaN masks first, then every other element bit for bit.
-template <typename T>
-void expect_same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t nan_diff = 0, bit_diff = 0, first = size_t(-1);
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (isnan_bits(got[i]) != isnan_bits(want[i])) {
-      ++nan_diff;
-      if (first == size_t(-1)) first = i;
-    } else if (!isnan_bits(got[i]) && std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      ++bit_diff;
-      if (first == size_t(-1)) first = i;
-    }
-  }
-  EXPECT_EQ(nan_diff, 0u) << what << ": NaN masks differ, first at " << first;
-  EXPECT_EQ(bit_diff, 0u) << what << ": " << bit_diff << " of " << got.size() << " elements differ, first at " << first;
-}
-
-struct Rng {
-  std::mt19937_64 g;
-  explicit Rng(uint64_t seed) : g(seed) {}
-  float normal(float s = 1.0f) { return std::normal_distribution<float>(0.0f, s)(g); }
-  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }
-  // bf16 activations with varied block magnitudes: normal, sub-floor, exact powers, ties.
-  std::vector<bf16_t> act(int64_t n, float s = 1.0f) {
-    std::vector<bf16_t> v(static_cast<size_t>(n));
-    for (int64_t b = 0; b < n; b += 32) {
-      const int kind = uniform(0, 9);
-      for (int64_t i = b; i < std::min(n, b + 32); ++i) {
-        float x = normal(s);
-        if (kind == 0) x *= 1e-7f;                                      // below the 1e-4 amax floor
-        if (kind == 1) x = std::ldexp(1.0f, uniform(-8, 8)) * (uniform(0, 1) ? 1.f : -1.f);  // exact powers
-        if (kind == 2) x = float(uniform(-8, 8)) * 0.5f;                // many ties
-        v[size_t(i)] = bf16_bits_from_f32(x);
-      }
-    }
-    return v;
-  }
-  std::vector<uint8_t> e4m3_codes(int64_t n) {
-    std::vector<uint8_t> v(static_cast<size_t>(n));
-    for (auto& c : v) {
-      do c = uint8_t(uniform(0, 255));
-      while ((c & 0x7F) == 0x7F);
-    }
-    return v;
-  }
-  std::vector<uint8_t> bytes(int64_t n, int lo = 0, int hi = 255) {
-    std::vector<uint8_t> v(static_cast<size_t>(n));
-    for (auto& c : v) c = uint8_t(uniform(lo, hi));
-    return v;
-  }
-  std::vector<float> f32(int64_t n, float s = 1.0f) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = normal(s);
-    return v;
-  }
-};
-
-TensorView view(DType t, std::vector<int64_t> shape, const void* p) { return TensorView{t, std::move(shape), static_cast<const uint8_t*>(p)}; }
 
 // ---- quantisers and GEMMs --------------------------------------------------------------------
 
@@ -186,20 +120,6 @@ TEST(CudaOps, Fp4ExpertGemm) {
     expect_same(dyb.get(), want3, "fp4_gemm2 b");
   }
 }
-
-// grouped wo_a: 64 heads x 512 = 32768 wide o, 16 groups of 2048 -> 1024 each; M rows of o, the
-// group weights, and the CPU's outputs.
-struct GroupedWoA {
-  static constexpr int64_t G = 16, GI = 2048, OR = 1024, QD = G * GI;
-  int64_t M;
-  std::vector<bf16_t> o, w, want;
-  GroupedWoA(Rng& rng, int64_t rows) : M(rows), o(rng.act(rows * QD, 0.5f)), w(rng.act(G * OR * GI, 0.02f)) {
-    want.resize(static_cast<size_t>(M * G * OR));
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t g = 0; g < G; ++g)
-        cpu::bf16_gemm(&o[size_t(m * QD + g * GI)], 1, GI, &w[size_t(g * OR * GI)], OR, &want[size_t(m * G * OR + g * OR)]);
-  }
-};
 
 TEST(CudaOps, Bf16GemmGroupedAndF32) {
   NEED_GPU();
@@ -308,25 +228,6 @@ TEST(CudaOps, RmsNormAndRope) {
     }
 }
 
-// mHC at hc 4 x 5120 for T rows: streams, mix weights, scales, biases and the CPU's mixes.
-struct HcCase {
-  static constexpr int hc = 4;
-  static constexpr int64_t D = 5120, n = hc * D, n_mix = (2 + hc) * hc;
-  int64_t T;
-  std::vector<bf16_t> x;
-  std::vector<float> fn, sc, base;
-  std::vector<HcMix> want;
-  HcCase(Rng& rng, int64_t rows)
-      : T(rows), x(rng.act(rows * n)), fn(rng.f32(n_mix * n, 0.01f)), sc(rng.f32(3, 0.5f)), base(rng.f32(n_mix, 0.5f)) {
-    want.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) {
-      float m[n_mix];
-      cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
-      cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
-    }
-  }
-};
-
 TEST(CudaOps, HcMixesSinkhornPrePost) {
   NEED_GPU();
   Rng rng(6);
@@ -400,12 +301,6 @@ TEST(CudaOps, HcPreNormQuantFused) {
 }
 
 // ---- attention --------------------------------------------------------------------------------
-
-std::unique_ptr<TcGemm> make_tc() {
-  auto t = TcGemm::create();
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  return t.ok() ? std::move(*t) : nullptr;
-}
 
 // Key lists per row: window FP8 rows (some empty), then selected FP4 entries (some -1).
 void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<int>& n_sel, int64_t n_comp) {
@@ -775,254 +670,6 @@ TEST(CudaOps, MarkovArgmaxConfidence) {
   }
 }
 
-
-// ---- tensor-core GEMMs of prefill steps (tc_gemm.h) -------------------------------------------
-// Not bit-identical by design: the products are the reference's (operands expanded exactly to
-// bf16, checked bit for bit below), the f32 sum over K runs in the tensor cores' order. Written-down
-// tolerance per output, with S = the CPU's f32 result and A = sum_k |x_k w_k| (exact, in double):
-//   |tc - cpu| <= 2^-7 * max(|tc|, |cpu|)  (one bf16 rounding on each side)
-//               + K * 2^-22 * A           (two f32 sums of K terms in different orders; 4x the
-//                                          textbook (K-1) u A bound for the hardware's accumulator)
-// NaN masks must match exactly. The measured worst case (in units of that bound) is printed.
-struct TcCheck {
-  double worst = 0;  // max |tc - cpu| / tol
-  size_t nan_diff = 0, over = 0, n = 0;
-  void add(float tc, float cpu, double A, int64_t K) {
-    ++n;
-    if (std::isnan(tc) != std::isnan(cpu)) {
-      ++nan_diff;
-      return;
-    }
-    if (std::isnan(tc)) return;
-    const double tol = std::ldexp(std::max(std::fabs(double(tc)), std::fabs(double(cpu))), -7) + double(K) * std::ldexp(A, -22) + 1e-30;
-    const double r = std::fabs(double(tc) - double(cpu)) / tol;
-    worst = std::max(worst, r);
-    if (r > 1.0) ++over;
-  }
-  void expect(const char* what) const {
-    EXPECT_EQ(nan_diff, 0u) << what << ": NaN masks differ";
-    EXPECT_EQ(over, 0u) << what << ": " << over << " of " << n << " outputs outside the tolerance (worst " << worst << " x tol)";
-    std::printf("[ tc ] %s: %zu outputs, worst |tc - cpu| = %.3g x tolerance\n", what, n, worst);
-  }
-};
-
-// TcCheck of an FP8 GEMM's outputs (got) against the CPU's (want), x [M, K] bf16 activations,
-// w [N, K] e4m3 codes with 32x32 e8m0 block scales ws: the bound A of each output sums |x w| over
-// the act_quant values of x and the exact weight values.
-void check_fp8_gemm(const std::vector<bf16_t>& x, const std::vector<uint8_t>& w, const std::vector<uint8_t>& ws, int64_t M, int64_t N,
-                    int64_t K, const std::vector<bf16_t>& got, const std::vector<bf16_t>& want, const char* what) {
-  const int64_t KB = K / 32;
-  std::vector<uint8_t> codes(static_cast<size_t>(M * K));
-  std::vector<float> scales(static_cast<size_t>(M * KB));
-  for (int64_t m = 0; m < M; ++m) cpu::act_quant_row(&x[size_t(m * K)], K, &codes[size_t(m * K)], &scales[size_t(m * KB)]);
-  TcCheck chk;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double A = 0;
-      for (int64_t k = 0; k < K; ++k)
-        A += std::fabs(double(e4m3_to_f32(codes[size_t(m * K + k)])) * scales[size_t(m * KB + k / 32)] * e4m3_to_f32(w[size_t(n * K + k)]) *
-                       e8m0_to_f32(ws[size_t((n / 32) * KB + k / 32)]));
-      chk.add(bf16_to_f32(got[size_t(m * N + n)]), bf16_to_f32(want[size_t(m * N + n)]), A, K);
-    }
-  chk.expect(what);
-}
-
-TEST(CudaOps, TensorCoreFp8Gemm) {
-  NEED_GPU();
-  auto tc = make_tc();
-  ASSERT_TRUE(tc);
-  Rng rng(11);
-  struct Case { int64_t M, K, N; bool nan; };
-  // Prefill-sized row counts (ragged), released K, a wide N, NaN codes.
-  for (Case cs : {Case{192, 5120, 1536, false}, Case{65, 1536, 4096, false}, Case{130, 4096, 544, true}, Case{7, 2048, 96, false}}) {
-    const int64_t KB = cs.K / 32;
-    auto x = rng.act(cs.M * cs.K);
-    auto w = rng.e4m3_codes(cs.N * cs.K);
-    if (cs.nan) {
-      for (int i = 0; i < 6; ++i) w[size_t(rng.uniform(0, int(cs.N * cs.K) - 1))] = 0x7F;
-      x[size_t(rng.uniform(0, int(cs.M * cs.K) - 1))] = 0x7FC0;
-    }
-    auto ws = rng.bytes(((cs.N + 31) / 32) * KB, 118, 132);
-    std::vector<bf16_t> want(static_cast<size_t>(cs.M * cs.N));
-    cpu::fp8_gemm(x.data(), cs.M, view(DType::kF8E4M3, {cs.N, cs.K}, w.data()), view(DType::kF8E8M0, {(cs.N + 31) / 32, KB}, ws.data()),
-                  want.data());
-    Dev<bf16_t> dx(x), dy(want.size()), dwb(static_cast<size_t>(cs.N * cs.K));
-    Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(cs.M * cs.K));
-    Dev<float> qs(static_cast<size_t>(cs.M * KB));
-    QuantBuf q{qc.p(), qs.p(), cs.M * cs.K};
-    const Fp8W fw{dw.p(), dws.p(), cs.N, cs.K};
-    ASSERT_TRUE(tc_fp8_gemm(*tc, dx.p(), cs.M, fw, dy.p(), q, nullptr).ok());
-    const auto got = dy.get();
-    // The expanded weight is exact: e4m3 value times the block scale, as bf16 bits.
-    ASSERT_TRUE(tc_dequant_fp8(fw, dwb.p(), nullptr).ok());
-    const auto wb = dwb.get();
-    std::vector<bf16_t> wb_want(wb.size());
-    for (int64_t n = 0; n < cs.N; ++n)
-      for (int64_t k = 0; k < cs.K; ++k)
-        wb_want[size_t(n * cs.K + k)] =
-            bf16_bits_from_f32(e4m3_to_f32(w[size_t(n * cs.K + k)]) * e8m0_to_f32(ws[size_t((n / 32) * KB + k / 32)]));
-    expect_same(wb, wb_want, "tc_dequant_fp8");
-    check_fp8_gemm(x, w, ws, cs.M, cs.N, cs.K, got, want, "tc_fp8_gemm");  // tolerance against the CPU reference
-  }
-}
-
-TEST(CudaOps, TensorCoreFp4ExpertGroups) {
-  NEED_GPU();
-  auto tc = make_tc();
-  ASSERT_TRUE(tc);
-  Rng rng(12);
-  // One expert's group as the routed path runs it: gathered activation rows (src / topk), the
-  // expert's exact bf16 weight, one matmul; vs cpu::fp4_gemm row by row.
-  const int64_t T = 96, topk = 3, K = 5120, N = 2304, E = 2, KB = K / 32;
-  auto x = rng.act(T * K);
-  const int64_t wbytes = N * K / 2, sbytes = N * KB;
-  auto w = rng.bytes(wbytes * E);
-  auto ws = rng.bytes(sbytes * E, 118, 130);
-  std::vector<int32_t> src;  // (row, slot) pairs of expert 1: every third pair
-  for (int64_t i = 1; i < T * topk; i += 3) src.push_back(int32_t(i));
-  const int64_t n = int64_t(src.size());
-  Dev<bf16_t> dx(x), xg(static_cast<size_t>(n * K)), wb(static_cast<size_t>(N * K)), dy(static_cast<size_t>(n * N));
-  Dev<uint8_t> dw(w), dws(ws), qc(static_cast<size_t>(T * K));
-  Dev<float> qs(static_cast<size_t>(T * KB));
-  Dev<int32_t> dsrc(src);
-  QuantBuf q{qc.p(), qs.p(), T * K};
-  const Fp4W fw{dw.p(), dws.p(), N, K, wbytes, sbytes};
-  ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
-  ASSERT_TRUE(tc_dequant_act(q, K, dsrc.p(), topk, n, xg.p(), nullptr).ok());
-  ASSERT_TRUE(tc_dequant_fp4(fw, 1, wb.p(), nullptr).ok());
-  ASSERT_TRUE(tc->matmul(xg.p(), n, K, K, wb.p(), N, dy.p(), N, GemmOut::kBf16, 1, 0, 0, 0, nullptr).ok());
-  const auto got = dy.get(), wbh = wb.get(), xgh = xg.get();
-  // Both expansions exact.
-  std::vector<uint8_t> codes(static_cast<size_t>(T * K));
-  std::vector<float> scales(static_cast<size_t>(T * KB));
-  for (int64_t t = 0; t < T; ++t) cpu::act_quant_row(&x[size_t(t * K)], K, &codes[size_t(t * K)], &scales[size_t(t * KB)]);
-  std::vector<bf16_t> xg_want(xgh.size()), wb_want(wbh.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t t = src[size_t(i)] / topk;
-      xg_want[size_t(i * K + k)] = bf16_bits_from_f32(e4m3_to_f32(codes[size_t(t * K + k)]) * scales[size_t(t * KB + k / 32)]);
-    }
-  const uint8_t* w1 = &w[size_t(wbytes)];
-  const uint8_t* s1 = &ws[size_t(sbytes)];
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t k = 0; k < K; ++k)
-      wb_want[size_t(r * K + k)] = bf16_bits_from_f32(e2m1_to_f32(e2m1_code_at(w1 + r * (K / 2), k)) * e8m0_to_f32(s1[size_t(r * KB + k / 32)]));
-  expect_same(xgh, xg_want, "tc_dequant_act (gathered)");
-  expect_same(wbh, wb_want, "tc_dequant_fp4");
-  TcCheck chk;
-  std::vector<bf16_t> want(static_cast<size_t>(N));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = src[size_t(i)] / topk;
-    cpu::fp4_gemm(&x[size_t(t * K)], 1, view(DType::kI8, {N, K / 2}, w1), view(DType::kF8E8M0, {N, KB}, s1), want.data());
-    for (int64_t r = 0; r < N; ++r) {
-      double A = 0;
-      for (int64_t k = 0; k < K; ++k) A += std::fabs(double(bf16_to_f32(xg_want[size_t(i * K + k)])) * bf16_to_f32(wb_want[size_t(r * K + k)]));
-      chk.add(bf16_to_f32(got[size_t(i * N + r)]), bf16_to_f32(want[size_t(r)]), A, K);
-    }
-  }
-  chk.expect("tc fp4 expert group");
-  // Scatter back and gather of routing weights.
-  Dev<bf16_t> back(static_cast<size_t>(T * topk * N));
-  ASSERT_TRUE(tc_scatter_rows(dy.p(), dsrc.p(), n, N, back.p(), nullptr).ok());
-  const auto bh = back.get();
-  for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(0, std::memcmp(&bh[size_t(src[size_t(i)] * N)], &got[size_t(i * N)], size_t(N) * 2)) << "scatter row " << i;
-  std::vector<float> wts = rng.f32(T * topk);
-  Dev<float> dwts(wts), dwp(static_cast<size_t>(n));
-  ASSERT_TRUE(tc_gather_f32(dwts.p(), dsrc.p(), n, dwp.p(), nullptr).ok());
-  const auto wp = dwp.get();
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(wp[size_t(i)], wts[size_t(src[size_t(i)])]);
-}
-
-TEST(CudaOps, TensorCoreBf16GroupedAndF32) {
-  NEED_GPU();
-  auto tc = make_tc();
-  ASSERT_TRUE(tc);
-  Rng rng(13);
-  // grouped wo_a at prefill size, as the executor calls it
-  const GroupedWoA c(rng, 80);
-  const int64_t M = c.M, G = c.G, GI = c.GI, OR = c.OR, QD = c.QD;
-  const auto &o = c.o, &w = c.w, &want = c.want;
-  Dev<bf16_t> dx(o), dw(w), dy(want.size());
-  ASSERT_TRUE(tc_bf16_gemm(*tc, dx.p(), M, GI, QD, dw.p(), OR, dy.p(), G * OR, GemmOut::kBf16, G, GI, OR * GI, OR, nullptr).ok());
-  const auto got = dy.get();
-  TcCheck chk;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t r = 0; r < OR; ++r) {
-        double A = 0;
-        for (int64_t k = 0; k < GI; ++k)
-          A += std::fabs(double(bf16_to_f32(o[size_t(m * QD + g * GI + k)])) * bf16_to_f32(w[size_t(g * OR * GI + r * GI + k)]));
-        const size_t at = size_t(m * G * OR + g * OR + r);
-        chk.add(bf16_to_f32(got[at]), bf16_to_f32(want[at]), A, GI);
-      }
-  chk.expect("tc bf16 grouped");
-  // f32 output and f32 accumulate-into (compressor, head), with a strided output (ldy = 2N)
-  const int64_t D = 5120, N = 704, R = 72;
-  auto u = rng.act(R * D);
-  auto wh = rng.act(N * D, 0.02f);
-  std::vector<float> uf(u.size()), wantf(static_cast<size_t>(R * N));
-  for (size_t i = 0; i < u.size(); ++i) uf[i] = bf16_to_f32(u[i]);
-  cpu::f32_gemm_bf16w(uf.data(), R, D, wh.data(), N, wantf.data());
-  std::vector<float> init = rng.f32(R * 2 * N);
-  Dev<bf16_t> du(u), dwh(wh);
-  Dev<float> dyf(init);
-  ASSERT_TRUE(tc_bf16_gemm(*tc, du.p(), R, D, D, dwh.p(), N, dyf.p(), 2 * N, GemmOut::kF32, 1, 0, 0, 0, nullptr).ok());
-  ASSERT_TRUE(tc_bf16_gemm(*tc, du.p(), R, D, D, dwh.p(), N, dyf.p() + N, 2 * N, GemmOut::kF32Add, 1, 0, 0, 0, nullptr).ok());
-  const auto gf = dyf.get();
-  TcCheck cf, ca;
-  for (int64_t m = 0; m < R; ++m)
-    for (int64_t r = 0; r < N; ++r) {
-      double A = 0;
-      for (int64_t k = 0; k < D; ++k) A += std::fabs(double(uf[size_t(m * D + k)]) * bf16_to_f32(wh[size_t(r * D + k)]));
-      const float s = wantf[size_t(m * N + r)];
-      // f32 outputs carry no bf16 rounding: the 2^-7 term is generous there; the sum term rules.
-      cf.add(gf[size_t(m * 2 * N + r)], s, A, D);
-      ca.add(gf[size_t(m * 2 * N + N + r)], init[size_t(m * 2 * N + N + r)] + s, A + std::fabs(init[size_t(m * 2 * N + N + r)]), D);
-    }
-  cf.expect("tc bf16 f32 out");
-  ca.expect("tc bf16 f32 add");
-}
-
-
-// Tensor-core mHC mixes of prefill steps (tc_gemm.h tc_hc_mixes): fn split exactly into three bf16
-// parts (checked: the split's sum restores fn bit for bit through the CPU-side check below), dots
-// on tensor cores, the rest as the CPU. Tolerance, written down: |tc - cpu| <= 1e-3 on every pre,
-// post and comb value (the mixes are O(1); the dots' f32 order moves them by ~1e-5 relative and the
-// sigmoid / Sinkhorn steps are contractions); the worst case is printed.
-TEST(CudaOps, TensorCoreHcMixes) {
-  NEED_GPU();
-  auto tc = make_tc();
-  ASSERT_TRUE(tc);
-  Rng rng(23);
-  const HcCase c(rng, 70);
-  const int hc = c.hc;
-  const int64_t D = c.D, T = c.T;
-  const auto& x = c.x;
-  const auto &fn = c.fn, &sc = c.sc, &base = c.base;
-  const auto& want = c.want;
-  // The exact three-way split, on the host with the same operations as the kernel.
-  for (float f : fn) {
-    const float h = bf16_to_f32(bf16_bits_from_f32(f)), r1 = f - h, m = bf16_to_f32(bf16_bits_from_f32(r1)), r2 = r1 - m;
-    ASSERT_EQ(h + (m + bf16_to_f32(bf16_bits_from_f32(r2))), f) << "split of " << f << " is not exact";
-  }
-  Dev<bf16_t> dx(x);
-  Dev<float> dfn(fn), dsc(sc), dbase(base);
-  Dev<HcMix> dmix(static_cast<size_t>(T));
-  ASSERT_TRUE(tc_hc_mixes(*tc, dx.p(), T, hc, D, dfn.p(), 1e-6f, dsc.p(), dbase.p(), 20, 1e-6f, dmix.p(), nullptr).ok());
-  const auto got = dmix.get();
-  double worst = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const HcMix &a = got[size_t(t)], &b = want[size_t(t)];
-    for (int i = 0; i < hc; ++i) {
-      worst = std::max({worst, std::fabs(double(a.pre[i]) - b.pre[i]), std::fabs(double(a.post[i]) - b.post[i])});
-      ASSERT_FALSE(std::isnan(a.pre[i]) || std::isnan(a.post[i]));
-    }
-    for (int i = 0; i < hc * hc; ++i) worst = std::max(worst, std::fabs(double(a.comb[i]) - b.comb[i]));
-  }
-  EXPECT_LE(worst, 1e-3);
-  std::printf("[ tc ] hc mixes T=%lld: worst |tc - cpu| = %.3g (tolerance 1e-3)\n", (long long)T, worst);
-}
 
 }  // namespace
 }  // namespace fb::cuda

@@ -1,0 +1,204 @@
+// fast_gemv_bench (fast_gemv.h): weight-streaming rates of the decode GEMVs at a few shapes and at
+// the released decode shapes, CUDA-core against tensor-core kernels (split from fast_gemv.cu).
+#include <cstdio>
+
+#include "cuda/device.h"
+#include "cuda/fast_gemv.h"
+#include "cuda/fast_small.h"
+#include "cuda/ops.h"
+#include "cuda/tc_gemv.h"
+
+namespace fb::cuda {
+
+// ---- micro-benchmark ------------------------------------------------------------------------------
+
+namespace {
+
+// Times `run(i)` (i = repeat index) with events; returns ms per call.
+template <typename F>
+Status time_ms(cudaStream_t st, int reps, F run, double* ms) {
+  for (int i = 0; i < 3; ++i) FB_RETURN_IF_ERROR(run(i));
+  cudaEvent_t a, b;
+  FB_CUDA_TRY(cudaEventCreate(&a));
+  FB_CUDA_TRY(cudaEventCreate(&b));
+  FB_CUDA_TRY(cudaEventRecord(a, st));
+  for (int i = 0; i < reps; ++i) FB_RETURN_IF_ERROR(run(i));
+  FB_CUDA_TRY(cudaEventRecord(b, st));
+  FB_CUDA_TRY(cudaEventSynchronize(b));
+  float t = 0.0f;
+  FB_CUDA_TRY(cudaEventElapsedTime(&t, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  *ms = double(t) / reps;
+  return Status();
+}
+
+}  // namespace
+
+Status fast_gemv_bench() {
+  // Weights are slices of a pool larger than L2 (50 MB on the H200), a different slice per call,
+  // so every call streams from HBM. Values do not matter for speed: a byte pattern (finite e4m3
+  // and e2m1 codes, e8m0 scales near 1).
+  const size_t pool_bytes = size_t(1) << 30;
+  DeviceBuffer pool, scales, codes, qscales, out, ex;
+  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
+  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
+  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
+  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
+  const int64_t kMaxRows = 8, kMaxK = 8192;
+  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
+  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
+  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
+  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));  // 0x3C3C3C3C: a normal f32 (~0.0115)
+  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 16384 * 2));
+  FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
+  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7};
+  FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
+  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
+  uint8_t* wp = pool.get<uint8_t>();
+  uint8_t* sp = scales.get<uint8_t>();
+  uint16_t* y = out.get<uint16_t>();
+  cudaStream_t st = nullptr;
+  constexpr int kReps = 50;
+
+  // FP8 N = K = 4096 (16 MB of weight per call), and N = 16384 (64 MB: less launch overhead).
+  for (int64_t N : {4096, 16384}) {
+    const int64_t K = 4096, wbytes = N * K, sbytes = (N / 32) * (K / 32);
+    const int64_t slices = int64_t(pool_bytes) / wbytes;
+    for (int64_t M : {1, 2, 4, 6, 8}) {
+      for (bool fast : {true, false}) {
+        double ms = 0.0;
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     const Fp8W w{wp + (i % slices) * wbytes, sp + (i % slices) * sbytes, N, K};
+                                     return fast ? fast_fp8_gemv_q(q, M, w, y, st) : fp8_gemm_q(q, M, w, y, st);
+                                   },
+                                   &ms));
+        std::printf("fp8 N=%lld K=%lld M=%lld %s: %.2f us, %.0f GB/s\n", (long long)N, (long long)K, (long long)M, fast ? "fast " : "exact",
+                    ms * 1e3, double(wbytes + sbytes) / (ms * 1e-3) / 1e9);
+      }
+    }
+  }
+  // MXFP4 experts, D = 4096, I = 2048: w1 + w3 (gemv2, N = I, K = D) and w2 (N = D, K = I) for
+  // one token's M routed rows (distinct experts of 8).
+  {
+    const int64_t D = 4096, I = 2048, eb = I * D / 2, esb = I * D / 32;  // bytes per expert matrix
+    const int64_t set = 2 * 8 * (eb + esb), slices = int64_t(pool_bytes) / set;
+    for (int64_t M : {1, 6}) {
+      for (bool fast : {true, false}) {
+        double ms13 = 0.0, ms2 = 0.0;
+        auto wset = [&](int i, int which, int64_t N, int64_t K) {
+          const int64_t base = (i % slices) * set + which * 8 * (eb + esb);
+          return Fp4W{wp + base, wp + base + 8 * eb, N, K, eb, esb};
+        };
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     const Fp4W a = wset(i, 0, I, D), b = wset(i, 1, I, D);
+                                     return fast ? fast_fp4_gemv2_q(q, M, M, a, b, ex.get<int32_t>(), y, y + kMaxRows * 16384, st)
+                                                 : fp4_gemm2_q(q, M, M, a, b, ex.get<int32_t>(), y, y + kMaxRows * 16384, st);
+                                   },
+                                   &ms13));
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     const Fp4W w2 = wset(i, 0, D, I);
+                                     return fast ? fast_fp4_gemv_q(q, M, 1, w2, ex.get<int32_t>(), y, st)
+                                                 : fp4_gemm_q(q, M, 1, w2, ex.get<int32_t>(), y, st);
+                                   },
+                                   &ms2));
+        const double b13 = double(M) * 2 * (eb + esb), b2 = double(M) * (eb + esb);
+        std::printf("fp4 experts D=%lld I=%lld M=%lld %s: w1+w3 %.2f us %.0f GB/s, w2 %.2f us %.0f GB/s\n", (long long)D, (long long)I,
+                    (long long)M, fast ? "fast " : "exact", ms13 * 1e3, b13 / (ms13 * 1e-3) / 1e9, ms2 * 1e3, b2 / (ms2 * 1e-3) / 1e9);
+      }
+    }
+  }
+  // The released decode shapes (D = 5120, q_lora 1280, kv 512, 64 x 512 heads, o 8 x 1024, I = 2304),
+  // CUDA-core kernels against the tensor-core ones (set_fast_gemv_tc), one line per shape and M.
+  const bool tc_was = fast_gemv_tc();
+  {
+    DeviceBuffer ex64;
+    FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
+    int32_t e64[64];
+    for (int i = 0; i < 64; ++i) e64[i] = i % 16;
+    FB_CUDA_TRY(cudaMemcpy(ex64.get(), e64, sizeof(e64), cudaMemcpyHostToDevice));
+    struct Fp8Case { const char* name; int64_t Na, Nb, K; };
+    for (Fp8Case c : {Fp8Case{"wq_a+wkv", 1280, 512, 5120}, Fp8Case{"wq_b", 32768, 0, 1280}, Fp8Case{"wo_b", 5120, 0, 8192},
+                      Fp8Case{"shared w1+w3", 2304, 2304, 5120}, Fp8Case{"shared w2", 5120, 0, 2304}}) {
+      const int64_t K = c.K, KB = K / 32, ba = c.Na * K, bb = c.Nb * K, sa = ((c.Na + 31) / 32) * KB, sb = ((c.Nb + 31) / 32) * KB;
+      const int64_t set = ba + bb, slices = int64_t(pool_bytes) / set;
+      for (int64_t M : {1, 6}) {
+        double ms[2] = {0.0, 0.0};
+        for (int tc = 0; tc < 2; ++tc) {
+          set_fast_gemv_tc(tc == 1);
+          FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                     [&](int i) {
+                                       const int64_t o = (i % slices) * set;
+                                       const Fp8W a{wp + o, sp, c.Na, K}, b{wp + o + ba, sp + sa, c.Nb, K};
+                                       return c.Nb ? fast_fp8_gemv2_q(q, M, a, y, b, y + kMaxRows * 16384, st) : fast_fp8_gemv_q(q, M, a, y, st);
+                                     },
+                                     &ms[tc]));
+        }
+        const double bytes = double(ba + bb + sa + sb);
+        std::printf("decode fp8 %-13s M=%lld: cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s\n", c.name, (long long)M, ms[0] * 1e3,
+                    bytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3, bytes / (ms[1] * 1e-3) / 1e9);
+      }
+    }
+    const int64_t D = 5120, I = 2304, eb = I * D / 2, esb = I * D / 32, E = 16;
+    const int64_t set = 3 * E * (eb + esb), slices = std::max<int64_t>(1, int64_t(pool_bytes) / set);
+    auto wset = [&](int i, int which, int64_t N, int64_t K) {
+      const int64_t base = (i % slices) * set + which * E * (eb + esb);
+      return Fp4W{wp + base, wp + base + E * eb, N, K, eb, esb};
+    };
+    for (int64_t M : {6, 36}) {
+      double ms13[2] = {0.0, 0.0}, ms2[2] = {0.0, 0.0};
+      for (int tc = 0; tc < 2; ++tc) {
+        set_fast_gemv_tc(tc == 1);
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     return fast_fp4_gemv2_q(q, M, 6, wset(i, 0, I, D), wset(i, 1, I, D), ex64.get<int32_t>(), y,
+                                                             y + kMaxRows * 16384, st);
+                                   },
+                                   &ms13[tc]));
+        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st); },
+                                   &ms2[tc]));
+      }
+      const double b13 = double(M) * 2 * (eb + esb), b2 = double(M) * (eb + esb);
+      std::printf("decode fp4 experts M=%lld: w1+w3 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s; w2 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s\n",
+                  (long long)M, ms13[0] * 1e3, b13 / (ms13[0] * 1e-3) / 1e9, ms13[1] * 1e3, b13 / (ms13[1] * 1e-3) / 1e9, ms2[0] * 1e3,
+                  b2 / (ms2[0] * 1e-3) / 1e9, ms2[1] * 1e3, b2 / (ms2[1] * 1e-3) / 1e9);
+    }
+  }
+  // The tensor-core kernels' chunk size and programmatic dependent launch (back-to-back calls
+  // overlap their weight copies with the previous call's tail), M = 1.
+  const bool pdl_was = fast_pdl();
+  set_fast_gemv_tc(true);
+  for (int pdl = 0; pdl < 2; ++pdl)
+    for (int sc : {1, 2, 4}) {
+      set_fast_pdl(pdl == 1);
+      tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
+      struct One { const char* name; int64_t N, K; bool fp4; };
+      std::printf("tc chunk max fp8 %d fp4 %d pdl %d:", 512 * sc, 1024 * sc, pdl);
+      for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
+                    One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
+        const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
+        double ms = 0.0;
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) {
+                                     uint8_t* base = wp + (i % slices) * wbytes;
+                                     if (!c.fp4) return fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
+                                     const int64_t eb1 = c.N * c.K / 2;
+                                     return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, eb1, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
+                                   },
+                                   &ms));
+        const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);  // fp4: the 6 experts read
+        std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
+      }
+      std::printf("\n");
+    }
+  tc_gemv_set_chunk_max(0, 0);
+  set_fast_pdl(pdl_was);
+  set_fast_gemv_tc(tc_was);
+  std::fflush(stdout);
+  return Status();
+}
+
+}  // namespace fb::cuda
