@@ -212,5 +212,115 @@ TEST(ConstrainedDecoding, GreedyDsparkOnEqualsOff) {
   EXPECT_EQ(off->stats().dspark.steps, 0);
 }
 
+// ---- tool_choice forcing (issue 27): the call in the model's own DSML syntax ----
+
+// Every parameter form of the DSML syntax: a raw string (string="true", bounded so random weights
+// end it), an integer range, an enum written raw, and optional JSON values (string="false"): an
+// array and a nested object. (About 100 tokens per call: the test's time is those tokens.)
+const char* kToolParams = R"({"type":"object","properties":{
+  "city":{"type":"string","maxLength":8},
+  "days":{"type":"integer","minimum":1,"maximum":14},
+  "units":{"enum":["metric","imperial"]},
+  "hours":{"type":"array","items":{"type":"integer","minimum":0,"maximum":23},"maxItems":2},
+  "where":{"type":"object","properties":{"lat":{"type":"integer","minimum":-90,"maximum":90},"tag":{"enum":["home","work",null]}},
+           "required":["lat"],"additionalProperties":false}},
+  "required":["city","days","units"],"additionalProperties":false})";
+
+Request forced_call(Engine& e, const std::string& user, float temperature, uint64_t seed) {
+  Request r;
+  r.prompt = v41_tokenizer().encode("<｜begin▁of▁sentence｜><｜User｜>" + user + "<｜Assistant｜></think>");
+  r.sampling.temperature = temperature;
+  r.sampling.top_p = 1.0f;
+  r.sampling.seed = seed;
+  r.max_tokens = 400;
+  r.logprobs = 0;
+  grammar::ToolCallFormat f;
+  f.choice = grammar::ToolCallFormat::Choice::kNamed;
+  f.name = "get_weather";
+  f.tools.push_back({"get_weather", nlohmann::ordered_json::parse(kToolParams), false});
+  f.tools.push_back({"get_time", nlohmann::ordered_json::parse(R"({"type":"object","properties":{"tz":{"type":"string"}}})"), false});
+  auto c = compiler(e).compile(f);
+  FB_CHECK(c.ok()) << c.status().to_string();
+  r.sampling.constraint = *c;
+  return r;
+}
+
+struct CallOut {
+  Out out;
+  std::vector<tokenizer::ParsedToolCall> calls;
+};
+
+CallOut wait_calls(EventQueue& q) {
+  CallOut o;
+  Event ev;
+  while (q.pop(&ev, 120000)) {
+    if (ev.kind == Event::Kind::kText) o.out.text += ev.text;
+    if (ev.kind == Event::Kind::kToolCall) o.calls.push_back(ev.call);
+    if (ev.kind == Event::Kind::kLogprob) o.out.ids.push_back(ev.token.id);
+    if (ev.kind == Event::Kind::kError) {
+      ADD_FAILURE() << ev.status.to_string();
+      return o;
+    }
+    if (ev.kind == Event::Kind::kDone) {
+      o.out.finish = ev.finish;
+      o.out.ok = true;
+      return o;
+    }
+  }
+  ADD_FAILURE() << "no answer within the timeout";
+  return o;
+}
+
+// A named tool forced on random weights: every sampled output is one call of that tool, parsed by
+// the server's own DSML parser, its arguments valid JSON that validates against the schema.
+TEST(ConstrainedToolCalls, ForcedNamedToolParsesAndValidatesIn100Of100SampledRequests) {
+  auto e = make_engine(false);
+  const json schema = json::parse(kToolParams);
+  int valid = 0;
+  for (int batch = 0; batch < 100; batch += 10) {
+    std::vector<EventQueue> qs(10);
+    for (int i = 0; i < 10; ++i)
+      ASSERT_TRUE(e->submit(forced_call(*e, "Weather in town " + std::to_string(batch + i), 1.0f, uint64_t(batch + i)), qs[size_t(i)].sink()).ok());
+    for (int i = 0; i < 10; ++i) {
+      const CallOut o = wait_calls(qs[size_t(i)]);
+      ASSERT_TRUE(o.out.ok);
+      const int seed = batch + i;
+      std::string ids;
+      for (int32_t t : o.out.ids) ids += std::to_string(t) + " ";
+      if (o.out.finish != FinishReason::kToolCalls || o.calls.size() != 1 || !o.out.text.empty()) {
+        ADD_FAILURE() << "seed " << seed << ": finish " << finish_reason_name(o.out.finish) << ", " << o.calls.size() << " calls, text '"
+                      << o.out.text << "'\nids: " << ids << "\ndecoded: " << v41_tokenizer().decode(o.out.ids);
+        continue;
+      }
+      const auto& call = o.calls[0];
+      EXPECT_EQ(call.name, "get_weather");
+      const json args = json::parse(call.arguments, nullptr, false);
+      std::string why;
+      if (!call.valid_json || args.is_discarded()) ADD_FAILURE() << "seed " << seed << ": arguments do not parse: " << call.arguments;
+      else if (!validates(args, schema, &why)) ADD_FAILURE() << "seed " << seed << ": " << why << "\narguments: " << call.arguments;
+      else ++valid;
+    }
+  }
+  EXPECT_EQ(valid, 100);
+  std::printf("100 forced tool calls: %lld tokens\n", (long long)e->stats().generated_tokens);
+}
+
+TEST(ConstrainedToolCalls, GreedyDsparkOnEqualsOff) {
+  auto on = make_engine(true), off = make_engine(false);
+  for (const char* user : {"Weather in Oslo?", "x"}) {
+    EventQueue q1, q2;
+    ASSERT_TRUE(on->submit(forced_call(*on, user, 0.0f, 1), q1.sink()).ok());
+    ASSERT_TRUE(off->submit(forced_call(*off, user, 0.0f, 1), q2.sink()).ok());
+    const CallOut a = wait_calls(q1), b = wait_calls(q2);
+    EXPECT_EQ(a.out.ids, b.out.ids) << user;
+    ASSERT_EQ(a.calls.size(), 1u) << user;
+    ASSERT_EQ(b.calls.size(), 1u) << user;
+    EXPECT_EQ(a.calls[0].arguments, b.calls[0].arguments);
+    EXPECT_EQ(a.out.finish, FinishReason::kToolCalls);
+  }
+  EXPECT_GT(on->stats().dspark.steps, 0);
+  EXPECT_GT(on->stats().dspark.accepted, 0) << "no draft was accepted: the masked verify path was not exercised";
+}
+
 }  // namespace
 }  // namespace fb::engine

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
@@ -26,6 +28,29 @@ struct ResponseFormat {
   bool after_reasoning = false;
 };
 
+// Tool calls in the model's own syntax (spec/15 §8.1, DSML): tool_choice forcing and strict
+// function tools (issue 27). The grammar is an xgrammar structural tag composed here: the calls
+// block "\n\n<｜DSML｜ calls>\n" + invokes + "</｜DSML｜ calls>", each invoke's parameters in the
+// V4.1 DSML parameter form (string="true" raw strings, string="false" JSON values), its arguments
+// conforming to the tool's parameters schema (check_schema's subset). After the block only EOS.
+struct ToolSpec {
+  std::string name;
+  nlohmann::ordered_json parameters;  // null: no schema (any parameters)
+  bool strict = false;                // OpenAI/Anthropic `strict`: arguments constrained under auto too
+};
+
+struct ToolCallFormat {
+  enum class Choice {
+    kAuto,      // text or calls; strict tools' arguments are constrained once a calls block starts
+    kRequired,  // the output is a calls block of one or more calls (one when !parallel)
+    kNamed,     // the output is a calls block of exactly one call of `name`
+  } choice = Choice::kAuto;
+  std::vector<ToolSpec> tools;
+  std::string name;  // kNamed
+  bool parallel = true;
+  bool after_reasoning = false;  // as ResponseFormat: the reasoning runs free until </think>
+};
+
 class Compiler {
  public:
   // vocab_size: the model's (ids past the tokenizer's are never allowed); eos_id: the one token
@@ -34,6 +59,11 @@ class Compiler {
   ~Compiler();
   // kInvalidArgument naming the problem for an unsupported or unsatisfiable schema.
   Result<std::shared_ptr<engine::TokenConstraint>> compile(const ResponseFormat& f) const;
+  // kInvalidArgument naming the tool and the problem. kAuto with no strict tool: nothing to
+  // enforce, a null constraint.
+  Result<std::shared_ptr<engine::TokenConstraint>> compile(const ToolCallFormat& f) const;
+  // The structural tag compile(ToolCallFormat) builds (tests, debugging).
+  static Result<nlohmann::ordered_json> tool_call_structural_tag(const ToolCallFormat& f);
   int64_t vocab_size() const { return vocab_size_; }
 
  private:

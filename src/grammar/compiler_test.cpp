@@ -276,5 +276,182 @@ TEST(GrammarMask, CostPerToken) {
               (long long)kVocab, mask_us / double(toks.size()), apply_us / double(toks.size()));
 }
 
+// ---- Tool calls (tool_choice forcing, strict tools): the DSML syntax of spec/15 §8.1 ----
+
+const char* kWeatherParams = R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer","minimum":1,"maximum":7},
+  "units":{"enum":["c","f"]}},"required":["city","days"]})";
+
+ToolCallFormat weather_tools(ToolCallFormat::Choice choice, bool strict = true) {
+  ToolCallFormat f;
+  f.choice = choice;
+  f.tools.push_back({"get_weather", ojson::parse(kWeatherParams), strict});
+  f.tools.push_back({"get_time", ojson::parse(R"({"type":"object","properties":{"tz":{"type":"string"}}})"), strict});
+  if (choice == ToolCallFormat::Choice::kNamed) f.name = "get_weather";
+  return f;
+}
+
+std::string param(const std::string& k, bool str, const std::string& v) {
+  return "<｜DSML｜ parameter name=\"" + k + "\" string=\"" + (str ? "true" : "false") + "\">" + v + "</｜DSML｜ parameter>";
+}
+std::string invoke(const std::string& name, const std::vector<std::string>& params) {
+  std::string s = "<｜DSML｜ invoke name=\"" + name + "\">\n";
+  for (size_t i = 0; i < params.size(); ++i) s += params[i] + "\n";
+  return s + "</｜DSML｜ invoke>";
+}
+// The block as the V4.1 encoder writes it (spec/15 §8.1): invokes joined by "\n".
+std::string block(const std::vector<std::string>& invokes) {
+  std::string s = "\n\n<｜DSML｜ calls>\n";
+  for (size_t i = 0; i < invokes.size(); ++i) s += (i ? "\n" : "") + invokes[i];
+  return s + "\n</｜DSML｜ calls>";
+}
+
+// Every token of the text (the tokenizer's ids: the DSML marker is its own token) accepted, then
+// EOS allowed: the text is a complete output under the format.
+bool tool_output(const ToolCallFormat& f, const std::string& text) {
+  auto c = compiler().compile(f);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  if (!c.ok() || !*c) return false;
+  for (int32_t t : tokenizer::v41_tokenizer().encode(text))
+    if (!(*c)->accept(t)) return false;
+  std::vector<uint32_t> bits;
+  (*c)->allowed({}, &bits);
+  return bit(bits, kEos);
+}
+
+TEST(GrammarToolCalls, NamedToolForcesOneConformingCall) {
+  const auto f = weather_tools(ToolCallFormat::Choice::kNamed);
+  EXPECT_TRUE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "2")})})));
+  EXPECT_TRUE(tool_output(f, block({invoke("get_weather", {param("city", true, "New\nYork <b>"), param("days", false, "7"), param("units", true, "f")})})));
+  EXPECT_FALSE(tool_output(f, "Sure." + block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "2")})})))
+      << "no text before the call";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_time", {param("tz", true, "UTC")})}))) << "another tool";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris")})}))) << "a required parameter missing";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "9")})}))) << "maximum";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "\"2\"")})}))) << "type";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "2"), param("units", true, "k")})})))
+      << "enum";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_weather", {param("city", true, "Paris"), param("days", false, "2")}),
+                                     invoke("get_weather", {param("city", true, "Rome"), param("days", false, "1")})})))
+      << "one call";
+  EXPECT_FALSE(tool_output(f, "")) << "nothing is not a call";
+}
+
+TEST(GrammarToolCalls, RequiredAllowsAnyToolAndParallelCalls) {
+  auto f = weather_tools(ToolCallFormat::Choice::kRequired);
+  const std::string w = invoke("get_weather", {param("city", true, "Oslo"), param("days", false, "3")});
+  const std::string t = invoke("get_time", {param("tz", true, "Europe/Oslo")});
+  EXPECT_TRUE(tool_output(f, block({w})));
+  EXPECT_TRUE(tool_output(f, block({t})));
+  EXPECT_TRUE(tool_output(f, block({invoke("get_time", {})}))) << "no parameters: tz is optional";
+  EXPECT_TRUE(tool_output(f, block({w, t})));
+  EXPECT_FALSE(tool_output(f, "I will not call a tool."));
+  EXPECT_FALSE(tool_output(f, block({invoke("get_news", {})})));
+  f.parallel = false;
+  EXPECT_TRUE(tool_output(f, block({w})));
+  EXPECT_FALSE(tool_output(f, block({w, t})));
+}
+
+TEST(GrammarToolCalls, AutoWithStrictToolsLeavesTextFreeAndConstrainsCalls) {
+  const auto f = weather_tools(ToolCallFormat::Choice::kAuto);
+  const std::string w = invoke("get_weather", {param("city", true, "Oslo"), param("days", false, "3")});
+  EXPECT_TRUE(tool_output(f, "It is sunny, no tool needed."));
+  EXPECT_TRUE(tool_output(f, "Let me check." + block({w})));
+  EXPECT_TRUE(tool_output(f, block({w})));
+  EXPECT_FALSE(tool_output(f, "Let me check." + block({invoke("get_weather", {param("city", true, "Oslo"), param("days", false, "30")})})));
+  EXPECT_FALSE(tool_output(f, "Let me check." + block({invoke("get_news", {})})));
+  EXPECT_FALSE(tool_output(f, "Let me check." + block({w}) + " Done.")) << "the turn ends after the block";
+  // A non-strict tool beside a strict one: its name is checked, its arguments are free.
+  auto mixed = f;
+  mixed.tools[1].strict = false;
+  EXPECT_TRUE(tool_output(mixed, block({invoke("get_time", {param("anything", false, "[1, 2]")})})));
+  EXPECT_FALSE(tool_output(mixed, block({invoke("get_weather", {param("city", true, "Oslo")})})));
+  // No strict tool: nothing to enforce.
+  auto c = compiler().compile(weather_tools(ToolCallFormat::Choice::kAuto, false));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*c, nullptr);
+}
+
+TEST(GrammarToolCalls, ThinkingRunsFreeThenTheCall) {
+  auto f = weather_tools(ToolCallFormat::Choice::kNamed);
+  f.after_reasoning = true;
+  EXPECT_TRUE(tool_output(f, "The user wants weather { not a call }</think>" + block({invoke("get_weather", {param("city", true, "Lima"), param("days", false, "1")})})));
+  EXPECT_FALSE(tool_output(f, "No call</think>Sunny."));
+}
+
+TEST(GrammarToolCalls, RefusesWhatItCannotEnforceNamingIt) {
+  auto named = weather_tools(ToolCallFormat::Choice::kNamed);
+  named.name = "get_news";
+  auto r = compiler().compile(named);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'get_news'"), std::string::npos) << r.status().message();
+  auto pattern = weather_tools(ToolCallFormat::Choice::kRequired);
+  pattern.tools[1].parameters = ojson::parse(R"({"type":"object","properties":{"tz":{"type":"string","pattern":"^[A-Z]+$"}}})");
+  r = compiler().compile(pattern);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tool 'get_time' parameters schema at '/properties/tz'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'pattern'"), std::string::npos) << r.status().message();
+  auto scalar = weather_tools(ToolCallFormat::Choice::kRequired);
+  scalar.tools[0].parameters = ojson::parse(R"({"type":"string"})");
+  r = compiler().compile(scalar);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("object schema"), std::string::npos) << r.status().message();
+  auto quote = weather_tools(ToolCallFormat::Choice::kRequired);
+  quote.tools[0].name = "say\"hi";
+  EXPECT_FALSE(compiler().compile(quote).ok());
+  ToolCallFormat empty;
+  empty.choice = ToolCallFormat::Choice::kRequired;
+  EXPECT_FALSE(compiler().compile(empty).ok());
+  // A non-strict tool under auto is not checked (nothing of it is enforced).
+  auto lax = weather_tools(ToolCallFormat::Choice::kAuto);
+  lax.tools[1] = {"get_time", ojson::parse(R"({"type":"object","properties":{"tz":{"type":"string","pattern":"^[A-Z]+$"}}})"), false};
+  EXPECT_TRUE(compiler().compile(lax).ok());
+}
+
+// The markers never leak into values: the DSML token is allowed at the structure's places only,
+// and response_format grammars never allow it.
+TEST(GrammarToolCalls, DsmlTokenOnlyWhereTheSyntaxHasIt) {
+  const auto& tok = tokenizer::v41_tokenizer();
+  const int32_t dsml = tok.token_id("｜DSML｜");
+  ASSERT_GE(dsml, 0);
+  auto c = compiler().compile(weather_tools(ToolCallFormat::Choice::kNamed));
+  ASSERT_TRUE(c.ok());
+  std::vector<uint32_t> bits;
+  for (int32_t t : tok.encode("\n\n<")) ASSERT_TRUE((*c)->accept(t));
+  (*c)->allowed({}, &bits);
+  EXPECT_TRUE(bit(bits, dsml));
+  for (int32_t t : tok.encode("｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">Pa"))
+    ASSERT_TRUE((*c)->accept(t));
+  (*c)->allowed({}, &bits);
+  EXPECT_FALSE(bit(bits, dsml)) << "inside a raw string value";
+  EXPECT_FALSE(bit(bits, kEos));
+  auto j = compiler().compile(ResponseFormat{});
+  ASSERT_TRUE(j.ok());
+  for (int32_t t : tok.encode(R"({"a": "x)")) ASSERT_TRUE((*j)->accept(t));
+  (*j)->allowed({}, &bits);
+  EXPECT_FALSE(bit(bits, dsml));
+}
+
+TEST(GrammarToolCalls, CostPerToken) {
+  const auto& tok = tokenizer::v41_tokenizer();
+  for (auto choice : {ToolCallFormat::Choice::kNamed, ToolCallFormat::Choice::kAuto}) {
+    auto c = compiler().compile(weather_tools(choice));
+    ASSERT_TRUE(c.ok());
+    const std::string text = (choice == ToolCallFormat::Choice::kAuto ? std::string("I will look up the weather for you in Oslo now.") : std::string()) +
+                             block({invoke("get_weather", {param("city", true, "Oslo, Norway"), param("days", false, "3"), param("units", true, "c")})});
+    const std::vector<int32_t> toks = tok.encode(text);
+    std::vector<uint32_t> bits;
+    double us = 0;
+    for (int32_t t : toks) {
+      const auto a = std::chrono::steady_clock::now();
+      (*c)->allowed({}, &bits);
+      us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+      ASSERT_TRUE(bit(bits, t)) << "token " << t << " '" << tok.token_bytes(t) << "' masked";
+      ASSERT_TRUE((*c)->accept(t));
+    }
+    std::printf("tool-call mask (%s) over %zu tokens: %.1f us/token\n", choice == ToolCallFormat::Choice::kAuto ? "auto, strict" : "named",
+                toks.size(), us / double(toks.size()));
+  }
+}
+
 }  // namespace
 }  // namespace fb::grammar

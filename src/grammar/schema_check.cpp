@@ -30,9 +30,10 @@ const std::set<std::string>& type_names() {
 
 struct Checker {
   const ojson& root;
+  const std::string& schema_name;  // "response_format schema", "tool 'f' parameters schema"
 
   Status bad(const std::string& at, const std::string& what) const {
-    return FB_ERROR(kInvalidArgument) << "response_format schema at '" << (at.empty() ? "/" : at) << "': " << what;
+    return FB_ERROR(kInvalidArgument) << schema_name << " at '" << (at.empty() ? "/" : at) << "': " << what;
   }
 
   Status count(const ojson& s, const char* key, const std::string& at) const {
@@ -131,6 +132,6 @@ struct Checker {
 
 }  // namespace
 
-Status check_schema(const ojson& schema) { return Checker{schema}.check(schema, "", 0); }
+Status check_schema(const ojson& schema, const std::string& what) { return Checker{schema, what}.check(schema, "", 0); }
 
 }  // namespace fb::grammar

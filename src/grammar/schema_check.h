@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "base/status.h"
 
@@ -11,6 +12,7 @@ namespace fb::grammar {
 
 // kInvalidArgument naming the first unsupported keyword, malformed value or unsatisfiable part
 // (with its JSON pointer inside the schema); Status() when every keyword is one we enforce.
-Status check_schema(const nlohmann::ordered_json& schema);
+// `what` names the schema in messages ("response_format schema", "tool 'f' parameters schema").
+Status check_schema(const nlohmann::ordered_json& schema, const std::string& what = "response_format schema");
 
 }  // namespace fb::grammar

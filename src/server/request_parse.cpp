@@ -187,18 +187,27 @@ Status parse_sampling(const ojson& b, Endpoint ep, ParsedRequest* pr) {
   return Status();
 }
 
-// OpenAI tools [{type: function, function: {...}}] or bare function objects -> function objects.
-Result<ojson> function_tools(const ojson& tools, bool anthropic) {
+// OpenAI tools [{type: function, function: {...}}] (Chat), flat function objects (Responses) or
+// Anthropic tools -> function objects for the prompt; each tool's `strict` flag into *strict.
+Result<ojson> function_tools(const ojson& tools, bool anthropic, std::vector<bool>* strict) {
   if (!tools.is_array()) return type_error("tools", "a list");
   ojson out = ojson::array();
+  auto strict_of = [](const ojson& o, const std::string& name, bool* v) -> Status {
+    if (!o.contains("strict") || o["strict"].is_null()) return Status();
+    if (!o["strict"].is_boolean()) return FB_ERROR(kInvalidArgument) << "tool '" << name << "': 'strict' must be a boolean";
+    *v = o["strict"].get<bool>();
+    return Status();
+  };
   for (const auto& t : tools) {
     if (!t.is_object()) return type_error("tools", "a list of objects");
+    bool st = false;
     if (anthropic) {
       if (!t.contains("name") || !t["name"].is_string()) return FB_ERROR(kInvalidArgument) << "every tool needs a string 'name'";
       ojson f;
       f["name"] = t["name"];
       if (t.contains("description")) f["description"] = t["description"];
       f["parameters"] = t.contains("input_schema") ? t["input_schema"] : ojson::object();
+      FB_RETURN_IF_ERROR(strict_of(t, t["name"].get<std::string>(), &st));
       out.push_back(f);
     } else {
       const ojson& f = t.contains("function") ? t["function"] : t;
@@ -209,29 +218,63 @@ Result<ojson> function_tools(const ojson& tools, bool anthropic) {
       g["name"] = f["name"];
       if (f.contains("description")) g["description"] = f["description"];
       if (f.contains("parameters")) g["parameters"] = f["parameters"];
+      FB_RETURN_IF_ERROR(strict_of(f, f["name"].get<std::string>(), &st));
       out.push_back(g);
     }
+    if (strict) strict->push_back(st);
   }
   return out;
 }
 
-// tool_choice (spec/15 §8.5): none drops the tools; auto is the default; forcing is not
-// representable in the prompt format.
-Result<bool> tools_enabled(const ojson& b) {
-  if (!b.contains("tool_choice") || b["tool_choice"].is_null()) return true;
+// tool_choice (issue 27; spec/15 §8.5): OpenAI Chat "none" | "auto" | "required" |
+// {"type":"function","function":{"name"}}, Responses {"type":"function","name"}, Anthropic
+// {"type":"auto"|"any"|"tool"|"none", "name", "disable_parallel_tool_use"}. "none" drops the tools
+// from the prompt; "required"/"any" and a named tool are enforced by a grammar (the prompt format
+// has no forcing of its own).
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kNamed } mode = Mode::kAuto;
+  std::string name;
+  bool no_parallel = false;  // Anthropic disable_parallel_tool_use
+};
+
+Result<ToolChoice> parse_tool_choice(const ojson& b) {
+  ToolChoice c;
+  if (!b.contains("tool_choice") || b["tool_choice"].is_null()) return c;
   const ojson& tc = b["tool_choice"];
+  auto by_name = [&](const std::string& s) -> Status {
+    if (s == "none") c.mode = ToolChoice::Mode::kNone;
+    else if (s == "auto") c.mode = ToolChoice::Mode::kAuto;
+    else if (s == "required" || s == "any") c.mode = ToolChoice::Mode::kRequired;
+    else return FB_ERROR(kInvalidArgument) << "'tool_choice' \"" << s << "\" is not one of none, auto, required (Anthropic: auto, any, tool, none)";
+    return Status();
+  };
   if (tc.is_string()) {
-    const std::string s = tc.get<std::string>();
-    if (s == "none") return false;
-    if (s == "auto") return true;
-    return FB_ERROR(kUnsupported) << "tool_choice '" << s << "' cannot be expressed in the V4.1 prompt format (use auto or none)";
+    FB_RETURN_IF_ERROR(by_name(tc.get<std::string>()));
+    return c;
   }
-  if (tc.is_object() && tc.contains("type") && tc["type"].is_string()) {
-    const std::string s = tc["type"].get<std::string>();
-    if (s == "none") return false;
-    if (s == "auto") return true;
+  if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string())
+    return type_error("tool_choice", "a string or an object with a 'type'");
+  const std::string type = tc["type"].get<std::string>();
+  if (tc.contains("disable_parallel_tool_use") && !tc["disable_parallel_tool_use"].is_null()) {
+    if (!tc["disable_parallel_tool_use"].is_boolean()) return type_error("tool_choice.disable_parallel_tool_use", "a boolean");
+    c.no_parallel = tc["disable_parallel_tool_use"].get<bool>();
   }
-  return FB_ERROR(kUnsupported) << "forcing a tool is not supported by the V4.1 prompt format (use tool_choice auto or none)";
+  if (type == "function" || type == "tool") {
+    const ojson* name = nullptr;
+    if (tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name")) name = &tc["function"]["name"];
+    else if (tc.contains("name")) name = &tc["name"];
+    if (!name || !name->is_string() || name->get<std::string>().empty())
+      return FB_ERROR(kInvalidArgument) << "'tool_choice' of type " << type << " needs the function's name"
+                                        << (type == "function" ? " ('function': {'name': ...})" : " ('name')");
+    c.mode = ToolChoice::Mode::kNamed;
+    c.name = name->get<std::string>();
+    return c;
+  }
+  if (type == "none" || type == "auto" || type == "any" || type == "required") {
+    FB_RETURN_IF_ERROR(by_name(type));
+    return c;
+  }
+  return FB_ERROR(kUnsupported) << "'tool_choice' type \"" << type << "\" is not supported (use none, auto, required or a named function)";
 }
 
 std::string text_of_blocks(const ojson& content, const char* key) {
@@ -437,6 +480,57 @@ Status parse_response_format(const ojson& b, const ParseContext& ctx, bool think
 #endif
 }
 
+// tool_choice required / named, and strict function tools under auto (issue 27): the request's
+// token constraint in the model's own DSML syntax (grammar::ToolCallFormat). Null when there is
+// nothing to enforce (auto without strict tools, no tools, tool_choice none).
+Status parse_tool_constraint(const ToolChoice& tc, const ojson& tools, const std::vector<bool>& strict, bool parallel,
+                             const ParseContext& ctx, bool thinking, engine::SamplingParams* s) {
+  const bool any_strict = std::find(strict.begin(), strict.end(), true) != strict.end();
+  if (tc.mode == ToolChoice::Mode::kNone) return Status();
+  const bool forced = tc.mode == ToolChoice::Mode::kRequired || tc.mode == ToolChoice::Mode::kNamed;
+  const bool have_tools = tools.is_array() && !tools.empty();
+  if (forced && !have_tools)
+    return FB_ERROR(kInvalidArgument) << "'tool_choice' " << (tc.mode == ToolChoice::Mode::kNamed ? "names function '" + tc.name + "'" : "is required")
+                                      << " but the request has no function tools";
+  if (tc.mode == ToolChoice::Mode::kNamed) {
+    std::string names;
+    bool found = false;
+    for (const auto& t : tools) {
+      found = found || t["name"] == tc.name;
+      names += (names.empty() ? "" : ", ") + t["name"].get<std::string>();
+    }
+    if (!found) return FB_ERROR(kInvalidArgument) << "'tool_choice' names function '" << tc.name << "', which is not in 'tools' (" << names << ")";
+  }
+  if (!forced && !(have_tools && any_strict)) return Status();
+#if FB_SERVER_HAS_GRAMMAR
+  if (!ctx.grammar)
+    return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : "strict function tools")
+                                  << " need the grammar engine, which this server has not loaded";
+  if (s->constraint)
+    return FB_ERROR(kUnsupported) << "response_format json_object/json_schema together with "
+                                  << (forced ? "a forced tool_choice" : "strict function tools") << " is not supported (use one of them)";
+  grammar::ToolCallFormat f;
+  f.choice = tc.mode == ToolChoice::Mode::kNamed      ? grammar::ToolCallFormat::Choice::kNamed
+             : tc.mode == ToolChoice::Mode::kRequired ? grammar::ToolCallFormat::Choice::kRequired
+                                                      : grammar::ToolCallFormat::Choice::kAuto;
+  f.name = tc.name;
+  f.parallel = parallel;
+  f.after_reasoning = thinking;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    f.tools.push_back({t["name"].get<std::string>(), t.contains("parameters") ? t["parameters"] : ojson(), i < strict.size() && strict[i]});
+  }
+  auto c = ctx.grammar->compile(f);
+  if (!c.ok()) return c.status();
+  s->constraint = std::move(c).value();
+  return Status();
+#else
+  (void)parallel, (void)ctx, (void)thinking, (void)s;
+  return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : "strict function tools")
+                                << " need the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
+#endif
+}
+
 }  // namespace
 
 Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseContext& ctx) {
@@ -448,6 +542,9 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   Thinking th;
   std::string text;
   std::vector<ojson> image_parts;
+  ToolChoice tool_choice;
+  ojson tools;  // function objects as rendered into the prompt
+  std::vector<bool> tool_strict;
   if (ep == Endpoint::kCompletions) {
     th.on = false;
     if (!b.contains("prompt")) return FB_ERROR(kInvalidArgument) << "'prompt' is required";
@@ -486,11 +583,11 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
       return FB_ERROR(kInvalidArgument) << "model has no vision tower: image input is not available";
     std::vector<tokenizer::Message> messages = FB_TRY(tokenizer::messages_from_json(msgs));
     // Request-level tools and response_format go on the first system message (spec/15 §6.4).
-    ojson tools;
-    const bool tools_on = FB_TRY(tools_enabled(b));
+    tool_choice = FB_TRY(parse_tool_choice(b));
+    if (tool_choice.no_parallel) pr.parallel_tool_calls = false;
     if (b.contains("tools") && !b["tools"].is_null()) {
-      tools = FB_TRY(function_tools(b["tools"], ep == Endpoint::kMessages));
-      if (!tools_on) tools = ojson();
+      tools = FB_TRY(function_tools(b["tools"], ep == Endpoint::kMessages, &tool_strict));
+      if (tool_choice.mode == ToolChoice::Mode::kNone) tools = ojson();
     }
     ojson response_format;
     if (ep == Endpoint::kChat && b.contains("response_format") && b["response_format"].is_object()) {
@@ -524,6 +621,8 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   pr.prompt_text = std::move(text);
   pr.req.thinking = th.on;
   if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, th.on, &pr.req.sampling));
+  if (ep != Endpoint::kCompletions)
+    FB_RETURN_IF_ERROR(parse_tool_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, ctx, th.on, &pr.req.sampling));
   for (const auto& [id, v] : pr.req.sampling.logit_bias)
     if (ctx.tok && id >= ctx.tok->vocab_size())
       return FB_ERROR(kInvalidArgument) << "'logit_bias' names token " << id << ", outside the vocabulary of " << ctx.tok->vocab_size();

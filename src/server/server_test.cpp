@@ -143,6 +143,99 @@ TEST(RequestParse, ResponseFormat) {
 }
 #endif
 
+#if FB_SERVER_HAS_GRAMMAR
+// Issue 27: tool_choice required / named (OpenAI Chat and Responses, Anthropic any / tool) and
+// strict tools become a token constraint in the DSML syntax; a name not among the tools, forcing
+// without tools and unsupported forms are 400s naming them.
+TEST(RequestParse, ToolChoiceForcesACallInTheModelsSyntax) {
+  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
+  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
+  ParseContext c = ctx();
+  c.grammar = gram->get();
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}},
+    {"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{}}}}])";
+  auto chat = [&](const std::string& extra, const std::string& t = "") {
+    const std::string body = R"({"messages":[{"role":"user","content":"Weather?"}],"thinking":{"type":"disabled"},"tools":)" + (t.empty() ? tools : t) +
+                             (extra.empty() ? "" : "," + extra) + "}";
+    return parse_request(Endpoint::kChat, ojson::parse(body), c);
+  };
+  auto allows = [](engine::TokenConstraint& k, const std::string& text) {
+    for (int32_t t : tokenizer::v41_tokenizer().encode(text))
+      if (!k.accept(t)) return false;
+    return true;
+  };
+  const std::string weather = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">Oslo</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const std::string time = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_time\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+
+  auto none = chat("");  // auto, no strict tool: nothing enforced (as before)
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->req.sampling.constraint, nullptr);
+  auto req = chat(R"("tool_choice":"required")");
+  ASSERT_TRUE(req.ok()) << req.status().to_string();
+  ASSERT_NE(req->req.sampling.constraint, nullptr);
+  EXPECT_NE(req->prompt_text.find("## Tools"), std::string::npos) << "the tools stay in the prompt";
+  EXPECT_FALSE(allows(*req->req.sampling.constraint, "Sure"));
+  EXPECT_TRUE(allows(*chat(R"("tool_choice":"required")")->req.sampling.constraint, time));
+  auto named = chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})");
+  ASSERT_TRUE(named.ok()) << named.status().to_string();
+  EXPECT_TRUE(allows(*named->req.sampling.constraint, weather));
+  EXPECT_FALSE(allows(*chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})")->req.sampling.constraint, time));
+  auto strict = chat("", R"([{"type":"function","function":{"name":"get_weather","strict":true,"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])");
+  ASSERT_TRUE(strict.ok()) << strict.status().to_string();
+  ASSERT_NE(strict->req.sampling.constraint, nullptr) << "strict: arguments constrained under auto";
+  EXPECT_TRUE(allows(*strict->req.sampling.constraint, "No tool needed."));
+  auto off = chat(R"("tool_choice":"none")");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->req.sampling.constraint, nullptr);
+  EXPECT_EQ(off->prompt_text.find("## Tools"), std::string::npos);
+
+  auto bad_name = chat(R"("tool_choice":{"type":"function","function":{"name":"get_news"}})");
+  ASSERT_FALSE(bad_name.ok());
+  EXPECT_EQ(http_error_for(bad_name.status().code()).http, 400);
+  EXPECT_NE(bad_name.status().message().find("'get_news'"), std::string::npos) << bad_name.status().message();
+  for (const char* bad : {R"("tool_choice":"always")", R"("tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[]}})",
+                          R"("tool_choice":{"type":"function"})", R"("tool_choice":5)",
+                          R"("tool_choice":"required","response_format":{"type":"json_object"})"}) {
+    auto e = chat(bad);
+    EXPECT_FALSE(e.ok()) << bad;
+    if (!e.ok()) {
+      EXPECT_EQ(http_error_for(e.status().code()).http, 400) << bad << ": " << e.status().message();
+    }
+  }
+  auto no_tools = parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})"), c);
+  ASSERT_FALSE(no_tools.ok());
+  EXPECT_NE(no_tools.status().message().find("no function tools"), std::string::npos) << no_tools.status().message();
+  auto bad_schema = chat(R"("tool_choice":"required")", R"([{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"string","format":"email"}}}}}])");
+  ASSERT_FALSE(bad_schema.ok());
+  EXPECT_NE(bad_schema.status().message().find("tool 'f' parameters schema at '/properties/a'"), std::string::npos) << bad_schema.status().message();
+  ParseContext plain = ctx();  // a server without the grammar engine refuses rather than ignore
+  EXPECT_FALSE(parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":)" + tools + R"(,"tool_choice":"required"})"), plain).ok());
+
+  // Anthropic: any / tool / none, disable_parallel_tool_use; Responses: {"type":"function","name"}.
+  const std::string atools = R"([{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}])";
+  auto msg = [&](const std::string& tc) {
+    return parse_request(Endpoint::kMessages, ojson::parse(R"({"max_tokens":50,"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"Weather?"}],"tools":)" +
+                                                           atools + R"(,"tool_choice":)" + tc + "}"), c);
+  };
+  auto any = msg(R"({"type":"any","disable_parallel_tool_use":true})");
+  ASSERT_TRUE(any.ok()) << any.status().to_string();
+  ASSERT_NE(any->req.sampling.constraint, nullptr);
+  EXPECT_FALSE(any->parallel_tool_calls);
+  EXPECT_TRUE(allows(*any->req.sampling.constraint, weather));
+  auto tool = msg(R"({"type":"tool","name":"get_weather"})");
+  ASSERT_TRUE(tool.ok()) << tool.status().to_string();
+  EXPECT_FALSE(allows(*tool->req.sampling.constraint, "Hello"));
+  auto missing = msg(R"({"type":"tool","name":"lookup"})");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("'lookup'"), std::string::npos) << missing.status().message();
+  auto resp = parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"Weather?","reasoning":{"effort":"none"},
+    "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],
+    "tool_choice":{"type":"function","name":"get_weather"}})"), c);
+  ASSERT_TRUE(resp.ok()) << resp.status().to_string();
+  EXPECT_TRUE(allows(*resp->req.sampling.constraint, weather));
+}
+#endif
+
 // Issue 27: logit_bias and the penalties reach the sampler; bad values are 400s naming them.
 TEST(RequestParse, LogitBiasAndPenalties) {
   auto r = parse(Endpoint::kChat, R"({"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"15":-100,"42":2.5},"presence_penalty":0.5,"frequency_penalty":-1})");
