@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "engine/engine.h"
 #include "engine/executor_factory.h"
+#include "engine/kv_store.h"
 #include "memory/plan.h"
 #include "tiny_model_util.h"
 #include "tokenizer/test_assets.h"
@@ -209,6 +211,70 @@ TEST(EngineSessions, KvBudgetAdmitsByEstimate) {
   // A request whose KV alone exceeds the budget is refused up front (never waits forever).
   auto big = e->submit(req("Hello", 100000), [](const Event&) {});
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+}
+
+// Disk KV cache through the engine (issue 21): a long generation is checkpointed as it goes
+// (kv_checkpoint_every) and the whole conversation at its end; the next turn, which resends the
+// answer, restores past the first prompt, and its answer equals one without the cache.
+TEST(EngineSessions, ConversationCheckpointsServeTheNextTurn) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("fb_engine_kv_" + std::to_string(getpid()))).string();
+  fs::remove_all(dir);
+  auto make = [&](bool with_store) {
+    auto ex = make_executor("cpu", model_dir());
+    FB_CHECK(ex.ok()) << ex.status().to_string();
+    EngineOptions o;
+    o.generator.dspark = false;
+    if (with_store) {
+      auto store = KvStore::open(dir, 256 << 20, (*ex)->identity());
+      FB_CHECK(store.ok()) << store.status().to_string();
+      o.generator.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+      o.generator.kv_checkpoint_every = 8;
+    }
+    return std::make_pair(std::make_unique<Engine>(std::move(*ex), v41_tokenizer(), o), o.generator.kv_store);
+  };
+  auto [e, store] = make(true);
+  Request first = req("Tell me a long story about the sea.", 30);
+  EventQueue q1;
+  ASSERT_TRUE(e->submit(first, q1.sink()).ok());
+  const Answer a1 = wait_answer(q1);
+  ASSERT_TRUE(a1.ok);
+  ASSERT_EQ(a1.ids.size(), 30u);
+  // the prompt's checkpoint, three on the way (every 8 generated tokens) and the conversation's
+  EXPECT_GE(store->stats().entries, 4);
+  EXPECT_GT(store->stats().deltas, 0);
+  // The next turn: the first prompt, the answer as generated, then the user's next message.
+  Request second = first;
+  second.prompt.insert(second.prompt.end(), a1.ids.begin(), a1.ids.end());
+  const auto more = v41_tokenizer().encode("<｜User｜>And then?<｜Assistant｜></think>");
+  second.prompt.insert(second.prompt.end(), more.begin(), more.end());
+  second.max_tokens = 8;
+  EventQueue q2;
+  ASSERT_TRUE(e->submit(second, q2.sink()).ok());
+  Event ev;
+  Answer a2;
+  int64_t cached = 0;
+  while (q2.pop(&ev, 60000)) {
+    if (ev.kind == Event::Kind::kLogprob) a2.ids.push_back(ev.token.id);
+    if (ev.kind == Event::Kind::kDone || ev.kind == Event::Kind::kError) {
+      a2.ok = ev.kind == Event::Kind::kDone;
+      cached = ev.usage.cached_tokens;
+      break;
+    }
+  }
+  ASSERT_TRUE(a2.ok);
+  EXPECT_GT(cached, int64_t(first.prompt.size())) << "the answer restores from the conversation checkpoint";
+  EXPECT_LE(cached, int64_t(first.prompt.size() + a1.ids.size()));
+  auto [cold, none] = make(false);
+  EventQueue q3;
+  ASSERT_TRUE(cold->submit(second, q3.sink()).ok());
+  Answer a3;
+  while (q3.pop(&ev, 60000)) {
+    if (ev.kind == Event::Kind::kLogprob) a3.ids.push_back(ev.token.id);
+    if (ev.kind == Event::Kind::kDone || ev.kind == Event::Kind::kError) break;
+  }
+  EXPECT_EQ(a2.ids, a3.ids);
+  fs::remove_all(dir);
 }
 
 }  // namespace

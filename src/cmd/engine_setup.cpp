@@ -37,6 +37,11 @@ void EngineSetup::add_flags(CLI::App& app) {
                  "disk KV cache folder: prompts that start with a stored prompt restore its state instead of prefilling it "
                  "(across requests and restarts; CPU executor for now)");
   app.add_option("--kv-cache-bytes", kv_cache_bytes, "size budget of --kv-cache (least recently used checkpoints go first)")->capture_default_str();
+  app.add_option("--kv-checkpoint-every", kv_checkpoint_every,
+                 "with --kv-cache: also checkpoint a generation every N generated tokens (0: only at its end, when the whole "
+                 "conversation is stored for the next turn)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-queue", max_queue, "requests waiting for the engine before new ones are refused (HTTP 429)");
   app.add_option("--max-sessions", max_sessions,
                  "requests generated at once: each step carries every active session's decode rows (idle sessions stay cached for "
@@ -114,6 +119,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
       std::fprintf(stderr, "kv cache: %s, %lld checkpoints, %.1f MB of %.1f MB\n", s.kv_cache.c_str(), (long long)(*store)->stats().entries,
                    double((*store)->stats().bytes) / 1e6, double(s.kv_cache_bytes) / 1e6);
       eo.generator.kv_store = std::shared_ptr<engine::KvStore>(std::move(store.value()));
+      eo.generator.kv_checkpoint_every = s.kv_checkpoint_every;
     }
   }
   eo.generator.dspark = !s.no_dspark;

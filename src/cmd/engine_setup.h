@@ -26,6 +26,7 @@ struct EngineSetup {
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
   std::string kv_cache;           // disk KV cache folder (empty: off)
   uint64_t kv_cache_bytes = uint64_t(8) << 30;
+  int64_t kv_checkpoint_every = 4096;  // GeneratorOptions::kv_checkpoint_every
   engine::ExecutorOptions tiers = auto_tiers();  // routed experts through the tiers (--expert-slots ...)
   static engine::ExecutorOptions auto_tiers() {
     engine::ExecutorOptions o;

@@ -593,6 +593,10 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
     std::lock_guard<std::mutex> l(mu_);
     stats_.emitted_tokens += a.done.usage.completion_tokens - n_before;
   }
+  // Disk KV cache: a long generation is checkpointed as it goes (GeneratorOptions::kv_checkpoint_every).
+  if (!a.finished && a.has_gen && opt_.generator.kv_store && opt_.generator.kv_checkpoint_every > 0 &&
+      gens_[a.gen]->uncheckpointed() >= opt_.generator.kv_checkpoint_every)
+    gens_[a.gen]->checkpoint_history(a.done.usage.prompt_tokens + a.done.usage.completion_tokens);
   if (a.finished) end(a);
 }
 
@@ -600,6 +604,9 @@ void Engine::end(Active& a, const Status& err) {
   a.finished = true;
   Job& job = a.job;
   const bool had_session = a.has_gen;
+  // The whole conversation (prompt and answer) for the next turn, which resends both.
+  if (a.has_gen && err.ok() && opt_.generator.kv_store)
+    gens_[a.gen]->checkpoint_history(a.done.usage.prompt_tokens + a.done.usage.completion_tokens);
   if (a.has_gen) gen_busy_[a.gen] = false;  // idle now: cached for prefix reuse
   a.has_gen = false;
   const uint64_t granted = a.kv.bytes();

@@ -114,16 +114,18 @@ namespace {
 // negative id derived from the row's content key (image hash and slot), so a stored prefix is only
 // found for the same images at the same places (real ids are >= 0; a false match would need the
 // 31-bit ids of every row of a different image to collide).
-std::vector<int32_t> store_key(std::span<const int32_t> prompt, const PromptEmbeddings* e) {
+std::vector<int32_t> store_key(std::span<const int32_t> prompt, std::span<const uint64_t> key) {
   std::vector<int32_t> k(prompt.begin(), prompt.end());
-  if (!e) return k;
-  for (size_t p = 0; p < k.size() && p < e->key.size(); ++p) {
-    if (e->key[p] == 0) continue;
-    uint64_t h = e->key[p] * 0x9E3779B97F4A7C15ull;
+  for (size_t p = 0; p < k.size() && p < key.size(); ++p) {
+    if (key[p] == 0) continue;
+    uint64_t h = key[p] * 0x9E3779B97F4A7C15ull;
     h ^= h >> 31;
     k[p] = int32_t(-1 - int64_t(h & 0x7FFFFFFF));
   }
   return k;
+}
+std::vector<int32_t> store_key(std::span<const int32_t> prompt, const PromptEmbeddings* e) {
+  return e ? store_key(prompt, std::span<const uint64_t>(e->key)) : std::vector<int32_t>(prompt.begin(), prompt.end());
 }
 
 // A disk KV cache checkpoint as the generator stores it: the last prompt row's logits and DSpark
@@ -240,9 +242,17 @@ Status Generator::begin_prefill(std::span<const int32_t> prompt, const PromptEmb
   restored_ = 0;
   std::vector<float> restored_logits;  // a checkpoint of the whole prompt: its last row's logits
   if (opt_.kv_store && c < N) {
-    if (auto hit = opt_.kv_store->longest_prefix(store_key(prompt, embeds), N); hit && hit->tokens > c) {
-      CheckpointParts parts;
-      Status r = unpack_checkpoint(hit->state, &parts);
+    const std::vector<int32_t> key = store_key(prompt, embeds);
+    auto hit = opt_.kv_store->longest_prefix(key, N);
+    CheckpointParts parts;
+    Status r = hit ? unpack_checkpoint(hit->state, &parts) : Status();
+    if (hit && r.ok() && hit->tokens == N && parts.logits.empty()) {
+      // a conversation checkpoint (no logits row) of exactly this prompt: the longest shorter one
+      hit = opt_.kv_store->longest_prefix(key, N - 1);
+      parts = CheckpointParts{};
+      r = hit ? unpack_checkpoint(hit->state, &parts) : Status();
+    }
+    if (hit && hit->tokens > c) {
       if (r.ok() && hit->tokens == N && (int64_t(parts.logits.size()) != vocab_ || (dspark_ok_ && int64_t(parts.tap.size()) != tap_w_)))
         r = FB_ERROR(kCorrupt) << "the checkpoint of the whole prompt lacks its logits or tap row";
       if (r.ok()) r = ex_->restore_session(*session_, parts.session);
@@ -334,8 +344,30 @@ Status Generator::finish_prefill(const model::StepOutput& out) {
   return Status();
 }
 
+void Generator::checkpoint_history(int64_t max_positions) {
+  const int64_t P = int64_t(history_.size());
+  if (!opt_.kv_store || awaiting_step() || P <= ckpt_upto_ || P == 0 || P > max_positions) return;
+  auto state = ex_->save_session(*session_);
+  if (!state.ok()) {
+    if (state.status().code() != StatusCode::kUnsupported) FB_LOG(kWarn) << "kv cache: conversation state not saved: " << state.status().to_string();
+    return;
+  }
+  // The executor's state must cover exactly the history (docs/formats.md: i64 position at byte 24).
+  int64_t pos = -1;
+  if (state->size() >= 32) std::memcpy(&pos, state->data() + 24, 8);
+  if (pos != P) {
+    FB_LOG(kWarn) << "kv cache: the session holds " << pos << " positions, the history " << P << "; no checkpoint";
+    return;
+  }
+  // No logits row: this checkpoint serves longer prompts (the next turn), never this exact one.
+  Status st = opt_.kv_store->put(store_key(history_, std::span<const uint64_t>(hist_key_)), pack_checkpoint({}, {}, *state));
+  if (st.ok()) ckpt_upto_ = P;
+  else FB_LOG(kWarn) << "kv cache: checkpoint of " << P << " positions not stored: " << st.to_string();
+}
+
 void Generator::complete_prefill() {
   const int64_t N = pf_end_;
+  ckpt_upto_ = N;  // the prompt's own checkpoint (below, or the one it was restored from)
   // Disk KV cache: the prompt's state (with its last logits and tap row, so the same prompt needs
   // no prefill at all) for the next request that starts with it (image rows keyed by content,
   // store_key; a store error costs the checkpoint, never the request).

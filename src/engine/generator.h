@@ -44,6 +44,10 @@ struct GeneratorOptions {
   // text prompt before computing the rest, and stores the prompt's state when it is done.
   // Executors that cannot serialize their sessions leave it unused.
   std::shared_ptr<KvStore> kv_store;
+  // ... and, with a store, checkpoints the whole conversation (prompt and generated tokens) at the
+  // end of a request and every this many generated tokens (0: only at the end), so the next turn,
+  // which resends the answer, restores it too (delta checkpoints keep these cheap).
+  int64_t kv_checkpoint_every = 4096;
 };
 
 // Prompt positions that enter the forward pass with an embedding instead of their token's
@@ -121,6 +125,15 @@ class Generator {
   bool awaiting_step() const { return round_.kind != Round::Kind::kNone; }
   Status finish_next(const model::StepOutput& mine, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
                      std::vector<TokenLogprob>* logprobs = nullptr, int top_n = -1);
+  // Disk KV cache: stores the state of every cached position (the prompt and the tokens generated
+  // and fed since) when it covers more than the last checkpoint and at most `max_positions`
+  // positions (the prompt plus the tokens the client was given: a DSpark round may have fed
+  // tokens past a max_tokens cut, and such a state is no prefix of the next turn); a no-op
+  // without a store, while a round awaits its step, or for executors that cannot serialize.
+  // Errors cost the checkpoint only.
+  void checkpoint_history(int64_t max_positions);
+  // Generated positions since the last checkpoint of this session (prompt or history).
+  int64_t uncheckpointed() const { return int64_t(history_.size()) - ckpt_upto_; }
   // A shared step failed: the cache may hold part of it, so start over (drops prefix reuse).
   void abandon_step() { reset(); }
   model::SessionState* session() { return session_.get(); }
@@ -186,6 +199,7 @@ class Generator {
   std::vector<int64_t> tap_hist_pos_;  // position held by each slot, -1 none
   int64_t reused_ = 0;
   int64_t restored_ = 0;
+  int64_t ckpt_upto_ = 0;  // history_ positions the last stored checkpoint covers
   DsparkCounters counters_;
   VerifyCostTable cost_;
   TokenCounts generated_;    // tokens emitted since the last prefill (SamplingParams penalties)

@@ -437,6 +437,46 @@ TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
               (unsigned long long)written[0]);
 }
 
+// The conversation checkpoint at the end of a request (prompt + answer) serves the next turn,
+// which resends the answer: more of it restores than the prompt alone, and the output is the cold
+// run's. With DSpark the answer may be cut inside a round; then the checkpoint is skipped or
+// still a prefix, and the output is the cold run's either way.
+TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
+  const std::string dir = fixture(GetParam());
+  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  ASSERT_TRUE(ex.ok());
+  const auto prompt = load_prompt(dir);
+  const size_t half = prompt.size() / 2;
+  const std::vector<int32_t> first(prompt.begin(), prompt.begin() + int64_t(half));
+  for (bool dspark : {false, true}) {
+    SCOPED_TRACE(dspark ? "dspark" : "plain");
+    const std::string kv = (fs::temp_directory_path() / ("fb_gen_kvc_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
+    fs::remove_all(kv);
+    auto store = KvStore::open(kv, 256 << 20, (*ex)->identity());
+    ASSERT_TRUE(store.ok());
+    GeneratorOptions with;
+    with.dspark = dspark;
+    with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+    GeneratorOptions cold;
+    cold.dspark = dspark;
+    Generator g(**ex, with);
+    const auto answer = run(**ex, first, 12, with, nullptr, &g);
+    const int64_t before = with.kv_store->stats().entries;
+    g.checkpoint_history(int64_t(first.size() + answer.size()));
+    if (!dspark) EXPECT_EQ(with.kv_store->stats().entries, before + 1) << "the conversation's checkpoint";
+    std::vector<int32_t> second = first;
+    second.insert(second.end(), answer.begin(), answer.end());
+    second.insert(second.end(), prompt.begin() + int64_t(half), prompt.begin() + int64_t(std::min(prompt.size(), half + 6)));
+    Generator g2(**ex, with);
+    const auto out2 = run(**ex, second, 8, with, nullptr, &g2);
+    if (!dspark) EXPECT_GT(g2.restored_tokens(), int64_t(first.size())) << "part of the answer restored";
+    EXPECT_LE(g2.restored_tokens(), int64_t(first.size() + answer.size()));
+    EXPECT_EQ(out2, run(**ex, second, 8, cold));
+    fs::remove_all(kv);
+  }
+}
+
 // Sampled requests run the DSpark loop with rejection sampling on the real draft (sampled
 // Markov chain of the CPU executor); a seed reproduces its transcript.
 TEST_P(GeneratorFixture, SampledDsparkRunsAndReproduces) {
