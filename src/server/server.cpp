@@ -59,6 +59,8 @@ std::string metrics_text(const engine::Engine& e) {
   m("flashbox_kv_cache_evicted_total", "counter", "checkpoints evicted to stay within --kv-cache-bytes", double(s.kv.evicted));
   m("flashbox_kv_cache_entries", "gauge", "checkpoints in the disk KV cache", double(s.kv.entries));
   m("flashbox_kv_cache_bytes", "gauge", "bytes of checkpoints on disk", double(s.kv.bytes));
+  m("flashbox_kv_cache_delta_entries", "gauge", "checkpoints stored as deltas of a shorter one", double(s.kv.deltas));
+  m("flashbox_kv_cache_written_bytes_total", "counter", "bytes of checkpoint files written", double(s.kv.written));
   m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
   m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
   m("flashbox_emitted_tokens_total", "counter", "tokens delivered so far, counted as they come (generated: finished requests)", double(s.emitted_tokens));
