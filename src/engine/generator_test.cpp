@@ -59,22 +59,33 @@ std::vector<int32_t> run(model::Executor& ex, const std::vector<int32_t>& prompt
 
 class GeneratorFixture : public ::testing::TestWithParam<const char*> {};
 
+// The fixture's CPU model, or nullptr when the fixture is absent (the caller skips); a fixture that
+// is present but does not load fails the test.
+std::unique_ptr<cpu::CpuModel> fixture_model(const std::string& dir) {
+  if (!fs::exists(dir + "/checkpoint/config.json")) return nullptr;
+  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
+  if (!ex.ok()) {
+    ADD_FAILURE() << ex.status().to_string();
+    return nullptr;
+  }
+  return std::move(ex.value());
+}
+
 TEST_P(GeneratorFixture, DsparkGreedyEqualsPlainGreedy) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
-  const int n = 48, B = (*ex)->config().dspark_block_size;
+  const int n = 48, B = ex->config().dspark_block_size;
   GeneratorOptions off;
   off.dspark = false;
-  const auto plain = run(**ex, prompt, n, off);
+  const auto plain = run(*ex, prompt, n, off);
   // spec/13 §10 item 3: forced L = 1..B, then the scheduler on a cost table measured here.
   for (int L = 1; L <= B + 1; ++L) {
     GeneratorOptions on;
     on.dspark_verify = L <= B ? L : -1;
     DsparkCounters cnt;
-    const auto spec = run(**ex, prompt, n, on, &cnt);
+    const auto spec = run(*ex, prompt, n, on, &cnt);
     EXPECT_EQ(plain, spec) << "verify " << on.dspark_verify;
     EXPECT_GT(cnt.steps, 0);
     EXPECT_EQ(cnt.verify_rows, cnt.proposals + cnt.steps);
@@ -94,27 +105,26 @@ TEST_P(GeneratorFixture, DsparkGreedyEqualsPlainGreedy) {
   GeneratorOptions chunked;
   chunked.dspark_verify = B;
   chunked.prefill_chunk = 7;
-  EXPECT_EQ(run(**ex, prompt, 16, chunked), std::vector<int32_t>(plain.begin(), plain.begin() + 16));
+  EXPECT_EQ(run(*ex, prompt, 16, chunked), std::vector<int32_t>(plain.begin(), plain.begin() + 16));
 }
 
 TEST_P(GeneratorFixture, PrefixReuseEqualsFreshSession) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   GeneratorOptions on;
-  Generator g(**ex, on);
-  const auto first = run(**ex, prompt, 10, on, nullptr, &g);
+  Generator g(*ex, on);
+  const auto first = run(*ex, prompt, 10, on, nullptr, &g);
   // Next turn: the old prompt, 9 of the generated tokens and a new tail; the cache keeps all of
   // the common prefix (and rolls back the rows the new prompt does not share).
   std::vector<int32_t> turn2 = prompt;
   turn2.insert(turn2.end(), first.begin(), first.begin() + 9);
   turn2.push_back(5);
   turn2.push_back(7);
-  const auto reused = run(**ex, turn2, 12, on, nullptr, &g);
+  const auto reused = run(*ex, turn2, 12, on, nullptr, &g);
   EXPECT_GE(g.reused_tokens(), int64_t(prompt.size()));
-  EXPECT_EQ(reused, run(**ex, turn2, 12, on));
+  EXPECT_EQ(reused, run(*ex, turn2, 12, on));
 }
 
 // Test doubles: an executor that forwards everything to another; subclasses override what they
@@ -197,17 +207,6 @@ class TapPoison final : public Forwarding {
   }
 };
 
-// The fixture's CPU model, or nullptr when the fixture is absent (the caller skips); a fixture that
-// is present but does not load fails the test.
-std::unique_ptr<cpu::CpuModel> fixture_model(const std::string& dir) {
-  if (!fs::exists(dir + "/checkpoint/config.json")) return nullptr;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  if (!ex.ok()) {
-    ADD_FAILURE() << ex.status().to_string();
-    return nullptr;
-  }
-  return std::move(ex.value());
-}
 
 std::vector<int32_t> plain_greedy(model::Executor& ex, const std::vector<int32_t>& prompt, int n) {
   GeneratorOptions off;
@@ -284,14 +283,13 @@ TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
 // still equal plain greedy decoding.
 TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   GeneratorOptions opt;
-  opt.dspark_verify = (*ex)->config().dspark_block_size;
+  opt.dspark_verify = ex->config().dspark_block_size;
   const std::vector<double> ps = {0.3, 0.7};
-  auto r = run_forced_acceptance(**ex, prompt, 40, ps, opt, 11);
+  auto r = run_forced_acceptance(*ex, prompt, 40, ps, opt, 11);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   for (const auto& x : *r) {
     EXPECT_TRUE(x.matches_plain) << "p=" << x.p;
@@ -309,15 +307,14 @@ TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
 // penalties change the output (they are applied) without breaking that identity.
 TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   auto gen = [&](bool dspark, const SamplingParams& sp, int n) {
     GeneratorOptions opt;
     opt.dspark = dspark;
-    opt.dspark_verify = dspark ? (*ex)->config().dspark_block_size : -1;
-    Generator g(**ex, opt);
+    opt.dspark_verify = dspark ? ex->config().dspark_block_size : -1;
+    Generator g(*ex, opt);
     EXPECT_TRUE(g.prefill(prompt).ok());
     Rng rng(7);
     std::vector<int32_t> out;
@@ -362,14 +359,13 @@ TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
 // bit a cold run's, with and without DSpark, and the restored positions count as reused.
 TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
   fs::remove_all(kv);
   for (bool dspark : {false, true}) {
-    auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());
+    auto store = KvStore::open(kv, 64 << 20, ex->identity());
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     GeneratorOptions with;
     with.dspark = dspark;
@@ -378,17 +374,17 @@ TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
     cold.dspark = dspark;
     // The first turn stores the prompt; the second turn = the prompt + 5 more tokens.
     const std::vector<int32_t> first(prompt.begin(), prompt.end() - 6);
-    const auto a = run(**ex, first, 8, with);
+    const auto a = run(*ex, first, 8, with);
     EXPECT_GE(with.kv_store->stats().entries, 1);
     std::vector<int32_t> second(prompt.begin(), prompt.end() - 1);
-    Generator g(**ex, with);  // a fresh session: nothing in memory
-    const auto restored = run(**ex, second, 16, with, nullptr, &g);
+    Generator g(*ex, with);  // a fresh session: nothing in memory
+    const auto restored = run(*ex, second, 16, with, nullptr, &g);
     EXPECT_EQ(g.restored_tokens(), int64_t(first.size()));
     EXPECT_EQ(g.reused_tokens(), int64_t(first.size()));
-    EXPECT_EQ(restored, run(**ex, second, 16, cold)) << "dspark " << dspark;
+    EXPECT_EQ(restored, run(*ex, second, 16, cold)) << "dspark " << dspark;
     // The same prompt again: restored whole (logits and tap row from the checkpoint, no prefill).
-    Generator g2(**ex, with);
-    const auto again = run(**ex, first, 8, with, nullptr, &g2);
+    Generator g2(*ex, with);
+    const auto again = run(*ex, first, 8, with, nullptr, &g2);
     EXPECT_EQ(g2.restored_tokens(), int64_t(first.size()));
     EXPECT_EQ(again, a) << "dspark " << dspark;
     fs::remove_all(kv);
@@ -400,9 +396,8 @@ TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
 // is the cold run's, with deltas and without.
 TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   const int64_t L = int64_t(prompt.size());
   uint64_t written[2] = {0, 0};
@@ -410,15 +405,15 @@ TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
   for (int deltas = 0; deltas < 2; ++deltas) {
     const std::string kv = (fs::temp_directory_path() / ("fb_gen_kvd_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
     fs::remove_all(kv);
-    auto store = KvStore::open(kv, 256 << 20, (*ex)->identity());
+    auto store = KvStore::open(kv, 256 << 20, ex->identity());
     ASSERT_TRUE(store.ok());
     (*store)->set_deltas(deltas == 1);
     GeneratorOptions with;
     with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
     for (int64_t n = L / 2; n <= L; n += std::max<int64_t>(1, L / 8)) {
       const std::vector<int32_t> turn(prompt.begin(), prompt.begin() + n);
-      Generator g(**ex, with);  // a new request: only the disk cache carries the conversation
-      outs[deltas].push_back(run(**ex, turn, 4, with, nullptr, &g));
+      Generator g(*ex, with);  // a new request: only the disk cache carries the conversation
+      outs[deltas].push_back(run(*ex, turn, 4, with, nullptr, &g));
       if (n > L / 2) EXPECT_GT(g.restored_tokens(), 0) << n;
     }
     written[deltas] = with.kv_store->stats().written;
@@ -428,7 +423,7 @@ TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
   GeneratorOptions cold;
   for (size_t t = 0; t < outs[1].size(); ++t) {
     const int64_t n = L / 2 + int64_t(t) * std::max<int64_t>(1, L / 8);
-    EXPECT_EQ(outs[1][t], run(**ex, std::vector<int32_t>(prompt.begin(), prompt.begin() + n), 4, cold)) << "turn " << t;
+    EXPECT_EQ(outs[1][t], run(*ex, std::vector<int32_t>(prompt.begin(), prompt.begin() + n), 4, cold)) << "turn " << t;
   }
   // A delta is written only when it is under half its full state (on small models the fixed-size
   // rings and the logits row can dominate, and every turn is whole): never more bytes than without.
@@ -443,9 +438,8 @@ TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
 // still a prefix, and the output is the cold run's either way.
 TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   const size_t half = prompt.size() / 2;
   const std::vector<int32_t> first(prompt.begin(), prompt.begin() + int64_t(half));
@@ -453,26 +447,26 @@ TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
     SCOPED_TRACE(dspark ? "dspark" : "plain");
     const std::string kv = (fs::temp_directory_path() / ("fb_gen_kvc_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
     fs::remove_all(kv);
-    auto store = KvStore::open(kv, 256 << 20, (*ex)->identity());
+    auto store = KvStore::open(kv, 256 << 20, ex->identity());
     ASSERT_TRUE(store.ok());
     GeneratorOptions with;
     with.dspark = dspark;
     with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
     GeneratorOptions cold;
     cold.dspark = dspark;
-    Generator g(**ex, with);
-    const auto answer = run(**ex, first, 12, with, nullptr, &g);
+    Generator g(*ex, with);
+    const auto answer = run(*ex, first, 12, with, nullptr, &g);
     const int64_t before = with.kv_store->stats().entries;
     g.checkpoint_history(int64_t(first.size() + answer.size()));
     if (!dspark) EXPECT_EQ(with.kv_store->stats().entries, before + 1) << "the conversation's checkpoint";
     std::vector<int32_t> second = first;
     second.insert(second.end(), answer.begin(), answer.end());
     second.insert(second.end(), prompt.begin() + int64_t(half), prompt.begin() + int64_t(std::min(prompt.size(), half + 6)));
-    Generator g2(**ex, with);
-    const auto out2 = run(**ex, second, 8, with, nullptr, &g2);
+    Generator g2(*ex, with);
+    const auto out2 = run(*ex, second, 8, with, nullptr, &g2);
     if (!dspark) EXPECT_GT(g2.restored_tokens(), int64_t(first.size())) << "part of the answer restored";
     EXPECT_LE(g2.restored_tokens(), int64_t(first.size() + answer.size()));
-    EXPECT_EQ(out2, run(**ex, second, 8, cold));
+    EXPECT_EQ(out2, run(*ex, second, 8, cold));
     fs::remove_all(kv);
   }
 }
@@ -481,14 +475,13 @@ TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
 // Markov chain of the CPU executor); a seed reproduces its transcript.
 TEST_P(GeneratorFixture, SampledDsparkRunsAndReproduces) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok());
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
   auto gen = [&](uint64_t seed, DsparkCounters* cnt) {
     GeneratorOptions opt;
     opt.dspark_verify_sps = {1.0, 1.0, 1.0, 1.0, 1.0, 1.0};
-    Generator g(**ex, opt);
+    Generator g(*ex, opt);
     EXPECT_TRUE(g.prefill(prompt).ok());
     SamplingParams sp;
     sp.temperature = 0.8f;
@@ -609,11 +602,10 @@ std::vector<int32_t> greedy_with_images(Generator& g, const std::vector<int32_t>
 // before rollback checked the ratio-2 compressor tails (a reused tail slot was read silently).
 TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto base = load_prompt(dir);
-  const auto& c = (*ex)->config();
+  const auto& c = ex->config();
   const int64_t D = c.dim;
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
   std::vector<int32_t> pa, pb;
@@ -624,7 +616,7 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
   for (bool dspark : {false, true}) {
     GeneratorOptions opt;
     opt.dspark = dspark;
-    Generator reused(**ex, opt), fresh(**ex, opt);
+    Generator reused(*ex, opt), fresh(*ex, opt);
     gen(reused, pa, ea, 3);  // short, so positions 0..4 are still in the window rings
     const auto got = gen(reused, pb, eb);
     // Position 4's pending ratio-2 tail was reused by position 20, so the cache steps back to 4.
@@ -638,11 +630,10 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
 // text with a different image restores at most the text before it and equals a cold run.
 TEST_P(GeneratorFixture, DiskKvCacheMatchesImagesByContent) {
   const std::string dir = fixture(GetParam());
-  if (!fs::exists(dir + "/checkpoint/config.json")) GTEST_SKIP() << "no fixture at " << dir;
-  auto ex = cpu::CpuModel::load(dir + "/checkpoint");
-  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  auto ex = fixture_model(dir);
+  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto base = load_prompt(dir);
-  const auto& c = (*ex)->config();
+  const auto& c = ex->config();
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
   std::vector<int32_t> pa, pb;
   PromptEmbeddings ea, eb;
@@ -652,18 +643,18 @@ TEST_P(GeneratorFixture, DiskKvCacheMatchesImagesByContent) {
   auto gen = [](Generator& g, const std::vector<int32_t>& p, const PromptEmbeddings& e) { return greedy_with_images(g, p, e, 12); };
   const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_img_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
   fs::remove_all(kv);
-  auto store = KvStore::open(kv, 64 << 20, (*ex)->identity());
+  auto store = KvStore::open(kv, 64 << 20, ex->identity());
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   GeneratorOptions with, cold;
   with.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
-  Generator g1(**ex, with), cold_a(**ex, cold), cold_b(**ex, cold);
+  Generator g1(*ex, with), cold_a(*ex, cold), cold_b(*ex, cold);
   const auto a = gen(g1, pa, ea);
   EXPECT_GE(with.kv_store->stats().entries, 1) << "an image prompt is stored";
   EXPECT_EQ(a, gen(cold_a, pa, ea));
-  Generator g2(**ex, with);
+  Generator g2(*ex, with);
   EXPECT_EQ(gen(g2, pa, ea), a) << "the same image prompt from the disk cache";
   EXPECT_EQ(g2.restored_tokens(), int64_t(pa.size())) << "restored whole";
-  Generator g3(**ex, with);
+  Generator g3(*ex, with);
   const auto b = gen(g3, pb, eb);
   EXPECT_LE(g3.restored_tokens(), 5) << "a different image must not be restored";
   EXPECT_EQ(b, gen(cold_b, pb, eb));
