@@ -125,6 +125,23 @@ void fp4_e4m3_dequant_row(const uint8_t* packed, const uint8_t* scales_e4m3, int
 
 // ---- GEMMs ------------------------------------------------------------------------------------
 
+namespace {
+
+// One row's act_quant (spec/11 §2) for the block-scaled GEMMs: the e4m3 codes widened to f32
+// through the table, and the per-32 scales.
+struct QuantRow {
+  std::vector<uint8_t> codes;
+  std::vector<float> values, scales;
+  explicit QuantRow(int64_t K) : codes(static_cast<size_t>(K)), values(static_cast<size_t>(K)), scales(static_cast<size_t>(K / 32)) {}
+  void set(const bf16_t* x, const Luts& L) {
+    const int64_t K = int64_t(codes.size());
+    act_quant_row(x, K, codes.data(), scales.data());
+    for (int64_t k = 0; k < K; ++k) values[size_t(k)] = L.e4m3[codes[size_t(k)]];
+  }
+};
+
+}  // namespace
+
 void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
   FB_CHECK(w.dtype == DType::kF8E4M3 && w.rank() == 2);
   const int64_t N = w.dim(0), K = w.dim(1), KB = K / 32;
@@ -132,11 +149,11 @@ void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   const Luts& L = luts();
   const uint8_t* W = w.data;
   const uint8_t* S = w_scale.data;
-  std::vector<uint8_t> qc(static_cast<size_t>(K));
-  std::vector<float> qv(static_cast<size_t>(K)), qs(static_cast<size_t>(KB));
+  QuantRow q(K);
+  const std::vector<float>& qv = q.values;
+  const std::vector<float>& qs = q.scales;
   for (int64_t m = 0; m < M; ++m) {
-    act_quant_row(x + m * K, K, qc.data(), qs.data());
-    for (int64_t k = 0; k < K; ++k) qv[size_t(k)] = L.e4m3[qc[size_t(k)]];
+    q.set(x + m * K, L);
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = W + n * K;
       const uint8_t* sr = S + (n / 32) * KB;
@@ -153,11 +170,11 @@ void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   const int64_t N = w.dim(0), K = w.dim(1) * 2, KB = K / 32;
   FB_CHECK(w_scale.dim(0) == N && w_scale.dim(1) == KB) << "fp4 gemm scale shape";
   const Luts& L = luts();
-  std::vector<uint8_t> qc(static_cast<size_t>(K));
-  std::vector<float> qv(static_cast<size_t>(K)), qs(static_cast<size_t>(KB));
+  QuantRow q(K);
+  const std::vector<float>& qv = q.values;
+  const std::vector<float>& qs = q.scales;
   for (int64_t m = 0; m < M; ++m) {
-    act_quant_row(x + m * K, K, qc.data(), qs.data());
-    for (int64_t k = 0; k < K; ++k) qv[size_t(k)] = L.e4m3[qc[size_t(k)]];
+    q.set(x + m * K, L);
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = w.data + n * (K / 2);
       const uint8_t* sr = w_scale.data + n * KB;
