@@ -5,7 +5,7 @@ Part 1 (scripted executor, a test double that emits given text through the real 
 decode, DSML parse and SSE path): tool-call round trips, thinking on/off, chat/responses/messages
 streamed and not. Part 2 (the built-in tiny model, random weights): real generation through every
 API. Part 3: 100 malformed/oversized requests all get 4xx and the server keeps serving.
-Part 4 (issue 10, `make-tiny --vision`): images through the OpenAI and Anthropic SDKs (generated
+Part 4 (issues 10, 21, `make-tiny --vision`): images through the OpenAI and Anthropic SDKs (generated
 PNG data URLs / base64 blocks), bad images and network URLs -> 400, prefix reuse keyed on the
 image; plus a full queue -> 429, a client disconnect cancelling a non-streaming request, SSE
 keep-alives / pings during prefill and the /metrics token counters. Part 5 (issue 20): 8
@@ -304,6 +304,11 @@ def kv_cache_restart_tests(binary, model):
         srv.close()
     check(again.usage.prompt_tokens_details.cached_tokens > 0, f"kv cache: the same prompt after a restart restores "
           f"{again.usage.prompt_tokens_details.cached_tokens} of {again.usage.prompt_tokens} tokens")
+    # the follow-up resends the answer: the first prompt at least is restored (past it when the
+    # re-encoded answer matches the generated ids: the conversation checkpoint)
+    check(cont.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens,
+          f"kv cache: the next turn restores {cont.usage.prompt_tokens_details.cached_tokens} of {cont.usage.prompt_tokens} tokens "
+          f"(the first prompt had {first.usage.prompt_tokens})")
     cold = Server(binary, ["--model", model])
     try:
         cold_again, cold_cont = ask(cold, msgs), ask(cold, follow)
@@ -312,6 +317,42 @@ def kv_cache_restart_tests(binary, model):
     check(again.choices[0].message.content == cold_again.choices[0].message.content and
           cont.choices[0].message.content == cold_cont.choices[0].message.content,
           "kv cache: answers after a restore equal a cold server's (temperature 0)")
+
+
+def kv_cache_image_restart_tests(binary, model):
+    """Issue 21 with an image: the same image prompt after a server restart restores from the disk
+    KV cache (keyed by the image's content), another image at the same place does not restore the
+    image span, and the answers equal a cold server's."""
+    kv = tempfile.mkdtemp()
+    png_a, png_b = make_png(40, 30, 3), make_png(40, 30, 4)
+    def ask(srv, png):
+        return srv.oa().chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Look at this:"}, {"type": "image_url", "image_url": {"url": data_url(png)}}]}],
+            max_tokens=4, temperature=0, extra_body={"thinking": {"type": "disabled"}})
+    srv = Server(binary, ["--model", model, "--kv-cache", kv])
+    try:
+        first = ask(srv, png_a)
+    finally:
+        srv.close()
+    srv = Server(binary, ["--model", model, "--kv-cache", kv])  # a restart: nothing in memory
+    try:
+        again, other = ask(srv, png_a), ask(srv, png_b)
+    finally:
+        srv.close()
+    n = first.usage.prompt_tokens
+    check(again.usage.prompt_tokens_details.cached_tokens >= n - 1,
+          f"kv cache, image: the same image prompt after a restart restores {again.usage.prompt_tokens_details.cached_tokens} of {n} tokens")
+    check(other.usage.prompt_tokens == n and other.usage.prompt_tokens_details.cached_tokens < n - 5,
+          f"kv cache, image: another image at the same place restores only the text before it "
+          f"({other.usage.prompt_tokens_details.cached_tokens} of {n})")
+    cold = Server(binary, ["--model", model])
+    try:
+        cold_a, cold_b = ask(cold, png_a), ask(cold, png_b)
+    finally:
+        cold.close()
+    check(again.choices[0].message.content == cold_a.choices[0].message.content and
+          other.choices[0].message.content == cold_b.choices[0].message.content,
+          "kv cache, image: answers after a restore equal a cold server's (temperature 0)")
 
 
 def tiny_model_tests(binary, model):
@@ -542,6 +583,7 @@ def main():
     if subprocess.run([a.bin, "make-tiny", "--vision", "--out", vmodel], capture_output=True).returncode != 0:
         print("FAIL: make-tiny --vision failed"); sys.exit(1)
     vision_tests(a.bin, vmodel)
+    kv_cache_image_restart_tests(a.bin, vmodel)
     print("PASS")
 
 
