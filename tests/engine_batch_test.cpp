@@ -277,5 +277,34 @@ TEST(EngineSessions, ConversationCheckpointsServeTheNextTurn) {
   fs::remove_all(dir);
 }
 
+// Shutdown: destroying the engine cancels the requests still running, and a cancelled request's
+// conversation (prompt plus the tokens it was given) is checkpointed like a finished one.
+TEST(EngineSessions, ShutdownCheckpointsRunningConversations) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("fb_engine_kv_stop_" + std::to_string(getpid()))).string();
+  fs::remove_all(dir);
+  auto ex = make_executor("cpu", model_dir());
+  ASSERT_TRUE(ex.ok());
+  EngineOptions o;
+  o.generator.dspark = false;
+  auto store = KvStore::open(dir, 256 << 20, (*ex)->identity());
+  ASSERT_TRUE(store.ok());
+  o.generator.kv_store = std::shared_ptr<KvStore>(std::move(store.value()));
+  o.generator.kv_checkpoint_every = 0;  // only at the end
+  auto kv = o.generator.kv_store;
+  auto e = std::make_unique<Engine>(std::move(*ex), v41_tokenizer(), o);
+  EventQueue q;
+  ASSERT_TRUE(e->submit(req("Tell me a very long story about the sea.", 100000), q.sink()).ok());
+  Event ev;
+  int tokens = 0;
+  while (tokens < 12 && q.pop(&ev, 60000))
+    if (ev.kind == Event::Kind::kLogprob) ++tokens;
+  ASSERT_EQ(tokens, 12);
+  const int64_t before = kv->stats().entries;  // the prompt's checkpoint
+  e.reset();  // shutdown with the request running
+  EXPECT_EQ(kv->stats().entries, before + 1) << "the running conversation's checkpoint";
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace fb::engine
