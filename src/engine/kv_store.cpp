@@ -263,6 +263,12 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, uint64_t 
     FB_LOG(kWarn) << "kv cache: " << orphans.size() << " delta checkpoint(s) without their parent; removed";
   }
   s->drop_all(orphans, Drop::kRejected);
+  // Oldest first, each entry marks its chain used: a parent ends up more recent than its deltas,
+  // so eviction takes leaves first (as it does within a process).
+  std::vector<size_t> order(s->entries_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s->entries_[a].last_used < s->entries_[b].last_used; });
+  for (size_t i : order) s->touch_chain(i);
   s->evict_to(s->budget_);
   return s;
 }

@@ -206,6 +206,29 @@ TEST(KvStore, GrowingConversationIsStoredAsDeltasAndRestoresExactly) {
   EXPECT_EQ((*s)->stats().deltas, 3);
 }
 
+// Reopened under a slightly smaller budget, a store evicts the newest delta (a leaf), not the
+// full checkpoint everything is built on.
+TEST(KvStore, ReopenEvictsLeavesBeforeParents) {
+  const std::string dir = fresh_dir("fb_kv_store_f");
+  const auto toks = seq(400, 11);
+  uint64_t total = 0;
+  {
+    auto s = KvStore::open(dir, 64 << 20, 6);
+    ASSERT_TRUE(s.ok());
+    for (int n : {200, 260, 320}) ASSERT_TRUE((*s)->put(std::span(toks).first(size_t(n)), fake_state(toks, n)).ok());
+    ASSERT_EQ((*s)->stats().deltas, 2);
+    total = (*s)->stats().bytes;
+  }
+  auto s = KvStore::open(dir, total - 1, 6);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->stats().entries, 2);
+  EXPECT_EQ((*s)->stats().evicted, 1);
+  auto h = (*s)->longest_prefix(toks, 400);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->tokens, 260);
+  EXPECT_TRUE(h->state == fake_state(toks, 260));
+}
+
 TEST(KvStore, DeltaChainsStayShortAndDieWithTheirParent) {
   const std::string dir = fresh_dir("fb_kv_store_e");
   const auto toks = seq(800, 3);
