@@ -46,9 +46,12 @@ bool has_length_bound(const nlohmann::ordered_json& s) {
 // tracked here, outside the matcher, so accept/rollback stay one log.
 class GrammarConstraint final : public engine::TokenConstraint {
  public:
+  // eos_in_reasoning: the answer may be empty (tool_choice auto), so EOS may end the reasoning
+  // as it may without a constraint; otherwise the value (or forced call) has to follow it.
   GrammarConstraint(const xgrammar::CompiledGrammar& g, std::shared_ptr<const std::vector<bool>> markup, int64_t vocab, int32_t eos,
-                 int32_t think_end, bool reasoning)
-      : m_(g, std::vector<int>{eos}), markup_(std::move(markup)), vocab_(vocab), eos_(eos), think_end_(think_end), reasoning_(reasoning) {}
+                    int32_t think_end, bool reasoning, bool eos_in_reasoning = false)
+      : m_(g, std::vector<int>{eos}), markup_(std::move(markup)), vocab_(vocab), eos_(eos), think_end_(think_end), reasoning_(reasoning),
+        eos_in_reasoning_(eos_in_reasoning) {}
 
   void allowed(std::span<const int32_t> extra, std::vector<uint32_t>* bits) override {
     int n = 0;
@@ -61,7 +64,16 @@ class GrammarConstraint final : public engine::TokenConstraint {
   }
 
   bool accept(int32_t t) override {
+    if (ended_) {  // EOS in the reasoning: the engine stops there, a DSpark block may hold more
+      log_.push_back(kAfterEos);
+      return true;
+    }
     if (reasoning_) {
+      if (t == eos_ && eos_in_reasoning_) {
+        log_.push_back(kReasoningEos);
+        ended_ = true;
+        return true;
+      }
       if (t == eos_) return false;  // the value has not started
       log_.push_back(t == think_end_ ? kReasoningEnd : kReasoning);
       if (t == think_end_) reasoning_ = false;
@@ -84,19 +96,24 @@ class GrammarConstraint final : public engine::TokenConstraint {
       log_.pop_back();
       if (e == kMatcher) m_.Rollback(1);
       if (e == kReasoningEnd) reasoning_ = true;
+      if (e == kReasoningEos) ended_ = false;
     }
   }
 
  private:
-  enum Entry : uint8_t { kReasoning, kReasoningEnd, kMatcher, kAfterEos };
+  enum Entry : uint8_t { kReasoning, kReasoningEnd, kReasoningEos, kMatcher, kAfterEos };
 
   void fill(std::vector<uint32_t>* bits) {
     const size_t words = size_t(xgrammar::GetBitmaskSize(int(vocab_)));
     bits->assign(words, 0);
     auto set = [&](int64_t t) { (*bits)[size_t(t / 32)] |= 1u << (t % 32); };
+    if (ended_) {
+      set(eos_);
+      return;
+    }
     if (reasoning_) {
       for (int64_t t = 0; t < vocab_; ++t) set(t);
-      (*bits)[size_t(eos_ / 32)] &= ~(1u << (eos_ % 32));
+      if (!eos_in_reasoning_) (*bits)[size_t(eos_ / 32)] &= ~(1u << (eos_ % 32));
       return;
     }
     if (m_.IsTerminated()) {
@@ -118,6 +135,8 @@ class GrammarConstraint final : public engine::TokenConstraint {
   int64_t vocab_;
   int32_t eos_, think_end_;
   bool reasoning_;
+  bool eos_in_reasoning_;
+  bool ended_ = false;
   std::vector<Entry> log_;
 };
 
@@ -295,7 +314,8 @@ Result<std::shared_ptr<engine::TokenConstraint>> Compiler::compile(const ToolCal
     probe.allowed({}, &bits);
     if (std::all_of(bits.begin(), bits.end(), [](uint32_t w) { return w == 0; }))
       return FB_ERROR(kInvalidArgument) << "tools: no tool call satisfies the tools' parameter schemas";
-    out = std::make_shared<GrammarConstraint>(g, impl_->markup_tools, vocab_size_, impl_->eos, impl_->think_end, f.after_reasoning);
+    out = std::make_shared<GrammarConstraint>(g, impl_->markup_tools, vocab_size_, impl_->eos, impl_->think_end, f.after_reasoning,
+                                              f.choice == ToolCallFormat::Choice::kAuto);
   } catch (const std::exception& e) {
     return FB_ERROR(kInvalidArgument) << "tools: " << e.what();
   }

@@ -376,6 +376,26 @@ TEST(GrammarToolCalls, ThinkingRunsFreeThenTheCall) {
   f.after_reasoning = true;
   EXPECT_TRUE(tool_output(f, "The user wants weather { not a call }</think>" + block({invoke("get_weather", {param("city", true, "Lima"), param("days", false, "1")})})));
   EXPECT_FALSE(tool_output(f, "No call</think>Sunny."));
+  EXPECT_FALSE(tool_output(f, "Only reasoning")) << "a forced call must follow the reasoning";
+  // Under auto (strict tools) the answer may be empty, so EOS may end the reasoning as it may
+  // unconstrained; after it only EOS (a DSpark block may hold more tokens).
+  auto a = weather_tools(ToolCallFormat::Choice::kAuto);
+  a.after_reasoning = true;
+  EXPECT_TRUE(tool_output(a, "Only reasoning"));
+  EXPECT_TRUE(tool_output(a, "Thought</think>Answer."));
+  auto c = compiler().compile(a);
+  ASSERT_TRUE(c.ok());
+  const auto& tok = tokenizer::v41_tokenizer();
+  ASSERT_TRUE((*c)->accept(tok.encode("x")[0]));
+  ASSERT_TRUE((*c)->accept(kEos));
+  EXPECT_TRUE((*c)->accept(tok.encode("y")[0]));
+  std::vector<uint32_t> bits;
+  (*c)->allowed({}, &bits);
+  EXPECT_TRUE(bit(bits, kEos));
+  EXPECT_FALSE(bit(bits, tok.encode("y")[0]));
+  (*c)->rollback(2);
+  (*c)->allowed({}, &bits);
+  EXPECT_TRUE(bit(bits, tok.encode("y")[0])) << "rolled back into the reasoning";
 }
 
 TEST(GrammarToolCalls, RefusesWhatItCannotEnforceNamingIt) {
