@@ -273,11 +273,14 @@ CallOut wait_calls(EventQueue& q) {
 
 // A named tool forced on random weights: every sampled output is one call of that tool, parsed by
 // the server's own DSML parser, its arguments valid JSON that validates against the schema.
-TEST(ConstrainedToolCalls, ForcedNamedToolParsesAndValidatesIn100Of100SampledRequests) {
+// 30 seeded requests (~200 tokens each on the CPU tiny model): 100 took 948 s on the loaded 2-core
+// dev machine (all 100 valid, 19,905 tokens, session 8), too slow for the fast label.
+constexpr int kForcedRuns = 30;
+TEST(ConstrainedToolCalls, ForcedNamedToolParsesAndValidatesInEverySampledRequest) {
   auto e = make_engine(false);
   const json schema = json::parse(kToolParams);
   int valid = 0;
-  for (int batch = 0; batch < 100; batch += 10) {
+  for (int batch = 0; batch < kForcedRuns; batch += 10) {
     std::vector<EventQueue> qs(10);
     for (int i = 0; i < 10; ++i)
       ASSERT_TRUE(e->submit(forced_call(*e, "Weather in town " + std::to_string(batch + i), 1.0f, uint64_t(batch + i)), qs[size_t(i)].sink()).ok());
@@ -301,8 +304,8 @@ TEST(ConstrainedToolCalls, ForcedNamedToolParsesAndValidatesIn100Of100SampledReq
       else ++valid;
     }
   }
-  EXPECT_EQ(valid, 100);
-  std::printf("100 forced tool calls: %lld tokens\n", (long long)e->stats().generated_tokens);
+  EXPECT_EQ(valid, kForcedRuns);
+  std::printf("%d forced tool calls: %lld tokens\n", kForcedRuns, (long long)e->stats().generated_tokens);
 }
 
 TEST(ConstrainedToolCalls, GreedyDsparkOnEqualsOff) {
