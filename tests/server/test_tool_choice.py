@@ -124,7 +124,9 @@ def main():
                 check(needle in str(e), f"chat {json.dumps(kw.get('tool_choice'))} -> 400 naming {needle}: {e}")
 
         # Anthropic Messages: any / tool force a tool_use block; an unknown name is a 400 naming it.
-        m = an.messages.create(model="m", max_tokens=300, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, thinking={"type": "disabled"},
+        # one call (disable_parallel_tool_use): "any" alone lets random weights chain calls up to max_tokens
+        m = an.messages.create(model="m", max_tokens=300, tools=ANTHROPIC_TOOLS, thinking={"type": "disabled"},
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                messages=[{"role": "user", "content": "Weather?"}])
         tu = [b for b in m.content if b.type == "tool_use"]
         check(m.stop_reason == "tool_use" and tu and all((b.name == "get_weather" and weather_args_valid(b.input)) or
