@@ -319,6 +319,15 @@ def kv_cache_restart_tests(binary, model):
           "kv cache: answers after a restore equal a cold server's (temperature 0)")
 
 
+def served(binary, args, fn):
+    """fn(server) on a server started with args, which is closed afterwards."""
+    srv = Server(binary, args)
+    try:
+        return fn(srv)
+    finally:
+        srv.close()
+
+
 def kv_cache_image_restart_tests(binary, model):
     """Issue 21 with an image: the same image prompt after a server restart restores from the disk
     KV cache (keyed by the image's content), another image at the same place does not restore the
@@ -329,27 +338,16 @@ def kv_cache_image_restart_tests(binary, model):
         return srv.oa().chat.completions.create(model="m", messages=[{"role": "user", "content": [
             {"type": "text", "text": "Look at this:"}, {"type": "image_url", "image_url": {"url": data_url(png)}}]}],
             max_tokens=4, temperature=0, extra_body={"thinking": {"type": "disabled"}})
-    srv = Server(binary, ["--model", model, "--kv-cache", kv])
-    try:
-        first = ask(srv, png_a)
-    finally:
-        srv.close()
-    srv = Server(binary, ["--model", model, "--kv-cache", kv])  # a restart: nothing in memory
-    try:
-        again, other = ask(srv, png_a), ask(srv, png_b)
-    finally:
-        srv.close()
+    first = served(binary, ["--model", model, "--kv-cache", kv], lambda srv: ask(srv, png_a))
+    # a restart: nothing in memory
+    again, other = served(binary, ["--model", model, "--kv-cache", kv], lambda srv: (ask(srv, png_a), ask(srv, png_b)))
     n = first.usage.prompt_tokens
     check(again.usage.prompt_tokens_details.cached_tokens >= n - 1,
           f"kv cache, image: the same image prompt after a restart restores {again.usage.prompt_tokens_details.cached_tokens} of {n} tokens")
     check(other.usage.prompt_tokens == n and other.usage.prompt_tokens_details.cached_tokens < n - 5,
           f"kv cache, image: another image at the same place restores only the text before it "
           f"({other.usage.prompt_tokens_details.cached_tokens} of {n})")
-    cold = Server(binary, ["--model", model])
-    try:
-        cold_a, cold_b = ask(cold, png_a), ask(cold, png_b)
-    finally:
-        cold.close()
+    cold_a, cold_b = served(binary, ["--model", model], lambda srv: (ask(srv, png_a), ask(srv, png_b)))
     check(again.choices[0].message.content == cold_a.choices[0].message.content and
           other.choices[0].message.content == cold_b.choices[0].message.content,
           "kv cache, image: answers after a restore equal a cold server's (temperature 0)")
