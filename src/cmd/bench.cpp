@@ -4,6 +4,8 @@
 //   --synthetic [--experts N] [--contexts 4096,32768,...]   released-dimension model in HBM,
 //                                     batch-1 decode / verify (1..6 rows) / draft at each context
 //   --model DIR [--prompt-len N]      a real checkpoint (e.g. a fixture), prefill then decode
+//   --kv-restore 4096,32768,131072    with --synthetic: disk KV cache restore vs prefill (issue 21;
+//                                     bench/kv_restore_bench.h), state files in --kv-dir
 //   --profile                         per-op GPU ms of a one-row decode step (CUDA events, summed
 //                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
 //                                     shows the host overhead
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "bench/decode_bench.h"
 #include "bench/dspark_sweep.h"
 #include "bench/fake_context.h"
+#include "bench/kv_restore_bench.h"
 #include "bench/limits.h"
 #include "bench/tier_sweep.h"
 #include "cmd/commands.h"
@@ -116,6 +120,9 @@ struct Args {
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
   int tier_warm_steps = 512;
+  std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
+  std::string kv_dir;               // their state files ("": the temp folder)
+  bool kv_restore_estimate = false;
 };
 
 class Csv {
@@ -500,6 +507,27 @@ int run(const Args& a) {
       csv.row("prefill_gemm_layer_tflops", M, tf, "TFLOP/s, one layer's GEMM work (share: of the FP8 rate)", tf / lim->fp8_tflops);
       csv.row("prefill_gemm_layer_bf16_share", M, tf / lim->bf16_tflops, "share of the measured BF16 tensor-core rate");
     }
+    if (!a.kv_restore.empty()) {
+      // issue 21: save, write, read and restore a session at each context against its prefill.
+      bench::KvRestoreOptions ko;
+      ko.contexts = a.kv_restore;
+      ko.dir = a.kv_dir.empty() ? std::filesystem::temp_directory_path().string() : a.kv_dir;
+      ko.full_prefill = !a.kv_restore_estimate;
+      ko.prefill_chunk = a.prefill_chunk;
+      const bool tmpfs = bench::dir_on_tmpfs(ko.dir);
+      std::fprintf(stderr, "bench: kv restore: state files in %s%s\n", ko.dir.c_str(), tmpfs ? " (a tmpfs: RAM, not a disk)" : "");
+      const model::Config& c = (*ex)->config();
+      auto pts = bench::run_kv_restore(
+          **ex, ko, [&c](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 5); },
+          [](const std::string& line) { std::fprintf(stderr, "bench: kv restore: %s\n", line.c_str()); });
+      if (!pts.ok()) {
+        std::fprintf(stderr, "bench: kv restore: %s\n", pts.status().to_string().c_str());
+        return 1;
+      }
+      csv.row("kv_dir_tmpfs", 0, tmpfs ? 1.0 : 0.0, "1 = the state files' folder is a tmpfs (RAM, not a disk)");
+      bench::report_kv_restore(*pts, c, lim->h2d_pageable_gbps,
+                               [&csv](const std::string& n, int64_t L, double v, const char* u, double share) { csv.row(n, L, v, u, share); });
+    }
     // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5), and with
     // --sweep-schedule also under the confidence scheduler and its back-off (the default path).
     for (int pass = 0; pass < (a.dspark_sweep ? (a.sweep_schedule ? 2 : 1) : 0); ++pass) {
@@ -560,7 +588,7 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
   app.add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
   app.add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
-  app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
+  auto* contexts = app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
   app.add_option("--steps", a->steps, "timed repetitions per row (median)");
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
   app.add_option("--prefill", a->prefill, "with --synthetic: prefill these prompt lengths (real, chunked)")->delimiter(',');
@@ -594,9 +622,19 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
+  app.add_option("--kv-restore", a->kv_restore,
+                 "with --synthetic: disk KV cache rows at these contexts: prefill, save, write + fsync, cold read, restore (no decode "
+                 "rows unless --contexts is given)")
+      ->delimiter(',');
+  app.add_option("--kv-dir", a->kv_dir, "folder of the --kv-restore state files (default: the temp folder)");
+  app.add_flag("--kv-restore-estimate", a->kv_restore_estimate,
+               "with --kv-restore: fake-fill the context and estimate its prefill from chunk rates instead of prefilling it");
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
-  return [a] { return run(*a); };
+  return [a, contexts] {
+    if (!a->kv_restore.empty() && contexts->count() == 0) a->contexts.clear();  // --kv-restore alone: its rows only
+    return run(*a);
+  };
 }
 
 }  // namespace fb::cmd

@@ -20,23 +20,8 @@ CpuModel::CpuModel(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> 
   }
   rope_plain_ = make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
   rope_yarn_ = make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
-  // Model identity for serialized sessions: the bytes of the files that define the model's shape
-  // and tensors (a synthetic snapshot without files hashes its config's dimensions instead).
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
-  };
-  bool hashed = false;
-  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
-    if (snap_->dir().empty()) break;
-    auto b = read_file_bytes(snap_->dir() + "/" + f);
-    if (!b.ok()) continue;
-    mix(b->data(), b->size());
-    hashed = true;
-  }
-  if (!hashed)
-    for (int64_t v : {int64_t(c.n_layers), int64_t(c.dim), int64_t(c.vocab_size), int64_t(c.head_dim), int64_t(c.window_size)}) mix(&v, sizeof v);
-  model_id_ = h;
+  // Model identity for serialized sessions (shared with the CUDA executor: states cross executors).
+  model_id_ = loader::model_identity(*snap_);
   wo_a_bf16_.resize(size_t(c.n_total_layers()));
   for (int l = 0; l < c.n_total_layers(); ++l)
     wo_a_bf16_[size_t(l)] = dequant_fp8_weight(w_.layers[size_t(l)].wo_a.w, w_.layers[size_t(l)].wo_a.scale);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/crc32c.h"
+#include "cpu/session_layout.h"
 
 namespace fb::cpu {
 
@@ -75,8 +76,8 @@ Status SessionCache::rollback(int64_t p) {
 
 namespace {
 
-constexpr char kMagic[8] = {'F', 'B', 'S', 'E', 'S', 'S', '\0', '\1'};
-constexpr uint32_t kVersion = 1;
+constexpr const char (&kMagic)[8] = kSessionMagic;  // cpu/session_layout.h
+constexpr uint32_t kVersion = kSessionVersion;
 
 struct Writer {
   std::string b;

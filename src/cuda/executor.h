@@ -58,6 +58,7 @@ class CudaSession final : public model::SessionState {
   Status reserve_compressed(int layer, int64_t entries, cudaStream_t st);
   Status rollback(int64_t p) override;
   int64_t n_pos() const override { return next_pos; }
+  bool allocated() const { return allocated_; }
 
   int64_t next_pos = 0;
   std::vector<int32_t> tokens;
@@ -210,6 +211,11 @@ class CudaExecutor final : public model::Executor {
                                              std::vector<uint16_t>* vit = nullptr) override;
   // From the host view of the weights (the span rows are assembled on the host).
   Result<std::vector<uint16_t>> image_span_markers() const override;
+  // Session state as the CPU executor's bytes (docs/formats.md "Session state"; cuda/session_io.cu):
+  // a state saved by either executor restores on the other at the same model.
+  Result<std::string> save_session(const model::SessionState& s) const override;
+  Status restore_session(model::SessionState& s, std::string_view bytes) const override;
+  uint64_t identity() const override { return model_id_; }
 
   // Tensor-core prefill: 2,048-row steps (the routed experts' weights are expanded once per
   // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/history.md).
@@ -283,6 +289,7 @@ class CudaExecutor final : public model::Executor {
 
   std::unique_ptr<loader::Snapshot> snap_;
   model::Config cfg_;
+  uint64_t model_id_ = 0;  // loader::model_identity, as the CPU executor's
   model::ModelWeights w_;
   std::vector<int32_t> token_map_;
   int32_t pad_class_ = 0;

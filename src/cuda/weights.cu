@@ -81,7 +81,11 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
 // ---- loading -------------------------------------------------------------------------------------
 
 CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
-    : snap_(std::move(snap)), cfg_(snap_->config()), w_(loader::bind_weights(*snap_)), token_map_(std::move(token_map)) {
+    : snap_(std::move(snap)),
+      cfg_(snap_->config()),
+      model_id_(loader::model_identity(*snap_)),
+      w_(loader::bind_weights(*snap_)),
+      token_map_(std::move(token_map)) {
   const Config& c = cfg_;
   if (!c.engram_layer_ids.empty()) {
     engram_ = model::engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_max_ngram, c.engram_n_heads,

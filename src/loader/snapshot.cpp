@@ -198,4 +198,23 @@ ValidationReport Snapshot::validate() const {
   return rep;
 }
 
+uint64_t model_identity(const Snapshot& snap) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  bool hashed = false;
+  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
+    if (snap.dir().empty()) break;
+    auto b = read_file_bytes(snap.dir() + "/" + f);
+    if (!b.ok()) continue;
+    mix(b->data(), b->size());
+    hashed = true;
+  }
+  const model::Config& c = snap.config();
+  if (!hashed)
+    for (int64_t v : {int64_t(c.n_layers), int64_t(c.dim), int64_t(c.vocab_size), int64_t(c.head_dim), int64_t(c.window_size)}) mix(&v, sizeof v);
+  return h;
+}
+
 }  // namespace fb::loader

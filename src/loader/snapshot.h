@@ -91,4 +91,10 @@ Status validate_engram_map(const model::Config& c, const std::vector<int32_t>& m
 // has a valid token map (*token_map when given, else the snapshot's engram_token_map.i32).
 Status check_runnable(const Snapshot& snap, std::vector<int32_t>* token_map);
 
+// The 64-bit identity of a model for serialized sessions (docs/formats.md "Session state"):
+// FNV-1a of the bytes of config.json and model.safetensors.index.json (a snapshot without files,
+// e.g. a synthetic one, hashes its config's dimensions instead). Every executor names its states
+// with it, so a state written by one executor restores on another at the same model.
+uint64_t model_identity(const Snapshot& snap);
+
 }  // namespace fb::loader
