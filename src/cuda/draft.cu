@@ -40,9 +40,7 @@ class CudaDraftStep : public CudaLayerOps {
     }
     AttnKeys keys;
     std::tie(keys.win, keys.win_off) = upload_all(win, off);
-    split_scratch(keys, int(n + T_));
-    if (!ok()) return;
-    step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))), o_, st_));
+    attend(keys, int(n + T_), w.attn_sink, float(1.0 / std::sqrt(double(hd))));
   }
 
   void head() {

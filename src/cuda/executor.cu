@@ -482,9 +482,7 @@ class CudaStep : public CudaLayerOps {
       step(tc_sparse_attention(*tc_, q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
       return;
     }
-    split_scratch(keys, max_keys);
-    if (!ok()) return;
-    step(sparse_attention(q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
+    attend(keys, max_keys, w.attn_sink, scale);
   }
 
   void end_layer(int l) {

@@ -163,13 +163,14 @@ struct CudaRunOptions {
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
+  bool fast_attn = true;              // kFast: attention of steps of <= 64 rows on the tensor-core kernels of fast_attention.h
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, attn_split, attn_predequant, bounded_replay (booleans 0/1).
+// fp8_fma, fast_attn, attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.
@@ -314,6 +315,7 @@ class CudaExecutor final : public model::Executor {
   // The fast class's fused small ops (fast_small.h) for steps of up to 64 rows, and the mHC site's
   // scratch (created on first use).
   bool fast_small_ = true;
+  bool fast_attn_ = true;
   mutable DeviceBuffer fast_hc_scratch_;
   // Decode rows: independent work on side_ (forked and joined with events): the shared expert's
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query

@@ -72,65 +72,98 @@ __device__ __forceinline__ void quant8(const float* v, bool on, int64_t c, uint8
 
 // ---- mHC site -----------------------------------------------------------------------------------
 // Two kernels, the second launched with PDL behind the first:
-//  * partial, grid (chunks, T), kSiteThreads threads: CTA (c, t) owns dims [c * kSiteDims,
-//    +kSiteDims) of all HC streams of row t and writes partials[t][c] = the CTA's sums of the NV
-//    values of the row (X's sum of squares, the NMIX dots with fn, the collapsed row's sum of
-//    squares) and the collapsed bf16 values h[t][dims];
-//  * finish, same grid: every CTA sums the row's partials in one fixed tree (lane = chunk mod 32,
-//    then a butterfly: the same bits in every CTA and for any T), CTA 0 of the row runs the
-//    Sinkhorn in registers and writes mix[t], and every CTA normalises and quantises its own dims.
+//  * partial, grid (dim / kPartDims, T), kSiteThreads threads: CTA (c, t) owns dims
+//    [c * kPartDims, +kPartDims) of all HC streams of row t; 8 lanes of 4 dims each times 16
+//    groups, group g forming mixes g and g + 16. It writes partials[t][c] = the CTA's sums of the
+//    NV values of the row (X's sum of squares, the NMIX dots with fn, the collapsed row's sum of
+//    squares) and the collapsed bf16 values h[t][dims]. fn is a weight: its 24 KB per CTA are in
+//    flight before the PDL wait (the whole 2 MB of a site at once: 160 CTAs at dim 5,120);
+//  * finish, grid (dim / kFinishDims, T): every CTA sums the row's partials in one fixed tree
+//    (4 chunk classes per value, then in class order: the same bits in every CTA and for any T),
+//    CTA 0 of the row runs the Sinkhorn in registers and writes mix[t], and every CTA normalises
+//    and quantises its own dims.
 // (One kernel with the last CTA finishing the row, the first design, ran ~20 us: the whole row's
-// norm and the Sinkhorn in one CTA are a long dependent chain.)
+// norm and the Sinkhorn in one CTA are a long dependent chain. One dim per thread and 128 dims per
+// partial CTA, the second, ran ~25 us per site: 40 CTAs with 96 scalar loads per thread.)
 constexpr int kSiteThreads = 128;
-constexpr int kSiteDims = kSiteThreads;  // one dim (all streams) per thread
-constexpr int kSiteNV = 40;              // partial stride: NV = (2 + HC) HC + 2 <= 26 for HC <= 4
+constexpr int kPartDims = 32;     // dims per partial CTA: 8 lanes x 4 dims
+constexpr int kFinishDims = 128;  // dims per finish CTA: 16 chunks of 8 on warp 0
+constexpr int kSiteNV = 40;       // partial stride: NV = (2 + HC) HC + 2 <= 26 for HC <= 4
 
 template <int HC>
 __global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uint16_t* __restrict__ X, int64_t dim, const float* __restrict__ fn,
                                                                       const float* __restrict__ pre, int64_t pre_stride, float* partials,
                                                                       uint16_t* hbuf) {
-  constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2, NW = kSiteThreads / 32;
-  static_assert(NMIX <= 32 && NV <= kSiteNV, "mixes must fit a warp");
+  constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2;
+  static_assert(NMIX <= 32 && NV <= kSiteNV, "mixes must fit two passes of 16 groups");
   pdl_trigger();
-  pdl_wait();
-  __shared__ float red[NW][NV];
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid / 32;
+  const int tid = int(threadIdx.x), ql = tid & 7, g = tid >> 3;
   const int64_t t = blockIdx.y, chunks = gridDim.x, n = HC * dim;
-  const int64_t d = int64_t(blockIdx.x) * kSiteDims + tid;
+  const int64_t d0 = int64_t(blockIdx.x) * kPartDims + ql * 4;
+  float4 w[2][HC];
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int a = 0; a < HC; ++a)
+      w[k][a] = g + 16 * k < NMIX ? __ldg(reinterpret_cast<const float4*>(fn + int64_t(g + 16 * k) * n + a * dim + d0)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  pdl_wait();
   const uint16_t* xr = X + t * n;
-  float v[NV];
+  float x[HC][4];
 #pragma unroll
-  for (int j = 0; j < NV; ++j) v[j] = 0.0f;
-  if (d < dim) {
-    float x[HC];
-#pragma unroll
-    for (int a = 0; a < HC; ++a) x[a] = __uint_as_float(uint32_t(__ldg(xr + a * dim + d)) << 16);
-#pragma unroll
-    for (int a = 0; a < HC; ++a) v[0] = __fmaf_rn(x[a], x[a], v[0]);
-#pragma unroll
-    for (int j = 0; j < NMIX; ++j)
-#pragma unroll
-      for (int a = 0; a < HC; ++a) v[1 + j] = __fmaf_rn(__ldg(fn + int64_t(j) * n + a * dim + d), x[a], v[1 + j]);
-    float hs = 0.0f;
-    const float* p = pre + t * pre_stride;
-#pragma unroll
-    for (int a = 0; a < HC; ++a) hs = __fmaf_rn(__ldg(p + a), x[a], hs);
-    const uint16_t hb = to_bf(hs);
-    hbuf[t * dim + d] = hb;
-    const float hf = __uint_as_float(uint32_t(hb) << 16);
-    v[NV - 1] = __fmul_rn(hf, hf);
+  for (int a = 0; a < HC; ++a) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + a * dim + d0));
+    x[a][0] = bf_lo(raw.x), x[a][1] = bf_hi(raw.x), x[a][2] = bf_lo(raw.y), x[a][3] = bf_hi(raw.y);
   }
+  float v[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int j = 0; j < NV; ++j) v[j] = warp_sum(v[j]);
-  if (lane == 0)
+  for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int j = 0; j < NV; ++j) red[warp][j] = v[j];
-  __syncthreads();
-  if (tid < NV) {
-    float s = red[0][tid];
+    for (int a = 0; a < HC; ++a) {
+      v[k] = __fmaf_rn(w[k][a].x, x[a][0], v[k]);
+      v[k] = __fmaf_rn(w[k][a].y, x[a][1], v[k]);
+      v[k] = __fmaf_rn(w[k][a].z, x[a][2], v[k]);
+      v[k] = __fmaf_rn(w[k][a].w, x[a][3], v[k]);
+    }
+  // The 8 lanes of a group in a fixed butterfly.
 #pragma unroll
-    for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][tid]);
-    partials[(t * chunks + blockIdx.x) * kSiteNV + tid] = s;
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) v[k] = __fadd_rn(v[k], __shfl_xor_sync(kFull, v[k], off));
+  float* pt = partials + (t * chunks + blockIdx.x) * kSiteNV;
+  if (ql == 0)
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (g + 16 * k < NMIX) pt[1 + g + 16 * k] = v[k];
+  if (g == 0) {  // lanes 0-7: X's sum of squares, the collapsed row and its sum of squares
+    constexpr unsigned kLow8 = 0xFFu;
+    float ss = 0.0f, hh = 0.0f;
+    const float* p = pre + t * pre_stride;
+    float pa[HC];
+#pragma unroll
+    for (int a = 0; a < HC; ++a) pa[a] = __ldg(p + a);
+    uint16_t hb[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float hs = 0.0f;
+#pragma unroll
+      for (int a = 0; a < HC; ++a) {
+        ss = __fmaf_rn(x[a][e], x[a][e], ss);
+        hs = __fmaf_rn(pa[a], x[a][e], hs);
+      }
+      hb[e] = to_bf(hs);
+      const float hf = __uint_as_float(uint32_t(hb[e]) << 16);
+      hh = __fmaf_rn(hf, hf, hh);
+    }
+    *reinterpret_cast<uint2*>(hbuf + t * dim + d0) = make_uint2(uint32_t(hb[0]) | uint32_t(hb[1]) << 16, uint32_t(hb[2]) | uint32_t(hb[3]) << 16);
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) {
+      ss = __fadd_rn(ss, __shfl_xor_sync(kLow8, ss, off));
+      hh = __fadd_rn(hh, __shfl_xor_sync(kLow8, hh, off));
+    }
+    if (ql == 0) {
+      pt[0] = ss;
+      pt[NV - 1] = hh;
+    }
   }
 }
 
@@ -193,23 +226,31 @@ __device__ __forceinline__ void sinkhorn_thread(const float* m, const float* sc,
 }
 
 template <int HC>
-__global__ void __launch_bounds__(kSiteThreads) fast_hc_finish_kernel(int64_t dim, float norm_eps, const float* __restrict__ sc,
+__global__ void __launch_bounds__(kSiteThreads) fast_hc_finish_kernel(int64_t dim, int64_t chunks, float norm_eps, const float* __restrict__ sc,
                                                                      const float* __restrict__ base, int iters, float hc_eps,
                                                                      const uint16_t* __restrict__ norm_w, const float* partials,
                                                                      const uint16_t* hbuf, HcMix* mix, uint16_t* u, uint8_t* codes, float* scales) {
   constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2, HH = HC * HC, NW = kSiteThreads / 32;
   pdl_trigger();
   pdl_wait();
-  __shared__ float tot[NV];
+  static_assert(NV <= 32, "one lane per value");
+  __shared__ float tot[NV], red[NW][32];
   __shared__ float s_pre[HC], s_post[HC], s_comb[HH];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid / 32;
-  const int64_t t = blockIdx.y, chunks = gridDim.x, n = HC * dim;
+  const int64_t t = blockIdx.y, n = HC * dim;
   const float* pp = partials + t * chunks * kSiteNV;
-  for (int j = warp; j < NV; j += NW) {
+  // Value `lane`, chunks of class `warp` (c = warp mod NW) in order; then the classes in order.
+  if (lane < NV) {
     float s = 0.0f;
-    for (int64_t c = lane; c < chunks; c += 32) s = __fadd_rn(s, pp[c * kSiteNV + j]);
-    s = warp_sum(s);
-    if (lane == 0) tot[j] = s;
+    for (int64_t c = warp; c < chunks; c += NW) s = __fadd_rn(s, pp[c * kSiteNV + lane]);
+    red[warp][lane] = s;
+  }
+  __syncthreads();
+  if (tid < NV) {
+    float s = red[0][tid];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][tid]);
+    tot[tid] = s;
   }
   __syncthreads();
   if (blockIdx.x == 0) {
@@ -232,9 +273,9 @@ __global__ void __launch_bounds__(kSiteThreads) fast_hc_finish_kernel(int64_t di
   if (warp != 0) return;
   const float r = rsqrtf(__fadd_rn(__fdiv_rn(tot[NV - 1], float(dim)), norm_eps));
   const int64_t n8 = dim / 8;
-  for (int64_t c0 = int64_t(blockIdx.x) * (kSiteDims / 8); c0 < (int64_t(blockIdx.x) + 1) * (kSiteDims / 8); c0 += 32) {
+  for (int64_t c0 = int64_t(blockIdx.x) * (kFinishDims / 8); c0 < (int64_t(blockIdx.x) + 1) * (kFinishDims / 8); c0 += 32) {
     const int64_t c = c0 + lane;
-    const bool on = lane < kSiteDims / 8 && c < n8;
+    const bool on = lane < kFinishDims / 8 && c < n8;
     float y[8];
     if (on) {
       float hv[8], wv[8];
@@ -396,13 +437,13 @@ void set_fast_pdl(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
 bool fast_pdl() { return g_pdl.load(std::memory_order_relaxed); }
 
 size_t FastHcScratch::bytes(int64_t dim) {
-  const int64_t chunks = (dim + kSiteDims - 1) / kSiteDims;
+  const int64_t chunks = (dim + kPartDims - 1) / kPartDims;
   return size_t(kFastSmallMaxRows * chunks * kSiteNV * 4) + size_t(kFastSmallMaxRows * dim * 2);
 }
 
 FastHcScratch FastHcScratch::at(void* mem, int64_t dim) {
   FastHcScratch s;
-  const int64_t chunks = (dim + kSiteDims - 1) / kSiteDims;
+  const int64_t chunks = (dim + kPartDims - 1) / kPartDims;
   s.partials = static_cast<float*>(mem);
   s.h = reinterpret_cast<uint16_t*>(static_cast<char*>(mem) + kFastSmallMaxRows * chunks * kSiteNV * 4);
   s.dim = dim;
@@ -416,16 +457,17 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
                     HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st) {
   FB_CHECK(fast_hc_site_ok(hc, dim, T) && scratch.dim == dim && T * dim <= q.capacity) << "fast_hc_site hc=" << hc << " dim=" << dim << " T=" << T;
   FB_CHECK(aligned16(u) && aligned16(norm_w) && aligned16(scratch.h) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0 &&
-           (dim + kSiteDims - 1) / kSiteDims <= 32 * 64)
-      << "fast_hc_site alignment / width";
+           (reinterpret_cast<uintptr_t>(fn) & 15) == 0)
+      << "fast_hc_site alignment";
   if (T == 0) return Status();
-  const dim3 grid(unsigned((dim + kSiteDims - 1) / kSiteDims), unsigned(T));
+  const int64_t chunks = dim / kPartDims;
+  const dim3 grid{unsigned(chunks), unsigned(T)}, fgrid{unsigned((dim + kFinishDims - 1) / kFinishDims), unsigned(T)};
   const bool pdl = fast_pdl();
   cudaError_t e1 = cudaSuccess, e2 = cudaSuccess;
   auto go = [&](auto partial, auto finish) {
     e1 = launch_pdl(pdl, partial, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h);
     if (e1 == cudaSuccess)
-      e2 = launch_pdl(pdl, finish, grid, dim3(kSiteThreads), 0, st, dim, norm_eps, scale, base, iters, hc_eps, norm_w, scratch.partials, scratch.h, mix,
+      e2 = launch_pdl(pdl, finish, fgrid, dim3(kSiteThreads), 0, st, dim, chunks, norm_eps, scale, base, iters, hc_eps, norm_w, scratch.partials, scratch.h, mix,
                       u, q.codes, q.scales);
   };
   switch (hc) {

@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "cpu/session_cache.h"
+#include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
 #include "model/forward.h"
@@ -721,6 +722,22 @@ class CudaLayerOps {
   // Scratch for the key-block split of attention when it applies (few rows, long key lists).
   // CudaRunOptions::attn_split = 0 turns it off, attn_predequant = 0 dequantises the key tiles inside
   // the score and P.V kernels again (A/B measurements only; every path gives the same bits).
+  // Attention of this step's rows (q_ -> o_) over `keys`, whose lists hold at most max_keys
+  // entries: [fast] steps of up to kFastAttnMaxRows rows on the tensor-core kernels of
+  // fast_attention.h, else the exact kernels (attention.cu, the CPU's bits).
+  void attend(AttnKeys& keys, int max_keys, const float* sinks, float scale) {
+    const int d = int(c_.head_dim);
+    if (m_.fast_attn_ && !tc_ && fast_attention_ok(T_, d)) {
+      keys.max_keys = max_keys;
+      float* scratch = alloc<float>(fast_attention_floats(T_, c_.n_heads, d, max_keys));
+      if (!ok()) return;
+      step(fast_sparse_attention(q_, T_, c_.n_heads, d, keys, sinks, scale, scratch, o_, st_));
+      return;
+    }
+    split_scratch(keys, max_keys);
+    if (!ok()) return;
+    step(sparse_attention(q_, T_, c_.n_heads, d, keys, sinks, scale, o_, st_));
+  }
   void split_scratch(AttnKeys& keys, int max_keys) {
     keys.max_keys = max_keys;
     if (!m_.run_.attn_predequant) keys.predequant = false;

@@ -54,12 +54,13 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "pdl") return flag(o.pdl);
   if (name == "overlap") return flag(o.overlap);
   if (name == "fp8_fma") return flag(o.fp8_fma);
+  if (name == "fast_attn") return flag(o.fast_attn);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "attn_split, attn_predequant, bounded_replay)";
+                                       "fast_attn, attn_split, attn_predequant, bounded_replay)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -74,6 +75,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
   fast_small_ = fast && o.fast_small;
+  fast_attn_ = fast && o.fast_attn;
   overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }

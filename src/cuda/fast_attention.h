@@ -1,0 +1,42 @@
+// [fast] sparse attention with a sink for decode / verify / draft steps (few rows): the same keys
+// (AttnKeys: window FP8 rows, selected FP4 entries, dequantised to the reference's exact bf16
+// values), the same operands (bf16 q and keys, bf16 probabilities for P.V, f32 sums), but the
+// dots and P.V sums on tensor cores (mma.m16n8k16 bf16, f32 accumulation) and the softmax as a
+// split over 64-key blocks with a fixed combine:
+//   tile kernel, CTA (block b, group of 16 heads, row t): dequantises the block's keys once into
+//     shared memory, S = Q K^T, block max m_b, p = exp(z - m_b), l_b = sum p, O_b = bf16(p) V,
+//     written as f32 partials;
+//   combine kernel, CTA (row, head): M = max m_b, o = sum_b e^(m_b - M) O_b / (sum_b e^(m_b - M)
+//     l_b + e^(sink - M)), in block order, rounded to bf16.
+// Why: the exact kernels (attention.cu) give every product its own rounding in the CPU's order
+// and ran ~70 us per layer at a 4K context (five launches, scalar dots), ~2.8 ms of a decode step.
+//
+// Guarantees: deterministic (fixed decomposition, no atomics); row-invariant (a row's CTAs read
+// only its own q and keys; the block count of a row comes from its own key count); NOT
+// bit-identical to the exact class (sums in the tensor cores' order, p relative to the block's
+// own max, hardware exp): cuda_fast_attention_test bounds it against the CPU reference.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+constexpr int64_t kFastAttnMaxRows = 64;
+
+// True when fast_sparse_attention handles the shape: head_dim a multiple of 64 up to 512, up to
+// kFastAttnMaxRows rows (any head count: groups of 16 heads, the last one padded).
+bool fast_attention_ok(int64_t T, int d);
+// f32 scratch elements for T rows whose key lists hold at most max_keys entries.
+int64_t fast_attention_floats(int64_t T, int n_heads, int d, int max_keys);
+
+// out [T, n_heads, d] bf16. keys.max_keys must bound every row's key count (the kernel traps
+// otherwise: a row is never cut short); keys.split / predequant are not used.
+Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
+                             uint16_t* out, cudaStream_t st);
+
+}  // namespace fb::cuda

@@ -1,0 +1,182 @@
+// The fast sparse attention (fast_attention.h) against the CPU reference (cpu::sparse_attention,
+// which the exact CUDA kernels equal bit for bit, ops_test.cpp) at the released shape (64 heads,
+// head_dim 512, window 128 + 512 selected entries) and at the tiny fixtures' (4 heads, 64):
+//  (1) accuracy: per row NMSE <= 1e-4 and max |err| <= 2^-5 of the row's largest |o|. Expected
+//      error: both sides round p to bf16 (2^-9 relative) but relative to different maxima (the
+//      running max vs the block's own), the dots sum in another order, and the outputs round to
+//      bf16 once; a wrong key, block or weight gives NMSE ~1;
+//  (2) row invariance: a row's bits alone equal its bits among 3 and 7 rows;
+//  (3) determinism, and the same bits with programmatic dependent launch on and off.
+// Label: gpu (skipped without a device).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "cuda/fast_attention.h"
+#include "cuda/fast_small.h"
+#include "cuda/ops_test_util.h"
+
+namespace fb::cuda {
+namespace {
+
+using namespace ops_test_util;
+
+// One row's key list: window FP8 rows (some empty), then selected FP4 ids (some -1).
+struct RowKeys {
+  int n_win = 0, n_sel = 0;
+};
+
+struct Case {
+  int H, d;
+  int64_t T;
+  std::vector<RowKeys> rows;
+  std::vector<uint8_t> win_rows, comp;
+  std::vector<bf16_t> win_val, comp_val, q;
+  std::vector<float> sinks;
+  std::vector<std::vector<int>> win_idx;  // per row: window row index or -1
+  std::vector<std::vector<int32_t>> sel;  // per row: compressed ids
+  int64_t n_comp;
+
+  Case(Rng& rng, int heads, int dim, std::vector<RowKeys> r, float q_scale) : H(heads), d(dim), T(int64_t(r.size())), rows(std::move(r)) {
+    const int64_t rb8 = d + d / 32, rb4 = d / 2 + d / 16;
+    int total_win = 0;
+    for (const auto& k : rows) total_win += k.n_win;
+    n_comp = 700;
+    win_rows.resize(size_t(total_win) * size_t(rb8));
+    win_val.resize(size_t(total_win) * size_t(d));
+    comp.resize(size_t(n_comp * rb4));
+    comp_val.resize(size_t(n_comp * d));
+    auto lat = rng.act(int64_t(total_win) * d, 2.0f);
+    for (int i = 0; i < total_win; ++i)
+      cpu::fp8_qdq_row(&lat[size_t(i) * d], d, &win_rows[size_t(i) * size_t(rb8)], &win_rows[size_t(i) * size_t(rb8) + d], &win_val[size_t(i) * d]);
+    auto clat = rng.act(n_comp * d, 2.0f);
+    for (int64_t i = 0; i < n_comp; ++i)
+      cpu::fp4_e4m3_qdq_row(&clat[size_t(i * d)], d, &comp[size_t(i * rb4)], &comp[size_t(i * rb4 + d / 2)], &comp_val[size_t(i * d)]);
+    q = rng.act(T * H * d, q_scale);
+    sinks = rng.f32(H, 1.0f);
+    int w0 = 0;
+    for (const auto& k : rows) {
+      std::vector<int> wi;
+      for (int i = 0; i < k.n_win; ++i) wi.push_back(rng.uniform(0, 9) == 0 ? -1 : w0 + i);
+      w0 += k.n_win;
+      win_idx.push_back(wi);
+      std::vector<int32_t> s;
+      for (int i = 0; i < k.n_sel; ++i) s.push_back(rng.uniform(0, 7) == 0 ? -1 : rng.uniform(0, int(n_comp) - 1));
+      sel.push_back(s);
+    }
+  }
+
+  // CPU reference outputs of rows [t0, t0 + n).
+  std::vector<bf16_t> reference() const {
+    std::vector<bf16_t> want(size_t(T * H * d));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<const bf16_t*> keys;
+      for (int i : win_idx[size_t(t)]) keys.push_back(i < 0 ? nullptr : &win_val[size_t(i) * d]);
+      for (int32_t id : sel[size_t(t)]) keys.push_back(id < 0 ? nullptr : &comp_val[size_t(id) * d]);
+      cpu::sparse_attention(&q[size_t(t * H * d)], H, d, keys, sinks.data(), 1.0f / std::sqrt(float(d)), &want[size_t(t * H * d)]);
+    }
+    return want;
+  }
+
+  // fast_sparse_attention over the rows listed in `which` (in that order), as one step.
+  std::vector<bf16_t> run_fast(const std::vector<int64_t>& which, bool pdl) const {
+    const int64_t R = int64_t(which.size()), rb8 = d + d / 32;
+    Dev<uint8_t> dwin(win_rows), dcomp(comp);
+    std::vector<uint64_t> win_ptr, comp_base(size_t(R), reinterpret_cast<uint64_t>(dcomp.p()));
+    std::vector<int32_t> off{0}, cnt;
+    int64_t sel_ld = 1;
+    for (int64_t t : which) sel_ld = std::max<int64_t>(sel_ld, int64_t(sel[size_t(t)].size()));
+    std::vector<int32_t> sl(size_t(R * sel_ld), -1);
+    std::vector<bf16_t> qr;
+    int max_keys = 1;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t t = which[size_t(r)];
+      for (int i : win_idx[size_t(t)]) win_ptr.push_back(i < 0 ? 0 : reinterpret_cast<uint64_t>(dwin.p() + size_t(i) * size_t(rb8)));
+      off.push_back(int32_t(win_ptr.size()));
+      cnt.push_back(int32_t(sel[size_t(t)].size()));
+      std::copy(sel[size_t(t)].begin(), sel[size_t(t)].end(), sl.begin() + r * sel_ld);
+      qr.insert(qr.end(), q.begin() + t * H * d, q.begin() + (t + 1) * H * d);
+      max_keys = std::max(max_keys, int(win_idx[size_t(t)].size() + sel[size_t(t)].size()));
+    }
+    if (win_ptr.empty()) win_ptr.push_back(0);
+    Dev<uint64_t> dwp(win_ptr), dcb(comp_base);
+    Dev<int32_t> doff(off), dsel(sl), dcnt(cnt);
+    Dev<bf16_t> dq(qr), dout(size_t(R * H * d));
+    Dev<float> dsink(sinks), scratch(size_t(fast_attention_floats(R, H, d, max_keys)));
+    AttnKeys k{dwp.p(), doff.p(), dsel.p(), dcnt.p(), sel_ld, dcb.p()};
+    k.max_keys = max_keys;
+    set_fast_pdl(pdl);
+    EXPECT_TRUE(fast_sparse_attention(dq.p(), R, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), scratch.p(), dout.p(), nullptr).ok());
+    set_fast_pdl(false);
+    return dout.get();
+  }
+};
+
+void expect_close(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want, int64_t T, int64_t width, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst_nmse = 0, worst_rel = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    double se = 0, ss = 0, amax = 0, emax = 0;
+    for (int64_t i = t * width; i < (t + 1) * width; ++i) {
+      const double a = bf16_to_f32(got[size_t(i)]), b = bf16_to_f32(want[size_t(i)]);
+      ASSERT_TRUE(std::isfinite(a)) << what << " row " << t << " element " << i - t * width;
+      se += (a - b) * (a - b);
+      ss += b * b;
+      amax = std::max(amax, std::fabs(b));
+      emax = std::max(emax, std::fabs(a - b));
+    }
+    ASSERT_GT(ss, 0.0) << what;
+    worst_nmse = std::max(worst_nmse, se / ss);
+    worst_rel = std::max(worst_rel, emax / amax);
+  }
+  std::printf("  %-44s worst row nmse %.3g, max |err| / max |o| %.3g\n", what, worst_nmse, worst_rel);
+  EXPECT_LE(worst_nmse, 1e-4) << what;
+  EXPECT_LE(worst_rel, 1.0 / 32) << what;
+}
+
+std::vector<int64_t> all_rows(int64_t T) {
+  std::vector<int64_t> v(static_cast<size_t>(T));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST(FastAttention, ReleasedShapeAgainstCpu) {
+  FB_NEED_GPU();
+  Rng rng(11);
+  // A decode row at a long context (window 128 + 512 selected), a window-only row (ratio-0
+  // layer), rows ending inside a block, a row of 3 keys; and peaked scores (q x 4).
+  for (float qs : {1.0f, 4.0f}) {
+    Case c(rng, 64, 512, {{128, 512}, {128, 0}, {100, 37}, {3, 0}, {128, 200}}, qs);
+    expect_close(c.run_fast(all_rows(c.T), false), c.reference(), c.T, int64_t(c.H) * c.d, qs == 1.0f ? "64 heads x 512, 5 rows" : "64 heads x 512, peaked");
+  }
+}
+
+TEST(FastAttention, TinyShapeAgainstCpu) {
+  FB_NEED_GPU();
+  Rng rng(12);
+  Case c(rng, 4, 64, {{16, 8}, {16, 0}, {5, 3}, {1, 0}}, 1.0f);
+  expect_close(c.run_fast(all_rows(c.T), false), c.reference(), c.T, int64_t(c.H) * c.d, "4 heads x 64 (tiny fixtures)");
+}
+
+TEST(FastAttention, RowInvariantDeterministicAndPdl) {
+  FB_NEED_GPU();
+  Rng rng(13);
+  Case c(rng, 64, 512, {{128, 512}, {128, 0}, {77, 300}, {128, 512}, {40, 0}, {128, 128}, {128, 511}}, 1.0f);
+  const int64_t W = int64_t(c.H) * c.d;
+  const auto all = c.run_fast(all_rows(c.T), false);
+  EXPECT_EQ(c.run_fast(all_rows(c.T), false), all) << "two runs differ";
+  EXPECT_EQ(c.run_fast(all_rows(c.T), true), all) << "PDL on changes bits";
+  for (int64_t t : {0, 2, 6}) {
+    const auto alone = c.run_fast({t}, false);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + t * W)) << "row " << t << " alone vs among 7";
+    const auto three = c.run_fast({(t + 1) % c.T, t, (t + 3) % c.T}, false);
+    EXPECT_TRUE(std::equal(three.begin() + W, three.begin() + 2 * W, all.begin() + t * W)) << "row " << t << " among 3";
+  }
+}
+
+}  // namespace
+}  // namespace fb::cuda
