@@ -16,6 +16,8 @@ Runner add_serve(CLI::App& app) {
   app.add_option("--max-body-bytes", opt->max_body_bytes, "larger request bodies get 413");
   app.add_flag("--allow-local-images", opt->allow_local_images, "accept file:// paths in image parts (never network URLs)");
   app.add_option("--max-images", opt->max_images, "images per request");
+  app.add_option("--phrase-bias", opt->phrase_bias_file,
+                 "JSON file of phrase biases applied to every request ({\"phrase\": bias} or a list; a request's phrase_bias overrides)");
   app.add_option("--sse-keepalive-ms", opt->keepalive_ms, "SSE keep-alive comment / Anthropic ping interval while nothing is sent");
   return [setup, opt] {
     auto le = load_engine(*setup);

@@ -87,6 +87,42 @@ TEST(Engine, StopStringAcrossTokensAndMaxTokens) {
   EXPECT_EQ(join(evs, Event::Kind::kText), "one two three");
 }
 
+// A calls block cut by max_tokens at every length (issue 27): finish is length, every call
+// reported is whole (name and arguments equal one of the script's invokes, in order) and only
+// those whose closing tag came before the cut are reported; the rest of the block is text.
+TEST(Engine, ToolCallsCutByMaxTokensAreNeverHalfReported) {
+  const std::string inv_a = "<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
+                            "<｜DSML｜ parameter name=\"days\" string=\"false\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>";
+  const std::string inv_b = "<｜DSML｜ invoke name=\"get_time\">\n<｜DSML｜ parameter name=\"tz\" string=\"true\">UTC</｜DSML｜ parameter>\n</｜DSML｜ invoke>";
+  const std::string script = "Checking.\n\n<｜DSML｜ calls>\n" + inv_a + "\n" + inv_b + "\n</｜DSML｜ calls>";
+  const std::vector<std::pair<std::string, std::string>> want = {{"get_weather", "{\"city\": \"Paris\", \"days\": 2}"}, {"get_time", "{\"tz\": \"UTC\"}"}};
+  const auto& tok = v41_tokenizer();
+  const std::vector<int32_t> ids = tok.encode(script);
+  auto e = make({script});
+  const std::string close_tag = "</｜DSML｜ invoke>";
+  for (size_t n = 1; n <= ids.size() + 1; ++n) {
+    Request r = req();
+    r.max_tokens = int64_t(n);
+    auto evs = collect(*e, r);
+    ASSERT_EQ(evs.back().kind, Event::Kind::kDone) << n;
+    const bool whole = n > ids.size();  // the script and its EOS fit
+    EXPECT_EQ(evs.back().finish, whole ? FinishReason::kToolCalls : FinishReason::kLength) << "max_tokens " << n;
+    // Invokes closed within the first n tokens.
+    const std::string prefix = tok.decode(std::span<const int32_t>(ids.data(), std::min(n, ids.size())));
+    size_t closed = 0;
+    for (size_t p = prefix.find(close_tag); p != std::string::npos; p = prefix.find(close_tag, p + 1)) ++closed;
+    std::vector<std::pair<std::string, std::string>> got;
+    for (auto& ev : evs)
+      if (ev.kind == Event::Kind::kToolCall) got.emplace_back(ev.call.name, ev.call.arguments);
+    const std::vector<std::pair<std::string, std::string>> expect(want.begin(), want.begin() + ptrdiff_t(closed));
+    EXPECT_EQ(got, expect) << "max_tokens " << n;
+    // Nothing is lost: the text is the prefix less the calls reported (and the block's own markup once closed).
+    const std::string text = join(evs, Event::Kind::kText);
+    if (closed == 0) EXPECT_EQ(text, prefix) << "max_tokens " << n;
+    else EXPECT_EQ(text.rfind("Checking.", 0), 0u) << text;
+  }
+}
+
 TEST(Engine, PlainTextEndsWithStopAndLogprobs) {
   auto e = make({"Plain answer."});
   Request r = req();

@@ -438,7 +438,7 @@ Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vect
   const int32_t t = sample(processed_row(logits_.data(), sp), vocab_, sp, rng);
   FB_RETURN_IF_ERROR(constrain_emitted(sp, std::span<const int32_t>(&t, 1)));
   if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));  // raw logprobs (spec/16 §4)
-  ++generated_[t];
+  generated_.add(t);
   out->push_back(t);
   pending_ = true;
   pending_token_ = t;
@@ -697,8 +697,8 @@ Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams
   }
   out->push_back(t_next);
   if (lp && top_n >= 0) lp->push_back(token_logprob(last, vocab_, t_next, top_n));
-  for (int64_t i = 1; i <= a; ++i) ++generated_[d.ids[size_t(i)]];
-  ++generated_[t_next];
+  for (int64_t i = 1; i <= a; ++i) generated_.add(d.ids[size_t(i)]);
+  generated_.add(t_next);
   pending_token_ = t_next;
   pending_ = true;
   have_logits_ = false;

@@ -202,7 +202,7 @@ class Generator {
   int64_t ckpt_upto_ = 0;  // history_ positions the last stored checkpoint covers
   DsparkCounters counters_;
   VerifyCostTable cost_;
-  TokenCounts generated_;    // tokens emitted since the last prefill (SamplingParams penalties)
+  GeneratedTokens generated_;  // tokens emitted since the last prefill (penalties, phrase bias)
   std::vector<float> processed_;  // a logits row after SamplingParams' bias, penalties and mask (scratch)
   std::vector<uint32_t> allowed_;  // the constraint's mask for that row (scratch)
   // The row the sampling steps see: `row` itself, or its processed copy when the request biases,

@@ -237,17 +237,34 @@ TokenLogprob token_logprob(const float* logits, int64_t n, int32_t id, int top_n
   return t;
 }
 
-void process_logits(const float* logits, int64_t n, const SamplingParams& p, const TokenCounts& counts, std::span<const int32_t> extra,
+void process_logits(const float* logits, int64_t n, const SamplingParams& p, const GeneratedTokens& gen, std::span<const int32_t> extra,
                     std::vector<float>* out) {
   out->assign(logits, logits + n);
   if (!p.processes_logits()) return;
   for (const auto& [id, b] : p.logit_bias)
     if (id >= 0 && id < n) (*out)[size_t(id)] += b;
+  // Phrase bias: the generated sequence is gen.ids then extra; back(j) is its j-th token from the end.
+  const size_t len = gen.ids.size() + extra.size();
+  auto back = [&](size_t j) { return j < extra.size() ? extra[extra.size() - 1 - j] : gen.ids[gen.ids.size() - 1 - (j - extra.size())]; };
+  std::vector<int32_t> targets;  // one phrase's continuations biased at this row (each once)
+  for (const PhraseBias& ph : p.phrase_bias) {
+    const size_t m = ph.tokens.size();
+    targets.clear();
+    if (m == 1) targets.push_back(ph.tokens[0]);
+    for (size_t k = 1; k < m && k <= len; ++k) {
+      // Does the sequence end with tokens[0..k)?
+      bool match = true;
+      for (size_t i = 0; i < k && match; ++i) match = back(i) == ph.tokens[k - 1 - i];
+      if (match && std::find(targets.begin(), targets.end(), ph.tokens[k]) == targets.end()) targets.push_back(ph.tokens[k]);
+    }
+    for (int32_t t : targets)
+      if (t >= 0 && t < n) (*out)[size_t(t)] += ph.bias;
+  }
   if (p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
   TokenCounts all;
-  const TokenCounts* c = &counts;
+  const TokenCounts* c = &gen.counts;
   if (!extra.empty()) {
-    all = counts;
+    all = gen.counts;
     for (int32_t t : extra) ++all[t];
     c = &all;
   }

@@ -17,6 +17,18 @@
 
 namespace fb::engine {
 
+// A bias on a multi-token phrase (issue 27, [policy]): while the tokens generated so far end with
+// the first k tokens of `tokens` (1 <= k < size), `bias` is added to the logit of token k, the one
+// that continues the phrase; a one-token phrase biases its token everywhere, like logit_bias.
+// The phrase's first token is not biased on its own (so -100 bans finishing a phrase, never the
+// word it starts with). Matching is on token ids: another tokenization of the same text is not
+// caught.
+struct PhraseBias {
+  std::vector<int32_t> tokens;  // 1..kMaxPhraseTokens ids
+  float bias = 0.0f;
+};
+constexpr int kMaxPhraseTokens = 64;
+
 struct SamplingParams {
   float temperature = 1.0f;  // <= 0: greedy
   float top_p = 1.0f;        // (0, 1): nucleus; >= 1 off
@@ -29,20 +41,35 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  std::vector<PhraseBias> phrase_bias;  // after logit_bias, before the penalties
   // Constrained decoding (response_format): tokens the grammar does not allow get -inf before the
   // steps above, on every row the generator samples or verifies. The request's own grammar state:
   // the generator advances it as tokens are emitted (shared, never between requests).
   std::shared_ptr<TokenConstraint> constraint;
   bool greedy() const { return temperature <= 0.0f; }
-  bool processes_logits() const { return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  bool processes_logits() const {
+    return !logit_bias.empty() || !phrase_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
 };
 
-// Tokens generated so far in a request (the penalties' counts).
+// Tokens generated so far in a request: counts (the penalties) and order (phrase bias).
 using TokenCounts = std::unordered_map<int32_t, int32_t>;
-// out = logits with p's bias and penalties applied; `counts` plus `extra` (tokens generated after
-// them, e.g. the accepted drafts before a verify row) are the generated tokens. A row for which
-// p.processes_logits() is false is returned unchanged (the caller may skip the copy).
-void process_logits(const float* logits, int64_t n, const SamplingParams& p, const TokenCounts& counts, std::span<const int32_t> extra,
+struct GeneratedTokens {
+  TokenCounts counts;
+  std::vector<int32_t> ids;
+  void add(int32_t t) {
+    ++counts[t];
+    ids.push_back(t);
+  }
+  void clear() {
+    counts.clear();
+    ids.clear();
+  }
+};
+// out = logits with p's bias, phrase bias and penalties applied; `gen` then `extra` (tokens
+// generated after them, e.g. the accepted drafts before a verify row) are the generated tokens. A
+// row for which p.processes_logits() is false is returned unchanged (the caller may skip the copy).
+void process_logits(const float* logits, int64_t n, const SamplingParams& p, const GeneratedTokens& gen, std::span<const int32_t> extra,
                     std::vector<float>* out);
 
 // Deterministic per-request generator (xoshiro256** seeded through splitmix64), so a seeded

@@ -4,6 +4,7 @@
 // rate; stop strings. Statistical tests use fixed seeds: deterministic, they cannot flake.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -38,7 +39,8 @@ TEST(Sampler, LogitBiasAndPenalties) {
   p.logit_bias = {{0, 10.0f}, {3, -100.0f}, {99, 5.0f}};  // an id outside the row is ignored here (the server rejects it)
   p.presence_penalty = 0.5f;
   p.frequency_penalty = 0.25f;
-  TokenCounts counts = {{1, 2}, {2, 0}};
+  GeneratedTokens counts;
+  counts.counts = {{1, 2}, {2, 0}};
   const int32_t extra[] = {1, 2};
   process_logits(x.data(), 4, p, counts, extra, &out);
   EXPECT_FLOAT_EQ(out[0], 11.0f);
@@ -46,7 +48,73 @@ TEST(Sampler, LogitBiasAndPenalties) {
   EXPECT_FLOAT_EQ(out[2], 3.0f - 0.5f - 0.25f * 1);
   EXPECT_FLOAT_EQ(out[3], -96.0f);
   EXPECT_EQ(argmax(out.data(), 4), 0);
-  EXPECT_EQ(counts.at(1), 2) << "extra must not change the caller's counts";
+  EXPECT_EQ(counts.counts.at(1), 2) << "extra must not change the caller's counts";
+}
+
+// Phrase bias (issue 27): the token continuing a phrase is biased where the generated tokens (the
+// request's, then `extra`) end with a proper prefix of it; the first token alone is not; a
+// one-token phrase is biased everywhere; each continuation once per phrase; phrases add up.
+TEST(Sampler, PhraseBiasFollowsTheGeneratedPrefix) {
+  const std::vector<float> x(8, 0.0f);
+  SamplingParams p;
+  p.phrase_bias = {{{1, 2, 3}, -5.0f}};
+  EXPECT_TRUE(p.processes_logits());
+  std::vector<float> out;
+  auto row = [&](std::vector<int32_t> gen_ids, std::vector<int32_t> extra) {
+    GeneratedTokens g;
+    for (int32_t t : gen_ids) g.add(t);
+    process_logits(x.data(), 8, p, g, extra, &out);
+    return out;
+  };
+  auto only = [](std::vector<std::pair<int, float>> set) {
+    std::vector<float> v(8, 0.0f);
+    for (auto [i, b] : set) v[size_t(i)] = b;
+    return v;
+  };
+  EXPECT_EQ(row({}, {}), only({})) << "nothing generated: the first token is not biased";
+  EXPECT_EQ(row({7, 1}, {}), only({{2, -5.0f}}));
+  EXPECT_EQ(row({1, 2}, {}), only({{3, -5.0f}}));
+  EXPECT_EQ(row({1}, {2}), only({{3, -5.0f}})) << "a prefix across the generated tokens and extra";
+  EXPECT_EQ(row({}, {1, 2}), only({{3, -5.0f}}));
+  EXPECT_EQ(row({1, 3}, {}), only({})) << "3 after 1 breaks the prefix";
+  EXPECT_EQ(row({1, 2, 3}, {}), only({})) << "a whole phrase: nothing left to continue";
+  // Self-overlapping phrase 4 4 4 5: after "4 4" both k=1 and k=2 continue with 4 (biased once);
+  // after "4 4 4" k=3 continues with 5 and k=1, 2 with 4.
+  p.phrase_bias = {{{4, 4, 4, 5}, 2.0f}};
+  EXPECT_EQ(row({4, 4}, {}), only({{4, 2.0f}}));
+  EXPECT_EQ(row({4, 4, 4}, {}), only({{4, 2.0f}, {5, 2.0f}}));
+  // One-token phrase: everywhere, like logit_bias; two phrases continuing with the same token add.
+  p.phrase_bias = {{{6}, 1.5f}, {{1, 2}, -1.0f}, {{0, 2}, -2.0f}};
+  EXPECT_EQ(row({}, {}), only({{6, 1.5f}}));
+  EXPECT_EQ(row({0}, {}), only({{6, 1.5f}, {2, -2.0f}}));
+  p.phrase_bias.push_back({{0, 2, 9}, -4.0f});  // an id outside the row is ignored here (the server checks ids)
+  EXPECT_EQ(row({0}, {}), only({{6, 1.5f}, {2, -6.0f}}));
+  EXPECT_EQ(row({0, 2}, {}), only({{6, 1.5f}}));
+}
+
+// Cost of phrase bias per row on the released vocabulary (129,280): 256 phrases of 16 tokens, 200
+// generated tokens ending in a prefix of each (the worst case: every phrase matches at every k).
+// Printed for the history; the bound only catches a pathological slowdown.
+TEST(Sampler, PhraseBiasCostPerRow) {
+  const int64_t n = 129280;
+  std::vector<float> x(size_t(n), 0.5f), out;
+  SamplingParams p;
+  for (int i = 0; i < 256; ++i) p.phrase_bias.push_back({std::vector<int32_t>(16, 1000), -3.0f});
+  GeneratedTokens g;
+  for (int i = 0; i < 200; ++i) g.add(1000);
+  process_logits(x.data(), n, p, g, {}, &out);
+  const int reps = 50;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) process_logits(x.data(), n, p, g, {}, &out);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  SamplingParams none;
+  none.logit_bias = {{5, 1.0f}};
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) process_logits(x.data(), n, none, g, {}, &out);
+  const double copy_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count() / reps;
+  std::printf("phrase bias: 256 phrases x 16 tokens, worst-case match: %.1f us per row (the row copy with logit_bias alone: %.1f us)\n", us, copy_us);
+  EXPECT_FLOAT_EQ(out[5], 1.5f);
+  EXPECT_LT(us, 50000.0);
 }
 
 TEST(Sampler, TemperatureSoftmax) {

@@ -290,6 +290,25 @@ Result<nlohmann::ordered_json> Compiler::tool_call_structural_tag(const ToolCall
                                                                oj{{"type", "const_string"}, {"value", close}}})}};
       break;
     case ToolCallFormat::Choice::kAuto: {
+      if (f.answer) {
+        // The answer format's JSON value, or one calls block (as kRequired's, strict tools only).
+        // The value as compile(ResponseFormat) writes it (layout, `strict`), through xgrammar's EBNF:
+        // a structural tag's own json_schema element would allow free whitespace and force strict.
+        const bool object = f.answer->kind == ResponseFormat::Kind::kJsonObject;
+        std::string ebnf;
+        try {
+          ebnf = xgrammar::Grammar::FromJSONSchema(object ? R"({"type":"object"})" : f.answer->schema.dump(), kAnyWhitespace, std::nullopt,
+                                                   std::nullopt, object ? false : f.answer->strict)
+                     .ToString();
+        } catch (const std::exception& e) {
+          return FB_ERROR(kInvalidArgument) << "response_format schema: " << e.what();
+        }
+        oj json = {{"type", "grammar"}, {"grammar", ebnf}};
+        oj calls = {{"type", "sequence"}, {"elements", oj::array({oj{{"type", "const_string"}, {"value", open}}, FB_TRY(invokes(true)),
+                                                                oj{{"type", "const_string"}, {"value", close}}})}};
+        format = {{"type", "or"}, {"elements", oj::array({json, calls})}};
+        break;
+      }
       // Free text until "<｜DSML｜ calls>", then one calls block whose invokes name the request's
       // tools, strict tools' arguments conforming to their schemas; after it only EOS.
       oj block = {{"type", "tag"}, {"begin", "<" + m + " calls>\n"}, {"content", FB_TRY(invokes(true))}, {"end", close}};
@@ -301,9 +320,13 @@ Result<nlohmann::ordered_json> Compiler::tool_call_structural_tag(const ToolCall
 }
 
 Result<std::shared_ptr<engine::TokenConstraint>> Compiler::compile(const ToolCallFormat& f) const {
-  if (f.choice == ToolCallFormat::Choice::kAuto &&
+  const bool auto_answer = f.choice == ToolCallFormat::Choice::kAuto && f.answer;
+  if (f.choice == ToolCallFormat::Choice::kAuto && !auto_answer &&
       std::none_of(f.tools.begin(), f.tools.end(), [](const ToolSpec& t) { return t.strict; }))
     return std::shared_ptr<engine::TokenConstraint>();
+  // The answer's schema alone first: its 400s (unsupported keyword, no value satisfies it) name the
+  // response_format, which the calls alternative would otherwise hide.
+  if (auto_answer) FB_RETURN_IF_ERROR(compile(*f.answer).status());
   const nlohmann::ordered_json tag = FB_TRY(tool_call_structural_tag(f));
   std::shared_ptr<engine::TokenConstraint> out;
   try {
@@ -314,8 +337,9 @@ Result<std::shared_ptr<engine::TokenConstraint>> Compiler::compile(const ToolCal
     probe.allowed({}, &bits);
     if (std::all_of(bits.begin(), bits.end(), [](uint32_t w) { return w == 0; }))
       return FB_ERROR(kInvalidArgument) << "tools: no tool call satisfies the tools' parameter schemas";
+    // Under auto the answer is optional (EOS may end the reasoning), unless it has a format.
     out = std::make_shared<GrammarConstraint>(g, impl_->markup_tools, vocab_size_, impl_->eos, impl_->think_end, f.after_reasoning,
-                                              f.choice == ToolCallFormat::Choice::kAuto);
+                                              f.choice == ToolCallFormat::Choice::kAuto && !auto_answer);
   } catch (const std::exception& e) {
     return FB_ERROR(kInvalidArgument) << "tools: " << e.what();
   }

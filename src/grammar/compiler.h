@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -49,6 +50,10 @@ struct ToolCallFormat {
   std::string name;  // kNamed
   bool parallel = true;
   bool after_reasoning = false;  // as ResponseFormat: the reasoning runs free until </think>
+  // kAuto with a response_format (Chat): the answer is either this JSON value or one calls block
+  // (no text around either; strict tools' arguments constrained as above), the value written as
+  // compile(ResponseFormat) writes it. Ignored when a call is forced (the answer is then the call).
+  std::optional<ResponseFormat> answer;
 };
 
 class Compiler {
@@ -59,8 +64,8 @@ class Compiler {
   ~Compiler();
   // kInvalidArgument naming the problem for an unsupported or unsatisfiable schema.
   Result<std::shared_ptr<engine::TokenConstraint>> compile(const ResponseFormat& f) const;
-  // kInvalidArgument naming the tool and the problem. kAuto with no strict tool: nothing to
-  // enforce, a null constraint.
+  // kInvalidArgument naming the tool and the problem. kAuto with no strict tool and no answer
+  // format: nothing to enforce, a null constraint.
   Result<std::shared_ptr<engine::TokenConstraint>> compile(const ToolCallFormat& f) const;
   // The structural tag compile(ToolCallFormat) builds (tests, debugging).
   static Result<nlohmann::ordered_json> tool_call_structural_tag(const ToolCallFormat& f);

@@ -371,6 +371,61 @@ TEST(GrammarToolCalls, AutoWithStrictToolsLeavesTextFreeAndConstrainsCalls) {
   EXPECT_EQ(*c, nullptr);
 }
 
+// response_format with tools under tool_choice auto: the answer is the JSON value (validating
+// against the schema) or one calls block, nothing else; the schema's own 400s still name it; a
+// forced choice ignores the answer format (the answer is the call).
+TEST(GrammarToolCalls, AnswerFormatOrACall) {
+  auto f = weather_tools(ToolCallFormat::Choice::kAuto, /*strict=*/false);
+  f.answer = schema_format(R"({"type":"object","properties":{"temp":{"type":"number"},"sky":{"enum":["sun","rain"]}},"required":["temp"]})", false);
+  const std::string w = invoke("get_weather", {param("city", true, "Oslo"), param("days", false, "3")});
+  EXPECT_TRUE(tool_output(f, R"({"temp": 21.5, "sky": "sun"})"));
+  EXPECT_TRUE(tool_output(f, R"({"temp": -3})"));
+  EXPECT_TRUE(tool_output(f, block({w})));
+  EXPECT_TRUE(tool_output(f, block({invoke("get_weather", {param("anything", true, "x")})}))) << "non-strict tool: free arguments";
+  EXPECT_FALSE(tool_output(f, R"({"sky": "sun"})")) << "required";
+  EXPECT_FALSE(tool_output(f, R"({"temp": "warm"})")) << "type";
+  EXPECT_FALSE(tool_output(f, "It is warm.")) << "free text is not the value";
+  EXPECT_FALSE(tool_output(f, "Let me check." + block({w}))) << "no text before the call";
+  EXPECT_FALSE(tool_output(f, R"({"temp": 1})" + block({w}))) << "the value, then the turn ends";
+  EXPECT_FALSE(tool_output(f, block({invoke("get_news", {})})));
+  EXPECT_FALSE(tool_output(f, "{\n\"temp\": 1}")) << "the value's one layout, as response_format alone";
+  EXPECT_TRUE(tool_output(f, R"({"temp": 1, "extra": true})")) << "strict false: members beyond properties allowed";
+  auto s = f;
+  s.answer->strict = true;
+  EXPECT_FALSE(tool_output(s, R"({"temp": 1, "extra": true})")) << "strict true: none";
+  // Strict tools stay constrained beside the answer format.
+  auto g = weather_tools(ToolCallFormat::Choice::kAuto, /*strict=*/true);
+  g.answer = f.answer;
+  EXPECT_TRUE(tool_output(g, block({w})));
+  EXPECT_FALSE(tool_output(g, block({invoke("get_weather", {param("city", true, "Oslo"), param("days", false, "30")})})));
+  // json_object: any object.
+  auto o = weather_tools(ToolCallFormat::Choice::kAuto, false);
+  o.answer = ResponseFormat();
+  EXPECT_TRUE(tool_output(o, R"({"a": [1, {"b": null}], "c": "d"})"));
+  EXPECT_FALSE(tool_output(o, "[1]"));
+  // Thinking: the reasoning is free, then the value or a call; the answer is not optional here.
+  auto t = f;
+  t.after_reasoning = true;
+  EXPECT_TRUE(tool_output(t, "hmm</think>" + std::string(R"({"temp": 4})")));
+  EXPECT_TRUE(tool_output(t, "hmm</think>" + block({w})));
+  EXPECT_FALSE(tool_output(t, "only reasoning"));
+  // The schema's errors name the response_format, not the tools.
+  auto bad = f;
+  bad.answer = schema_format(R"({"type":"string","pattern":"a+"})");
+  auto c = compiler().compile(bad);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("pattern"), std::string::npos) << c.status().message();
+  bad.answer = schema_format(R"({"type":"integer","minimum":2,"maximum":1})");
+  c = compiler().compile(bad);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("response_format"), std::string::npos) << c.status().message();
+  // Forced: the answer format is not applied (the output is the call).
+  auto forced = weather_tools(ToolCallFormat::Choice::kNamed);
+  forced.answer = f.answer;
+  EXPECT_TRUE(tool_output(forced, block({w})));
+  EXPECT_FALSE(tool_output(forced, R"({"temp": 1})"));
+}
+
 TEST(GrammarToolCalls, ThinkingRunsFreeThenTheCall) {
   auto f = weather_tools(ToolCallFormat::Choice::kNamed);
   f.after_reasoning = true;

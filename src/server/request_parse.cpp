@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdlib>
 
+#include "server/phrase_bias.h"
 #include "tokenizer/prompt_encoder.h"
 #if FB_SERVER_HAS_GRAMMAR
 #include "grammar/compiler.h"
@@ -446,9 +447,17 @@ Result<ojson> responses_messages(const ojson& b) {
 }
 
 // OpenAI response_format (chat): {"type": "text" | "json_object" | "json_schema", json_schema:
-// {name, description, schema, strict}} -> the request's token constraint (issue 27). The schema
-// is also rendered into the prompt (spec/15 §6.4; parse_request).
-Status parse_response_format(const ojson& b, const ParseContext& ctx, bool thinking, engine::SamplingParams* s) {
+// {name, description, schema, strict}}, type-checked here and compiled by request_constraint
+// (alone, or with the tools under tool_choice auto). The schema is also rendered into the prompt
+// (spec/15 §6.4; parse_request).
+struct AnswerFormat {
+  bool on = false;
+  bool object = false;  // json_object: any object
+  ojson schema;         // json_schema
+  bool strict = false;
+};
+
+Status parse_response_format(const ojson& b, const ParseContext& ctx, AnswerFormat* f) {
   if (!b.contains("response_format") || b["response_format"].is_null()) return Status();
   const ojson& rf = b["response_format"];
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
@@ -459,36 +468,35 @@ Status parse_response_format(const ojson& b, const ParseContext& ctx, bool think
     return FB_ERROR(kInvalidArgument) << "'response_format.type' must be text, json_object or json_schema (got \"" << type << "\")";
 #if FB_SERVER_HAS_GRAMMAR
   if (!ctx.grammar) return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine, which this server has not loaded";
-  grammar::ResponseFormat f;
-  f.after_reasoning = thinking;
+#else
+  (void)ctx;
+  return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
+#endif
+  f->on = true;
+  f->object = type == "json_object";
   if (type == "json_schema") {
     if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) return type_error("response_format.json_schema", "an object");
     const ojson& js = rf["json_schema"];
-    f.kind = grammar::ResponseFormat::Kind::kJsonSchema;
-    f.schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : ojson::object();
+    f->schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : ojson::object();
     if (js.contains("strict") && !js["strict"].is_null()) {
       if (!js["strict"].is_boolean()) return type_error("response_format.json_schema.strict", "a boolean");
-      f.strict = js["strict"].get<bool>();
+      f->strict = js["strict"].get<bool>();
     }
   }
-  auto c = ctx.grammar->compile(f);
-  if (!c.ok()) return c.status();
-  s->constraint = std::move(c).value();
   return Status();
-#else
-  return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
-#endif
 }
 
-// tool_choice required / named, and strict function tools under auto (issue 27): the request's
-// token constraint in the model's own DSML syntax (grammar::ToolCallFormat). Null when there is
-// nothing to enforce (auto without strict tools, no tools, tool_choice none).
-Status parse_tool_constraint(const ToolChoice& tc, const ojson& tools, const std::vector<bool>& strict, bool parallel,
-                             const ParseContext& ctx, bool thinking, engine::SamplingParams* s) {
+// The request's token constraint (issue 27), null when there is nothing to enforce:
+// - tool_choice required / named: the answer is a calls block in the model's own DSML syntax
+//   (grammar::ToolCallFormat); a response_format then has no text to shape and is not applied.
+// - tool_choice auto with tools: strict tools' arguments are constrained once a calls block opens;
+//   with a response_format the answer is that JSON value or one calls block.
+// - no tools (or tool_choice none): the response_format alone.
+Status request_constraint(const ToolChoice& tc, const ojson& tools, const std::vector<bool>& strict, bool parallel, const AnswerFormat& answer,
+                          const ParseContext& ctx, bool thinking, engine::SamplingParams* s) {
   const bool any_strict = std::find(strict.begin(), strict.end(), true) != strict.end();
-  if (tc.mode == ToolChoice::Mode::kNone) return Status();
   const bool forced = tc.mode == ToolChoice::Mode::kRequired || tc.mode == ToolChoice::Mode::kNamed;
-  const bool have_tools = tools.is_array() && !tools.empty();
+  const bool have_tools = tc.mode != ToolChoice::Mode::kNone && tools.is_array() && !tools.empty();
   if (forced && !have_tools)
     return FB_ERROR(kInvalidArgument) << "'tool_choice' " << (tc.mode == ToolChoice::Mode::kNamed ? "names function '" + tc.name + "'" : "is required")
                                       << " but the request has no function tools";
@@ -501,26 +509,38 @@ Status parse_tool_constraint(const ToolChoice& tc, const ojson& tools, const std
     }
     if (!found) return FB_ERROR(kInvalidArgument) << "'tool_choice' names function '" << tc.name << "', which is not in 'tools' (" << names << ")";
   }
-  if (!forced && !(have_tools && any_strict)) return Status();
+  const bool tool_grammar = have_tools && (forced || any_strict || answer.on);
+  if (!tool_grammar && !answer.on) return Status();
 #if FB_SERVER_HAS_GRAMMAR
   if (!ctx.grammar)
     return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : "strict function tools")
                                   << " need the grammar engine, which this server has not loaded";
-  if (s->constraint)
-    return FB_ERROR(kUnsupported) << "response_format json_object/json_schema together with "
-                                  << (forced ? "a forced tool_choice" : "strict function tools") << " is not supported (use one of them)";
-  grammar::ToolCallFormat f;
-  f.choice = tc.mode == ToolChoice::Mode::kNamed      ? grammar::ToolCallFormat::Choice::kNamed
-             : tc.mode == ToolChoice::Mode::kRequired ? grammar::ToolCallFormat::Choice::kRequired
-                                                      : grammar::ToolCallFormat::Choice::kAuto;
-  f.name = tc.name;
-  f.parallel = parallel;
-  f.after_reasoning = thinking;
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const ojson& t = tools[i];
-    f.tools.push_back({t["name"].get<std::string>(), t.contains("parameters") ? t["parameters"] : ojson(), i < strict.size() && strict[i]});
+  std::optional<grammar::ResponseFormat> rf;
+  if (answer.on) {
+    rf.emplace();
+    rf->kind = answer.object ? grammar::ResponseFormat::Kind::kJsonObject : grammar::ResponseFormat::Kind::kJsonSchema;
+    rf->schema = answer.schema;
+    rf->strict = answer.strict;
+    rf->after_reasoning = thinking;
   }
-  auto c = ctx.grammar->compile(f);
+  Result<std::shared_ptr<engine::TokenConstraint>> c = std::shared_ptr<engine::TokenConstraint>();
+  if (!tool_grammar) {
+    c = ctx.grammar->compile(*rf);
+  } else {
+    grammar::ToolCallFormat f;
+    f.choice = tc.mode == ToolChoice::Mode::kNamed      ? grammar::ToolCallFormat::Choice::kNamed
+               : tc.mode == ToolChoice::Mode::kRequired ? grammar::ToolCallFormat::Choice::kRequired
+                                                        : grammar::ToolCallFormat::Choice::kAuto;
+    f.name = tc.name;
+    f.parallel = parallel;
+    f.after_reasoning = thinking;
+    if (!forced) f.answer = rf;
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ojson& t = tools[i];
+      f.tools.push_back({t["name"].get<std::string>(), t.contains("parameters") ? t["parameters"] : ojson(), i < strict.size() && strict[i]});
+    }
+    c = ctx.grammar->compile(f);
+  }
   if (!c.ok()) return c.status();
   s->constraint = std::move(c).value();
   return Status();
@@ -539,6 +559,11 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   pr.endpoint = ep;
   FB_RETURN_IF_ERROR(opt_string(b, "model", &pr.model));
   FB_RETURN_IF_ERROR(parse_sampling(b, ep, &pr));
+  {  // phrase bias (issue 27): the server's list, then the request's
+    std::vector<engine::PhraseBias> mine;
+    if (b.contains("phrase_bias") && !b["phrase_bias"].is_null()) mine = FB_TRY(parse_phrase_bias(b["phrase_bias"], *ctx.tok, "'phrase_bias'"));
+    pr.req.sampling.phrase_bias = merge_phrase_bias(ctx.phrase_bias ? *ctx.phrase_bias : std::vector<engine::PhraseBias>(), std::move(mine));
+  }
   Thinking th;
   std::string text;
   std::vector<ojson> image_parts;
@@ -620,9 +645,10 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   }
   pr.prompt_text = std::move(text);
   pr.req.thinking = th.on;
-  if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, th.on, &pr.req.sampling));
+  AnswerFormat answer;
+  if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, &answer));
   if (ep != Endpoint::kCompletions)
-    FB_RETURN_IF_ERROR(parse_tool_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, ctx, th.on, &pr.req.sampling));
+    FB_RETURN_IF_ERROR(request_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, answer, ctx, th.on, &pr.req.sampling));
   for (const auto& [id, v] : pr.req.sampling.logit_bias)
     if (ctx.tok && id >= ctx.tok->vocab_size())
       return FB_ERROR(kInvalidArgument) << "'logit_bias' names token " << id << ", outside the vocabulary of " << ctx.tok->vocab_size();

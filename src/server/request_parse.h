@@ -30,6 +30,8 @@ struct ParseContext {
   // response_format json_object / json_schema (issue 27); null: this build has no grammar engine
   // (xgrammar not fetched) and such requests are refused.
   const grammar::Compiler* grammar = nullptr;
+  // The server's phrase bias list (serve --phrase-bias FILE; issue 27), merged under the request's.
+  const std::vector<engine::PhraseBias>* phrase_bias = nullptr;
 };
 
 struct ParsedRequest {

@@ -7,9 +7,11 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "base/mapped_file.h"
 #include "server/dashboard.h"
 #include "server/http_status.h"
 #include "server/peer_socket.h"
+#include "server/phrase_bias.h"
 #include "server/request_parse.h"
 #if FB_SERVER_HAS_GRAMMAR
 #include "grammar/compiler.h"
@@ -106,8 +108,8 @@ std::string metrics_text(const engine::Engine& e) {
   return o.str();
 }
 
-void handle_generate(engine::Engine& eng, const ServerOptions& opt, const grammar::Compiler* gram, Endpoint ep, const httplib::Request& req,
-                     httplib::Response& res) {
+void handle_generate(engine::Engine& eng, const ServerOptions& opt, const grammar::Compiler* gram,
+                     const std::vector<engine::PhraseBias>* phrase_bias, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
   const Api api = api_of(ep);
   if (!authorized(req, opt)) return send_error(res, api, http_error_for_http(401), "invalid or missing API key");
   ojson body = ojson::parse(req.body, nullptr, false);
@@ -117,6 +119,7 @@ void handle_generate(engine::Engine& eng, const ServerOptions& opt, const gramma
   ctx.max_context = eng.max_context();
   ctx.tools_template = opt.tools_template;
   ctx.grammar = gram;
+  ctx.phrase_bias = phrase_bias;
   // Images: decoded and preprocessed here; the tower runs on the engine's executor. A model
   // without one answers image parts with 400 "model has no vision tower".
   ctx.images.vision = eng.config().has_vision() ? &eng.config() : nullptr;
@@ -221,10 +224,21 @@ Status serve(engine::Engine& eng, const ServerOptions& opt) {
 #else
   const grammar::Compiler* gram = nullptr;
 #endif
-  auto guard = [&eng, &opt, gram](Endpoint ep) {
-    return [&eng, &opt, gram, ep](const httplib::Request& req, httplib::Response& res) {
+  // The server's phrase bias list (issue 27), tokenized once; a bad file stops the server here.
+  std::vector<engine::PhraseBias> phrase_bias;
+  if (!opt.phrase_bias_file.empty()) {
+    auto text = read_file_bytes(opt.phrase_bias_file);
+    if (!text.ok()) return text.status();
+    const ojson j = ojson::parse(*text, nullptr, false);
+    if (j.is_discarded()) return FB_ERROR(kInvalidArgument) << "--phrase-bias " << opt.phrase_bias_file << ": not valid JSON";
+    phrase_bias = FB_TRY(parse_phrase_bias(j, eng.tokenizer(), "--phrase-bias " + opt.phrase_bias_file, 4 * kMaxPhraseBiasEntries));
+    FB_LOG(kInfo) << "phrase bias: " << phrase_bias.size() << " entries from " << opt.phrase_bias_file;
+  }
+  const std::vector<engine::PhraseBias>* pb = phrase_bias.empty() ? nullptr : &phrase_bias;
+  auto guard = [&eng, &opt, gram, pb](Endpoint ep) {
+    return [&eng, &opt, gram, pb, ep](const httplib::Request& req, httplib::Response& res) {
       try {
-        handle_generate(eng, opt, gram, ep, req, res);
+        handle_generate(eng, opt, gram, pb, ep, req, res);
       } catch (const std::exception& ex) {  // the JSON library's boundary (STYLE.md "Errors")
         send_error(res, api_of(ep), http_error_for_http(400), std::string("bad request: ") + ex.what());
       }

@@ -20,6 +20,7 @@ struct ServerOptions {
   int keepalive_ms = 5000;               // SSE comment / Anthropic ping while nothing else is sent
   bool allow_local_images = false;       // file:// and plain paths in image parts (never the network)
   int max_images = 64;                   // per request
+  std::string phrase_bias_file;          // JSON phrase bias list applied to every request (issue 27)
 };
 
 // Serves until the process is stopped; returns an error if the port cannot be bound.

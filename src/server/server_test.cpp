@@ -194,8 +194,7 @@ TEST(RequestParse, ToolChoiceForcesACallInTheModelsSyntax) {
   EXPECT_EQ(http_error_for(bad_name.status().code()).http, 400);
   EXPECT_NE(bad_name.status().message().find("'get_news'"), std::string::npos) << bad_name.status().message();
   for (const char* bad : {R"("tool_choice":"always")", R"("tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[]}})",
-                          R"("tool_choice":{"type":"function"})", R"("tool_choice":5)",
-                          R"("tool_choice":"required","response_format":{"type":"json_object"})"}) {
+                          R"("tool_choice":{"type":"function"})", R"("tool_choice":5)"}) {
     auto e = chat(bad);
     EXPECT_FALSE(e.ok()) << bad;
     if (!e.ok()) {

@@ -1,0 +1,140 @@
+// Request options of issue 27 at the parse level: phrase bias (request and server lists, the forms,
+// the 400s) and response_format combined with tools (the value or a call under auto; the call
+// alone when forced).
+#include <gtest/gtest.h>
+
+#if FB_SERVER_HAS_GRAMMAR
+#include "grammar/compiler.h"
+#endif
+#include "server/http_status.h"
+#include "server/phrase_bias.h"
+#include "server/request_parse.h"
+#include "tokenizer/test_assets.h"
+
+namespace fb::server {
+namespace {
+
+ParseContext base_ctx() {
+  ParseContext c;
+  c.tok = &tokenizer::v41_tokenizer();
+  c.max_context = 4096;
+  return c;
+}
+
+std::vector<int32_t> ids(const std::string& text) { return tokenizer::v41_tokenizer().encode(text); }
+
+const engine::PhraseBias* find(const std::vector<engine::PhraseBias>& v, const std::vector<int32_t>& tokens) {
+  for (const auto& e : v)
+    if (e.tokens == tokens) return &e;
+  return nullptr;
+}
+
+TEST(PhraseBias, FormsVariantsAndErrors) {
+  const auto& tok = tokenizer::v41_tokenizer();
+  auto obj = parse_phrase_bias(ojson::parse(R"({"as an AI": -100, " of course": 4})"), tok, "'phrase_bias'");
+  ASSERT_TRUE(obj.ok()) << obj.status().to_string();
+  // "as an AI" as written and after a space; " of course" only as written (it starts with a space).
+  ASSERT_EQ(obj->size(), 3u);
+  ASSERT_NE(find(*obj, ids("as an AI")), nullptr);
+  EXPECT_EQ(find(*obj, ids("as an AI"))->bias, -100.0f);
+  ASSERT_NE(find(*obj, ids(" as an AI")), nullptr);
+  EXPECT_EQ(find(*obj, ids(" of course"))->bias, 4.0f);
+  EXPECT_GT(ids(" as an AI").size(), 1u) << "a multi-token phrase";
+  auto list = parse_phrase_bias(ojson::parse(R"([{"tokens": [5, 6, 7], "bias": 2.5}, {"phrase": "\nNote:", "bias": -3}, {"tokens": [5, 6, 7], "bias": 1}])"),
+                                tok, "'phrase_bias'");
+  ASSERT_TRUE(list.ok()) << list.status().to_string();
+  ASSERT_EQ(list->size(), 2u) << "the same tokens twice: one entry, the later bias";
+  EXPECT_EQ(find(*list, {5, 6, 7})->bias, 1.0f);
+  EXPECT_EQ(find(*list, ids("\nNote:"))->bias, -3.0f);
+  for (const char* bad : {R"("x")", R"({"": 1})", R"({"a": 101})", R"({"a": "lots"})", R"([{"phrase": "a"}])", R"([{"bias": 1}])",
+                          R"([{"phrase": "a", "tokens": [1], "bias": 1}])", R"([{"tokens": [], "bias": 1}])", R"([{"tokens": [-1], "bias": 1}])",
+                          R"([{"tokens": [129280], "bias": 1}])", R"([{"tokens": ["a"], "bias": 1}])", R"([{"phrase": 5, "bias": 1}])"}) {
+    auto e = parse_phrase_bias(ojson::parse(bad), tok, "'phrase_bias'");
+    EXPECT_FALSE(e.ok()) << bad;
+    if (!e.ok()) {
+      EXPECT_EQ(http_error_for(e.status().code()).http, 400) << bad;
+      EXPECT_NE(e.status().message().find("'phrase_bias'"), std::string::npos) << e.status().message();
+    }
+  }
+  std::string long_phrase;
+  for (int i = 0; i < 70; ++i) long_phrase += " word" + std::to_string(i);
+  EXPECT_FALSE(parse_phrase_bias(ojson{{long_phrase, 1}}, tok, "'phrase_bias'").ok()) << "more than 64 tokens";
+  ojson many = ojson::object();
+  for (size_t i = 0; i <= kMaxPhraseBiasEntries; ++i) many["w" + std::to_string(i)] = 1;
+  EXPECT_FALSE(parse_phrase_bias(many, tok, "'phrase_bias'").ok());
+  EXPECT_TRUE(parse_phrase_bias(many, tok, "file", 4 * kMaxPhraseBiasEntries).ok());
+}
+
+TEST(PhraseBias, RequestOverridesTheServerList) {
+  const auto& tok = tokenizer::v41_tokenizer();
+  const auto defaults = parse_phrase_bias(ojson::parse(R"([{"tokens": [10, 11], "bias": -50}, {"tokens": [20, 21], "bias": 5}])"), tok, "file").value();
+  ParseContext c = base_ctx();
+  c.phrase_bias = &defaults;
+  auto r = parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"Hi"}],
+    "phrase_bias":[{"tokens":[10, 11],"bias":0},{"tokens":[30, 31, 32],"bias":-7}]})"), c);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const auto& pb = r->req.sampling.phrase_bias;
+  EXPECT_EQ(find(pb, {10, 11}), nullptr) << "bias 0 switches a default off";
+  ASSERT_NE(find(pb, {20, 21}), nullptr);
+  EXPECT_EQ(find(pb, {20, 21})->bias, 5.0f);
+  ASSERT_NE(find(pb, {30, 31, 32}), nullptr);
+  EXPECT_EQ(find(pb, {30, 31, 32})->bias, -7.0f);
+  // Without the field the server's list applies; Anthropic and completions requests carry it too.
+  auto d = parse_request(Endpoint::kMessages, ojson::parse(R"({"max_tokens":5,"messages":[{"role":"user","content":"Hi"}],
+    "phrase_bias":{"hello there":2}})"), c);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->req.sampling.phrase_bias.size(), 4u);
+  EXPECT_NE(find(d->req.sampling.phrase_bias, ids(" hello there")), nullptr);
+  auto k = parse_request(Endpoint::kCompletions, ojson::parse(R"({"prompt":"x","max_tokens":5})"), c);
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(k->req.sampling.phrase_bias.size(), 2u);
+  EXPECT_TRUE(k->req.sampling.processes_logits());
+  auto bad = parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"Hi"}],"phrase_bias":{"x":500}})"), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("[-100, 100]"), std::string::npos) << bad.status().message();
+}
+
+#if FB_SERVER_HAS_GRAMMAR
+TEST(RequestParse, ResponseFormatWithTools) {
+  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
+  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
+  ParseContext c = base_ctx();
+  c.grammar = gram->get();
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])";
+  const std::string rf = R"("response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"temp":{"type":"integer"}},"required":["temp"]}}})";
+  auto chat = [&](const std::string& extra) {
+    return parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"Weather?"}],"thinking":{"type":"disabled"},"tools":)" + tools +
+                                                       "," + extra + "}"), c);
+  };
+  auto allows = [](engine::TokenConstraint& k, const std::string& text) {
+    for (int32_t t : tokenizer::v41_tokenizer().encode(text))
+      if (!k.accept(t)) return false;
+    return true;
+  };
+  const std::string call = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">Oslo</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  auto a = chat(rf);  // auto: the value or a call
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_NE(a->req.sampling.constraint, nullptr);
+  EXPECT_NE(a->prompt_text.find("## Tools"), std::string::npos);
+  EXPECT_NE(a->prompt_text.find("\"temp\""), std::string::npos) << "the schema is rendered too";
+  EXPECT_TRUE(allows(*a->req.sampling.constraint, R"({"temp": 3})"));
+  EXPECT_TRUE(allows(*chat(rf)->req.sampling.constraint, call));
+  EXPECT_FALSE(allows(*chat(rf)->req.sampling.constraint, "Sunny"));
+  EXPECT_FALSE(allows(*chat(rf)->req.sampling.constraint, R"({"temp": "x")"));
+  auto forced = chat(rf + R"(,"tool_choice":"required")");  // forced: the call only
+  ASSERT_TRUE(forced.ok()) << forced.status().to_string();
+  EXPECT_TRUE(allows(*forced->req.sampling.constraint, call));
+  EXPECT_FALSE(allows(*chat(rf + R"(,"tool_choice":"required")")->req.sampling.constraint, R"({"temp": 3})"));
+  auto none = chat(rf + R"(,"tool_choice":"none")");  // no tools: the value only
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_TRUE(allows(*none->req.sampling.constraint, R"({"temp": 3})"));
+  EXPECT_FALSE(allows(*chat(rf + R"(,"tool_choice":"none")")->req.sampling.constraint, call));
+  auto bad = chat(R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","format":"date"}}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(http_error_for(bad.status().code()).http, 400);
+  EXPECT_NE(bad.status().message().find("'format'"), std::string::npos) << bad.status().message();
+}
+#endif
+
+}  // namespace
+}  // namespace fb::server
