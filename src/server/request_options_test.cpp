@@ -1,6 +1,6 @@
 // Request options of issue 27 at the parse level: phrase bias (request and server lists, the forms,
-// the 400s) and response_format combined with tools (the value or a call under auto; the call
-// alone when forced).
+// the 400s), response_format combined with tools (the value or a call under auto; the call alone
+// when forced), and the Responses object's echo of the request's options.
 #include <gtest/gtest.h>
 
 #if FB_SERVER_HAS_GRAMMAR
@@ -9,6 +9,7 @@
 #include "server/http_status.h"
 #include "server/phrase_bias.h"
 #include "server/request_parse.h"
+#include "server/responder.h"
 #include "tokenizer/test_assets.h"
 
 namespace fb::server {
@@ -57,10 +58,13 @@ TEST(PhraseBias, FormsVariantsAndErrors) {
     }
   }
   std::string long_phrase;
-  for (int i = 0; i < 70; ++i) long_phrase += " word" + std::to_string(i);
+  for (int i = 0; i < 70; ++i) {
+    long_phrase += " word";
+    long_phrase += std::to_string(i);
+  }
   EXPECT_FALSE(parse_phrase_bias(ojson{{long_phrase, 1}}, tok, "'phrase_bias'").ok()) << "more than 64 tokens";
   ojson many = ojson::object();
-  for (size_t i = 0; i <= kMaxPhraseBiasEntries; ++i) many["w" + std::to_string(i)] = 1;
+  for (size_t i = 0; i <= kMaxPhraseBiasEntries; ++i) many[std::to_string(i) + "w"] = 1;
   EXPECT_FALSE(parse_phrase_bias(many, tok, "'phrase_bias'").ok());
   EXPECT_TRUE(parse_phrase_bias(many, tok, "file", 4 * kMaxPhraseBiasEntries).ok());
 }
@@ -92,6 +96,41 @@ TEST(PhraseBias, RequestOverridesTheServerList) {
   auto bad = parse_request(Endpoint::kChat, ojson::parse(R"({"messages":[{"role":"user","content":"Hi"}],"phrase_bias":{"x":500}})"), c);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("[-100, 100]"), std::string::npos) << bad.status().message();
+}
+
+// The Responses object echoes tool_choice, tools, temperature, top_p, max_output_tokens,
+// parallel_tool_calls and instructions as sent (defaults when absent), streamed and not.
+TEST(Responder, ResponsesEchoTheRequestsOptions) {
+  const ParseContext c = base_ctx();
+  auto pr = parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"Weather?","instructions":"Be brief.","reasoning":{"effort":"none"},
+    "temperature":0.3,"top_p":0.9,"max_output_tokens":40,"parallel_tool_calls":false,
+    "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],
+    "tool_choice":"none"})"), c);
+  ASSERT_TRUE(pr.ok()) << pr.status().to_string();
+  engine::Event done;
+  done.kind = engine::Event::Kind::kDone;
+  done.finish = engine::FinishReason::kStop;
+  Responder r(*pr, "m");
+  const ojson body = ojson::parse(r.body(done));
+  EXPECT_EQ(body["tool_choice"], "none");
+  ASSERT_EQ(body["tools"].size(), 1u);
+  EXPECT_EQ(body["tools"][0]["name"], "get_weather");
+  EXPECT_FLOAT_EQ(body["temperature"].get<float>(), 0.3f);
+  EXPECT_FLOAT_EQ(body["top_p"].get<float>(), 0.9f);
+  EXPECT_EQ(body["max_output_tokens"], 40);
+  EXPECT_EQ(body["parallel_tool_calls"], false);
+  EXPECT_EQ(body["instructions"], "Be brief.");
+  Responder s(*pr, "m");
+  const std::string start = s.stream_start();
+  const ojson created = ojson::parse(start.substr(start.find("data: ") + 6, start.find("\n\n") - start.find("data: ") - 6));
+  EXPECT_EQ(created["response"]["tool_choice"], "none") << start;
+  auto plain = parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"x"})"), c);
+  ASSERT_TRUE(plain.ok());
+  const ojson b2 = ojson::parse(Responder(*plain, "m").body(done));
+  EXPECT_EQ(b2["tool_choice"], "auto");
+  EXPECT_EQ(b2["tools"], ojson::array());
+  EXPECT_TRUE(b2["max_output_tokens"].is_null());
+  EXPECT_FLOAT_EQ(b2["top_p"].get<float>(), 0.95f) << "spec/16 defaults, applied";
 }
 
 #if FB_SERVER_HAS_GRAMMAR

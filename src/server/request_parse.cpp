@@ -645,6 +645,15 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   }
   pr.prompt_text = std::move(text);
   pr.req.thinking = th.on;
+  if (ep == Endpoint::kResponses) {
+    pr.echo["tool_choice"] = b.contains("tool_choice") && !b["tool_choice"].is_null() ? b["tool_choice"] : ojson("auto");
+    pr.echo["tools"] = b.contains("tools") && b["tools"].is_array() ? b["tools"] : ojson::array();
+    pr.echo["parallel_tool_calls"] = pr.parallel_tool_calls;
+    pr.echo["temperature"] = pr.req.sampling.temperature;
+    pr.echo["top_p"] = pr.req.sampling.top_p;
+    pr.echo["max_output_tokens"] = pr.req.max_tokens > 0 ? ojson(pr.req.max_tokens) : ojson(nullptr);
+    pr.echo["instructions"] = b.contains("instructions") && b["instructions"].is_string() ? b["instructions"] : ojson(nullptr);
+  }
   AnswerFormat answer;
   if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, &answer));
   if (ep != Endpoint::kCompletions)

@@ -44,6 +44,9 @@ struct ParsedRequest {
   int top_logprobs = 0;
   bool parallel_tool_calls = true;
   std::string prompt_text;     // rendered prompt (debugging, tests)
+  // Responses API: request options the response object echoes (tool_choice, tools, temperature,
+  // top_p, max_output_tokens, parallel_tool_calls, instructions), as the client sent them.
+  ojson echo = ojson::object();
 };
 
 Result<ParsedRequest> parse_request(Endpoint ep, const ojson& body, const ParseContext& ctx);

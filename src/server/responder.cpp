@@ -164,6 +164,7 @@ std::string Responder::stream_start() {
     case Endpoint::kResponses: {
       ojson r = {{"id", id_}, {"object", "response"}, {"created_at", created_}, {"status", "in_progress"}, {"model", model_},
                  {"output", ojson::array()}};
+      for (const auto& [k, v] : pr_.echo.items()) r[k] = v;
       return sse({{"type", "response.created"}, {"response", r}, {"sequence_number", seq_++}}, "response.created") +
              sse({{"type", "response.in_progress"}, {"response", r}, {"sequence_number", seq_++}}, "response.in_progress");
     }
@@ -334,9 +335,9 @@ std::string Responder::body(const engine::Event& done) {
                           {"arguments", c.arguments}, {"status", "completed"}});
       const bool complete = done.finish != engine::FinishReason::kLength;
       ojson r = {{"id", id_}, {"object", "response"}, {"created_at", created_}, {"status", complete ? "completed" : "incomplete"},
-                 {"model", model_}, {"output", output}, {"usage", usage_json(done.usage)}, {"parallel_tool_calls", pr_.parallel_tool_calls},
-                 {"tool_choice", "auto"}, {"tools", ojson::array()}, {"error", nullptr},
+                 {"model", model_}, {"output", output}, {"usage", usage_json(done.usage)}, {"error", nullptr},
                  {"incomplete_details", complete ? ojson(nullptr) : ojson{{"reason", "max_output_tokens"}}}};
+      for (const auto& [k, v] : pr_.echo.items()) r[k] = v;  // the request's options, as sent
       return dump(r);
     }
   }

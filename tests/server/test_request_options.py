@@ -111,6 +111,9 @@ def cut_calls(binary):
         check(rr.status == "incomplete" and rr.incomplete_details and rr.incomplete_details.reason == "max_output_tokens"
               and not [o for o in rr.output if o.type == "function_call"],
               f"responses cut: status {rr.status}, items {[o.type for o in rr.output]}")
+        # The response object echoes the request's options.
+        check(rr.tool_choice == "auto" and [t.name for t in rr.tools] == ["get_weather", "get_time"] and rr.max_output_tokens == mid_a,
+              f"responses echo: tool_choice {rr.tool_choice!r}, tools {[t.name for t in rr.tools]}, max_output_tokens {rr.max_output_tokens}")
     finally:
         srv.close()
 
