@@ -44,12 +44,13 @@ Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, in
     FB_RETURN_IF_ERROR(s.rollback(L));
   }
   std::vector<std::vector<double>> t(size_t(std::max(1, max_verify_rows)));
-  std::vector<double> td;
+  std::vector<double> td, te;
   for (int k = 0; k < steps; ++k) {
     for (int r = 1; r <= std::max(1, max_verify_rows); ++r) {
       const double t0 = now_ms();
       FB_TRY(ex.forward(rows(r), ss));  // returns logits to the host: synchronous
       t[size_t(r - 1)].push_back(now_ms() - t0);
+      if (r == 1) te.push_back(ex.last_enqueue_ms());
       FB_RETURN_IF_ERROR(s.rollback(L));
     }
     if (c.n_mtp_layers > 0 && L >= 2) {
@@ -62,6 +63,7 @@ Result<DecodeTiming> time_decode(model::Executor& ex, model::SessionState& s, in
   out.decode_ms = median(t[0]);
   for (auto& v : t) out.verify_ms.push_back(median(v));
   out.draft_ms = median(td);
+  out.enqueue_ms = median(te);
   return out;
 }
 

@@ -15,6 +15,7 @@ struct DecodeTiming {
   double decode_ms = 0;                 // median one-row step
   std::vector<double> verify_ms;        // [r - 1] median step with r decode rows (r = 1..max)
   double draft_ms = 0;                  // median DSpark draft call (0 if no draft stages)
+  double enqueue_ms = 0;                // median host time to issue a one-row step (Executor::last_enqueue_ms)
 };
 
 // Runs on a session already at its context (prefilled or filled). `steps` timed repetitions.

@@ -143,12 +143,14 @@ class Csv {
   bench::DeviceInfo d_;
 };
 
-void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::DecodeTiming& t, double d2d_gbps) {
-  const bench::StepCost k = bench::decode_step_cost(c, L, /*wo_a_bf16=*/true);
+// wo_a_bf16: the step reads the BF16 copy of wo_a (the exact class, or wo_a_fp8 off), not the FP8 one.
+void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::DecodeTiming& t, double d2d_gbps, bool wo_a_bf16) {
+  const bench::StepCost k = bench::decode_step_cost(c, L, wo_a_bf16);
   const double bytes = k.weight_bytes + k.cache_bytes;
   const double gbps = bytes / (t.decode_ms * 1e-3) / 1e9;
   csv.row("decode_ms", L, t.decode_ms, "ms/token");
   csv.row("decode_tok_s", L, 1000.0 / t.decode_ms, "tok/s");
+  if (t.enqueue_ms > 0) csv.row("decode_enqueue_ms", L, t.enqueue_ms, "ms of host time issuing the step (near decode_ms: the GPU waits on the host)");
   csv.row("decode_bytes", L, bytes / 1e9, "GB/token (weights + cache)");
   csv.row("decode_gflop", L, k.flops / 1e9, "GFLOP/token");
   csv.row("decode_hbm_gbps", L, gbps, "GB/s", d2d_gbps > 0 ? gbps / d2d_gbps : -1);
@@ -299,7 +301,8 @@ int run(const Args& a) {
         return 1;
       }
       decode_progress.hide();  // the rows and notes below go to the same terminal
-      report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps);
+      report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps,
+                    !(lo.run.numerics == cuda::Numerics::kFast && lo.run.wo_a_fp8 && lo.run.fast_gemv));
       if (a.graph_step) {
         auto g = bench::time_graph_step(**ex, *s, 10);
         if (!g.ok()) {

@@ -39,9 +39,12 @@ class CudaStep : public CudaLayerOps {
   }
 
   model::StepOutput take_output() {
-    if (m_.profile_) {  // host time to enqueue the whole step (vs step.gpu: is the GPU starved?)
+    // Host time to enqueue the whole step (vs the GPU time: is the GPU starved?).
+    const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
+    m_.last_enqueue_ms_ = enqueue_ms;
+    if (m_.profile_) {
       OpProfile& p = m_.prof_["step.enqueue"];
-      p.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
+      p.ms += enqueue_ms;
       ++p.calls;
     }
     sync();

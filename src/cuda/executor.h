@@ -80,6 +80,7 @@ struct DevLayer {
   const float* attn_sink = nullptr;
   Fp8W wq_a, wq_b, wkv, wo_b;
   const uint16_t* wo_a = nullptr;  // bf16 [o_groups * o_lora_rank, o_group_in]: the reference holds BF16
+  Fp8W wo_a8;                      // [fast] the same weight as stored in the checkpoint (CudaRunOptions::wo_a_fp8)
   const uint16_t *comp_wkv = nullptr, *comp_wgate = nullptr, *comp_norm = nullptr;
   const uint16_t *idx_wk = nullptr, *idx_k_norm = nullptr, *idx_weights_proj = nullptr;
   Fp8W idx_wq_b;
@@ -164,13 +165,14 @@ struct CudaRunOptions {
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool fast_attn = true;              // kFast: attention of steps of <= 64 rows on the tensor-core kernels of fast_attention.h
+  bool wo_a_fp8 = true;               // kFast: decode rows' grouped wo_a from its FP8 copy (tc_fp8_bf16x_gemv; the copy is made at load when on)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_split, attn_predequant, bounded_replay (booleans 0/1).
+// fp8_fma, fast_attn, wo_a_fp8, attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.
@@ -217,6 +219,7 @@ class CudaExecutor final : public model::Executor {
   Result<std::string> save_session(const model::SessionState& s) const override;
   Status restore_session(model::SessionState& s, std::string_view bytes) const override;
   uint64_t identity() const override { return model_id_; }
+  double last_enqueue_ms() const override { return last_enqueue_ms_; }
 
   // Tensor-core prefill: 2,048-row steps (the routed experts' weights are expanded once per
   // step, and the GEMMs reach ~80% of the BF16 rate from 2K rows, docs/history.md).
@@ -315,7 +318,9 @@ class CudaExecutor final : public model::Executor {
   // The fast class's fused small ops (fast_small.h) for steps of up to 64 rows, and the mHC site's
   // scratch (created on first use).
   bool fast_small_ = true;
+  mutable double last_enqueue_ms_ = 0;  // CudaStep::take_output: host time of the last step before its sync
   bool fast_attn_ = true;
+  bool wo_a_fp8_ = true;
   mutable DeviceBuffer fast_hc_scratch_;
   // Decode rows: independent work on side_ (forked and joined with events): the shared expert's
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query

@@ -5,6 +5,7 @@
 #include "cuda/fast_attention.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/check.h"
 #include "cuda/device.h"
@@ -68,8 +69,8 @@ __host__ __device__ __forceinline__ Partials partials_at(float* base, int64_t T,
 }
 
 // CTA (block b, head group g, row t).
-__global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t* __restrict__ q, int H, int d, int NB, AttnKeys keys, float scale,
-                                                                  float* scratch) {
+__global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t* __restrict__ q, int64_t t0, int H, int d, int NB, AttnKeys keys,
+                                                                  float scale, float* scratch) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
   __shared__ unsigned s_valid[2];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int b = int(blockIdx.x), h0 = int(blockIdx.y) * kGroup;
-  const int64_t t = blockIdx.z, T = gridDim.z;
+  const int64_t r_loc = blockIdx.z, R = gridDim.z, t = t0 + r_loc;  // partials by batch row, keys by step row
   int w0, n_win;
   const int n = row_key_count(keys, t, w0, n_win), b0 = b * kKeys;
   if (n > NB * kKeys) __trap();  // the host's max_keys was wrong: never drop keys
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
   }
   __syncthreads();
   // Block softmax: warp w owns heads 2w, 2w + 1 of the group; lanes keys lane and lane + 32.
-  const Partials part = partials_at(scratch, T, H, NB, d);
+  const Partials part = partials_at(scratch, R, H, NB, d);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = 2 * warp + rr, h = h0 + r;
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
     ps[r * kKeys + (((lane >> 3) ^ (r & 7)) << 3) + (lane & 7)] = to_bf(p0);
     ps[r * kKeys + ((((lane + 32) >> 3) ^ (r & 7)) << 3) + (lane & 7)] = to_bf(p1);
     if (lane == 0 && h < H) {
-      float* ml = part.ml + ((t * H + h) * NB + b) * 2;
+      float* ml = part.ml + ((r_loc * H + h) * NB + b) * 2;
       ml[0] = m;
       ml[1] = l;
     }
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
     for (int half = 0; half < 2; ++half) {
       const int h = h0 + g + 8 * half;
       if (h >= H) continue;
-      float* o = part.o + ((t * H + h) * NB + b) * int64_t(d);
+      float* o = part.o + ((r_loc * H + h) * NB + b) * int64_t(d);
 #pragma unroll
       for (int nt = 0; nt < kMaxTiles; ++nt) {
         if (nt >= nt_count) break;
@@ -253,38 +254,39 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
 }
 
 // CTA (row t, head h): the blocks combined in order with the sink, divided, rounded to bf16.
-__global__ void __launch_bounds__(128) fast_attn_combine_kernel(int H, int d, int NB, AttnKeys keys, const float* __restrict__ sinks,
-                                                                const float* scratch, uint16_t* __restrict__ out, int64_t T) {
+// Thread 0 forms the common max and the denominator; every thread forms the block weights itself
+// (the same expression, the same bits) while it sums its 4 dims over the blocks.
+__global__ void __launch_bounds__(128) fast_attn_combine_kernel(int64_t t0, int64_t R, int H, int d, int NB, AttnKeys keys,
+                                                                const float* __restrict__ sinks, const float* scratch, uint16_t* __restrict__ out) {
   pdl_trigger();
   pdl_wait();
-  constexpr int kMaxBlocks = 64;
-  __shared__ float wts[kMaxBlocks];
-  __shared__ float s_inv;
-  const int64_t t = blockIdx.x / H;
+  __shared__ float s_m, s_inv;
+  const int64_t r_loc = blockIdx.x / H, t = t0 + r_loc;
   const int h = int(blockIdx.x % H);
   int w0, n_win;
   const int n = row_key_count(keys, t, w0, n_win), nbk = (n + kKeys - 1) / kKeys;
-  const Partials part = partials_at(const_cast<float*>(scratch), T, H, NB, d);
-  const float* ml = part.ml + (t * H + h) * NB * 2;
+  const Partials part = partials_at(const_cast<float*>(scratch), R, H, NB, d);
+  const float* ml = part.ml + (r_loc * H + h) * NB * 2;
   if (threadIdx.x == 0) {
     float m = -1e30f;  // the reference's starting max: a row without keys weighs only the sink
     for (int bb = 0; bb < nbk; ++bb) m = fmaxf(m, ml[2 * bb]);
     float l = 0.0f;
     for (int bb = 0; bb < nbk; ++bb) {
       const float w = ml[2 * bb] == -INFINITY ? 0.0f : __expf(ml[2 * bb] - m);
-      wts[bb] = w;
       l = fmaf(w, ml[2 * bb + 1], l);
     }
+    s_m = m;
     s_inv = 1.0f / (l + __expf(sinks[h] - m));
   }
   __syncthreads();
-  const float inv = s_inv;
-  const float* o = part.o + (t * H + h) * NB * int64_t(d);
+  const float m = s_m, inv = s_inv;
+  const float* o = part.o + (r_loc * H + h) * NB * int64_t(d);
   uint16_t* y = out + (t * H + h) * int64_t(d);
   for (int i = int(threadIdx.x) * 4; i < d; i += int(blockDim.x) * 4) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int bb = 0; bb < nbk; ++bb) {
-      const float w = wts[bb];
+      const float mb = ml[2 * bb];
+      const float w = mb == -INFINITY ? 0.0f : __expf(mb - m);
       const float4 v = *reinterpret_cast<const float4*>(o + bb * int64_t(d) + i);
       acc.x = fmaf(w, v.x, acc.x);
       acc.y = fmaf(w, v.y, acc.y);
@@ -303,26 +305,41 @@ size_t tile_smem(int d) { return size_t(kKeys + kGroup) * d * 2 + size_t(kGroup)
 
 bool fast_attention_ok(int64_t T, int d) { return T >= 1 && T <= kFastAttnMaxRows && d % 64 == 0 && d >= 64 && d <= kMaxD; }
 
+// Rows per launch pair: the partials of a batch stay within kScratchFloats (a decode step of 64
+// rows at the released shape, 640 keys each, is one batch of 84 MB; long key lists split the rows,
+// which changes no row's arithmetic).
+constexpr int64_t kScratchFloats = int64_t(32) << 20;
+static std::atomic<int64_t> g_batch_floats{kScratchFloats};
+static int64_t batch_rows(int64_t T, int n_heads, int d, int max_keys) {
+  const int64_t NB = (std::max(max_keys, 1) + kKeys - 1) / kKeys, per_row = int64_t(n_heads) * NB * (d + 2);
+  return std::max<int64_t>(1, std::min<int64_t>(T, g_batch_floats.load() / per_row));
+}
+
 int64_t fast_attention_floats(int64_t T, int n_heads, int d, int max_keys) {
   const int64_t NB = (std::max(max_keys, 1) + kKeys - 1) / kKeys;
-  return T * n_heads * NB * (d + 2);
+  return batch_rows(T, n_heads, d, max_keys) * n_heads * NB * (d + 2);
 }
+
+void fast_attention_set_batch_floats(int64_t floats) { g_batch_floats = floats > 0 ? floats : kScratchFloats; }
 
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
                              uint16_t* out, cudaStream_t st) {
   FB_CHECK(fast_attention_ok(T, d) && keys.win && keys.win_off && keys.max_keys > 0 && scratch)
       << "fast attention T=" << T << " d=" << d << " max_keys=" << keys.max_keys;
   const int NB = (keys.max_keys + kKeys - 1) / kKeys;
-  FB_CHECK(NB <= 64) << "fast attention: " << keys.max_keys << " keys per row (at most 4096)";
   const size_t smem = tile_smem(d);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(fast_attn_tile_kernel), smem));
   const bool pdl = fast_pdl();
-  const dim3 grid(unsigned(NB), unsigned((n_heads + kGroup - 1) / kGroup), unsigned(T));
-  FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, n_heads, d, NB, keys, scale, scratch));
-  FB_CUDA_LAUNCHED("fast_attn_tile_kernel");
-  FB_CUDA_TRY(launch_pdl(pdl, fast_attn_combine_kernel, dim3(unsigned(T * n_heads)), dim3(128), 0, st, n_heads, d, NB, keys, sinks,
-                         static_cast<const float*>(scratch), out, T));
-  FB_CUDA_LAUNCHED("fast_attn_combine_kernel");
+  const int64_t B = batch_rows(T, n_heads, d, keys.max_keys);
+  for (int64_t t0 = 0; t0 < T; t0 += B) {
+    const int64_t R = std::min(B, T - t0);
+    const dim3 grid{unsigned(NB), unsigned((n_heads + kGroup - 1) / kGroup), unsigned(R)};
+    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, t0, n_heads, d, NB, keys, scale, scratch));
+    FB_CUDA_LAUNCHED("fast_attn_tile_kernel");
+    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_combine_kernel, dim3(unsigned(R * n_heads)), dim3(128), 0, st, t0, R, n_heads, d, NB, keys, sinks,
+                           static_cast<const float*>(scratch), out));
+    FB_CUDA_LAUNCHED("fast_attn_combine_kernel");
+  }
   return Status();
 }
 

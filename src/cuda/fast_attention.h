@@ -31,8 +31,12 @@ constexpr int64_t kFastAttnMaxRows = 64;
 // True when fast_sparse_attention handles the shape: head_dim a multiple of 64 up to 512, up to
 // kFastAttnMaxRows rows (any head count: groups of 16 heads, the last one padded).
 bool fast_attention_ok(int64_t T, int d);
-// f32 scratch elements for T rows whose key lists hold at most max_keys entries.
+// f32 scratch elements for T rows whose key lists hold at most max_keys entries (one batch).
 int64_t fast_attention_floats(int64_t T, int n_heads, int d, int max_keys);
+
+// Tests: the f32 budget of one launch pair's partials (rows are processed in batches that fit;
+// a row's arithmetic never depends on the batch). 0 restores the default (32 Mi floats).
+void fast_attention_set_batch_floats(int64_t floats);
 
 // out [T, n_heads, d] bf16. keys.max_keys must bound every row's key count (the kernel traps
 // otherwise: a row is never cut short); keys.split / predequant are not used.

@@ -162,6 +162,20 @@ TEST(FastAttention, TinyShapeAgainstCpu) {
   expect_close(c.run_fast(all_rows(c.T), false), c.reference(), c.T, int64_t(c.H) * c.d, "4 heads x 64 (tiny fixtures)");
 }
 
+// Key lists longer than 64 blocks (a long prefill window) and rows split into launch batches:
+// accurate, and a row's bits do not depend on the batch it ran in.
+TEST(FastAttention, LongListsAndRowBatches) {
+  FB_NEED_GPU();
+  Rng rng(14);
+  Case c(rng, 4, 64, {{4200, 8}, {4100, 0}, {30, 8}, {4200, 0}, {7, 2}}, 1.0f);
+  const auto all = c.run_fast(all_rows(c.T), false);
+  expect_close(all, c.reference(), c.T, int64_t(c.H) * c.d, "4 heads x 64, 4,208 keys");
+  fast_attention_set_batch_floats(int64_t(c.H) * 66 * (c.d + 2) * 2);  // 2 rows per batch
+  const auto batched = c.run_fast(all_rows(c.T), false);
+  fast_attention_set_batch_floats(0);
+  EXPECT_EQ(batched, all) << "rows in batches of 2 vs one batch";
+}
+
 TEST(FastAttention, RowInvariantDeterministicAndPdl) {
   FB_NEED_GPU();
   Rng rng(13);

@@ -344,6 +344,53 @@ TEST(FastGemv, TcChunks) {
   EXPECT_EQ(tc_chunks(8192, false).kc, 2048);
 }
 
+// ---- FP8 weights x bf16 activations (grouped wo_a) --------------------------------------------
+
+// tc_fp8_bf16x_gemv against the exact bf16 GEMV over the dequantised weight (the reference's BF16
+// wo_a: e4m3 x e8m0, exact in bf16): G groups of x [M, K] (row stride G * K) times w [N, K].
+void fp8_bf16x_case(Rng& rng, int64_t G, int64_t K, int64_t N) {
+  SCOPED_TRACE("G=" + std::to_string(G) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+  const int64_t ldx = G * K, NT = G * N, KB = K / 32;
+  const auto codes = rng.e4m3(NT * K);
+  const auto scales = rng.bytes((NT / 32) * KB, 118, 124);  // 2^-9 .. 2^-3
+  std::vector<bf16_t> wbf(static_cast<size_t>(NT * K));
+  for (int64_t n = 0; n < NT; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = e4m3_to_f32(codes[size_t(n * K + k)]) * e8m0_to_f32(scales[size_t((n / 32) * KB + k / 32)]);
+      wbf[size_t(n * K + k)] = bf16_bits_from_f32(v);
+      ASSERT_EQ(bf16_to_f32(wbf[size_t(n * K + k)]), v) << "the dequantised weight is exact in bf16";
+    }
+  Dev<bf16_t> dx(rng.act(kRows * ldx, 0.5f)), dw(wbf);
+  Dev<uint8_t> dc(codes), ds(scales);
+  const Fp8W w8{dc.p(), ds.p(), NT, K};
+  auto run = [&](bool fast, int64_t M, bool each_row) {
+    Dev<bf16_t> y(static_cast<size_t>(kRows * NT));
+    for (int64_t m = 0; m < (each_row ? M : 1); ++m) {
+      const int64_t rows = each_row ? 1 : M;
+      const bf16_t* x = dx.p() + m * ldx;
+      bf16_t* yo = y.p() + m * NT;
+      EXPECT_TRUE((fast ? tc_fp8_bf16x_gemv(x, rows, ldx, N, K, w8, yo, nullptr)
+                        : bf16_gemm(x, rows, K, ldx, dw.p(), N, yo, NT, GemmOut::kBf16, G, K, N * K, N, nullptr))
+                      .ok());
+    }
+    return y.get();
+  };
+  const auto want = run(false, kRows, false), got = run(true, kRows, false);
+  expect_close(got, want, NT, {}, "fp8 x bf16 gemv M=64 vs exact bf16");
+  expect_rows_same(run(true, kRows, false), got, NT, 0, kRows, "fp8 x bf16 determinism");
+  expect_rows_same(run(true, 3, false), got, NT, 0, 3, "fp8 x bf16 M=3 vs M=64");
+  expect_rows_same(run(true, 7, false), got, NT, 0, 7, "fp8 x bf16 M=7 vs M=64");
+  expect_rows_same(run(true, kRows, true), got, NT, 0, kRows, "fp8 x bf16 M=1 (each row) vs M=64");
+}
+
+TEST(FastGemv, TcFp8Bf16xGrouped) {
+  NEED_GPU();
+  Rng rng(17);
+  fp8_bf16x_case(rng, 8, 4096, 1024);  // wo_a at the released dims: 8 x (4096 -> 1024), 2 K chunks
+  fp8_bf16x_case(rng, 2, 256, 64);     // the tiny fixtures' shape class
+  fp8_bf16x_case(rng, 1, 5120, 96);    // ungrouped, 3 K chunks
+}
+
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].

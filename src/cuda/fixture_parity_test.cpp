@@ -40,6 +40,7 @@ CudaRunOptions run_for(bool tc) {
   r.tc_hc_mixes = false;
   r.fast_gemv = false;
   r.fast_small = false;  // its Sinkhorn / rsqrt are not the CPU's functions (fast_small.h)
+  r.fast_attn = false;   // decode rows' attention on tensor cores: p relative to block maxima (fast_attention.h)
   r.bounded_replay = true;  // accepted where a test sends replay rows (BoundedReplayMatchesCpu lifts the product's gate)
   return r;
 }

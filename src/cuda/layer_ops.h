@@ -24,6 +24,7 @@
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
+#include "cuda/tc_gemv.h"
 #include "model/forward.h"
 #include "model/selection.h"
 
@@ -367,7 +368,8 @@ class CudaLayerOps {
     step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
     uint16_t* z = alloc<uint16_t>(T_ * G * OR);
     if (!ok()) return;
-    gemm_bf(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR);
+    if (m_.wo_a_fp8_ && w.wo_a8.w && m_.fast_gemv_ && !tc_ && T_ <= kFastGemvMaxRows) step(tc_fp8_bf16x_gemv(o_, T_, QD, OR, GI, w.wo_a8, z, st_));
+    else gemm_bf(o_, T_, GI, QD, w.wo_a, OR, z, G * OR, GemmOut::kBf16, G, GI, OR * GI, OR);
     gemm_x(z, T_, w.wo_b, y_);
   }
 

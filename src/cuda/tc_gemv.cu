@@ -20,6 +20,7 @@
 #include "cuda/tc_gemv.h"
 
 #include <cooperative_groups.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
@@ -86,20 +87,50 @@ __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, ui
 __device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
 __device__ __forceinline__ uint32_t e2m1_hi_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
 
+// Two e4m3 codes (low byte = first element) -> the bf16 pair of the same values (exact: e4m3 ->
+// f16 -> f32 -> bf16 never rounds), low half = first element.
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t two) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(uint16_t(two)));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f.y), "f"(f.x));
+  return r;
+}
+
+// d += A (16 x 16 bf16, row) . B (16 x 8 bf16, col), f32.
+__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The bf16 activations of MODE kBf16x: x [M, ldx]; output row n reads the K elements at
+// (n / grp_rows) * grp_stride (grouped wo_a: o_lora_rank rows per group of o_group_in columns).
+struct BfxArgs {
+  const uint16_t* x = nullptr;
+  int64_t ldx = 0, grp_rows = 1, grp_stride = 0;
+};
+
+constexpr int kModeFp8 = 0, kModeFp4 = 1, kModeBf16x = 2;
+
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
 
-template <bool FP4>
+template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args) {
+  constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
-  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = kc_max + 16, kb_max = kc_max / 32;
+  // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
+  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
   uint8_t* wt = smem;                                                              // [16][rb]
-  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 [8][xrow]; FP4 [kc_max]
-  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : kRowGroup * xrow));   // FP8 [8][kb_max]; FP4 [kb_max]
-  float* wsc = xsc + (FP4 ? kb_max : kRowGroup * kb_max);                          // FP8 [kb_max]; FP4 [16][kb_max]
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [8][xrow]; FP4 [kc_max]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : kRowGroup * xrow));   // FP8 [8][kb_max]; FP4 [kb_max]; BFX none
+  float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : kRowGroup * kb_max);               // FP8 / BFX [kb_max]; FP4 [16][kb_max]
   float* red = wsc + (FP4 ? kStripe * kb_max : kb_max);                            // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
 
@@ -156,6 +187,18 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       *reinterpret_cast<uint4*>(xt + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
       xsc[b] = xs[xm * KB + k0 / 32 + b];
     }
+  } else if constexpr (BFX) {
+    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    pdl_wait();  // the activations come from the step
+    const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
+    const int xupr = kc * 2 / 16;
+    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
+      const bool ok = m0 + j < M;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
+      cp_async16(smem_u32(xt + j * xrow + q * 16), src + (ok ? q * 16 : 0), ok ? 16 : 0);
+    }
+    cp_async_commit();
   } else {
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activation codes come from the step
@@ -200,6 +243,21 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(wsc[g * kb_max + b], sx), acc[0]);
         acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(wsc[(g + 8) * kb_max + b], sx), acc[2]);
       }
+    } else if constexpr (BFX) {
+      // The 32-block as two k16 steps over the e4m3 fragment's own k order: step 1 takes k
+      // 4t..4t+3 of rows g / g + 8 (r[0], r[1]), step 2 k 16 + 4t.. (r[2], r[3]); the bf16
+      // activations are read in the same order (b0 = k 4t, 4t+1; b1 = k 4t+2, 4t+3).
+      const int b = u;
+      const uint8_t* xb = xt + g * xrow + (b * 32 + 4 * t) * 2;
+      const uint2 p0 = *reinterpret_cast<const uint2*>(xb), p1 = *reinterpret_cast<const uint2*>(xb + 32);
+      const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
+      const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_bf16(a1, p0.x, p0.y, d);
+      mma_bf16(a2, p1.x, p1.y, d);
+      const float ws = wsc[b];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = __fmaf_rn(d[i], ws, acc[i]);
     } else {
       const int b = u;
       const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
@@ -259,20 +317,22 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
 }
 
-size_t smem_bytes(bool fp4, int kc_max) {
+size_t smem_bytes(int mode, int kc_max) {
+  const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * (kc_max + 16);
-  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : size_t(kb) * 4 * (kRowGroup + 1);
+  const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (kRowGroup + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4;
 }
 
-template <bool FP4>
+template <int MODE>
 Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride, int64_t s_stride,
-              const int32_t* expert, cudaStream_t st) {
+              const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}) {
+  constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
-  const size_t smem = smem_bytes(FP4, ch.kc);
-  const auto kernel = &tc_gemv_kernel<FP4>;
+  const size_t smem = smem_bytes(MODE, ch.kc);
+  const auto kernel = &tc_gemv_kernel<MODE>;
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
@@ -299,7 +359,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -334,7 +394,7 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
-  return launch<false>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
+  return launch<kModeFp8>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
 }
 
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
@@ -346,7 +406,19 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   if (M == 0 || wa.N == 0) return Status();
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
-  return launch<true>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
+  return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
+}
+
+Status tc_fp8_bf16x_gemv(const uint16_t* x, int64_t M, int64_t ldx, int64_t grp_rows, int64_t grp_stride, const Fp8W& w, uint16_t* y,
+                         cudaStream_t st) {
+  FB_CHECK(w.K % 32 == 0 && w.K > 0 && w.K < (int64_t(1) << 30) && grp_rows > 0 && grp_rows % 32 == 0 && w.N % grp_rows == 0)
+      << "tc fp8 x bf16 gemv K=" << w.K << " N=" << w.N << " group rows " << grp_rows;
+  FB_CHECK(aligned16(w.w) && aligned16(x) && ldx % 8 == 0 && grp_stride % 8 == 0 && (w.N / grp_rows - 1) * grp_stride + w.K <= ldx)
+      << "tc fp8 x bf16 gemv: 16-byte rows, groups inside the row";
+  if (M == 0 || w.N == 0) return Status();
+  const TcPart pa{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y};
+  const QuantBuf none{};
+  return launch<kModeBf16x>(none, M, 1, pa, TcPart{}, w.K, 0, 0, nullptr, st, BfxArgs{x, ldx, grp_rows, grp_stride});
 }
 
 }  // namespace fb::cuda

@@ -40,6 +40,14 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
                    const int32_t* expert, cudaStream_t st);
 
+// y [M, w.N] = x . w^T for bf16 activations x (row stride ldx) and the FP8 block-scaled weight w,
+// i.e. with the exact bf16 values w dequantises to (the reference's BF16 weight: grouped wo_a),
+// reading half the bytes of a BF16 copy. The e4m3 tile is widened to bf16 in registers and runs
+// as two mma.m16n8k16 per 32-block. Output rows come in groups of grp_rows (a multiple of 32);
+// group i reads the K activations at column i * grp_stride of each row (ungrouped: grp_rows = N).
+Status tc_fp8_bf16x_gemv(const uint16_t* x, int64_t M, int64_t ldx, int64_t grp_rows, int64_t grp_stride, const Fp8W& w, uint16_t* y,
+                         cudaStream_t st);
+
 // The chunking of a K (exposed for tests): nk chunks of kc elements (the last one shorter).
 struct TcChunks {
   int nk = 1;

@@ -55,12 +55,13 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "overlap") return flag(o.overlap);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "fast_attn") return flag(o.fast_attn);
+  if (name == "wo_a_fp8") return flag(o.wo_a_fp8);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_split, attn_predequant, bounded_replay)";
+                                       "fast_attn, wo_a_fp8, attn_split, attn_predequant, bounded_replay)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -76,6 +77,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
+  wo_a_fp8_ = fast && o.wo_a_fp8;
   overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
@@ -228,6 +230,9 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
       TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
       d.wo_a = FB_TRY(up<uint16_t>(v));
     }
+    // [fast] the checkpoint's FP8 wo_a as well: decode rows read half the bytes (tc_gemv.h
+    // tc_fp8_bf16x_gemv, the same bf16 values); the BF16 copy stays for prefill and the exact class.
+    if (opt.run.numerics == Numerics::kFast && opt.run.wo_a_fp8 && w.wo_a.w.valid()) d.wo_a8 = FB_TRY(up8(w.wo_a));
     d.comp_wkv = FB_TRY(up<uint16_t>(w.comp_wkv));
     d.comp_wgate = FB_TRY(up<uint16_t>(w.comp_wgate));
     d.comp_norm = FB_TRY(up<uint16_t>(w.comp_norm));

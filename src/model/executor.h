@@ -108,6 +108,10 @@ class Executor {
   }
   // A 64-bit identity of the loaded model (0: none); the disk KV cache keeps states per identity.
   virtual uint64_t identity() const { return 0; }
+  // Host milliseconds the last forward() spent issuing its work before it waited for the device
+  // (0: not measured; the CPU executor computes while it issues). Near the step's wall time it
+  // says the device waited on the host.
+  virtual double last_enqueue_ms() const { return 0; }
   // Session state as plain bytes and back (DESIGN-AHEAD item 4, docs/formats.md "Session state"):
   // the bytes name the model that wrote them; restore validates everything before it changes `s`.
   virtual Result<std::string> save_session(const SessionState& s) const {
