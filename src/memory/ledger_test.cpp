@@ -141,6 +141,12 @@ TEST(Plan, ReleasedModelOnH200) {
   auto p = plan_memory(*c, in);
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->expert_bytes, 18800640u);
+  // The BF16 copies of wo_a the CUDA executor holds beside the checkpoint's FP8 (40 layers and 3
+  // DSpark stages of 8 x 1024 x 4096 elements, 2 bytes each) are planned, not left to the slack.
+  uint64_t wo_a = 0;
+  for (const auto& it : p->items)
+    if (it.name.rfind("wo_a BF16", 0) == 0) wo_a = it.bytes;
+  EXPECT_EQ(wo_a, uint64_t(43) * 8 * 1024 * 4096 * 2);
   EXPECT_GT(p->hbm_slots_per_layer, 100);
   EXPECT_LT(p->hbm_slots_per_layer, 384);
   EXPECT_LE(p->mandatory_bytes(Tier::kHbm) + p->elastic_bytes(Tier::kHbm), in.hbm_target_bytes);

@@ -52,7 +52,7 @@ Result<MemoryPlan> plan_memory(const model::Config& c, const PlanInputs& in) {
   MemoryPlan p;
   p.hbm_target_bytes = in.hbm_target_bytes;
   p.host_target_bytes = in.host_target_bytes;
-  uint64_t dense_hbm = 0, draft = 0, embed = 0, engram_tables = 0, vision = 0;
+  uint64_t dense_hbm = 0, draft = 0, embed = 0, engram_tables = 0, vision = 0, wo_a_bf16 = 0;
   uint64_t stride = 0;
   for (const model::TensorSpec& s : model::expected_tensors(c)) {
     const uint64_t n = uint64_t(s.nbytes());
@@ -63,6 +63,10 @@ Result<MemoryPlan> plan_memory(const model::Config& c, const PlanInputs& in) {
       }
       continue;
     }
+    // The CUDA executor also holds wo_a dequantised to BF16 (the reference's weight; prefill and
+    // the exact class read it, decode rows the checkpoint's FP8 copy): 2 bytes per element more.
+    const bool is_wo_a = s.name.size() >= 16 && s.name.compare(s.name.size() - 16, 16, "attn.wo_a.weight") == 0;
+    if (is_wo_a && (s.klass != model::ByteClass::kDraft || in.dspark)) wo_a_bf16 += uint64_t(s.shape[0]) * uint64_t(s.shape[1]) * 2;
     switch (s.klass) {
       case model::ByteClass::kEngramTables: engram_tables += n; break;
       case model::ByteClass::kEmbed: embed += n; break;  // one row per token: gathered on the host
@@ -83,6 +87,7 @@ Result<MemoryPlan> plan_memory(const model::Config& c, const PlanInputs& in) {
   // Mandatory state first (spec/12 for KV; DSpark dense weights are mandatory when it is on).
   const uint64_t kv = uint64_t(in.n_sessions) * session_kv_bytes(c, in.context_tokens, in.dspark);
   p.items.push_back({"dense weights (attention, shared experts, router, mHC, indexer, head)", Tier::kHbm, Kind::kMandatory, dense_hbm});
+  if (wo_a_bf16) p.items.push_back({"wo_a BF16 copies (prefill, exact class)", Tier::kHbm, Kind::kMandatory, wo_a_bf16});
   if (vision) p.items.push_back({"vision tower", Tier::kHbm, Kind::kMandatory, vision});
   if (in.dspark && draft) p.items.push_back({"DSpark draft weights (dense)", Tier::kHbm, Kind::kMandatory, draft});
   p.items.push_back({"session KV (" + std::to_string(in.n_sessions) + " x " + std::to_string(in.context_tokens) + " tokens)",
