@@ -150,7 +150,7 @@ void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::Dec
   const double gbps = bytes / (t.decode_ms * 1e-3) / 1e9;
   csv.row("decode_ms", L, t.decode_ms, "ms/token");
   csv.row("decode_tok_s", L, 1000.0 / t.decode_ms, "tok/s");
-  if (t.enqueue_ms > 0) csv.row("decode_enqueue_ms", L, t.enqueue_ms, "ms of host time issuing the step (near decode_ms: the GPU waits on the host)");
+  if (t.enqueue_ms > 0) csv.row("decode_enqueue_ms", L, t.enqueue_ms, "ms of host time issuing the step, up to its output copies (near decode_ms: the GPU waits on the host)");
   csv.row("decode_bytes", L, bytes / 1e9, "GB/token (weights + cache)");
   csv.row("decode_gflop", L, k.flops / 1e9, "GFLOP/token");
   csv.row("decode_hbm_gbps", L, gbps, "GB/s", d2d_gbps > 0 ? gbps / d2d_gbps : -1);

@@ -39,8 +39,10 @@ class CudaStep : public CudaLayerOps {
   }
 
   model::StepOutput take_output() {
-    // Host time to enqueue the whole step (vs the GPU time: is the GPU starved?).
-    const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
+    // Host time to enqueue the whole step (vs the GPU time: is the GPU starved?): up to the output
+    // copies, which wait for the GPU (issue_ms_), else up to here.
+    const double enqueue_ms =
+        issue_ms_ >= 0 ? issue_ms_ : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
     m_.last_enqueue_ms_ = enqueue_ms;
     if (m_.profile_) {
       OpProfile& p = m_.prof_["step.enqueue"];
@@ -526,6 +528,8 @@ class CudaStep : public CudaLayerOps {
       }
     float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
     head_rows(rows, m_.norm_, logits, nullptr);
+    // The copies to pageable vectors below wait for the GPU: the step's host issue time ends here.
+    issue_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
     download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
     // Tap rows from step_.taps_from_row on (the caller reads no earlier row).
     const int64_t n_rows = int64_t(step_.rows.size());
@@ -619,6 +623,7 @@ class CudaStep : public CudaLayerOps {
   model::StepOutput out_;
   std::vector<int64_t> first_row_, start_;
   int n_taps_ = 0;
+  double issue_ms_ = -1;  // host ms from the step's start to its first output copy (take_output)
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]
   std::vector<int64_t> hashes_host_;  // the same on the host when the tables are (CudaExecutor::engram_host_)
