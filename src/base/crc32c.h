@@ -1,5 +1,6 @@
 // CRC-32C (Castagnoli): checksums of the expert store and of serialized sessions. Hardware
-// crc32 instructions when the CPU has SSE4.2, a table otherwise; both give the same values.
+// crc32 instructions when the CPU has SSE4.2 (three interleaved streams on long inputs), a table
+// otherwise; all give the same values.
 #pragma once
 
 #include <cstddef>
