@@ -173,6 +173,49 @@ TEST(RequestParse, ResponseFormatWithTools) {
   EXPECT_EQ(http_error_for(bad.status().code()).http, 400);
   EXPECT_NE(bad.status().message().find("'format'"), std::string::npos) << bad.status().message();
 }
+
+// Responses text.format: the same formats with the json_schema fields flat; rendered into the
+// prompt, enforced, echoed; 400s name 'text.format'.
+TEST(RequestParse, ResponsesTextFormat) {
+  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
+  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
+  ParseContext c = base_ctx();
+  c.grammar = gram->get();
+  auto resp = [&](const std::string& format) {
+    return parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"Temperature?","reasoning":{"effort":"none"},"text":{"format":)" + format + "}}"), c);
+  };
+  auto allows = [](engine::TokenConstraint& k, const std::string& text) {
+    for (int32_t t : tokenizer::v41_tokenizer().encode(text))
+      if (!k.accept(t)) return false;
+    return true;
+  };
+  const std::string f = R"({"type":"json_schema","name":"t","strict":true,"schema":{"type":"object","properties":{"temp":{"type":"integer"}},"required":["temp"]}})";
+  auto r = resp(f);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_NE(r->req.sampling.constraint, nullptr);
+  EXPECT_NE(r->prompt_text.find("\"temp\""), std::string::npos) << "the schema is rendered into the prompt";
+  EXPECT_TRUE(allows(*r->req.sampling.constraint, R"({"temp": 3})"));
+  EXPECT_FALSE(allows(*resp(f)->req.sampling.constraint, R"({"temp": 3, "x": 1})")) << "strict";
+  EXPECT_FALSE(allows(*resp(f)->req.sampling.constraint, "Warm"));
+  EXPECT_EQ(r->echo["text"]["format"]["name"], "t");
+  auto obj = resp(R"({"type":"json_object"})");
+  ASSERT_TRUE(obj.ok());
+  EXPECT_TRUE(allows(*obj->req.sampling.constraint, R"({"a": 1})"));
+  auto text = resp(R"({"type":"text"})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->req.sampling.constraint, nullptr);
+  for (const char* bad : {R"({"type":"xml"})", R"("json")", R"({"type":"json_schema","schema":{"type":"string","pattern":"a"}})",
+                          R"({"type":"json_schema","strict":"yes","schema":{}})"}) {
+    auto e = resp(bad);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(http_error_for(e.status().code()).http, 400) << bad;
+  }
+  EXPECT_NE(resp(R"({"type":"xml"})").status().message().find("'text.format.type'"), std::string::npos);
+  EXPECT_NE(resp(R"({"type":"json_schema","strict":"yes","schema":{}})").status().message().find("'text.format.strict'"), std::string::npos);
+  auto plain = parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"x"})"), c);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->echo["text"]["format"]["type"], "text");
+}
 #endif
 
 }  // namespace

@@ -446,10 +446,11 @@ Result<ojson> responses_messages(const ojson& b) {
   return msgs;
 }
 
-// OpenAI response_format (chat): {"type": "text" | "json_object" | "json_schema", json_schema:
-// {name, description, schema, strict}}, type-checked here and compiled by request_constraint
-// (alone, or with the tools under tool_choice auto). The schema is also rendered into the prompt
-// (spec/15 §6.4; parse_request).
+// The answer's format: Chat `response_format` {"type": "text" | "json_object" | "json_schema",
+// json_schema: {name, description, schema, strict}}, or Responses `text.format` with the same
+// fields flat ({"type": "json_schema", "name", "schema", "strict"}). Type-checked here and compiled
+// by request_constraint (alone, or with the tools under tool_choice auto). The schema is also
+// rendered into the prompt (spec/15 §6.4; parse_request).
 struct AnswerFormat {
   bool on = false;
   bool object = false;  // json_object: any object
@@ -457,29 +458,46 @@ struct AnswerFormat {
   bool strict = false;
 };
 
-Status parse_response_format(const ojson& b, const ParseContext& ctx, AnswerFormat* f) {
-  if (!b.contains("response_format") || b["response_format"].is_null()) return Status();
-  const ojson& rf = b["response_format"];
+const ojson* answer_format_json(const ojson& b, Endpoint ep) {
+  if (ep == Endpoint::kChat && b.contains("response_format") && !b["response_format"].is_null()) return &b["response_format"];
+  if (ep == Endpoint::kResponses && b.contains("text") && b["text"].is_object() && b["text"].contains("format") && !b["text"]["format"].is_null())
+    return &b["text"]["format"];
+  return nullptr;
+}
+
+// The schema object a json_schema format carries (null: none), for the prompt.
+ojson answer_schema(const ojson& rf, Endpoint ep) {
+  const ojson* js = ep == Endpoint::kResponses ? &rf : rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
+  if (!rf.is_object() || rf.value("type", "") != "json_schema" || !js || !js->is_object() || !js->contains("schema")) return ojson();
+  return (*js)["schema"];
+}
+
+Status parse_response_format(const ojson& b, Endpoint ep, const ParseContext& ctx, AnswerFormat* f) {
+  const ojson* p = answer_format_json(b, ep);
+  if (!p) return Status();
+  const ojson& rf = *p;
+  const bool flat = ep == Endpoint::kResponses;
+  const std::string field = flat ? "text.format" : "response_format";
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-    return type_error("response_format", "an object with 'type' text, json_object or json_schema");
+    return type_error(field.c_str(), "an object with 'type' text, json_object or json_schema");
   const std::string type = rf["type"].get<std::string>();
   if (type == "text") return Status();
   if (type != "json_object" && type != "json_schema")
-    return FB_ERROR(kInvalidArgument) << "'response_format.type' must be text, json_object or json_schema (got \"" << type << "\")";
+    return FB_ERROR(kInvalidArgument) << "'" << field << ".type' must be text, json_object or json_schema (got \"" << type << "\")";
 #if FB_SERVER_HAS_GRAMMAR
-  if (!ctx.grammar) return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine, which this server has not loaded";
+  if (!ctx.grammar) return FB_ERROR(kUnsupported) << field << " " << type << " needs the grammar engine, which this server has not loaded";
 #else
   (void)ctx;
-  return FB_ERROR(kUnsupported) << "response_format " << type << " needs the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
+  return FB_ERROR(kUnsupported) << field << " " << type << " needs the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
 #endif
   f->on = true;
   f->object = type == "json_object";
   if (type == "json_schema") {
-    if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) return type_error("response_format.json_schema", "an object");
-    const ojson& js = rf["json_schema"];
+    if (!flat && (!rf.contains("json_schema") || !rf["json_schema"].is_object())) return type_error("response_format.json_schema", "an object");
+    const ojson& js = flat ? rf : rf["json_schema"];
     f->schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : ojson::object();
     if (js.contains("strict") && !js["strict"].is_null()) {
-      if (!js["strict"].is_boolean()) return type_error("response_format.json_schema.strict", "a boolean");
+      if (!js["strict"].is_boolean()) return type_error((field + (flat ? ".strict" : ".json_schema.strict")).c_str(), "a boolean");
       f->strict = js["strict"].get<bool>();
     }
   }
@@ -615,11 +633,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
       if (tool_choice.mode == ToolChoice::Mode::kNone) tools = ojson();
     }
     ojson response_format;
-    if (ep == Endpoint::kChat && b.contains("response_format") && b["response_format"].is_object()) {
-      const ojson& rf = b["response_format"];
-      if (rf.contains("json_schema") && rf["json_schema"].is_object() && rf["json_schema"].contains("schema"))
-        response_format = rf["json_schema"]["schema"];
-    }
+    if (const ojson* rf = answer_format_json(b, ep)) response_format = answer_schema(*rf, ep);
     if ((tools.is_array() && !tools.empty()) || !response_format.is_null()) {
       if (messages.empty() || (messages[0].role != "system" && messages[0].role != "developer")) {
         tokenizer::Message sys;
@@ -653,9 +667,10 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
     pr.echo["top_p"] = pr.req.sampling.top_p;
     pr.echo["max_output_tokens"] = pr.req.max_tokens > 0 ? ojson(pr.req.max_tokens) : ojson(nullptr);
     pr.echo["instructions"] = b.contains("instructions") && b["instructions"].is_string() ? b["instructions"] : ojson(nullptr);
+    pr.echo["text"] = {{"format", answer_format_json(b, ep) ? *answer_format_json(b, ep) : ojson{{"type", "text"}}}};
   }
   AnswerFormat answer;
-  if (ep == Endpoint::kChat) FB_RETURN_IF_ERROR(parse_response_format(b, ctx, &answer));
+  FB_RETURN_IF_ERROR(parse_response_format(b, ep, ctx, &answer));
   if (ep != Endpoint::kCompletions)
     FB_RETURN_IF_ERROR(request_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, answer, ctx, th.on, &pr.req.sampling));
   for (const auto& [id, v] : pr.req.sampling.logit_bias)

@@ -11,8 +11,8 @@ alternates A, other, A, other (Chat, Completions, Anthropic; DSpark on, as serve
 server's --phrase-bias list does the same and a request's bias 0 switches it off; bad entries are
 400s naming them.
 Part 3 (tiny model): response_format json_schema with tools under tool_choice auto: every answer is
-a JSON value that validates or a call (random weights write the value); with tool_choice required
-the answer is a call.
+a JSON value that validates or a call; with a named tool the answer is the call; the Responses API's
+text.format enforces the same.
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
@@ -203,6 +203,16 @@ def format_with_tools(binary, model):
         calls = r.choices[0].message.tool_calls or []
         check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_time" and call_ok(calls[0]),
               f"named tool + json_schema: the call ({r.choices[0].finish_reason}, {[(c.function.name, c.function.arguments) for c in calls]})")
+        # Responses text.format: the same enforcement; the response echoes the format.
+        rr = oa.responses.create(model="m", input="Check", max_output_tokens=150, reasoning={"effort": "none"},
+                                 text={"format": {"type": "json_schema", "name": "answer", "strict": True, "schema": schema}})
+        try:
+            v = json.loads(rr.output_text)
+            ok = set(v) == {"ok", "n"} and isinstance(v["ok"], bool) and isinstance(v["n"], int) and 0 <= v["n"] <= 9
+        except ValueError:
+            ok = False
+        check(rr.status == "completed" and ok and rr.text.format.type == "json_schema",
+              f"responses text.format json_schema: status {rr.status}, output {rr.output_text!r}")
         try:
             oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools, max_tokens=5,
                                        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "format": "date"}}})
