@@ -1,5 +1,6 @@
 #include "cpu/executor.h"
 #include "cpu/layer_ops.h"
+#include "model/timed_ops.h"
 
 namespace fb::cpu {
 
@@ -480,10 +481,19 @@ Result<std::vector<uint16_t>> CpuModel::image_span_markers() const {
 Result<model::StepOutput> CpuModel::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, Taps* taps) {
   std::vector<SessionCache*> s;
   for (auto* p : sessions) s.push_back(static_cast<SessionCache*>(p));
-  return forward_cpu(step, s, taps);
+  return forward_cpu(step, s, taps, &op_times_);
 }
 
-Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps) const {
+model::ExecutorStats CpuModel::stats() const {
+  model::ExecutorStats st;
+  st.has_expert_traffic = experts_ && experts_->traffic(&st.experts);
+  st.has_op_times = true;
+  st.ops = op_times_;
+  return st;
+}
+
+Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps,
+                                                model::OpTimes* op_times) const {
   // Rows of each session: contiguous positions starting at the session's next position.
   std::vector<int64_t> next(sessions.size());
   for (size_t s = 0; s < sessions.size(); ++s) next[s] = sessions[s]->next_pos;
@@ -504,7 +514,10 @@ Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const s
     ++next[size_t(r.session)];
   }
   CpuStep ex(*this, step, sessions, taps);
-  model::run_backbone(ex, cfg_);
+  if (op_times)
+    model::run_backbone_timed(ex, cfg_, *op_times);
+  else
+    model::run_backbone(ex, cfg_);
   return ex.take_output();
 }
 

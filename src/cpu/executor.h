@@ -69,7 +69,11 @@ class CpuModel final : public model::Executor {
 
   // Runs the backbone over `step.rows`; sessions[i] is the state of row.session == i. Appends
   // the rows to their sessions (positions advance). Validates row/session consistency.
-  Result<model::StepOutput> forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps = nullptr) const;
+  // `op_times` (optional) receives each op's wall time by family (model/timed_ops.h).
+  Result<model::StepOutput> forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps = nullptr,
+                                        model::OpTimes* op_times = nullptr) const;
+  // Expert traffic of a tiered source (set_expert_source) and the op times of forward() steps.
+  model::ExecutorStats stats() const override;
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
@@ -93,6 +97,9 @@ class CpuModel final : public model::Executor {
   std::vector<model::EngramTableConstants> engram_;
   RopeTable rope_plain_, rope_yarn_;
   std::vector<std::vector<bf16_t>> wo_a_bf16_;  // per layer, dequantised once (the reference holds BF16)
+  // forward()'s steps by op family: always on ([policy]: two clock reads per op, measured at
+  // well under 1% of a tiny-model step, docs/serving.md); forward_cpu callers opt in.
+  model::OpTimes op_times_;
 };
 
 }  // namespace fb::cpu

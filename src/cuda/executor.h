@@ -271,6 +271,24 @@ class CudaExecutor final : public model::Executor {
   // pin_host() for a source whose bytes should copy at the pinned rate.
   // Shared so that counters can be read after the executor is gone (check-fixture).
   std::shared_ptr<DevExpertSlots> expert_slots() const { return slots_; }
+  // Expert traffic by tier (issue 24) from the host-side counters: HBM slot hits, then each miss
+  // at the tier its copy came from (the host tiers' counters when the source keeps them, else
+  // host memory). No op times: ops only enqueue here (--profile has the GPU times).
+  model::ExecutorStats stats() const override {
+    model::ExecutorStats st;
+    if (!slots_) return st;
+    const ExpertSlotStats d = slots_->stats();
+    st.has_expert_traffic = true;
+    st.experts.hbm = {d.hits, d.hits * uint64_t(slots_->layout().total())};
+    model::ExpertTraffic src;
+    if (slots_->source().traffic(&src)) {
+      st.experts.host = src.host;
+      st.experts.drive = src.drive;
+    } else {
+      st.experts.host = {d.misses, d.copied_bytes};
+    }
+    return st;
+  }
   // Bench only (issue 9's skew sweep): rewrites a tiered layer's routing (ids [rows, top_k],
   // each row ascending and distinct, values < n_experts) before the slots are looked up. The
   // gate weights stay the router's, so outputs are noise; only traffic and timing are meaningful.

@@ -81,6 +81,8 @@ class DevExpertSlots {
   // Adds the finished copy batches' GPU times to the stats (the caller's stream has drained).
   void settle();
   ExpertSlotStats stats() const { return stats_; }
+  // Where misses are copied from (the host tiers' counters split them by host RAM and drives).
+  const model::ExpertSource& source() const { return *src_; }
   void reset_stats() { stats_ = ExpertSlotStats{}; }
 
  private:

@@ -70,6 +70,10 @@ Engine::Engine(std::unique_ptr<model::Executor> ex, const tokenizer::Tokenizer& 
   stats_.max_sessions = opt_.max_sessions;
   stats_.kv_budget_bytes = opt_.kv_budget_bytes;
   stats_.sessions_cached = 1;
+  {  // which counters exist (the counts are the engine's steps' share, from zero)
+    const model::ExecutorStats x = ex_->stats();
+    model::add_delta(stats_.executor, x, x);
+  }
   stats_.dspark.accepted_hist.assign(size_t(std::max(0, ex_->config().dspark_block_size) + 1), 0);
   thread_ = std::thread([this] { loop(); });
 }
@@ -451,9 +455,11 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
     in_step.push_back(&a);
   }
   if (st.rows.empty()) return;
+  const model::ExecutorStats x0 = ex_->stats();  // this thread runs the steps: no race
   const double ts = now_s();
   auto r = ex_->forward(st, sess, nullptr);
   const double te = now_s();
+  const model::ExecutorStats x1 = ex_->stats();
   const int64_t V = ex_->config().vocab_size;
   const int64_t tap_w = int64_t(ex_->config().dspark_target_layer_ids.size()) * ex_->config().dim;
   const int64_t n = int64_t(st.rows.size());
@@ -505,6 +511,10 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
   }
   const double t1 = now_s();
   std::lock_guard<std::mutex> l(mu_);
+  // The executor's counters, read on this thread around the step and published with the step's
+  // (/v1/stats never reaches into the executor): only this step's share, so op times and expert
+  // bytes line up with steps and step_rows.
+  model::add_delta(stats_.executor, x0, x1);
   ++stats_.steps;
   stats_.step_rows += n;
   stats_.step_prefill_rows += prefill_rows;

@@ -148,6 +148,10 @@ struct EngineStats {
   // The routed experts' tiers (EngineOptions::expert_tiers); absent when every expert is resident.
   bool has_expert_tiers = false;
   storage::TierStats expert_tiers;
+  // The executor's own counters (model::Executor::stats) over the engine's steps (the rounds
+  // counted in `steps`): routed-expert traffic by supplying tier (HBM / host / drives), step time
+  // by op family.
+  model::ExecutorStats executor;
 };
 
 class Engine {

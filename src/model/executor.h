@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/executor_stats.h"
 #include "model/step.h"
 
 namespace fb::model {
@@ -112,6 +113,10 @@ class Executor {
   // (0: not measured; the CPU executor computes while it issues). Near the step's wall time it
   // says the device waited on the host.
   virtual double last_enqueue_ms() const { return 0; }
+  // Counters for the dashboard (model/executor_stats.h): expert traffic by tier, step time by op
+  // family. Call on the thread that calls forward() (the engine copies them after each step);
+  // default: none.
+  virtual ExecutorStats stats() const { return {}; }
   // Session state as plain bytes and back (DESIGN-AHEAD item 4, docs/formats.md "Session state"):
   // the bytes name the model that wrote them; restore validates everything before it changes `s`.
   virtual Result<std::string> save_session(const SessionState& s) const {

@@ -8,6 +8,7 @@
 
 #include "base/tensor_view.h"
 #include "model/config.h"
+#include "model/executor_stats.h"
 
 namespace fb::model {
 
@@ -73,6 +74,12 @@ class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
   virtual ExpertWeights expert(int layer, int e) const = 0;
+  // Lookups by the tier that supplied them (issue 24), for a source that has tiers; false: it
+  // does not count (the snapshot's mapped tensors, the bench's pinned pool).
+  virtual bool traffic(ExpertTraffic* out) const {
+    (void)out;
+    return false;
+  }
 };
 
 }  // namespace fb::model

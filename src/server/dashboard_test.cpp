@@ -137,6 +137,62 @@ TEST(StatsJson, CountersAndDerivedValues) {
   EXPECT_EQ(j["sessions"][1]["prefill_done"], 16);
 }
 
+TEST(StatsJson, ExecutorTrafficAndOpTimes) {
+  engine::EngineStats s;
+  StatsSource src;
+  auto j = stats_json(s, src);
+  EXPECT_TRUE(j["expert_traffic"].is_null());  // every expert resident
+  EXPECT_TRUE(j["op_time"].is_null());         // the executor does not time its ops
+  EXPECT_TRUE(j["derived"]["expert_bytes_per_token"].is_null());
+  EXPECT_TRUE(j["derived"]["op_ms_per_step"].is_null());
+  s.step_rows = 8;
+  s.executor.has_expert_traffic = true;
+  s.executor.experts.hbm = {30, 3000};
+  s.executor.experts.host = {6, 600};
+  s.executor.experts.drive = {4, 480};
+  s.executor.has_op_times = true;
+  s.executor.ops.steps = 4;
+  s.executor.ops.s[size_t(model::OpFamily::kMoe)] = 0.02;
+  s.executor.ops.s[size_t(model::OpFamily::kAttention)] = 0.01;
+  s.executor.ops.calls[size_t(model::OpFamily::kMoe)] = 8;
+  j = stats_json(s, src);
+  EXPECT_EQ(j["expert_traffic"]["hbm"]["lookups"], 30);
+  EXPECT_EQ(j["expert_traffic"]["drive"]["bytes"], 480);
+  EXPECT_EQ(j["op_time"]["steps"], 4);
+  EXPECT_EQ(j["op_time"]["calls"]["moe"], 8);
+  EXPECT_DOUBLE_EQ(j["op_time"]["seconds"]["attention"].get<double>(), 0.01);
+  EXPECT_EQ(j["op_time"]["seconds"].size(), size_t(model::kOpFamilyCount));
+  const auto& d = j["derived"];
+  EXPECT_DOUBLE_EQ(d["expert_bytes_per_token"]["hbm"].get<double>(), 375.0);
+  EXPECT_DOUBLE_EQ(d["expert_bytes_per_token"]["host"].get<double>(), 75.0);
+  EXPECT_DOUBLE_EQ(d["expert_bytes_per_token"]["drive"].get<double>(), 60.0);
+  EXPECT_DOUBLE_EQ(d["expert_hbm_hit_rate"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(d["expert_host_tier_hit_rate"].get<double>(), 0.6);
+  EXPECT_DOUBLE_EQ(d["op_ms_per_step"]["moe"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(d["op_ms_per_step"]["head"].get<double>(), 0.0);
+  // No lookups yet: rates are null, not 0 or 1.
+  s.executor.experts = {};
+  j = stats_json(s, src);
+  EXPECT_TRUE(j["derived"]["expert_hbm_hit_rate"].is_null());
+  EXPECT_TRUE(j["derived"]["expert_host_tier_hit_rate"].is_null());
+  EXPECT_DOUBLE_EQ(j["derived"]["expert_bytes_per_token"]["drive"].get<double>(), 0.0);
+}
+
+TEST(Dashboard, PageHasTheBreakdowns) {
+  const EmbeddedFile* page = find("/");
+  ASSERT_NE(page, nullptr);
+  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
+  for (const char* id : {"op_table", "op_stack", "tier_table", "tier_stack", "v_bpt_total"})
+    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  const EmbeddedFile* js = find("/dashboard/dashboard.js");
+  ASSERT_NE(js, nullptr);
+  const std::string code(reinterpret_cast<const char*>(js->data), js->size);
+  // Every op family the JSON reports has a row on the page.
+  for (int f = 0; f < model::kOpFamilyCount; ++f)
+    EXPECT_NE(code.find(std::string("['") + model::op_family_name(model::OpFamily(f)) + "'"), std::string::npos)
+        << model::op_family_name(model::OpFamily(f));
+}
+
 TEST(StatsJson, NoDsparkHead) {
   engine::EngineStats s;
   s.dspark.steps = 3;

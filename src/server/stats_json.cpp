@@ -71,6 +71,22 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
                                                 {"host_misses", x.host_misses}, {"drive_reads", x.drive_reads}, {"drive_bytes", x.drive_bytes},
                                                 {"overflow", x.overflow}}
                                          : json(nullptr);
+  // The executor's counters (model/executor_stats.h): routed-expert traffic by the tier that
+  // supplied it, and step time by op family.
+  const model::ExecutorStats& ex = s.executor;
+  const model::ExpertTraffic& et = ex.experts;
+  const auto tier = [](const model::TierTraffic& t) { return json{{"lookups", t.lookups}, {"bytes", t.bytes}}; };
+  j["expert_traffic"] = ex.has_expert_traffic ? json{{"hbm", tier(et.hbm)}, {"host", tier(et.host)}, {"drive", tier(et.drive)}} : json(nullptr);
+  if (ex.has_op_times) {
+    json sec = json::object(), calls = json::object();
+    for (int f = 0; f < model::kOpFamilyCount; ++f) {
+      sec[model::op_family_name(model::OpFamily(f))] = ex.ops.s[size_t(f)];
+      calls[model::op_family_name(model::OpFamily(f))] = ex.ops.calls[size_t(f)];
+    }
+    j["op_time"] = {{"steps", ex.ops.steps}, {"seconds", sec}, {"calls", calls}};
+  } else {
+    j["op_time"] = nullptr;
+  }
   // Lifetime averages (the page takes "now" rates from the difference of two polls).
   json dv;
   // Tokens of decode rounds: everything emitted except each request's first token (sampled from
@@ -90,6 +106,23 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
   dv["kv_cache_hit_rate"] = s.has_kv_cache ? ratio(double(s.kv.hits), double(s.kv.hits + s.kv.misses)) : json(nullptr);
   dv["expert_slot_hit_rate"] = s.has_expert_tiers ? ratio(double(x.slot_hits), double(x.slot_hits + x.slot_misses)) : json(nullptr);
   dv["expert_host_hit_rate"] = s.has_expert_tiers ? ratio(double(x.host_hits), double(x.host_hits + x.host_misses)) : json(nullptr);
+  // Bytes per token by tier: routed-expert bytes each tier supplied over the rows the steps ran
+  // (prefill, decode and verify rows alike). Hit rates per tier: of the lookups that reached it.
+  const double rows = double(s.step_rows);
+  dv["expert_bytes_per_token"] = ex.has_expert_traffic ? json{{"hbm", ratio(double(et.hbm.bytes), rows)},
+                                                              {"host", ratio(double(et.host.bytes), rows)},
+                                                              {"drive", ratio(double(et.drive.bytes), rows)}}
+                                                       : json(nullptr);
+  dv["expert_hbm_hit_rate"] = ex.has_expert_traffic ? ratio(double(et.hbm.lookups), double(et.lookups())) : json(nullptr);
+  dv["expert_host_tier_hit_rate"] = ex.has_expert_traffic ? ratio(double(et.host.lookups), double(et.host.lookups + et.drive.lookups)) : json(nullptr);
+  if (ex.has_op_times) {
+    json ms = json::object();
+    for (int f = 0; f < model::kOpFamilyCount; ++f)
+      ms[model::op_family_name(model::OpFamily(f))] = ratio(ex.ops.s[size_t(f)], double(ex.ops.steps), 1e3);
+    dv["op_ms_per_step"] = ms;
+  } else {
+    dv["op_ms_per_step"] = nullptr;
+  }
   j["derived"] = dv;
   return j;
 }

@@ -253,6 +253,16 @@ TierStats TieredExperts::stats() const {
   return stats_;
 }
 
+bool TieredExperts::traffic(model::ExpertTraffic* out) const {
+  uint64_t record = 0;  // the six tensors' bytes (the stride adds 4 KiB alignment)
+  for (const ExpertPart& p : loc_->layout().parts) record += p.nbytes;
+  std::lock_guard lock(mu_);
+  out->hbm = {stats_.slot_hits, stats_.slot_hits * record};
+  out->host = {stats_.host_hits, stats_.host_hits * record};
+  out->drive = {stats_.drive_reads, stats_.drive_bytes};
+  return true;
+}
+
 Result<std::shared_ptr<TieredExperts>> tiered_experts_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
                                                           TieredOptions opt, memory::Ledger* ledger) {
   if (store_dirs.empty()) return TieredExperts::create(FB_TRY(shard_locator(snap)), {snap.dir()}, opt, ledger);

@@ -72,6 +72,9 @@ class TieredExperts final : public model::ExpertSource {
   model::ExpertWeights expert(int layer, int e) const override;
   Result<ExpertLease> acquire(int layer, int e) const;
   TierStats stats() const;
+  // stats() as lookups by supplying tier: first-tier slot hits, host cache hits, drive reads
+  // (bytes: the record's size for the first two, the bytes read for the drives).
+  bool traffic(model::ExpertTraffic* out) const override;
   const ReplicaReader& reader() const { return *reader_; }
 
  private:

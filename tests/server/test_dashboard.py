@@ -54,7 +54,7 @@ def chat(base, max_tokens, stream=False, text="Hello there, how are you?"):
 
 def chromium(url, user_dir, *args):
     cmd = [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           "--user-data-dir=" + user_dir, "--window-size=1400,1000", "--virtual-time-budget=4000", *args, url]
+           "--user-data-dir=" + user_dir, "--window-size=1400,1400", "--virtual-time-budget=4000", *args, url]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, f"chromium exited {r.returncode}: {r.stderr[-2000:]}")
     return r.stdout
@@ -134,6 +134,26 @@ def run(a, base, tmp):
     check(s1["kv_cache"] is not None and s1["kv_cache"]["hits"] >= 1, "disk KV cache hits: " + str(s1["kv_cache"]))
     check(s1["expert_tiers"] is not None and s1["expert_tiers"]["slot_hits"] + s1["expert_tiers"]["slot_misses"] > 0,
           "expert tier counters: " + str(s1["expert_tiers"]))
+    # The executor's counters (model::Executor::stats): expert traffic by supplying tier, each
+    # lookup once; bytes per token over the steps' rows; op times for every step it ran.
+    x = s1["expert_traffic"]
+    check(x is not None and set(x) == {"hbm", "host", "drive"}, "expert traffic by tier: " + str(x))
+    lookups = sum(x[t]["lookups"] for t in x)
+    # The engine's steps only (the tiers' raw counters also saw DSpark's verify-cost calibration).
+    check(0 < lookups <= s1["expert_tiers"]["slot_hits"] + s1["expert_tiers"]["slot_misses"],
+          f"expert lookups {lookups} vs the tiers' {s1['expert_tiers']}")
+    check(x["drive"]["lookups"] > 0 and x["drive"]["bytes"] > 0, "a cold start reads experts from the drives: " + str(x))
+    bpt = s1["derived"]["expert_bytes_per_token"]
+    for t in ("hbm", "host", "drive"):
+        want = x[t]["bytes"] / s1["steps"]["rows"]
+        check(abs(bpt[t] - want) <= 1e-9 * max(1.0, want), f"bytes/token {t}: {bpt[t]} vs {want}")
+    check(abs(s1["derived"]["expert_hbm_hit_rate"] - x["hbm"]["lookups"] / lookups) < 1e-12, "HBM hit rate")
+    ot = s1["op_time"]
+    check(ot is not None and ot["steps"] == s1["steps"]["count"], f"op times over {ot and ot['steps']} steps, the engine ran {s1['steps']['count']}")
+    check(ot["calls"]["head"] == ot["steps"] and ot["calls"]["moe"] > ot["steps"], "op calls: " + str(ot["calls"]))
+    check(ot["seconds"]["moe"] > 0 and ot["seconds"]["attention"] > 0, "op times by family: " + str(ot["seconds"]))
+    check(sum(ot["seconds"].values()) <= s1["steps"]["seconds"] * 1.01 + 1e-3,
+          f"op times {sum(ot['seconds'].values())} s exceed the step time {s1['steps']['seconds']} s")
     check(s1["ledger"]["host"] is not None and s1["ledger"]["host"]["target_bytes"] == 4000000000, "host ledger: " + str(s1["ledger"]))
     check(s1["ledger"]["HBM"] is None, "the CPU executor has no HBM ledger")
     check(s1["dspark"] is not None and s1["dspark"]["rounds"] + s1["dspark"]["backoff_steps"] > 0, "DSpark counters: " + str(s1["dspark"]))
@@ -170,8 +190,22 @@ def run(a, base, tmp):
     check(dom_text(dom, "v_kv_hits") not in ("-", "n/a"), "KV cache hits: " + dom_text(dom, "v_kv_hits"))
     check(dom_text(dom, "v_slot_hit_rate").endswith("%"), "expert slot hit rate: " + dom_text(dom, "v_slot_hit_rate"))
     check(dom_text(dom, "v_ledger_hbm") == "n/a", "HBM ledger on the CPU: " + dom_text(dom, "v_ledger_hbm"))
+    # The breakdowns: bytes per token by tier and step time by op family, as tables and stacked bars.
+    byte_re = r"[\d.]+ (B|KB|MB|GB|TB)"
+    check(re.fullmatch(byte_re, dom_text(dom, "v_bpt_total")) is not None, "bytes per token: " + dom_text(dom, "v_bpt_total"))
+    for t in ("hbm", "host", "drive"):
+        check(re.fullmatch(byte_re, dom_text(dom, f"tier_{t}_1")) is not None, f"{t} bytes/token on the page: " + dom_text(dom, f"tier_{t}_1"))
+        check(dom_text(dom, f"tier_{t}_2").endswith("%"), f"{t} share: " + dom_text(dom, f"tier_{t}_2"))
+    check(re.fullmatch(r"[\d,]+", dom_text(dom, "tier_drive_3")) is not None, "drive lookups on the page: " + dom_text(dom, "tier_drive_3"))
+    check(dom_text(dom, "tier_hbm_4").endswith("%"), "HBM hit rate in the table: " + dom_text(dom, "tier_hbm_4"))
+    moe_ms = float(dom_text(dom, "op_moe_1").replace(",", ""))
+    check(moe_ms > 0, "MoE ms/step on the page: " + dom_text(dom, "op_moe_1"))
+    check(dom_text(dom, "op_attention_2").endswith("%"), "attention share: " + dom_text(dom, "op_attention_2"))
+    for stack in ("op_stack", "tier_stack"):
+        check(re.search(r'id="' + stack + r'"><div [^>]*width: [\d.]+%', dom) is not None, "no stacked bar segments in #" + stack)
     check(dom_text(dom, "charts_by") != "-", "the charts were not set up")
-    print(f"dom: ok ({updates} polls, {emitted} tokens, step {dom_text(dom, 'v_step_ms')} ms, charts: {dom_text(dom, 'charts_by')})")
+    print(f"dom: ok ({updates} polls, {emitted} tokens, step {dom_text(dom, 'v_step_ms')} ms, MoE {moe_ms} ms/step, "
+          f"expert bytes/token {dom_text(dom, 'v_bpt_total')}, charts: {dom_text(dom, 'charts_by')})")
     # Without the key the page asks for one instead of showing numbers.
     dom = chromium(base + "/", os.path.join(tmp, "chromium2"), "--dump-dom")
     check('data-state="error"' in dom and dom_text(dom, "status") == "API key needed", "without a key: " + dom_text(dom, "status"))

@@ -123,6 +123,83 @@ const charts = {
 };
 set('charts_by', window.Chart ? 'Chart.js ' + (Chart.version || '') + ' (embedded from Debian libjs-chart.js)' : 'built-in canvas drawer (this build has no Chart.js)');
 
+// ---- breakdowns: a stacked bar and a table (step time by op family, expert bytes by tier) ----
+const OP_FAMILIES = [['embed', 'embed'], ['engram', 'Engram'], ['mhc', 'mHC mixes, collapse, expand'], ['attn_proj', 'attention projections'],
+                     ['index', 'compressor + indexer'], ['attention', 'attention'], ['moe', 'MoE'], ['head', 'head'], ['other', 'other']];
+const OP_COLORS = ['#94a3b8', '#0d9488', '#9333ea', '#2563eb', '#db2777', '#16a34a', '#ea580c', '#ca8a04', '#6b7280'];
+const TIERS = [['hbm', 'HBM'], ['host', 'host RAM'], ['drive', 'drives']];
+const TIER_COLORS = ['#16a34a', '#2563eb', '#ea580c'];
+
+// rows: [{key, name, color, value, cells: [text...]}]; the bar's segments are value shares; each
+// cell gets the id PREFIX_KEY_N (N = column) for tests and scripts.
+function breakdown(stackId, tableId, prefix, rows, nCols) {
+  const total = rows.reduce((a, r) => a + (r.value > 0 ? r.value : 0), 0);
+  const stack = document.getElementById(stackId);
+  stack.textContent = '';
+  const body = document.querySelector('#' + tableId + ' tbody');
+  body.textContent = '';
+  if (!rows.length) { body.innerHTML = '<tr><td colspan="' + nCols + '" class="muted">n/a</td></tr>'; return; }
+  for (const r of rows) {
+    if (total > 0 && r.value > 0) {
+      const seg = document.createElement('div');
+      seg.style.width = (100 * r.value / total).toFixed(2) + '%';
+      seg.style.background = r.color;
+      seg.title = r.name;
+      stack.appendChild(seg);
+    }
+    const tr = document.createElement('tr');
+    const name = document.createElement('td');
+    name.className = 'name';
+    name.innerHTML = '<i></i>';
+    name.firstChild.style.background = r.color;
+    name.appendChild(document.createTextNode(r.name));
+    tr.appendChild(name);
+    const cells = [...r.cells.slice(0, 1), total > 0 ? pct(r.value / total) : NA, ...r.cells.slice(1)];
+    cells.forEach((v, i) => {
+      const td = document.createElement('td'); td.id = prefix + '_' + r.key + '_' + (i + 1); td.textContent = v; tr.appendChild(td);
+    });
+    body.appendChild(tr);
+  }
+}
+
+// Op families: ms per step over the last poll interval when steps ran in it, else since start.
+function renderOps(s) {
+  const o = s.op_time;
+  if (!o) { set('op_window', NA); breakdown('op_stack', 'op_table', 'op', [], 3); return; }
+  let steps = o.steps, secs = o.seconds, win = 'since start';
+  if (prev && prev.op_time && o.steps > prev.op_time.steps) {
+    steps = o.steps - prev.op_time.steps;
+    secs = Object.fromEntries(OP_FAMILIES.map(([k]) => [k, o.seconds[k] - prev.op_time.seconds[k]]));
+    win = 'last ' + num(s.uptime_s - prev.uptime_s, 1) + ' s';
+  }
+  set('op_window', win + ', ' + num(steps, 0) + ' steps');
+  breakdown('op_stack', 'op_table', 'op', steps > 0 ? OP_FAMILIES.map(([k, n], i) => {
+    const ms = (1e3 * secs[k]) / steps;
+    return { key: k, name: n, color: OP_COLORS[i], value: ms, cells: [num(ms, ms >= 100 ? 0 : ms >= 1 ? 2 : 3)] };
+  }) : [], 3);
+}
+
+// Expert tiers: bytes per token (rows of the steps) and hit rates over the last poll interval
+// when lookups happened in it, else since start.
+function renderTiers(s) {
+  const x = s.expert_traffic;
+  if (!x) { set('tier_window', NA); breakdown('tier_stack', 'tier_table', 'tier', [], 5); return; }
+  let cur = x, rows = s.steps.rows, win = 'since start';
+  const looks = (t) => t.hbm.lookups + t.host.lookups + t.drive.lookups;
+  if (prev && prev.expert_traffic && looks(x) > looks(prev.expert_traffic) && s.steps.rows > prev.steps.rows) {
+    const p = prev.expert_traffic;
+    cur = Object.fromEntries(TIERS.map(([k]) => [k, { lookups: x[k].lookups - p[k].lookups, bytes: x[k].bytes - p[k].bytes }]));
+    rows = s.steps.rows - prev.steps.rows;
+    win = 'last ' + num(s.uptime_s - prev.uptime_s, 1) + ' s';
+  }
+  set('tier_window', win + ', ' + num(rows, 0) + ' tokens');
+  const all = looks(cur), reach = [all, cur.host.lookups + cur.drive.lookups, cur.drive.lookups];
+  breakdown('tier_stack', 'tier_table', 'tier', rows > 0 ? TIERS.map(([k, n], i) => ({
+    key: k, name: n, color: TIER_COLORS[i], value: cur[k].bytes / rows,
+    cells: [bytes(cur[k].bytes / rows), num(cur[k].lookups, 0), i < 2 ? pct(ratio(cur[k].lookups, reach[i])) : NA],
+  })) : [], 5);
+}
+
 // ---- polling ----
 const hist = { t: [], decode: [], prefill: [], step: [], rows: [], active: [], queued: [] };
 let prev = null, updates = 0;
@@ -153,9 +230,14 @@ function render(s) {
   set('v_dspark_backoff', s.dspark ? num(s.dspark.backoff_steps, 0) : NA);
   set('v_kv_hit_rate', pct(d.kv_cache_hit_rate)); set('v_kv_hits', s.kv_cache ? num(s.kv_cache.hits, 0) : NA);
   set('v_kv_restored', s.kv_cache ? num(s.tokens.kv_restored, 0) : NA);
-  set('v_slot_hit_rate', pct(d.expert_slot_hit_rate)); set('v_host_hit_rate', pct(d.expert_host_hit_rate));
-  set('v_drive_reads', s.expert_tiers ? num(s.expert_tiers.drive_reads, 0) : NA);
-  set('v_drive_bytes', s.expert_tiers ? bytes(s.expert_tiers.drive_bytes) : NA);
+  const x = s.expert_traffic, bpt = d.expert_bytes_per_token;
+  set('v_slot_hit_rate', pct(d.expert_hbm_hit_rate)); set('v_host_hit_rate', pct(d.expert_host_tier_hit_rate));
+  set('v_bpt_total', bpt && bpt.hbm !== null ? bytes(bpt.hbm + bpt.host + bpt.drive) : NA);
+  set('v_bpt_drive_card', bpt && bpt.drive !== null ? bytes(bpt.drive) : NA);
+  set('v_drive_reads', x ? num(x.drive.lookups, 0) : NA);
+  set('v_drive_bytes', x ? bytes(x.drive.bytes) : NA);
+  renderOps(s);
+  renderTiers(s);
   const led = (t) => (t ? bytes(t.mandatory_bytes + t.elastic_bytes) + ' / ' + bytes(t.target_bytes) : NA);
   set('v_ledger_host', led(s.ledger.host)); set('v_ledger_hbm', led(s.ledger.HBM));
 

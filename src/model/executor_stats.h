@@ -1,0 +1,87 @@
+// Counters an executor keeps for the dashboard (issue 24), in backend-free types: routed-expert
+// traffic by the tier that supplied the bytes, and step time by op family. Plain values: the
+// engine copies them on its own thread after each step; nothing here locks or allocates.
+// Absent parts are flagged (has_*), never zero-filled, so the page can say "n/a".
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace fb::model {
+
+struct TierTraffic {
+  uint64_t lookups = 0;  // routed-expert lookups this tier supplied
+  uint64_t bytes = 0;    // bytes it supplied for them
+};
+
+// Each routed-expert lookup counts once, at the tier its bytes came from: `hbm` is the first tier
+// (HBM slots on CUDA; on the CPU executor the host buffers that stand in for them), `host` the
+// host-RAM cache (or pinned/mapped host memory without one), `drive` the drives. A miss copied
+// from the host into a slot counts at `host`, a record read from a drive at `drive`.
+struct ExpertTraffic {
+  TierTraffic hbm, host, drive;
+  uint64_t lookups() const { return hbm.lookups + host.lookups + drive.lookups; }
+  uint64_t bytes() const { return hbm.bytes + host.bytes + drive.bytes; }
+};
+
+// The forward pass's ops (model/forward.h) grouped as the dashboard shows them.
+enum class OpFamily {
+  kEmbed,      // embed
+  kEngram,     // engram_hash, engram (gather, FP8 projection, gate)
+  kMhc,        // hc_mixes, hc_collapse_norm, hc_expand, dspark_tap
+  kAttnProj,   // attn_q, attn_kv, attn_output (projections, norms, RoPE, QDQ)
+  kIndex,      // compress, index_select (compressor, index keys, indexer top-k)
+  kAttention,  // attention (window + selected entries, sinks)
+  kMoe,        // moe (router, shared and routed experts, expert fetch through the tiers)
+  kHead,       // head (final collapse, norm, logits)
+  kOther,      // end_layer (ring writes, taps), bounded replay bookkeeping
+};
+constexpr int kOpFamilyCount = 9;
+// Stable short names ("embed", "engram", "mhc", "attn_proj", "index", "attention", "moe", "head",
+// "other"): the /v1/stats keys.
+inline const char* op_family_name(OpFamily f) {
+  constexpr const char* kNames[kOpFamilyCount] = {"embed", "engram", "mhc", "attn_proj", "index", "attention", "moe", "head", "other"};
+  return kNames[int(f)];
+}
+
+// Wall time of forward() steps split by op family (host clock around each op; on the CPU the op's
+// whole cost).
+struct OpTimes {
+  std::array<double, kOpFamilyCount> s{};        // seconds
+  std::array<uint64_t, kOpFamilyCount> calls{};  // op calls timed
+  uint64_t steps = 0;                            // forward() steps covered
+  double total_s() const {
+    double t = 0;
+    for (double v : s) t += v;
+    return t;
+  }
+};
+
+struct ExecutorStats {
+  bool has_expert_traffic = false;  // routed experts go through tiers (else every expert is resident)
+  ExpertTraffic experts;
+  bool has_op_times = false;        // the executor times its ops in production
+  OpTimes ops;
+};
+
+// acc += after - before, counter by counter, flags from `after`: what one span of work (the
+// engine's own steps; executors also run steps for others, e.g. the DSpark verify-cost
+// calibration) added to an executor's lifetime counters.
+inline void add_delta(ExecutorStats& acc, const ExecutorStats& before, const ExecutorStats& after) {
+  acc.has_expert_traffic = after.has_expert_traffic;
+  acc.has_op_times = after.has_op_times;
+  const auto tier = [](TierTraffic& a, const TierTraffic& t0, const TierTraffic& t1) {
+    a.lookups += t1.lookups - t0.lookups;
+    a.bytes += t1.bytes - t0.bytes;
+  };
+  tier(acc.experts.hbm, before.experts.hbm, after.experts.hbm);
+  tier(acc.experts.host, before.experts.host, after.experts.host);
+  tier(acc.experts.drive, before.experts.drive, after.experts.drive);
+  for (size_t f = 0; f < size_t(kOpFamilyCount); ++f) {
+    acc.ops.s[f] += after.ops.s[f] - before.ops.s[f];
+    acc.ops.calls[f] += after.ops.calls[f] - before.ops.calls[f];
+  }
+  acc.ops.steps += after.ops.steps - before.ops.steps;
+}
+
+}  // namespace fb::model

@@ -1,0 +1,191 @@
+// model::Executor::stats (issue 24) on the CPU executor over the built-in tiny model: routed-expert
+// traffic by supplying tier through the host tiers (--expert-slots), every lookup counted once at
+// one tier and matching the tiers' own counters; step time by op family, covering the step's wall
+// time with the op calls run_backbone makes. Also prints what the op clocks cost (A/B of the same
+// steps with and without them), the figure docs/serving.md quotes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "cpu/executor.h"
+#include "engine/executor_factory.h"
+#include "tiny_model_util.h"
+
+namespace fb {
+namespace {
+
+const std::string& model_dir() {
+  static const std::string dir = [] {
+    auto d = testing_util::write_test_tiny_model("fb_executor_stats", 11, false);
+    FB_CHECK(d.ok()) << d.status().to_string();
+    return *d;
+  }();
+  return dir;
+}
+
+// Rows [p0, p0 + n) of one session: prefill rows of a prompt of `end` tokens, or one decode row.
+model::Step rows(int64_t p0, int64_t n, int64_t end, bool decode) {
+  model::Step st;
+  for (int64_t p = p0; p < p0 + n; ++p) {
+    model::Row r;
+    r.pos = p;
+    r.token = int32_t(100 + (p * 37) % 900);
+    r.kind = decode ? model::RowKind::kDecode : model::RowKind::kPrefill;
+    r.prefill_end = decode ? 0 : end;
+    r.want_logits = p == p0 + n - 1;
+    st.rows.push_back(r);
+  }
+  return st;
+}
+
+// A 24-token prompt in two steps, then `decodes` decode steps; returns the rows run.
+int64_t run_session(model::Executor& ex, int decodes) {
+  auto s = ex.new_session();
+  std::vector<model::SessionState*> ss{s.get()};
+  int64_t n = 0;
+  for (const model::Step& st : {rows(0, 16, 24, false), rows(16, 8, 24, false)}) {
+    auto out = ex.forward(st, ss);
+    FB_CHECK(out.ok()) << out.status().to_string();
+    n += int64_t(st.rows.size());
+  }
+  for (int k = 0; k < decodes; ++k) {
+    auto out = ex.forward(rows(24 + k, 1, 0, true), ss);
+    FB_CHECK(out.ok()) << out.status().to_string();
+    ++n;
+  }
+  return n;
+}
+
+TEST(ExecutorStats, ResidentExpertsHaveNoTrafficButOpTimes) {
+  auto ex = engine::make_executor("cpu", model_dir());
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  model::ExecutorStats s0 = (*ex)->stats();
+  EXPECT_FALSE(s0.has_expert_traffic);  // every expert resident: nothing to split by tier
+  ASSERT_TRUE(s0.has_op_times);
+  EXPECT_EQ(s0.ops.steps, 0u);
+  EXPECT_EQ(s0.ops.total_s(), 0.0);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  run_session(**ex, 4);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const model::ExecutorStats s = (*ex)->stats();
+  const model::Config& c = (*ex)->config();
+  EXPECT_EQ(s.ops.steps, 6u);
+  auto calls = [&](model::OpFamily f) { return s.ops.calls[size_t(f)]; };
+  EXPECT_EQ(calls(model::OpFamily::kEmbed), 6u);
+  EXPECT_EQ(calls(model::OpFamily::kHead), 6u);
+  EXPECT_EQ(calls(model::OpFamily::kMoe), 6u * uint64_t(c.n_layers));
+  EXPECT_EQ(calls(model::OpFamily::kAttention), 6u * uint64_t(c.n_layers));
+  // attn_q, attn_kv, attn_output per layer; two mixes, two collapses, two expands per layer.
+  EXPECT_EQ(calls(model::OpFamily::kAttnProj), 6u * 3u * uint64_t(c.n_layers));
+  EXPECT_GE(calls(model::OpFamily::kMhc), 6u * 6u * uint64_t(c.n_layers));
+  if (!c.engram_layer_ids.empty()) EXPECT_EQ(calls(model::OpFamily::kEngram), 6u * (1u + uint64_t(c.engram_layer_ids.size())));
+  for (int f = 0; f < model::kOpFamilyCount; ++f) EXPECT_GE(s.ops.s[size_t(f)], 0.0) << model::op_family_name(model::OpFamily(f));
+  // The ops are the step: their sum is most of the wall time of the forward() calls and never more.
+  EXPECT_LE(s.ops.total_s(), wall_s);
+  EXPECT_GT(s.ops.total_s(), 0.5 * wall_s) << "ops " << s.ops.total_s() << " s of " << wall_s << " s";
+  EXPECT_GT(s.ops.s[size_t(model::OpFamily::kMoe)], 0.0);
+  EXPECT_GT(s.ops.s[size_t(model::OpFamily::kAttention)], 0.0);
+}
+
+TEST(ExecutorStats, TieredExpertsCountEachLookupAtOneTier) {
+  engine::ExecutorOptions o;
+  o.expert_slots = 1;  // one first-tier slot per layer: most lookups miss it
+  o.host_experts = 4;  // a small host cache over the snapshot's shards
+  std::shared_ptr<storage::TieredExperts> tiers;
+  auto ex = engine::make_executor("cpu", model_dir(), o, &tiers);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  ASSERT_NE(tiers, nullptr);
+  EXPECT_TRUE((*ex)->stats().has_expert_traffic);
+  EXPECT_EQ((*ex)->stats().experts.lookups(), 0u);
+
+  run_session(**ex, 6);
+  const model::ExecutorStats s = (*ex)->stats();
+  ASSERT_TRUE(s.has_expert_traffic);
+  const model::ExpertTraffic& x = s.experts;
+  const storage::TierStats t = tiers->stats();
+  // Every lookup of the MoE ops is counted once, at the tier that supplied it.
+  EXPECT_EQ(x.lookups(), t.slot_hits + t.slot_misses);
+  EXPECT_EQ(x.hbm.lookups, t.slot_hits);
+  EXPECT_EQ(x.host.lookups, t.host_hits);
+  EXPECT_EQ(x.drive.lookups, t.drive_reads);
+  EXPECT_EQ(x.drive.bytes, t.drive_bytes);
+  EXPECT_GT(x.drive.lookups, 0u);  // a cold start reads from the drives
+  EXPECT_GT(x.lookups(), x.drive.lookups);  // and later steps reuse what it read
+  // The first two tiers supply whole records: bytes are lookups x one record's bytes.
+  if (x.hbm.lookups > 0) EXPECT_EQ(x.hbm.bytes % x.hbm.lookups, 0u);
+  if (x.hbm.lookups > 0 && x.host.lookups > 0) EXPECT_EQ(x.hbm.bytes / x.hbm.lookups, x.host.bytes / x.host.lookups);
+  EXPECT_GE(x.drive.bytes, x.drive.lookups * (x.host.lookups ? x.host.bytes / x.host.lookups : 1));
+  // The tiers do not change the op counts.
+  EXPECT_EQ(s.ops.steps, 8u);
+}
+
+// The engine publishes its own steps' share: add_delta adds after - before, flags from after.
+TEST(ExecutorStats, AddDelta) {
+  model::ExecutorStats acc, before, after;
+  acc.experts.drive = {1, 100};
+  acc.ops.steps = 2;
+  before.experts.hbm = {10, 1000};
+  before.ops.s[size_t(model::OpFamily::kMoe)] = 1.0;
+  before.ops.steps = 5;
+  after = before;
+  after.has_expert_traffic = after.has_op_times = true;
+  after.experts.hbm = {13, 1300};
+  after.experts.drive = {2, 250};
+  after.ops.s[size_t(model::OpFamily::kMoe)] = 1.5;
+  after.ops.calls[size_t(model::OpFamily::kMoe)] = 4;
+  after.ops.steps = 6;
+  model::add_delta(acc, before, after);
+  EXPECT_TRUE(acc.has_expert_traffic && acc.has_op_times);
+  EXPECT_EQ(acc.experts.hbm.lookups, 3u);
+  EXPECT_EQ(acc.experts.hbm.bytes, 300u);
+  EXPECT_EQ(acc.experts.drive.lookups, 3u);
+  EXPECT_EQ(acc.experts.drive.bytes, 350u);
+  EXPECT_DOUBLE_EQ(acc.ops.s[size_t(model::OpFamily::kMoe)], 0.5);
+  EXPECT_EQ(acc.ops.calls[size_t(model::OpFamily::kMoe)], 4u);
+  EXPECT_EQ(acc.ops.steps, 3u);
+}
+
+// What the op clocks cost: the same steps with and without them, interleaved (printed; the
+// assertion only guards against a gross regression such as a clock that syscalls per op).
+TEST(ExecutorStats, OpClockCost) {
+  auto ex = engine::make_executor("cpu", model_dir());
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  auto& m = static_cast<cpu::CpuModel&>(**ex);
+  model::OpTimes sink;
+  double with_s = 0, without_s = 0;
+  int64_t n_steps = 0;
+  for (int k = 0; k < 2; ++k) {  // warm-up (page faults of the mapped weights), not counted
+    cpu::SessionCache s(m.config());
+    ASSERT_TRUE(m.forward_cpu(rows(0, 8, 8, false), {&s}, nullptr, nullptr).ok());
+  }
+  for (int rep = 0; rep < 6; ++rep) {
+    for (bool timed : {rep % 2 == 0, rep % 2 != 0}) {
+      cpu::SessionCache s(m.config());
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_TRUE(m.forward_cpu(rows(0, 8, 8, false), {&s}, nullptr, timed ? &sink : nullptr).ok());
+      for (int k = 0; k < 8; ++k) ASSERT_TRUE(m.forward_cpu(rows(8 + k, 1, 0, true), {&s}, nullptr, timed ? &sink : nullptr).ok());
+      (timed ? with_s : without_s) += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (timed) n_steps += 9;
+    }
+  }
+  uint64_t calls = 0;
+  for (uint64_t c : sink.calls) calls += c;
+  // The clock itself: two reads per op.
+  const int kReads = 200000;
+  const auto c0 = std::chrono::steady_clock::now();
+  int64_t acc = 0;
+  for (int i = 0; i < kReads; ++i) acc += std::chrono::steady_clock::now().time_since_epoch().count() & 1;
+  const double read_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - c0).count() / kReads;
+  const double step_ms = 1e3 * with_s / double(n_steps);
+  const double clock_us_per_step = 2.0 * read_ns * double(calls) / double(n_steps) / 1e3;
+  std::printf("op clocks: %.2f ops/step, %.1f ns per clock read -> %.2f us per step = %.4f%% of a %.3f ms tiny step; "
+              "A/B wall: timed %.3f s, untimed %.3f s (%+.2f%%) [acc %lld]\n",
+              double(calls) / double(n_steps), read_ns, clock_us_per_step, 100.0 * clock_us_per_step / (1e3 * step_ms), step_ms, with_s,
+              without_s, 100.0 * (with_s - without_s) / without_s, (long long)acc);
+  EXPECT_LT(clock_us_per_step, 0.02 * 1e3 * step_ms);  // under 2% even on the tiny model
+}
+
+}  // namespace
+}  // namespace fb
