@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "cpu/executor.h"
 #include "loader/synthetic.h"
 #include "loader/tiny_model.h"
+#include "model/schema.h"
 
 namespace fb {
 namespace {
@@ -41,6 +44,45 @@ TEST(Synthetic, TinyShapeValidatesAndRuns) {
   rms = std::sqrt(rms / double(out->logits.size()));
   EXPECT_GT(rms, 1e-3);
   EXPECT_LT(rms, 1e3);
+}
+
+// The build reports its progress (issue 24; bench --synthetic waits on it at the released size):
+// bytes generated and tensors, ending at the totals, in a final line. Forced on with a fake clock.
+TEST(Synthetic, BuildReportsProgress) {
+  loader::TinyModelOptions o;
+  o.vocab_size = 2048;
+  o.engram_compressed_vocab = 1500;
+  std::vector<std::string> writes;
+  double t = 0;
+  ProgressOptions po;
+  po.mode = ProgressOptions::Mode::kOn;
+  po.sink = [&](std::string_view s) { writes.emplace_back(s); };
+  po.clock = [&] { return t += 0.05; };  // every update is due: one line per tensor
+  auto snap = loader::synthetic_snapshot(loader::tiny_config_json(o), 7, 0, po);
+  ASSERT_TRUE(snap.ok()) << snap.status().to_string();
+  const size_t n_tensors = model::expected_tensors((*snap)->config()).size();
+  ASSERT_GE(writes.size(), 3u);
+  EXPECT_EQ(writes.front().find("\rsynthetic model: "), 0u) << writes.front();
+  const std::string& last = writes.back();
+  EXPECT_EQ(last.find("\rsynthetic model: "), 0u) << last;
+  EXPECT_NE(last.find(" in "), std::string::npos) << last;
+  EXPECT_NE(last.find(", " + std::to_string(n_tensors) + " tensors"), std::string::npos) << last;
+  EXPECT_EQ(last.back(), '\n');
+  // A line per update while it runs, each counting more tensors than the one before.
+  int64_t prev = -1, increases = 0;
+  for (size_t i = 0; i + 1 < writes.size(); ++i) {
+    const size_t slash = writes[i].rfind('/'), sp = writes[i].rfind(' ', slash);
+    ASSERT_NE(slash, std::string::npos) << writes[i];
+    const int64_t k = std::stoll(writes[i].substr(sp + 1, slash - sp - 1));
+    increases += k > prev;
+    prev = k;
+  }
+  EXPECT_EQ(increases, int64_t(writes.size()) - 1);
+  // Off: nothing written.
+  writes.clear();
+  po.mode = ProgressOptions::Mode::kOff;
+  ASSERT_TRUE(loader::synthetic_snapshot(loader::tiny_config_json(o), 7, 0, po).ok());
+  EXPECT_TRUE(writes.empty());
 }
 
 TEST(Synthetic, ReleasedDimensionsValidate) {

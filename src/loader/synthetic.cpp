@@ -4,8 +4,10 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <unordered_map>
 
 #include "base/dtype.h"
+#include "base/progress.h"
 #include "model/schema.h"
 
 namespace fb::loader {
@@ -54,12 +56,27 @@ void parallel_fill(std::vector<uint8_t>& buf, const std::function<void(size_t, s
 
 }  // namespace
 
-Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts) {
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts,
+                                                     const ProgressOptions& progress) {
   model::Config c = FB_TRY(model::Config::from_hf_json(config_json));
   const auto specs = model::expected_tensors(c);
   int64_t max_code_bytes = 0;
-  for (const auto& s : specs)
+  std::unordered_map<std::string, size_t> index;  // name -> spec (a scale finds its weight's fan-in)
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
     if (s.dtype == DType::kF8E4M3 || s.dtype == DType::kI8) max_code_bytes = std::max(max_code_bytes, s.nbytes());
+    index[s.name] = i;
+  }
+  // Progress (on a terminal only): the bytes this function generates (the code pool, then every
+  // tensor that does not share the pool's or an earlier expert's bytes) and every tensor.
+  auto generated = [&](const model::TensorSpec& s) {
+    return !(s.dtype == DType::kF8E4M3 || s.dtype == DType::kI8) && !(distinct_experts > 0 && s.expert >= distinct_experts);
+  };
+  int64_t total_bytes = max_code_bytes, done_bytes = 0, done_tensors = 0;
+  for (const auto& s : specs)
+    if (generated(s)) total_bytes += s.nbytes();
+  Progress prog("synthetic model", total_bytes, ProgressUnit::kBytes, progress);
+  prog.set_items_total(int64_t(specs.size()), "tensors");
   std::vector<std::vector<uint8_t>> storage;
   storage.reserve(specs.size() + 1);
   // Shared pool of FP8 codes / packed FP4 nibbles. e4m3 codes avoid NaN (0x7F/0xFF) and keep
@@ -73,6 +90,8 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
       storage.back()[i] = v;
     }
   });
+  done_bytes = max_code_bytes;
+  prog.update(done_bytes, 0);
   const uint8_t* pool = storage.back().data();
   std::map<std::string, TensorView> views;
   uint64_t key = seed << 40;
@@ -93,11 +112,11 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
       const std::string weight = n.substr(0, n.size() - 5) + "weight";
       int64_t fan_in = 0;
       bool fp4 = false;
-      for (const auto& t : specs)
-        if (t.name == weight) {
-          fp4 = t.dtype == DType::kI8;
-          fan_in = fp4 ? t.shape[1] * 2 : t.shape[1];
-        }
+      if (auto it = index.find(weight); it != index.end()) {
+        const auto& t = specs[it->second];
+        fp4 = t.dtype == DType::kI8;
+        fan_in = fp4 ? t.shape[1] * 2 : t.shape[1];
+      }
       const bool table = n.find("engram.embed") != std::string::npos;
       const double target = table ? 1.0 : gain(n) / std::sqrt(double(fan_in));
       const int e = int(std::lround(std::log2(target / (fp4 ? 3.2 : 2.2))));
@@ -138,7 +157,10 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
       v.data = buf.data();
     }
     views[n] = v;
+    if (generated(s)) done_bytes += s.nbytes();
+    prog.update(done_bytes, ++done_tensors);
   }
+  prog.finish();
   // Engram token map: every class used (vocab >= classes).
   std::vector<int32_t> map(size_t(c.vocab_size));
   for (size_t t = 0; t < map.size(); ++t) map[t] = int32_t(t % size_t(std::max<int64_t>(1, c.engram_compressed_vocab)));

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "base/progress.h"
 #include "loader/snapshot.h"
 
 namespace fb::loader {
@@ -16,6 +17,9 @@ namespace fb::loader {
 // distinct_experts > 0: routed expert e of a layer shares the scale bytes of expert
 // e % distinct_experts (the codes are shared anyway), so a model with 384 experts per layer costs
 // the host memory and generation time of `distinct_experts` (issue 9's tiered bench).
-Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts = 0);
+// Progress of the build (bytes generated, tensors) goes to stderr on a terminal only
+// (base/progress.h; `progress` overrides, tests read it through a sink).
+Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_json, uint64_t seed, int distinct_experts = 0,
+                                                     const ProgressOptions& progress = {});
 
 }  // namespace fb::loader
