@@ -30,13 +30,7 @@ std::vector<float> prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const s
   for (int64_t s0 = 0; s0 < N; s0 += chunk) {
     model::Step st;
     for (int64_t p = s0; p < std::min(N, s0 + chunk); ++p) {
-      model::Row r;
-      r.pos = p;
-      r.token = prompt[size_t(p)];
-      r.kind = model::RowKind::kPrefill;
-      r.prefill_end = N;
-      r.want_logits = p == N - 1;
-      st.rows.push_back(r);
+      st.rows.push_back(model::prefill_row(p, prompt[size_t(p)], N));
     }
     auto out = m.forward_cpu(st, {&s});
     EXPECT_TRUE(out.ok());

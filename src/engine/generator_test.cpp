@@ -301,6 +301,22 @@ TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
   }
 }
 
+// n tokens after `prompt`, with DSpark (verifying full blocks) or without, sampled with `sp` from a
+// generator seeded with `seed`.
+std::vector<int32_t> generate_n(model::Executor& ex, const std::vector<int32_t>& prompt, bool dspark, const SamplingParams& sp, int n,
+                                uint64_t seed) {
+  GeneratorOptions opt;
+  opt.dspark = dspark;
+  opt.dspark_verify = dspark ? ex.config().dspark_block_size : -1;
+  Generator g(ex, opt);
+  EXPECT_TRUE(g.prefill(prompt).ok());
+  Rng rng(seed);
+  std::vector<int32_t> out;
+  while (int(out.size()) < n) EXPECT_TRUE(g.next(sp, rng, &out).ok());
+  out.resize(size_t(n));
+  return out;
+}
+
 // Logit bias and presence / frequency penalties (issue 27) are applied to every row the sampler
 // reads, verify rows included, with the drafts accepted before a row counted as generated: greedy
 // output with DSpark equals plain greedy output under them, a +100 bias forces its token, and the
@@ -310,18 +326,7 @@ TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
   auto ex = fixture_model(dir);
   if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
-  auto gen = [&](bool dspark, const SamplingParams& sp, int n) {
-    GeneratorOptions opt;
-    opt.dspark = dspark;
-    opt.dspark_verify = dspark ? ex->config().dspark_block_size : -1;
-    Generator g(*ex, opt);
-    EXPECT_TRUE(g.prefill(prompt).ok());
-    Rng rng(7);
-    std::vector<int32_t> out;
-    while (int(out.size()) < n) EXPECT_TRUE(g.next(sp, rng, &out).ok());
-    out.resize(size_t(n));
-    return out;
-  };
+  auto gen = [&](bool dspark, const SamplingParams& sp, int n) { return generate_n(*ex, prompt, dspark, sp, n, 7); };
   SamplingParams greedy;
   greedy.temperature = 0;
   const auto plain = gen(false, greedy, 32);
@@ -363,18 +368,7 @@ TEST_P(GeneratorFixture, PhraseBiasKeepsDsparkExact) {
   auto ex = fixture_model(dir);
   if (!ex) GTEST_SKIP() << "no fixture at " << dir;
   const auto prompt = load_prompt(dir);
-  auto gen = [&](bool dspark, const SamplingParams& sp, int n) {
-    GeneratorOptions opt;
-    opt.dspark = dspark;
-    opt.dspark_verify = dspark ? ex->config().dspark_block_size : -1;
-    Generator g(*ex, opt);
-    EXPECT_TRUE(g.prefill(prompt).ok());
-    Rng rng(11);
-    std::vector<int32_t> out;
-    while (int(out.size()) < n) EXPECT_TRUE(g.next(sp, rng, &out).ok());
-    out.resize(size_t(n));
-    return out;
-  };
+  auto gen = [&](bool dspark, const SamplingParams& sp, int n) { return generate_n(*ex, prompt, dspark, sp, n, 11); };
   SamplingParams greedy;
   greedy.temperature = 0;
   const int n = 24;

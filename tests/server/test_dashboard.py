@@ -11,6 +11,8 @@ passes when chromium is not installed.
 """
 import argparse, json, os, re, shutil, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
 
+from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+
 KEY = "dash-key"
 
 
@@ -24,8 +26,6 @@ def check(cond, msg):
         fail(msg)
 
 
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 
 def get(base, path, key=None):

@@ -15,6 +15,8 @@ environment (build/pyenv), which is the interpreter ctest runs this with.
 """
 import argparse, base64, json, os, re, socket, struct, subprocess, sys, tempfile, time, urllib.request, urllib.error, zlib
 
+from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+
 try:
     import openai, anthropic
 except ImportError as e:
@@ -28,35 +30,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Weather for a city",
                     "input_schema": TOOLS[0]["function"]["parameters"]}]
-
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-
-class Server:
-    def __init__(self, binary, args):
-        self.port = free_port()
-        self.proc = subprocess.Popen([binary, "serve", "--port", str(self.port), "--api-key", "k"] + args,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.base = f"http://127.0.0.1:{self.port}"
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.proc.stdout.read())
-            try:
-                urllib.request.urlopen(self.base + "/health", timeout=1); return
-            except Exception:
-                time.sleep(0.1)
-        raise RuntimeError("server did not start")
-
-    def close(self):
-        self.proc.terminate(); self.proc.wait(10)
-
-    def oa(self):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="k", max_retries=0, timeout=120)
-
-    def an(self):
-        return anthropic.Anthropic(base_url=self.base, api_key="k", max_retries=0, timeout=120)
 
 
 def make_png(w, h, seed):
@@ -569,17 +542,11 @@ def main():
     ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
     a = ap.parse_args()
     scripted_tests(a.bin)
-    model = a.model
-    if not model:
-        model = os.path.join(tempfile.mkdtemp(), "tiny-model")
-        if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
-            print("FAIL: make-tiny failed"); sys.exit(1)
+    model = tiny_model(a.bin, a.model)
     tiny_model_tests(a.bin, model)
     concurrency_tests(a.bin, model)
     kv_cache_restart_tests(a.bin, model)
-    vmodel = os.path.join(tempfile.mkdtemp(), "tiny-vision")
-    if subprocess.run([a.bin, "make-tiny", "--vision", "--out", vmodel], capture_output=True).returncode != 0:
-        print("FAIL: make-tiny --vision failed"); sys.exit(1)
+    vmodel = tiny_model(a.bin, "", "--vision")
     vision_tests(a.bin, vmodel)
     kv_cache_image_restart_tests(a.bin, vmodel)
     print("PASS")

@@ -16,6 +16,8 @@ text.format enforces the same.
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
+from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+
 try:
     import openai, anthropic
 except ImportError as e:
@@ -38,29 +40,6 @@ def check(cond, msg):
     print(("ok   " if cond else "FAIL ") + msg)
     if not cond:
         failures.append(msg)
-
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-
-class Server:
-    def __init__(self, binary, args):
-        self.port = free_port()
-        self.proc = subprocess.Popen([binary, "serve", "--port", str(self.port), "--api-key", "k"] + args,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.base = f"http://127.0.0.1:{self.port}"
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.proc.stdout.read())
-            try:
-                urllib.request.urlopen(self.base + "/health", timeout=1); return
-            except Exception:
-                time.sleep(0.1)
-        raise RuntimeError("server did not start")
-
-    def close(self):
-        self.proc.terminate(); self.proc.wait(10)
 
 
 def cut_calls(binary):
@@ -228,11 +207,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
     a = ap.parse_args()
-    model = a.model
-    if not model:
-        model = os.path.join(tempfile.mkdtemp(), "tiny-model")
-        if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
-            print("FAIL: make-tiny failed"); sys.exit(1)
+    model = tiny_model(a.bin, a.model)
     cut_calls(a.bin)
     phrase_bias(a.bin, model)
     format_with_tools(a.bin, model)

@@ -9,6 +9,8 @@ form are 400s naming the problem. Uses the official openai and anthropic SDKs (b
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
+from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+
 try:
     import openai, anthropic
 except ImportError as e:
@@ -45,8 +47,6 @@ def time_args_valid(args):
     return isinstance(args, dict) and set(args) <= {"tz"} and args.get("tz", "UTC") in ("UTC", "CET")
 
 
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 
 def main():
@@ -54,11 +54,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
     a = ap.parse_args()
-    model = a.model
-    if not model:
-        model = os.path.join(tempfile.mkdtemp(), "tiny-model")
-        if subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True).returncode != 0:
-            print("FAIL: make-tiny failed"); sys.exit(1)
+    model = tiny_model(a.bin, a.model)
     port = free_port()
     proc = subprocess.Popen([a.bin, "serve", "--model", model, "--port", str(port), "--api-key", "k"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
