@@ -4,6 +4,8 @@
 // (docs/numerics.md). Fixtures: $FB_FIXTURES_DIR, else FB_SHARED_DIR/fixtures. Label: gpu.
 #include <gtest/gtest.h>
 
+#include "cuda/gpu_test_util.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,10 +20,8 @@
 namespace fb::cuda {
 namespace {
 
-std::string fixtures_dir() {
-  if (const char* d = std::getenv("FB_FIXTURES_DIR")) return d;
-  return std::string(FB_SHARED_DIR) + "/fixtures";
-}
+using test_util::fixtures_dir;
+using test_util::runnable_fixture;
 
 // tc false: the exact path (tensor-core prefill is on by default from 64 rows); true: tensor-core
 // matmuls, attention and indexer dots for every prefill step ([reference-defining], tc_gemm.h).
@@ -58,21 +58,6 @@ Result<std::unique_ptr<model::Executor>> make_cpu(const std::string& ckpt) {
   auto m = cpu::CpuModel::load(ckpt);
   if (!m.ok()) return m.status();
   return std::unique_ptr<model::Executor>(std::move(m.value()));
-}
-
-// The fixture's folder, or "" when the test must skip (no GPU, fixture absent: *why says which).
-std::string runnable_fixture(const std::string& name, std::string* why) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    *why = "no CUDA device";
-    return "";
-  }
-  const std::string dir = fixtures_dir() + "/" + name;
-  if (!std::filesystem::exists(dir)) {
-    *why = dir + " not present";
-    return "";
-  }
-  return dir;
 }
 
 class FixtureParity : public ::testing::TestWithParam<const char*> {};

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "cuda/device.h"
@@ -37,6 +40,26 @@ struct Dev {
     return v;
   }
 };
+
+// The official-reference fixtures: $FB_FIXTURES_DIR, else the shared folder's fixtures/.
+inline std::string fixtures_dir() {
+  if (const char* d = std::getenv("FB_FIXTURES_DIR")) return d;
+  return std::string(FB_SHARED_DIR) + "/fixtures";
+}
+
+// The fixture's folder, or "" when the test must skip (no GPU, fixture absent: *why says which).
+inline std::string runnable_fixture(const std::string& name, std::string* why) {
+  if (!have_gpu()) {
+    *why = "no CUDA device";
+    return "";
+  }
+  const std::string dir = fixtures_dir() + "/" + name;
+  if (!std::filesystem::exists(dir)) {
+    *why = dir + " not present";
+    return "";
+  }
+  return dir;
+}
 
 }  // namespace fb::cuda::test_util
 

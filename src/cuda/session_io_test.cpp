@@ -5,6 +5,8 @@
 // truncated and foreign bytes are refused and leave the target session as it was. Label: gpu.
 #include <gtest/gtest.h>
 
+#include "cuda/gpu_test_util.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,25 +23,8 @@
 namespace fb::cuda {
 namespace {
 
-std::string fixtures_dir() {
-  if (const char* d = std::getenv("FB_FIXTURES_DIR")) return d;
-  return std::string(FB_SHARED_DIR) + "/fixtures";
-}
-
-// The fixture's folder, or "" when the test must skip (*why says why).
-std::string runnable_fixture(const std::string& name, std::string* why) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    *why = "no CUDA device";
-    return "";
-  }
-  const std::string dir = fixtures_dir() + "/" + name;
-  if (!std::filesystem::exists(dir)) {
-    *why = dir + " not present";
-    return "";
-  }
-  return dir;
-}
+using test_util::fixtures_dir;
+using test_util::runnable_fixture;
 
 std::vector<int32_t> prompt_of(const std::string& dir) {
   auto b = read_file_bytes(dir + "/prompt.i32");

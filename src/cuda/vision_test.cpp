@@ -6,6 +6,8 @@
 // Fixtures: $FB_FIXTURES_DIR, else FB_SHARED_DIR/fixtures. Label: gpu.
 #include <gtest/gtest.h>
 
+#include "cuda/gpu_test_util.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,17 +26,10 @@
 namespace fb::cuda {
 namespace {
 
+using test_util::fixtures_dir;
+using test_util::have_gpu;
+
 namespace fs = std::filesystem;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string fixtures_dir() {
-  if (const char* d = std::getenv("FB_FIXTURES_DIR")) return d;
-  return std::string(FB_SHARED_DIR) + "/fixtures";
-}
 
 int64_t count_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
   if (a.size() != b.size()) return -1;
