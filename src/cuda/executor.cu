@@ -780,6 +780,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);
+  fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;

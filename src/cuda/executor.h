@@ -165,6 +165,7 @@ struct CudaRunOptions {
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool fast_attn = true;              // kFast: attention of steps of <= 64 rows on the tensor-core kernels of fast_attention.h
+  int attn_heads_per_cta = 16;        // kFast: heads per tile CTA of fast_attention.h (1..16; fewer = more CTAs per row)
   bool wo_a_fp8 = true;               // kFast: decode rows' grouped wo_a from its FP8 copy (tc_fp8_bf16x_gemv; the copy is made at load when on)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
@@ -172,7 +173,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, wo_a_fp8, attn_split, attn_predequant, bounded_replay (booleans 0/1).
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, attn_split, attn_predequant, bounded_replay (booleans 0/1).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.

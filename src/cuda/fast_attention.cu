@@ -69,8 +69,10 @@ __host__ __device__ __forceinline__ Partials partials_at(float* base, int64_t T,
 }
 
 // CTA (block b, head group g, row t).
+// hpc heads per CTA (<= kGroup): the tiles' rows past hpc are zero queries, never written (fewer
+// heads per CTA = more CTAs for one row: 8 doubles them at the price of idle mma rows).
 __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t* __restrict__ q, int64_t t0, int H, int d, int NB, AttnKeys keys,
-                                                                  float scale, float* scratch) {
+                                                                  float scale, float* scratch, int hpc) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
   __shared__ float lut8[256], lut4[16];
   __shared__ unsigned s_valid[2];
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int b = int(blockIdx.x), h0 = int(blockIdx.y) * kGroup;
+  const int b = int(blockIdx.x), h0 = int(blockIdx.y) * hpc;
   const int64_t r_loc = blockIdx.z, R = gridDim.z, t = t0 + r_loc;  // partials by batch row, keys by step row
   int w0, n_win;
   const int n = row_key_count(keys, t, w0, n_win), b0 = b * kKeys;
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
   for (int i = tid; i < kGroup * cpr; i += kThreads) {
     const int r = i / cpr, c = i - r * cpr, h = h0 + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (h < H) v = __ldg(reinterpret_cast<const uint4*>(q + (t * H + h) * int64_t(d)) + c);
+    if (r < hpc && h < H) v = __ldg(reinterpret_cast<const uint4*>(q + (t * H + h) * int64_t(d)) + c);
     *reinterpret_cast<uint4*>(qs + r * d + swz(r, c) * 8) = v;
   }
   __syncthreads();
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
   const Partials part = partials_at(scratch, R, H, NB, d);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int r = 2 * warp + rr, h = h0 + r;
+    const int r = 2 * warp + rr, h = r < hpc ? h0 + r : H;  // H: a padding row, not written
     const float z0 = zs[r * (kKeys + 1) + lane], z1 = zs[r * (kKeys + 1) + lane + 32];
     const float m = warp_max(fmaxf(z0, z1));
     const float p0 = z0 == -INFINITY ? 0.0f : __expf(z0 - m), p1 = z1 == -INFINITY ? 0.0f : __expf(z1 - m);
@@ -241,8 +243,8 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
     const int g = lane >> 2;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int h = h0 + g + 8 * half;
-      if (h >= H) continue;
+      const int r = g + 8 * half, h = h0 + r;
+      if (r >= hpc || h >= H) continue;
       float* o = part.o + ((r_loc * H + h) * NB + b) * int64_t(d);
 #pragma unroll
       for (int nt = 0; nt < kMaxTiles; ++nt) {
@@ -310,6 +312,7 @@ bool fast_attention_ok(int64_t T, int d) { return T >= 1 && T <= kFastAttnMaxRow
 // which changes no row's arithmetic).
 constexpr int64_t kScratchFloats = int64_t(32) << 20;
 static std::atomic<int64_t> g_batch_floats{kScratchFloats};
+static std::atomic<int> g_heads_per_cta{kGroup};
 static int64_t batch_rows(int64_t T, int n_heads, int d, int max_keys) {
   const int64_t NB = (std::max(max_keys, 1) + kKeys - 1) / kKeys, per_row = int64_t(n_heads) * NB * (d + 2);
   return std::max<int64_t>(1, std::min<int64_t>(T, g_batch_floats.load() / per_row));
@@ -321,6 +324,7 @@ int64_t fast_attention_floats(int64_t T, int n_heads, int d, int max_keys) {
 }
 
 void fast_attention_set_batch_floats(int64_t floats) { g_batch_floats = floats > 0 ? floats : kScratchFloats; }
+void fast_attention_set_heads_per_cta(int heads) { g_heads_per_cta = heads >= 1 && heads <= kGroup ? heads : kGroup; }
 
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
                              uint16_t* out, cudaStream_t st) {
@@ -333,8 +337,9 @@ Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, c
   const int64_t B = batch_rows(T, n_heads, d, keys.max_keys);
   for (int64_t t0 = 0; t0 < T; t0 += B) {
     const int64_t R = std::min(B, T - t0);
-    const dim3 grid{unsigned(NB), unsigned((n_heads + kGroup - 1) / kGroup), unsigned(R)};
-    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, t0, n_heads, d, NB, keys, scale, scratch));
+    const int hpc = std::clamp(g_heads_per_cta.load(), 1, kGroup);
+    const dim3 grid{unsigned(NB), unsigned((n_heads + hpc - 1) / hpc), unsigned(R)};
+    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, t0, n_heads, d, NB, keys, scale, scratch, hpc));
     FB_CUDA_LAUNCHED("fast_attn_tile_kernel");
     FB_CUDA_TRY(launch_pdl(pdl, fast_attn_combine_kernel, dim3(unsigned(R * n_heads)), dim3(128), 0, st, t0, R, n_heads, d, NB, keys, sinks,
                            static_cast<const float*>(scratch), out));

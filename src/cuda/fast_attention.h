@@ -38,6 +38,10 @@ int64_t fast_attention_floats(int64_t T, int n_heads, int d, int max_keys);
 // a row's arithmetic never depends on the batch). 0 restores the default (32 Mi floats).
 void fast_attention_set_batch_floats(int64_t floats);
 
+// Process-wide (like set_fast_gemv_tc; the executor sets it from CudaRunOptions::attn_heads_per_cta):
+// heads per tile CTA, 1..16 (default 16). Other bits, the same guarantees.
+void fast_attention_set_heads_per_cta(int heads);
+
 // out [T, n_heads, d] bf16. keys.max_keys must bound every row's key count (the kernel traps
 // otherwise: a row is never cut short); keys.split / predequant are not used.
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,

@@ -176,6 +176,22 @@ TEST(FastAttention, LongListsAndRowBatches) {
   EXPECT_EQ(batched, all) << "rows in batches of 2 vs one batch";
 }
 
+// Fewer heads per tile CTA (more CTAs per row): accurate, and row-invariant in the same way.
+TEST(FastAttention, HeadsPerCta) {
+  FB_NEED_GPU();
+  Rng rng(15);
+  Case c(rng, 64, 512, {{128, 512}, {128, 0}, {77, 300}}, 1.0f);
+  const auto want = c.reference();
+  for (int hpc : {8, 5}) {
+    fast_attention_set_heads_per_cta(hpc);
+    const auto all = c.run_fast(all_rows(c.T), false);
+    expect_close(all, want, c.T, int64_t(c.H) * c.d, hpc == 8 ? "8 heads per CTA" : "5 heads per CTA");
+    const auto alone = c.run_fast({2}, false);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + 2 * int64_t(c.H) * c.d)) << hpc << " heads per CTA: row 2 alone";
+  }
+  fast_attention_set_heads_per_cta(16);
+}
+
 TEST(FastAttention, RowInvariantDeterministicAndPdl) {
   FB_NEED_GPU();
   Rng rng(13);
