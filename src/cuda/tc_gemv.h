@@ -58,4 +58,10 @@ TcChunks tc_chunks(int64_t K, bool fp4);
 // Process-wide; changes the bits (the chunking is part of the order), never row invariance.
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 
+// The streaming form of these kernels (tc_stream.cu: persistent clusters, a two-stage cp.async
+// pipeline per CTA; the same bits) for shapes that suit it; off: one tile per CTA. Process-wide,
+// set from CudaRunOptions::tc_stream.
+void set_tc_stream(bool on);
+bool tc_stream();
+
 }  // namespace fb::cuda
