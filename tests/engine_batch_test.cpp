@@ -5,7 +5,10 @@
 // the engine recovers; the KV budget admits by the spec/12 estimate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -30,10 +33,44 @@ const std::string& model_dir() {
   return dir;
 }
 
-std::unique_ptr<Engine> make_engine(int max_sessions, bool dspark, int max_queue = 64, uint64_t kv_budget = 0) {
-  auto ex = make_executor("cpu", model_dir());
-  FB_CHECK(ex.ok()) << ex.status().to_string();
+// The CPU executor, counting the engine's draft_many calls and the blocks in them.
+class DraftCounter final : public model::Executor {
+ public:
+  explicit DraftCounter(std::unique_ptr<model::Executor> in) : in_(std::move(in)) {}
+  const model::Config& config() const override { return in_->config(); }
+  const char* name() const override { return in_->name(); }
+  bool supports_bounded_replay() const override { return in_->supports_bounded_replay(); }
+  std::unique_ptr<model::SessionState> new_session() const override { return in_->new_session(); }
+  Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& ss, model::Taps* t) override {
+    return in_->forward(st, ss, t);
+  }
+  Status draft_commit(model::SessionState& s, int64_t p, const uint16_t* r, int64_t n) override { return in_->draft_commit(s, p, r, n); }
+  Result<model::DraftOutput> draft(model::SessionState& s, int32_t a, const uint16_t* r, int64_t p) override { return in_->draft(s, a, r, p); }
+  Result<model::DraftOutput> draft_sampled(model::SessionState& s, int32_t a, const uint16_t* r, int64_t p,
+                                           const model::DraftPicker& pick) override {
+    return in_->draft_sampled(s, a, r, p, pick);
+  }
+  std::vector<Result<model::DraftOutput>> draft_many(const std::vector<model::DraftJob>& jobs) override {
+    ++calls;
+    blocks += int64_t(jobs.size());
+    max_blocks = std::max(max_blocks.load(), int64_t(jobs.size()));
+    return in_->draft_many(jobs);
+  }
+  std::atomic<int64_t> calls{0}, blocks{0}, max_blocks{0};  // written by the engine thread
+
+ private:
+  std::unique_ptr<model::Executor> in_;
+};
+
+std::unique_ptr<Engine> make_engine(int max_sessions, bool dspark, int max_queue = 64, uint64_t kv_budget = 0,
+                                    DraftCounter** counter = nullptr, int dspark_verify = -1) {
+  auto cpu = make_executor("cpu", model_dir());
+  FB_CHECK(cpu.ok()) << cpu.status().to_string();
+  auto dc = std::make_unique<DraftCounter>(std::move(*cpu));
+  if (counter) *counter = dc.get();
+  std::unique_ptr<model::Executor> ex = std::move(dc);
   EngineOptions o;
+  o.generator.dspark_verify = dspark_verify;
   o.max_sessions = max_sessions;
   o.max_queue = max_queue;
   o.kv_budget_bytes = kv_budget;
@@ -41,7 +78,7 @@ std::unique_ptr<Engine> make_engine(int max_sessions, bool dspark, int max_queue
   // Small chunks so prompts take several steps and share them with other sessions' decode rows.
   o.generator.prefill_chunk = 16;
   o.mixed_prefill_rows = 5;
-  return std::make_unique<Engine>(std::move(*ex), v41_tokenizer(), o);
+  return std::make_unique<Engine>(std::move(ex), v41_tokenizer(), o);
 }
 
 Request req(const std::string& user, int64_t max_tokens) {
@@ -148,7 +185,51 @@ TEST_P(EngineBatch, ConcurrentGreedyEqualsSolo) {
   EXPECT_EQ(s.ttfts, int64_t(rs.size()));
   EXPECT_TRUE(eventually(*e, [](const EngineStats& s) { return s.active == 0 && s.kv_admitted_bytes == 0; }));
   EXPECT_LE(s.sessions_cached, 8);
-  if (dspark) EXPECT_GT(s.dspark.steps, 0);
+  if (dspark) {
+    EXPECT_GT(s.dspark.steps, 0);
+    // Prompts come in one after the other and drafts back off while they do not pay (the tiny
+    // model's rarely do), so fewer sessions draft per round than decode; some calls are shared.
+    EXPECT_GT(s.draft_blocks, s.draft_calls) << "the sessions' drafts share executor calls";
+  } else {
+    EXPECT_EQ(s.draft_calls, 0);
+  }
+}
+
+// DSpark with several sessions: the drafts of a round run in ONE executor call (draft_many) and
+// the verify blocks share the step. Sampled requests (seeded, temperature 0.8; a forced verify
+// length, since the measured cost table of each engine would choose lengths by the clock) give
+// the same tokens and logprobs alone and beside 4 others.
+TEST(EngineSessions, SampledDsparkDraftsShareOneCallAndEqualSolo) {
+  std::vector<Request> rs = workload();
+  rs.resize(5);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    rs[i].max_tokens = 20;  // long enough for every session to be drafting while the others still are
+    rs[i].sampling.temperature = 0.8;
+    rs[i].sampling.seed = 1000 + i;
+  }
+  std::vector<Answer> solo;
+  DraftCounter* dc = nullptr;
+  {
+    auto e = make_engine(1, true, 64, 0, &dc, /*dspark_verify=*/3);
+    for (const Request& r : rs) {
+      EventQueue q;
+      ASSERT_TRUE(e->submit(r, q.sink()).ok());
+      solo.push_back(wait_answer(q));
+    }
+    EXPECT_EQ(dc->max_blocks.load(), 1);
+    EXPECT_GT(dc->calls.load(), 0);
+  }
+  auto e = make_engine(8, true, 64, 0, &dc, 3);
+  std::vector<EventQueue> qs(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) ASSERT_TRUE(e->submit(rs[i], qs[i].sink()).ok());
+  for (size_t i = 0; i < rs.size(); ++i) expect_same(solo[i], wait_answer(qs[i]), int(i));
+  const EngineStats s = e->stats();
+  EXPECT_GE(dc->max_blocks.load(), 3) << "drafts of several sessions in one call";
+  EXPECT_EQ(s.draft_calls, dc->calls.load());
+  EXPECT_EQ(s.draft_blocks, dc->blocks.load());
+  std::printf("sampled DSpark: %lld draft blocks in %lld calls (at most %lld in one)\n", (long long)s.draft_blocks,
+              (long long)s.draft_calls, (long long)dc->max_blocks.load());
+  EXPECT_GT(s.dspark.sampled_steps, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dspark, EngineBatch, ::testing::Bool(), [](const auto& i) { return i.param ? "on" : "off"; });

@@ -51,7 +51,14 @@ void EngineSetup::add_flags(CLI::App& app) {
                  "KV memory for active sessions: a request is admitted when its KV at prompt + max_tokens positions (spec/12 "
                  "sizes) fits, else it waits in the queue (0: no byte limit, --max-sessions only)");
   app.add_option("--mixed-prefill-rows", mixed_prefill_rows,
-                 "prompt rows per step while other sessions decode: bounds their inter-token latency (0: a quarter of the prefill chunk)");
+                 "prompt rows per step while other sessions decode (0: measured: as many as keep the step within "
+                 "--mixed-step-factor times a decode-only step)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--mixed-step-factor", mixed_step_factor,
+                 "bound on the time of a step carrying a prompt chunk beside decode rows, over a decode-only step's: the other "
+                 "streams' inter-token gap while a prompt comes in")
+      ->check(CLI::Range(1.0, 1000.0))
+      ->capture_default_str();
   app.add_option("--scripted-output", scripted_output, "TEST ONLY: emit this file's text instead of running a model")->group("");
 }
 
@@ -130,6 +137,7 @@ Result<LoadedEngine> load_engine(const EngineSetup& s) {
   eo.max_sessions = s.max_sessions;
   eo.kv_budget_bytes = s.kv_budget_bytes;
   eo.mixed_prefill_rows = s.mixed_prefill_rows;
+  eo.mixed_step_factor = s.mixed_step_factor;
   eo.expert_tiers = tiers;
   le.engine = std::make_unique<engine::Engine>(std::move(ex), *le.tok, eo);
   return le;

@@ -22,7 +22,8 @@ struct EngineSetup {
   int max_queue = 64;             // waiting requests before new ones get 429
   int max_sessions = 8;           // requests generating at once (shared steps, issue 20)
   uint64_t kv_budget_bytes = 0;   // KV admission budget (0: none; max_sessions only)
-  int64_t mixed_prefill_rows = 0; // prompt rows in a step that carries decode rows (0: prefill chunk / 4)
+  int64_t mixed_prefill_rows = 0; // prompt rows in a step that carries decode rows (0: measured, see mixed_step_factor)
+  double mixed_step_factor = 2.0; // such a step's time over a decode-only step's (engine::PrefillPolicy)
   std::string scripted_output;    // TEST ONLY: a scripted executor emits this text (or JSON {"outputs": [...]})
   std::string kv_cache;           // disk KV cache folder (empty: off)
   uint64_t kv_cache_bytes = uint64_t(8) << 30;

@@ -58,7 +58,13 @@ Engine::Engine(std::unique_ptr<model::Executor> ex, const tokenizer::Tokenizer& 
   max_context_ = gens_[0]->max_context();
   kv_dspark_ = gens_[0]->dspark_available();
   if (opt_.generator.prefill_chunk <= 0) opt_.generator.prefill_chunk = int(ex_->preferred_prefill_chunk());
-  if (opt_.mixed_prefill_rows <= 0) opt_.mixed_prefill_rows = std::max<int64_t>(16, opt_.generator.prefill_chunk / 4);
+  {
+    PrefillPolicyOptions po;
+    po.chunk = opt_.generator.prefill_chunk;
+    po.fixed_rows = std::max<int64_t>(0, opt_.mixed_prefill_rows);
+    po.step_factor = opt_.mixed_step_factor;
+    prefill_policy_ = PrefillPolicy(po);
+  }
   // The KV budget is a ledger of its own: the executors do not report their allocations to one
   // yet, so what it admits is the spec/12 estimate of each active request's KV.
   kv_tier_ = std::string(ex_->name()) == "cuda" ? memory::Tier::kHbm : memory::Tier::kHost;
@@ -405,24 +411,37 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
       end(*a);
     }
   // One prefill chunk, of the oldest prompt still prefilling, opens the step (its tap rows start
-  // the step's taps_from_row). Next to decode rows it is cut to mixed_prefill_rows so the other
-  // sessions' next tokens are not held up by a whole chunk.
+  // the step's taps_from_row). Next to decode rows the policy sizes it so the other sessions' next
+  // tokens are not held up by a whole chunk (0 rows: a decode-only step it measures).
   int64_t decoding = 0;
-  for (auto& a : active) decoding += !a->finished && !a->prefilling;
   for (auto& a : active) {
     a->prefill_round = false;
-    if (a->finished || !a->prefilling) continue;
-    gens_[a->gen]->plan_prefill(decoding > 0 ? opt_.mixed_prefill_rows : opt_.generator.prefill_chunk, 0, &st);
-    a->prefill_round = true;
-    a->row0 = 0;
-    a->n_rows = int64_t(st.rows.size());
-    a->step_session = 0;
-    sess.push_back(gens_[a->gen]->session());
-    in_step.push_back(a.get());
-    break;
+    decoding += !a->finished && !a->prefilling;
   }
-  const int64_t prefill_rows = int64_t(st.rows.size());
-  // Every decoding session's rows: one decode row, or a DSpark verify block (drafted now).
+  Active* prompt = nullptr;
+  for (auto& a : active)
+    if (!a->finished && a->prefilling) {
+      prompt = a.get();
+      break;
+    }
+  auto plan_prompt = [&](int64_t rows) {
+    gens_[prompt->gen]->plan_prefill(rows, 0, &st);
+    prompt->prefill_round = true;
+    prompt->row0 = 0;
+    prompt->n_rows = int64_t(st.rows.size());
+    prompt->step_session = 0;
+    sess.push_back(gens_[prompt->gen]->session());
+    in_step.push_back(prompt);
+  };
+  if (prompt) {
+    const int64_t rows = prefill_policy_.rows(decoding > 0);
+    if (rows > 0) plan_prompt(rows);
+  }
+  // Every decoding session's rows: one decode row, or a DSpark verify block. First each session
+  // decides its round; the drafts of every drafting session then run in ONE executor call
+  // (draft_many); then each appends its rows, in admission order.
+  std::vector<Active*> planned;
+  std::vector<model::DraftJob> jobs;
   for (auto& ap : active) {
     Active& a = *ap;
     if (a.finished || a.prefilling) continue;
@@ -432,8 +451,7 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
     // The verify cost table belongs to the executor, not the session: a session takes the one
     // measured already instead of timing its own (the schedule never changes greedy output).
     if (gen.verify_cost().empty() && !verify_cost_.empty()) gen.set_verify_cost(verify_cost_);
-    const int64_t r0 = int64_t(st.rows.size());
-    Status s = gen.plan_next(a.job.req.sampling, a.rng, int(sess.size()), &st, &a.toks, &a.lps, a.job.req.logprobs);
+    Status s = gen.prepare_next(a.job.req.sampling, a.rng, &a.toks, &a.lps, a.job.req.logprobs);
     if (s.code() == StatusCode::kResourceExhausted) {  // context limit
       a.reason = FinishReason::kLength;
       end(a);
@@ -444,8 +462,30 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
       continue;
     }
     if (verify_cost_.empty()) verify_cost_ = gen.verify_cost();
-    if (!gen.awaiting_step()) {  // emitted from the logits a prefill left
+    if (!gen.prepared()) {  // emitted from the logits a prefill left
       deliver(a, a.toks, a.lps);
+      continue;
+    }
+    if (const model::DraftJob* j = gen.draft_job()) jobs.push_back(*j);
+    planned.push_back(&a);
+  }
+  std::vector<Result<model::DraftOutput>> drafts;
+  if (!jobs.empty()) {
+    drafts = ex_->draft_many(jobs);
+    FB_CHECK_EQ(drafts.size(), jobs.size()) << "draft_many answers every job";
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.draft_calls;
+    stats_.draft_blocks += int64_t(jobs.size());
+  }
+  size_t next_draft = 0;
+  for (Active* ap : planned) {
+    Active& a = *ap;
+    Generator& gen = *gens_[a.gen];
+    Result<model::DraftOutput>* d = gen.draft_job() ? &drafts[next_draft++] : nullptr;
+    const int64_t r0 = int64_t(st.rows.size());
+    Status s = gen.plan_drafted(a.job.req.sampling, int(sess.size()), &st, d);
+    if (!s.ok()) {
+      end(a, s);
       continue;
     }
     a.row0 = r0;
@@ -454,12 +494,16 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
     sess.push_back(gen.session());
     in_step.push_back(&a);
   }
+  // The decode-only step the policy asked for found no decode rows after all: the prompt's chunk.
+  if (st.rows.empty() && prompt && !prompt->finished && !prompt->prefill_round) plan_prompt(prefill_policy_.rows(false));
+  const int64_t prefill_rows = prompt && prompt->prefill_round ? prompt->n_rows : 0;
   if (st.rows.empty()) return;
   const model::ExecutorStats x0 = ex_->stats();  // this thread runs the steps: no race
   const double ts = now_s();
   auto r = ex_->forward(st, sess, nullptr);
   const double te = now_s();
   const model::ExecutorStats x1 = ex_->stats();
+  if (r.ok()) prefill_policy_.observe(int64_t(st.rows.size()) - prefill_rows, prefill_rows, te - ts);
   const int64_t V = ex_->config().vocab_size;
   const int64_t tap_w = int64_t(ex_->config().dspark_target_layer_ids.size()) * ex_->config().dim;
   const int64_t n = int64_t(st.rows.size());
@@ -522,6 +566,9 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
   stats_.step_sessions += int64_t(sess.size());
   stats_.step_s += te - ts;
   (prefill_rows > 0 ? stats_.prefill_s : stats_.decode_s) += t1 - t0;
+  stats_.mixed_prefill_rows = prefill_policy_.last_mixed_rows();
+  stats_.policy_decode_step_s = prefill_policy_.decode_step_s();
+  stats_.reference_steps = prefill_policy_.reference_steps();
 }
 
 // Parser events to the sink; answer text goes through the stop strings first (a match finishes
@@ -563,6 +610,15 @@ void Engine::deliver(Active& a, const std::vector<int32_t>& toks, const std::vec
     std::lock_guard<std::mutex> l(mu_);
     stats_.ttft_s += t - a.job.t_submit;
     ++stats_.ttfts;
+  } else if (!toks.empty() && a.t_last > 0) {
+    const double gap = t - a.t_last;
+    const size_t b = size_t(std::lower_bound(EngineStats::kGapBuckets.begin(), EngineStats::kGapBuckets.end(), gap) -
+                            EngineStats::kGapBuckets.begin());
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.gap_hist[b];
+    stats_.gap_s += gap;
+    stats_.gap_max_s = std::max(stats_.gap_max_s, gap);
+    ++stats_.gaps;
   }
   if (!toks.empty()) a.t_last = t;
   const int64_t n_before = a.done.usage.completion_tokens;

@@ -4,12 +4,14 @@
 // logprobs, then exactly one terminal Done or Error). Cancellation is a message.
 // Several sessions at once (issue 20): the thread runs ROUNDS; each round is one forward step
 // carrying the decode (or DSpark verify) rows of every active session plus, while prompts wait,
-// one prefill chunk of the oldest prompt. A request is admitted from the FIFO queue when a
+// one prefill chunk of the oldest prompt, sized by engine::PrefillPolicy so that such a step takes
+// at most mixed_step_factor times a decode-only step (the streams' inter-token gap). A request is admitted from the FIFO queue when a
 // session is free (--max-sessions) and its KV estimate fits the budget; it is never preempted.
 // Outputs never depend on the batching: each session's rows are computed as if alone (the
 // executors are row-invariant; engine_batch_test checks it).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -24,6 +26,7 @@
 
 #include "base/status.h"
 #include "engine/generator.h"
+#include "engine/prefill_policy.h"
 #include "engine/sampler.h"
 #include "memory/ledger.h"
 #include "model/executor.h"
@@ -99,10 +102,12 @@ struct EngineOptions {
   // positions (memory::session_kv_bytes, spec/12 sizes) is granted before it starts; requests
   // wait in the queue while the budget is short. 0: no byte limit (max_sessions only).
   uint64_t kv_budget_bytes = 0;
-  // [policy] Prompt rows in a step that also carries decode rows: bounds the other sessions'
-  // inter-token latency while a prompt prefills. 0: a quarter of the prefill chunk (at least 16).
-  // A step without decode rows takes a whole prefill chunk.
+  // Prompt rows in a step that also carries decode rows (they bound the other sessions'
+  // inter-token gap while a prompt prefills). > 0: this many. 0: measured (PrefillPolicy): as many
+  // as keep such a step within mixed_step_factor times a decode-only step. A step without decode
+  // rows takes a whole prefill chunk.
   int64_t mixed_prefill_rows = 0;
+  double mixed_step_factor = 2.0;  // [policy]
   // The routed experts' host tiers the executor reads through (engine::make_executor's tiers_out),
   // for stats() only (null: every expert resident, no tier counters).
   std::shared_ptr<const storage::TieredExperts> expert_tiers;
@@ -124,10 +129,21 @@ struct EngineStats {
   int64_t queue_rejected = 0;          // submits refused because the queue was full (429)
   int64_t steps = 0, step_rows = 0, step_prefill_rows = 0, step_decode_rows = 0;
   int64_t step_sessions = 0;           // sum over steps of the sessions in the step
+  int64_t draft_calls = 0, draft_blocks = 0;  // executor draft calls (one per round that drafts) / the sessions' blocks in them
   double step_s = 0;                   // time in forward steps
   double queue_wait_s = 0;  int64_t queue_waits = 0;     // submit -> admitted
   double ttft_s = 0;        int64_t ttfts = 0;           // submit -> first token
   double session_tok_s = 0; int64_t session_rates = 0;   // per finished request: tokens/s after the first
+  // Inter-token gaps: time between two consecutive deliveries of tokens to one request (a DSpark
+  // round delivers several at once), as a histogram over kGapBuckets (+ one bucket above).
+  static constexpr std::array<double, 10> kGapBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0};
+  std::array<int64_t, 11> gap_hist{};  // per bucket, not cumulative: gap_hist[i] counts gaps <= kGapBuckets[i] and > the one before
+  double gap_s = 0, gap_max_s = 0;     int64_t gaps = 0;
+  // The prefill policy: its last chunk beside decode rows, its decode-only step time estimate,
+  // and the decode-only steps it asked for while a prompt waited.
+  int64_t mixed_prefill_rows = 0;
+  double policy_decode_step_s = 0;
+  int64_t reference_steps = 0;
   struct SessionRate {
     uint64_t id = 0;
     double tok_s = 0;  // tokens after the first / time since the first (0 until the first token)
@@ -216,6 +232,7 @@ class Engine {
   std::unique_ptr<memory::Ledger> kv_ledger_;     // null: no byte budget
   VerifyCostTable verify_cost_;                   // engine thread only: the first one a session measured
   bool kv_dspark_ = false;                        // sessions hold draft rings (the KV estimate counts them)
+  PrefillPolicy prefill_policy_{PrefillPolicyOptions{}};  // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -461,20 +461,51 @@ Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>*
 
 Status Generator::plan_next(const SamplingParams& sp, Rng& rng, int session, model::Step* st, std::vector<int32_t>* out,
                             std::vector<TokenLogprob>* lp, int top_n) {
+  FB_RETURN_IF_ERROR(prepare_next(sp, rng, out, lp, top_n));
+  if (!prepared()) return Status();  // emitted from the logits a prefill left
+  if (const model::DraftJob* j = draft_job()) {
+    std::vector<Result<model::DraftOutput>> d = ex_->draft_many({*j});
+    FB_CHECK_EQ(d.size(), 1u);
+    return plan_drafted(sp, session, st, &d[0]);
+  }
+  return plan_drafted(sp, session, st, nullptr);
+}
+
+Status Generator::prepare_next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
+                               int top_n) {
   FB_CHECK(have_logits_ || pending_) << "Generator::next before prefill";
-  FB_CHECK(!awaiting_step()) << "plan_next with a round in flight";
+  FB_CHECK(!awaiting_step() && !prepared()) << "plan_next with a round in flight";
   if (have_logits_) return emit_from_logits(sp, rng, out, lp, top_n);
   // The pending token goes to position H; it must fit, and so must the token it predicts.
   const int64_t H = int64_t(history_.size());
   if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
   // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
   if (dspark_ok_ && H >= 2 && H + 2 < max_context_) {
-    if (backoff_left_ <= 0) return plan_dspark(sp, rng, session, st);
+    if (backoff_left_ <= 0) return prepare_draft(sp, rng);
     --backoff_left_;
     ++counters_.backoff_steps;
   }
-  plan_plain(session, st);
+  round_ = Round{};
+  round_.prep = Round::Prep::kPlain;
   return Status();
+}
+
+Status Generator::plan_drafted(const SamplingParams& sp, int session, model::Step* st, Result<model::DraftOutput>* drafted) {
+  const Round::Prep prep = round_.prep;
+  FB_CHECK(prep != Round::Prep::kNone) << "plan_drafted without prepare_next";
+  round_.prep = Round::Prep::kNone;
+  if (prep == Round::Prep::kPlain) {
+    plan_plain(session, st);
+    return Status();
+  }
+  FB_CHECK(drafted != nullptr) << "a drafting round without its draft";
+  if (!drafted->ok()) {
+    const Status err = drafted->status();
+    round_ = Round{};
+    return err;
+  }
+  round_.d = std::move(*drafted).value();
+  return plan_verify(sp, session, st);
 }
 
 Status Generator::finish_next(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
@@ -570,43 +601,50 @@ int64_t Generator::verify_len(const model::DraftOutput& d, bool greedy, std::vec
   return L;
 }
 
-Status Generator::plan_dspark(const SamplingParams& sp, Rng& rng, int session, model::Step* st) {
+Status Generator::prepare_draft(const SamplingParams& sp, Rng& rng) {
   if (opt_.dspark_verify < 0 && cost_.empty()) FB_RETURN_IF_ERROR(calibrate_verify_cost());
   const bool greedy = sp.greedy();
-  const int64_t H = int64_t(history_.size()), p = H - 1;
+  const int64_t p = int64_t(history_.size()) - 1;
   Round& rd = round_;
   rd = Round{};
+  rd.prep = Round::Prep::kDraft;
   rd.anchor = pending_token_;
   rd.t0 = now_s();
   // DRAFT (spec/13 §4): ring write of p from g(p), then a block [anchor, d1..dB]. Sampled
   // requests draw the chain from q_k = their own transform of the corrected rows (§4.6, §6.3).
-  // The draft runs on this session alone; only the verify rows join the shared step.
-  Result<model::DraftOutput> dr = [&] {
-    std::vector<int32_t> chain;  // drafts drawn so far (the penalties and the grammar count them, as the target will)
-    if (greedy && !sp.constraint) return ex_->draft(*session_, rd.anchor, tap_.data(), p);
-    if (greedy) {
-      // Under a grammar the greedy proposals are the argmax of the MASKED draft rows: exactness
-      // never depends on the proposals (verification masks the target rows), acceptance does.
-      const model::DraftPicker pick = [&](int64_t, const float* row) {
-        chain.push_back(argmax(processed_row(row, sp, chain), vocab_));
-        return chain.back();
-      };
-      return ex_->draft_sampled(*session_, rd.anchor, tap_.data(), p, pick);
-    }
-    Rng draws = rng.stream(p + 1, kRngDraftDraw);
-    const model::DraftPicker pick = [&](int64_t k, const float* row) {
-      FB_CHECK_EQ(k, int64_t(rd.q.size()) + 1);
-      rd.q.push_back(sampling_distribution(processed_row(row, sp, chain), vocab_, sp));
-      chain.push_back(draw(rd.q.back(), draws.uniform()));
-      return chain.back();
+  // The draft runs in draft_many, beside the other sessions' drafts of the round; the verify rows
+  // join the shared step. rd.chain: drafts drawn so far (the penalties and the grammar count
+  // them, as the target will).
+  rd.job.session = session_.get();
+  rd.job.anchor = rd.anchor;
+  rd.job.tap_row = tap_.data();
+  rd.job.p = p;
+  if (greedy && !sp.constraint) return Status();
+  if (greedy) {
+    // Under a grammar the greedy proposals are the argmax of the MASKED draft rows: exactness
+    // never depends on the proposals (verification masks the target rows), acceptance does.
+    rd.pick = [this, &sp](int64_t, const float* row) {
+      round_.chain.push_back(argmax(processed_row(row, sp, round_.chain), vocab_));
+      return round_.chain.back();
     };
-    return ex_->draft_sampled(*session_, rd.anchor, tap_.data(), p, pick);
-  }();
-  if (!dr.ok()) {
-    rd = Round{};
-    return dr.status();
+  } else {
+    rd.draws = rng.stream(p + 1, kRngDraftDraw);
+    rd.pick = [this, &sp](int64_t k, const float* row) {
+      Round& r = round_;
+      FB_CHECK_EQ(k, int64_t(r.q.size()) + 1);
+      r.q.push_back(sampling_distribution(processed_row(row, sp, r.chain), vocab_, sp));
+      r.chain.push_back(draw(r.q.back(), r.draws.uniform()));
+      return r.chain.back();
+    };
   }
-  rd.d = std::move(dr).value();
+  rd.job.pick = &rd.pick;
+  return Status();
+}
+
+Status Generator::plan_verify(const SamplingParams& sp, int session, model::Step* st) {
+  const bool greedy = sp.greedy();
+  const int64_t p = int64_t(history_.size()) - 1;
+  Round& rd = round_;
   const model::DraftOutput& d = rd.d;
   rd.t1 = now_s();
   // SCHEDULE (spec/13 §7): from the confidences and the cost table only, before any acceptance

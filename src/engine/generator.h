@@ -72,7 +72,9 @@ struct DsparkCounters {
   int64_t residual_draws = 0; // sampled rounds that ended in a rejection (residual draw)
   std::vector<int64_t> accepted_hist;  // [B + 1] rounds that accepted a drafts
   std::vector<int64_t> verify_hist;    // [B + 1] rounds that verified L drafts (the schedule)
-  double draft_s = 0, verify_s = 0;    // time drafting (chain draws included) / verifying
+  // time drafting (chain draws included; in a shared round, from the session's draft request to the
+  // end of the round's one draft call) / verifying
+  double draft_s = 0, verify_s = 0;
   double calibrate_s = 0;              // time measuring the verify cost table
   int64_t backoff_steps = 0;           // plain decode steps taken because drafting did not pay
   // this += now - before (per-request deltas of a generator's running counters).
@@ -123,6 +125,19 @@ class Generator {
   Status plan_next(const SamplingParams& sp, Rng& rng, int session, model::Step* st, std::vector<int32_t>* out,
                    std::vector<TokenLogprob>* logprobs = nullptr, int top_n = -1);
   bool awaiting_step() const { return round_.kind != Round::Kind::kNone; }
+  // plan_next in two halves, so the engine can draft every DSpark session of a round in ONE
+  // executor call (model::Executor::draft_many). prepare_next emits from the logits a prefill
+  // left (no step, prepared() stays false, as plan_next) or decides the round: a plain decode
+  // row, or a draft, whose request is draft_job() (valid until plan_drafted; it points into this
+  // generator). plan_drafted appends the rows: the plain row, or, from the draft's output, the
+  // scheduled verify block. plan_next = prepare_next + the draft alone + plan_drafted. `sp` must
+  // stay alive and unchanged from prepare_next to plan_drafted (a sampled draft's picker uses it).
+  Status prepare_next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* logprobs = nullptr,
+                      int top_n = -1);
+  bool prepared() const { return round_.prep != Round::Prep::kNone; }
+  const model::DraftJob* draft_job() const { return round_.prep == Round::Prep::kDraft ? &round_.job : nullptr; }
+  // drafted: the draft of draft_job() (moved from; null when the round decodes plainly).
+  Status plan_drafted(const SamplingParams& sp, int session, model::Step* st, Result<model::DraftOutput>* drafted);
   Status finish_next(const model::StepOutput& mine, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
                      std::vector<TokenLogprob>* logprobs = nullptr, int top_n = -1);
   // Disk KV cache: stores the state of every cached position (the prompt and the tokens generated
@@ -169,7 +184,8 @@ class Generator {
   void plan_plain(int session, model::Step* st);
   Status finish_plain(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
                       std::vector<TokenLogprob>* lp, int top_n);
-  Status plan_dspark(const SamplingParams& sp, Rng& rng, int session, model::Step* st);
+  Status prepare_draft(const SamplingParams& sp, Rng& rng);
+  Status plan_verify(const SamplingParams& sp, int session, model::Step* st);
   Status finish_dspark(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
                        std::vector<TokenLogprob>* lp, int top_n);
   // The prompt is in: the disk KV cache checkpoint (when on).
@@ -221,6 +237,11 @@ class Generator {
   // The decode round between plan_next and finish_next.
   struct Round {
     enum class Kind { kNone, kPlain, kVerify } kind = Kind::kNone;
+    enum class Prep { kNone, kPlain, kDraft } prep = Prep::kNone;  // between prepare_next and plan_drafted
+    model::DraftJob job;           // Prep::kDraft: the draft request
+    model::DraftPicker pick;       // its picker (sampled or constrained drafts); job.pick points here
+    std::vector<int32_t> chain;    // the picker's drafts so far
+    Rng draws;                     // the sampled picker's stream
     int64_t L = 0;                 // drafts verified (kVerify)
     int32_t anchor = 0;
     model::DraftOutput d;          // the draft block (kVerify)

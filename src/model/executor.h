@@ -63,6 +63,16 @@ struct DraftOutput {
 // `draw` of spec/13 §4.6. Sampled requests draw from their own transform of the row.
 using DraftPicker = std::function<int32_t(int64_t k, const float* logits_row)>;
 
+// One session's draft block in a call of Executor::draft_many: draft(session, anchor, tap_row, p)
+// when pick is null, else draft_sampled(..., *pick).
+struct DraftJob {
+  SessionState* session = nullptr;
+  int32_t anchor = 0;
+  const uint16_t* tap_row = nullptr;
+  int64_t p = 0;
+  const DraftPicker* pick = nullptr;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -106,6 +116,18 @@ class Executor {
     d.logits.resize(size_t(keep * V));
     if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
     return r;
+  }
+  // The draft blocks of several sessions in one call (issue 20: the engine drafts every DSpark
+  // session of a round at once, so an executor can read the draft stages' weights once for all).
+  // Sessions are distinct. Outputs in job order, each exactly what draft() / draft_sampled() gives
+  // for that job alone (row invariance; a picker is called only for its own job, in k order).
+  // The default runs the jobs one after the other; an executor that batches them overrides it.
+  virtual std::vector<Result<DraftOutput>> draft_many(const std::vector<DraftJob>& jobs) {
+    std::vector<Result<DraftOutput>> out;
+    out.reserve(jobs.size());
+    for (const DraftJob& j : jobs)
+      out.push_back(j.pick ? draft_sampled(*j.session, j.anchor, j.tap_row, j.p, *j.pick) : draft(*j.session, j.anchor, j.tap_row, j.p));
+    return out;
   }
   // A 64-bit identity of the loaded model (0: none); the disk KV cache keeps states per identity.
   virtual uint64_t identity() const { return 0; }

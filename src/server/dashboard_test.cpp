@@ -203,5 +203,42 @@ TEST(StatsJson, NoDsparkHead) {
   EXPECT_TRUE(j["derived"]["dspark_tokens_per_round"].is_null());
 }
 
+// Issue 20's counters: shared draft calls, the prefill policy, and the inter-token gap histogram
+// as cumulative buckets with their bounds.
+TEST(StatsJson, SessionsDraftsPolicyAndGaps) {
+  engine::EngineStats s;
+  s.draft_calls = 4;
+  s.draft_blocks = 11;
+  s.mixed_prefill_rows = 23;
+  s.reference_steps = 2;
+  s.gap_hist[0] = 3;   // <= 5 ms
+  s.gap_hist[3] = 2;   // (25, 50] ms
+  s.gap_hist[10] = 1;  // above 5 s
+  s.gaps = 6;
+  s.gap_s = 7.5;
+  s.gap_max_s = 7.0;
+  StatsSource src;
+  auto j = stats_json(s, src);
+  EXPECT_EQ(j["steps"]["draft_calls"], 4);
+  EXPECT_EQ(j["steps"]["draft_blocks"], 11);
+  EXPECT_EQ(j["steps"]["mixed_prefill_rows"], 23);
+  EXPECT_EQ(j["steps"]["reference_steps"], 2);
+  EXPECT_TRUE(j["steps"]["policy_decode_step_s"].is_null()) << "not measured yet";
+  const auto& b = j["latency"]["gap_buckets"];
+  ASSERT_EQ(b.size(), 11u);
+  EXPECT_DOUBLE_EQ(b[0]["le"].get<double>(), 0.005);
+  EXPECT_EQ(b[0]["count"], 3);
+  EXPECT_EQ(b[2]["count"], 3);
+  EXPECT_EQ(b[3]["count"], 5);
+  EXPECT_EQ(b[9]["count"], 5);
+  EXPECT_EQ(b[10]["le"], "+Inf");
+  EXPECT_EQ(b[10]["count"], 6);
+  EXPECT_EQ(j["latency"]["gap_count"], 6);
+  EXPECT_DOUBLE_EQ(j["latency"]["gap_max_s"].get<double>(), 7.0);
+  s.policy_decode_step_s = 0.013;
+  j = stats_json(s, src);
+  EXPECT_DOUBLE_EQ(j["steps"]["policy_decode_step_s"].get<double>(), 0.013);
+}
+
 }  // namespace
 }  // namespace fb::server

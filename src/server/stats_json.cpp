@@ -30,10 +30,33 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
                 {"sessions", s.step_sessions},
                 {"seconds", s.step_s},
                 {"prefill_round_seconds", s.prefill_s},
-                {"decode_round_seconds", s.decode_s}};
+                {"decode_round_seconds", s.decode_s},
+                // issue 20: the sessions' draft blocks, run in shared executor calls
+                {"draft_calls", s.draft_calls},
+                {"draft_blocks", s.draft_blocks},
+                // the prefill policy (engine::PrefillPolicy): its last chunk beside decode rows,
+                // its decode-only step time (null until measured), the decode-only steps it asked for
+                {"mixed_prefill_rows", s.mixed_prefill_rows},
+                {"policy_decode_step_s", s.policy_decode_step_s > 0 ? json(s.policy_decode_step_s) : json(nullptr)},
+                {"reference_steps", s.reference_steps}};
   j["latency"] = {{"ttft_s_sum", s.ttft_s},           {"ttft_count", s.ttfts},
                   {"queue_wait_s_sum", s.queue_wait_s}, {"queue_wait_count", s.queue_waits},
                   {"finished_tok_s_sum", s.session_tok_s}, {"finished_count", s.session_rates}};
+  // Inter-token gaps (between two deliveries of tokens to one request): buckets as Prometheus
+  // writes them, cumulative, each with its upper bound ("+Inf" last).
+  {
+    json buckets = json::array();
+    int64_t cum = 0;
+    for (size_t i = 0; i < s.gap_hist.size(); ++i) {
+      cum += s.gap_hist[i];
+      buckets.push_back({{"le", i < engine::EngineStats::kGapBuckets.size() ? json(engine::EngineStats::kGapBuckets[i]) : json("+Inf")},
+                         {"count", cum}});
+    }
+    j["latency"]["gap_s_sum"] = s.gap_s;
+    j["latency"]["gap_count"] = s.gaps;
+    j["latency"]["gap_max_s"] = s.gap_max_s;
+    j["latency"]["gap_buckets"] = buckets;
+  }
   json sessions = json::array();
   for (const auto& r : s.active_rates)
     sessions.push_back({{"id", r.id},

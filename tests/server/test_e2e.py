@@ -9,7 +9,8 @@ Part 4 (issues 10, 21, `make-tiny --vision`): images through the OpenAI and Anth
 PNG data URLs / base64 blocks), bad images and network URLs -> 400, prefix reuse keyed on the
 image; plus a full queue -> 429, a client disconnect cancelling a non-streaming request, SSE
 keep-alives / pings during prefill and the /metrics token counters. Part 5 (issue 20): 8
-concurrent SDK streams each equal their solo run; a closed stream frees its session; 429 and recovery.
+concurrent SDK streams (measured prefill chunks, shared draft calls) each equal their solo run; a
+closed stream frees its session; 429 and recovery.
 Fails (exit 1) when the SDKs are not importable: tools/test.sh installs them into its virtual
 environment (build/pyenv), which is the interpreter ctest runs this with.
 """
@@ -403,7 +404,9 @@ def concurrency_tests(binary, model):
     finally:
         srv.close()
     both = {}
-    srv = Server(binary, ["--model", model, "--max-sessions", "8", "--prefill-chunk", "16", "--mixed-prefill-rows", "5"])
+    # The default prefill policy (chunks beside decode rows sized from measured step times, so
+    # their sizes depend on the clock): the answers must not.
+    srv = Server(binary, ["--model", model, "--max-sessions", "8", "--prefill-chunk", "16"])
     try:
         ts = [threading.Thread(target=stream, args=(srv, i, both)) for i in range(8)]
         for t in ts: t.start()
@@ -415,6 +418,15 @@ def concurrency_tests(binary, model):
         check(sess / steps > 1.5, f"sessions: steps were shared ({sess / steps:.2f} sessions per step)")
         check(metric(srv, "flashbox_time_to_first_token_seconds_count") == 8 and metric(srv, "flashbox_max_sessions") == 8,
               "metrics: time to first token, max sessions")
+        req = urllib.request.Request(srv.base + "/v1/stats", headers={"Authorization": "Bearer k"})
+        st = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        steps, lat = st["steps"], st["latency"]
+        check(steps["draft_blocks"] > steps["draft_calls"] > 0,
+              f"sessions: DSpark drafts of several sessions share executor calls ({steps['draft_blocks']} blocks in {steps['draft_calls']} calls)")
+        check(steps["reference_steps"] >= 1 and steps["mixed_prefill_rows"] >= 1,
+              f"sessions: the prefill policy measured ({steps['reference_steps']} reference steps, last chunk {steps['mixed_prefill_rows']} rows)")
+        check(lat["gap_count"] > 0 and lat["gap_buckets"][-1]["count"] == lat["gap_count"] and lat["gap_max_s"] > 0,
+              f"stats: inter-token gaps ({lat['gap_count']}, max {lat['gap_max_s']:.3f} s)")
     finally:
         srv.close()
     # A cancelled stream frees its session: two long streams fill --max-sessions 2, a third request
