@@ -321,7 +321,7 @@ Result<nlohmann::ordered_json> Compiler::tool_call_structural_tag(const ToolCall
 
 Result<std::shared_ptr<engine::TokenConstraint>> Compiler::compile(const ToolCallFormat& f) const {
   const bool auto_answer = f.choice == ToolCallFormat::Choice::kAuto && f.answer;
-  if (f.choice == ToolCallFormat::Choice::kAuto && !auto_answer &&
+  if (f.choice == ToolCallFormat::Choice::kAuto && !auto_answer && !f.restrict_names &&
       std::none_of(f.tools.begin(), f.tools.end(), [](const ToolSpec& t) { return t.strict; }))
     return std::shared_ptr<engine::TokenConstraint>();
   // The answer's schema alone first: its 400s (unsupported keyword, no value satisfies it) name the

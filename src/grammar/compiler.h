@@ -50,6 +50,9 @@ struct ToolCallFormat {
   std::string name;  // kNamed
   bool parallel = true;
   bool after_reasoning = false;  // as ResponseFormat: the reasoning runs free until </think>
+  // kAuto: constrain the calls block even without a strict tool, its invokes naming only `tools`
+  // (OpenAI tool_choice allowed_tools, where `tools` is the allowed subset of the request's).
+  bool restrict_names = false;
   // kAuto with a response_format (Chat): the answer is either this JSON value or one calls block
   // (no text around either; strict tools' arguments constrained as above), the value written as
   // compile(ResponseFormat) writes it. Ignored when a call is forced (the answer is then the call).
@@ -64,8 +67,8 @@ class Compiler {
   ~Compiler();
   // kInvalidArgument naming the problem for an unsupported or unsatisfiable schema.
   Result<std::shared_ptr<engine::TokenConstraint>> compile(const ResponseFormat& f) const;
-  // kInvalidArgument naming the tool and the problem. kAuto with no strict tool and no answer
-  // format: nothing to enforce, a null constraint.
+  // kInvalidArgument naming the tool and the problem. kAuto with no strict tool, no answer
+  // format and no restrict_names: nothing to enforce, a null constraint.
   Result<std::shared_ptr<engine::TokenConstraint>> compile(const ToolCallFormat& f) const;
   // The structural tag compile(ToolCallFormat) builds (tests, debugging).
   static Result<nlohmann::ordered_json> tool_call_structural_tag(const ToolCallFormat& f);

@@ -236,7 +236,51 @@ struct ToolChoice {
   enum class Mode { kAuto, kNone, kRequired, kNamed } mode = Mode::kAuto;
   std::string name;
   bool no_parallel = false;  // Anthropic disable_parallel_tool_use
+  // OpenAI allowed_tools (mode auto or required): the calls may name only these functions; every
+  // tool stays in the prompt. Empty: no such restriction.
+  std::vector<std::string> allowed;
+  std::string allowed_field;  // where the list sat, for the 400s ("tool_choice.allowed_tools.tools")
 };
+
+// OpenAI `allowed_tools`: Chat {"type": "allowed_tools", "allowed_tools": {"mode", "tools": [{"type":
+// "function", "function": {"name"}}]}}, Responses {"type": "allowed_tools", "mode", "tools": [{"type":
+// "function", "name"}]}. Either shape on either API. The names are checked against `tools` once
+// those are known (request_constraint).
+Status parse_allowed_tools(const ojson& tc, ToolChoice* c) {
+  const bool nested = tc.contains("allowed_tools");
+  const std::string at = nested ? "tool_choice.allowed_tools" : "tool_choice";
+  const ojson& a = nested ? tc["allowed_tools"] : tc;
+  if (!a.is_object()) return type_error(at.c_str(), "an object with 'mode' and 'tools'");
+  if (!a.contains("mode") || !a["mode"].is_string())
+    return FB_ERROR(kInvalidArgument) << "'" << at << ".mode' must be \"auto\" or \"required\"";
+  const std::string mode = a["mode"].get<std::string>();
+  if (mode == "auto") c->mode = ToolChoice::Mode::kAuto;
+  else if (mode == "required") c->mode = ToolChoice::Mode::kRequired;
+  else return FB_ERROR(kInvalidArgument) << "'" << at << ".mode' must be \"auto\" or \"required\" (got \"" << mode << "\")";
+  c->allowed_field = at + ".tools";
+  if (!a.contains("tools") || !a["tools"].is_array())
+    return FB_ERROR(kInvalidArgument) << "'" << c->allowed_field << "' must be a list of tools ({\"type\": \"function\", ...})";
+  const ojson& list = a["tools"];
+  if (list.empty()) return FB_ERROR(kInvalidArgument) << "'" << c->allowed_field << "' is empty; name at least one function";
+  if (list.size() > 1024) return FB_ERROR(kInvalidArgument) << "'" << c->allowed_field << "' has " << list.size() << " entries; at most 1024";
+  for (size_t i = 0; i < list.size(); ++i) {
+    const ojson& t = list[i];
+    const std::string where = c->allowed_field + "[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
+      return FB_ERROR(kInvalidArgument) << "'" << where << "' must be an object with a 'type'";
+    const std::string type = t["type"].get<std::string>();
+    if (type != "function")
+      return FB_ERROR(kInvalidArgument) << "'" << where << "' has type \"" << type << "\"; this server has function tools only";
+    const ojson* name = nullptr;
+    if (t.contains("function") && t["function"].is_object() && t["function"].contains("name")) name = &t["function"]["name"];
+    else if (t.contains("name")) name = &t["name"];
+    if (!name || !name->is_string() || name->get<std::string>().empty())
+      return FB_ERROR(kInvalidArgument) << "'" << where << "' needs the function's name ('function': {'name': ...} or 'name')";
+    const std::string n = name->get<std::string>();
+    if (std::find(c->allowed.begin(), c->allowed.end(), n) == c->allowed.end()) c->allowed.push_back(n);
+  }
+  return Status();
+}
 
 Result<ToolChoice> parse_tool_choice(const ojson& b) {
   ToolChoice c;
@@ -275,7 +319,11 @@ Result<ToolChoice> parse_tool_choice(const ojson& b) {
     FB_RETURN_IF_ERROR(by_name(type));
     return c;
   }
-  return FB_ERROR(kUnsupported) << "'tool_choice' type \"" << type << "\" is not supported (use none, auto, required or a named function)";
+  if (type == "allowed_tools") {
+    FB_RETURN_IF_ERROR(parse_allowed_tools(tc, &c));
+    return c;
+  }
+  return FB_ERROR(kUnsupported) << "'tool_choice' type \"" << type << "\" is not supported (use none, auto, required, allowed_tools or a named function)";
 }
 
 std::string text_of_blocks(const ojson& content, const char* key) {
@@ -456,18 +504,41 @@ struct AnswerFormat {
   bool object = false;  // json_object: any object
   ojson schema;         // json_schema
   bool strict = false;
+  std::string field = "response_format";  // as the request named it, for the 400s
 };
 
+// Anthropic Messages: `output_config.format` {"type": "json_schema", "schema"} (the Messages API's
+// structured outputs; the beta's top-level `output_format` is read too). Completions: `response_format`
+// as in Chat (vLLM's extension of the legacy API; no prompt template, so the value starts at once).
 const ojson* answer_format_json(const ojson& b, Endpoint ep) {
-  if (ep == Endpoint::kChat && b.contains("response_format") && !b["response_format"].is_null()) return &b["response_format"];
+  if ((ep == Endpoint::kChat || ep == Endpoint::kCompletions) && b.contains("response_format") && !b["response_format"].is_null())
+    return &b["response_format"];
   if (ep == Endpoint::kResponses && b.contains("text") && b["text"].is_object() && b["text"].contains("format") && !b["text"]["format"].is_null())
     return &b["text"]["format"];
+  if (ep == Endpoint::kMessages) {
+    if (b.contains("output_config") && b["output_config"].is_object() && b["output_config"].contains("format") &&
+        !b["output_config"]["format"].is_null())
+      return &b["output_config"]["format"];
+    if (b.contains("output_format") && !b["output_format"].is_null()) return &b["output_format"];
+  }
   return nullptr;
+}
+
+// Where a format's json_schema fields sit: flat in the format object (Responses, Anthropic) or under
+// its `json_schema` (Chat, Completions).
+bool flat_format(Endpoint ep) { return ep == Endpoint::kResponses || ep == Endpoint::kMessages; }
+
+std::string format_field(const ojson& b, Endpoint ep) {
+  if (ep == Endpoint::kResponses) return "text.format";
+  if (ep == Endpoint::kMessages) return b.contains("output_config") && b["output_config"].is_object() && b["output_config"].contains("format")
+                                            ? "output_config.format"
+                                            : "output_format";
+  return "response_format";
 }
 
 // The schema object a json_schema format carries (null: none), for the prompt.
 ojson answer_schema(const ojson& rf, Endpoint ep) {
-  const ojson* js = ep == Endpoint::kResponses ? &rf : rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
+  const ojson* js = flat_format(ep) ? &rf : rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
   if (!rf.is_object() || rf.value("type", "") != "json_schema" || !js || !js->is_object() || !js->contains("schema")) return ojson();
   return (*js)["schema"];
 }
@@ -476,11 +547,16 @@ Status parse_response_format(const ojson& b, Endpoint ep, const ParseContext& ct
   const ojson* p = answer_format_json(b, ep);
   if (!p) return Status();
   const ojson& rf = *p;
-  const bool flat = ep == Endpoint::kResponses;
-  const std::string field = flat ? "text.format" : "response_format";
+  const bool flat = flat_format(ep);
+  const std::string field = format_field(b, ep);
+  const bool anthropic = ep == Endpoint::kMessages;  // json_schema only, always strict
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-    return type_error(field.c_str(), "an object with 'type' text, json_object or json_schema");
+    return type_error(field.c_str(), anthropic ? "an object {\"type\": \"json_schema\", \"schema\": {...}}" : "an object with 'type' text, json_object or json_schema");
   const std::string type = rf["type"].get<std::string>();
+  if (anthropic && type != "json_schema")
+    return FB_ERROR(kInvalidArgument) << "'" << field << ".type' must be json_schema (got \"" << type << "\")";
+  if (anthropic && (!rf.contains("schema") || !rf["schema"].is_object()))
+    return type_error((field + ".schema").c_str(), "a JSON schema object");
   if (type == "text") return Status();
   if (type != "json_object" && type != "json_schema")
     return FB_ERROR(kInvalidArgument) << "'" << field << ".type' must be text, json_object or json_schema (got \"" << type << "\")";
@@ -492,6 +568,7 @@ Status parse_response_format(const ojson& b, Endpoint ep, const ParseContext& ct
 #endif
   f->on = true;
   f->object = type == "json_object";
+  f->field = field;
   if (type == "json_schema") {
     if (!flat && (!rf.contains("json_schema") || !rf["json_schema"].is_object())) return type_error("response_format.json_schema", "an object");
     const ojson& js = flat ? rf : rf["json_schema"];
@@ -500,6 +577,8 @@ Status parse_response_format(const ojson& b, Endpoint ep, const ParseContext& ct
       if (!js["strict"].is_boolean()) return type_error((field + (flat ? ".strict" : ".json_schema.strict")).c_str(), "a boolean");
       f->strict = js["strict"].get<bool>();
     }
+    // Anthropic's structured outputs always hold to the schema, members beyond `properties` included.
+    if (anthropic) f->strict = true;
   }
   return Status();
 }
@@ -515,23 +594,34 @@ Status request_constraint(const ToolChoice& tc, const ojson& tools, const std::v
   const bool any_strict = std::find(strict.begin(), strict.end(), true) != strict.end();
   const bool forced = tc.mode == ToolChoice::Mode::kRequired || tc.mode == ToolChoice::Mode::kNamed;
   const bool have_tools = tc.mode != ToolChoice::Mode::kNone && tools.is_array() && !tools.empty();
+  if (!tc.allowed.empty() && !have_tools)
+    return FB_ERROR(kInvalidArgument) << "'tool_choice' allowed_tools names functions but the request has no function tools";
   if (forced && !have_tools)
     return FB_ERROR(kInvalidArgument) << "'tool_choice' " << (tc.mode == ToolChoice::Mode::kNamed ? "names function '" + tc.name + "'" : "is required")
                                       << " but the request has no function tools";
-  if (tc.mode == ToolChoice::Mode::kNamed) {
-    std::string names;
-    bool found = false;
-    for (const auto& t : tools) {
-      found = found || t["name"] == tc.name;
-      names += (names.empty() ? "" : ", ") + t["name"].get<std::string>();
-    }
-    if (!found) return FB_ERROR(kInvalidArgument) << "'tool_choice' names function '" << tc.name << "', which is not in 'tools' (" << names << ")";
-  }
-  const bool tool_grammar = have_tools && (forced || any_strict || answer.on);
+  std::string names;  // the request's tools, for the 400s
+  if (have_tools)
+    for (const auto& t : tools) names += (names.empty() ? "" : ", ") + t["name"].get<std::string>();
+  const auto in_tools = [&](const std::string& n) {
+    return std::any_of(tools.begin(), tools.end(), [&](const ojson& t) { return t["name"] == n; });
+  };
+  if (tc.mode == ToolChoice::Mode::kNamed && !in_tools(tc.name))
+    return FB_ERROR(kInvalidArgument) << "'tool_choice' names function '" << tc.name << "', which is not in 'tools' (" << names << ")";
+  for (size_t i = 0; i < tc.allowed.size(); ++i)
+    if (!in_tools(tc.allowed[i]))
+      return FB_ERROR(kInvalidArgument) << "'" << tc.allowed_field << "' names function '" << tc.allowed[i] << "', which is not in 'tools' (" << names
+                                        << ")";
+  // allowed_tools: the calls may name only the listed functions (a grammar over that subset; the
+  // prompt keeps every tool). Listing every tool restricts nothing.
+  const bool restrict_names = !tc.allowed.empty() && tc.allowed.size() < tools.size();
+  const auto allowed = [&](const ojson& t) {
+    return tc.allowed.empty() || std::find(tc.allowed.begin(), tc.allowed.end(), t["name"].get<std::string>()) != tc.allowed.end();
+  };
+  const bool tool_grammar = have_tools && (forced || any_strict || answer.on || restrict_names);
   if (!tool_grammar && !answer.on) return Status();
 #if FB_SERVER_HAS_GRAMMAR
   if (!ctx.grammar)
-    return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : "strict function tools")
+    return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : restrict_names ? "tool_choice allowed_tools" : "strict function tools")
                                   << " need the grammar engine, which this server has not loaded";
   std::optional<grammar::ResponseFormat> rf;
   if (answer.on) {
@@ -552,19 +642,29 @@ Status request_constraint(const ToolChoice& tc, const ojson& tools, const std::v
     f.name = tc.name;
     f.parallel = parallel;
     f.after_reasoning = thinking;
+    f.restrict_names = restrict_names;
     if (!forced) f.answer = rf;
     for (size_t i = 0; i < tools.size(); ++i) {
       const ojson& t = tools[i];
+      if (!allowed(t)) continue;
       f.tools.push_back({t["name"].get<std::string>(), t.contains("parameters") ? t["parameters"] : ojson(), i < strict.size() && strict[i]});
     }
     c = ctx.grammar->compile(f);
   }
-  if (!c.ok()) return c.status();
+  if (!c.ok()) {
+    // The grammar's 400s call the answer's schema "response_format"; name the field this API used.
+    const std::string& m = c.status().message();
+    const std::string rf_name = "response_format schema";
+    if (answer.on && answer.field != "response_format" && m.rfind(rf_name, 0) == 0)
+      return FB_ERROR(kInvalidArgument) << answer.field << " schema" << m.substr(rf_name.size());
+    return c.status();
+  }
   s->constraint = std::move(c).value();
   return Status();
 #else
   (void)parallel, (void)ctx, (void)thinking, (void)s;
-  return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : "strict function tools")
+  (void)allowed;
+  return FB_ERROR(kUnsupported) << (forced ? "tool_choice required or a named tool" : restrict_names ? "tool_choice allowed_tools" : "strict function tools")
                                 << " need the grammar engine: this build has none (tools/setup.sh fetches xgrammar)";
 #endif
 }
@@ -609,7 +709,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
         !b["reasoning"]["effort"].is_null())
       FB_RETURN_IF_ERROR(apply_effort(b["reasoning"]["effort"], &th, "reasoning.effort"));
     if (ep == Endpoint::kMessages && b.contains("output_config") && b["output_config"].is_object() &&
-        b["output_config"].contains("effort"))
+        b["output_config"].contains("effort") && !b["output_config"]["effort"].is_null())
       FB_RETURN_IF_ERROR(apply_effort(b["output_config"]["effort"], &th, "output_config.effort"));
     ojson msgs;
     if (ep == Endpoint::kChat) {
@@ -671,8 +771,8 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
   }
   AnswerFormat answer;
   FB_RETURN_IF_ERROR(parse_response_format(b, ep, ctx, &answer));
-  if (ep != Endpoint::kCompletions)
-    FB_RETURN_IF_ERROR(request_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, answer, ctx, th.on, &pr.req.sampling));
+  // Completions: no tools (tool_choice stays auto, `tools` unread), the response_format alone.
+  FB_RETURN_IF_ERROR(request_constraint(tool_choice, tools, tool_strict, pr.parallel_tool_calls, answer, ctx, th.on, &pr.req.sampling));
   for (const auto& [id, v] : pr.req.sampling.logit_bias)
     if (ctx.tok && id >= ctx.tok->vocab_size())
       return FB_ERROR(kInvalidArgument) << "'logit_bias' names token " << id << ", outside the vocabulary of " << ctx.tok->vocab_size();

@@ -4,12 +4,12 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "base/log.h"
 #include "base/mapped_file.h"
 #include "server/dashboard.h"
 #include "server/http_status.h"
+#include "server/metrics_text.h"
 #include "server/peer_socket.h"
 #include "server/phrase_bias.h"
 #include "server/request_parse.h"
@@ -38,74 +38,6 @@ void send_error(httplib::Response& res, Api api, const HttpError& e, const std::
 
 bool authorized(const httplib::Request& req, const ServerOptions& opt) {
   return api_key_ok(opt.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
-}
-
-std::string metrics_text(const engine::Engine& e) {
-  const engine::EngineStats s = e.stats();
-  std::ostringstream o;
-  auto m = [&](const char* name, const char* type, const char* help, double v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
-  };
-  m("flashbox_requests_total", "counter", "requests accepted by the engine", double(s.requests_total));
-  m("flashbox_requests_failed_total", "counter", "requests that ended in an error", double(s.requests_failed));
-  m("flashbox_requests_cancelled_total", "counter", "requests cancelled (client disconnect)", double(s.requests_cancelled));
-  m("flashbox_queue_depth", "gauge", "requests waiting for the engine", double(s.queue_depth));
-  m("flashbox_requests_active", "gauge", "requests being generated", double(s.active));
-  m("flashbox_prompt_tokens_total", "counter", "prompt tokens", double(s.prompt_tokens));
-  m("flashbox_prompt_cached_tokens_total", "counter", "prompt tokens reused from a cached session", double(s.cached_tokens));
-  m("flashbox_prefill_tokens_total", "counter", "prompt rows run through prefill (prompt minus cached)", double(s.prefill_tokens));
-  m("flashbox_kv_cache_restored_tokens_total", "counter", "prompt positions restored from the disk KV cache", double(s.kv_restored_tokens));
-  m("flashbox_kv_cache_hits_total", "counter", "disk KV cache lookups that restored a prefix", double(s.kv.hits));
-  m("flashbox_kv_cache_misses_total", "counter", "disk KV cache lookups without a stored prefix", double(s.kv.misses));
-  m("flashbox_kv_cache_rejected_total", "counter", "damaged or unreadable checkpoint files dropped", double(s.kv.rejected));
-  m("flashbox_kv_cache_evicted_total", "counter", "checkpoints evicted to stay within --kv-cache-bytes", double(s.kv.evicted));
-  m("flashbox_kv_cache_entries", "gauge", "checkpoints in the disk KV cache", double(s.kv.entries));
-  m("flashbox_kv_cache_bytes", "gauge", "bytes of checkpoints on disk", double(s.kv.bytes));
-  m("flashbox_kv_cache_delta_entries", "gauge", "checkpoints stored as deltas of a shorter one", double(s.kv.deltas));
-  m("flashbox_kv_cache_written_bytes_total", "counter", "bytes of checkpoint files written", double(s.kv.written));
-  m("flashbox_generated_tokens_total", "counter", "generated tokens", double(s.generated_tokens));
-  m("flashbox_decode_tokens_total", "counter", "tokens emitted by decode steps (plain or DSpark)", double(s.generated_tokens));
-  m("flashbox_emitted_tokens_total", "counter", "tokens delivered so far, counted as they come (generated: finished requests)", double(s.emitted_tokens));
-  m("flashbox_images_total", "counter", "images in accepted requests", double(s.images));
-  m("flashbox_images_encoded_total", "counter", "vision tower runs (an image whose KV is reused is not encoded again)", double(s.images_encoded));
-  m("flashbox_image_rows_total", "counter", "image-span rows in accepted requests", double(s.image_rows));
-  m("flashbox_image_encode_seconds_total", "counter", "time in the vision tower (engine thread)", s.image_encode_s);
-  m("flashbox_prefill_seconds_total", "counter", "time in engine rounds whose step carried prompt rows", s.prefill_s);
-  m("flashbox_decode_seconds_total", "counter", "time in engine rounds of decode rows only (drafting included)", s.decode_s);
-  m("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", double(s.dspark.steps));
-  m("flashbox_dspark_proposals_total", "counter", "drafted tokens verified", double(s.dspark.proposals));
-  m("flashbox_dspark_backoff_steps_total", "counter", "plain decode steps taken because drafting did not pay", double(s.dspark.backoff_steps));
-  m("flashbox_dspark_accepted_total", "counter", "drafted tokens accepted", double(s.dspark.accepted));
-  m("flashbox_dspark_verify_rows_total", "counter", "target rows run by verification", double(s.dspark.verify_rows));
-  m("flashbox_dspark_draft_seconds_total", "counter", "time drafting", s.dspark.draft_s);
-  m("flashbox_dspark_verify_seconds_total", "counter", "time verifying", s.dspark.verify_s);
-  // Several sessions at once (issue 20): limits, how full the steps are, waiting and speed.
-  m("flashbox_max_sessions", "gauge", "requests generated at once (--max-sessions)", double(s.max_sessions));
-  m("flashbox_sessions_cached", "gauge", "sessions holding a KV cache (active or kept for prefix reuse)", double(s.sessions_cached));
-  m("flashbox_kv_budget_bytes", "gauge", "KV admission budget (--kv-budget-bytes; 0: none)", double(s.kv_budget_bytes));
-  m("flashbox_kv_admitted_bytes", "gauge", "KV estimate granted to active requests", double(s.kv_admitted_bytes));
-  m("flashbox_queue_rejected_total", "counter", "requests refused with 429 because the queue was full", double(s.queue_rejected));
-  m("flashbox_steps_total", "counter", "forward steps run by the engine", double(s.steps));
-  m("flashbox_step_rows_total", "counter", "rows in those steps (rows per step = this / steps)", double(s.step_rows));
-  m("flashbox_step_prefill_rows_total", "counter", "prompt rows in those steps", double(s.step_prefill_rows));
-  m("flashbox_step_decode_rows_total", "counter", "decode and DSpark verify rows in those steps", double(s.step_decode_rows));
-  m("flashbox_step_sessions_total", "counter", "sessions in those steps (sessions per step = this / steps)", double(s.step_sessions));
-  m("flashbox_step_seconds_total", "counter", "time in forward steps", s.step_s);
-  o << "# HELP flashbox_queue_wait_seconds time from submission to admission\n# TYPE flashbox_queue_wait_seconds summary\n"
-    << "flashbox_queue_wait_seconds_sum " << s.queue_wait_s << "\nflashbox_queue_wait_seconds_count " << s.queue_waits << "\n";
-  o << "# HELP flashbox_time_to_first_token_seconds time from submission to the first generated token\n"
-    << "# TYPE flashbox_time_to_first_token_seconds summary\n"
-    << "flashbox_time_to_first_token_seconds_sum " << s.ttft_s << "\nflashbox_time_to_first_token_seconds_count " << s.ttfts << "\n";
-  o << "# HELP flashbox_request_tokens_per_second decode rate of finished requests (tokens after the first over the time since it)\n"
-    << "# TYPE flashbox_request_tokens_per_second summary\n"
-    << "flashbox_request_tokens_per_second_sum " << s.session_tok_s << "\nflashbox_request_tokens_per_second_count " << s.session_rates << "\n";
-  o << "# HELP flashbox_session_tokens_per_second decode rate of each active request so far\n# TYPE flashbox_session_tokens_per_second gauge\n";
-  for (const auto& r : s.active_rates)
-    if (r.decoding()) o << "flashbox_session_tokens_per_second{request=\"" << r.id << "\"} " << r.tok_s << "\n";
-  o << "# HELP flashbox_dspark_accepted_rounds rounds by number of accepted drafts\n# TYPE flashbox_dspark_accepted_rounds counter\n";
-  for (size_t i = 0; i < s.dspark.accepted_hist.size(); ++i)
-    o << "flashbox_dspark_accepted_rounds{accepted=\"" << i << "\"} " << s.dspark.accepted_hist[i] << "\n";
-  return o.str();
 }
 
 void handle_generate(engine::Engine& eng, const ServerOptions& opt, const grammar::Compiler* gram,
@@ -258,8 +190,14 @@ Status serve(engine::Engine& eng, const ServerOptions& opt) {
     nlohmann::json h = {{"status", "ok"}, {"backend", eng.backend_name()}, {"max_context", eng.max_context()}};
     res.set_content(h.dump(), "application/json");
   });
-  svr.Get("/metrics", [&eng](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_text(eng), "text/plain; version=0.0.4");
+  // Prometheus text format (metrics_text.h); no key, as before (counters only, no request content).
+  svr.Get("/metrics", [&eng, &opt, t0 = Clock::now()](const httplib::Request&, httplib::Response& res) {
+    StatsSource src;
+    src.backend = eng.backend_name();
+    src.model = opt.model_name;
+    src.uptime_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    src.has_dspark = eng.config().dspark_block_size > 0;
+    res.set_content(metrics_text(eng.stats(), src), "text/plain; version=0.0.4; charset=utf-8");
   });
   add_dashboard(svr, eng, opt);  // GET / (the live dashboard) and /v1/stats (its JSON)
   // A known path with the wrong method is 405 with an Allow header (not 404 "no such endpoint").
