@@ -255,7 +255,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
   const TcStreamCall sc{static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, K, ch, w_stride, s_stride, expert, bfx};
-  if (tc_stream_fits(sc)) return tc_stream_launch(MODE, sc, st);
+  if (tc_stream_fits(sc) && FB_TRY(tc_stream_launch(MODE, sc, st))) return Status();
   const size_t smem = smem_bytes(MODE, ch.kc);
   const auto kernel = &tc_gemv_kernel<MODE>;
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));

@@ -110,8 +110,10 @@ struct TcStreamCall {
   tcdev::BfxArgs bfx;
 };
 // Whether the call suits the streaming kernel (set_tc_stream on, K % 128 == 0, 4-byte aligned
-// scale rows); tc_stream_launch then computes what tc_gemv.cu's kernel would, bit for bit.
+// scale rows); tc_stream_launch then computes what tc_gemv.cu's kernel would, bit for bit, or
+// returns false having launched nothing (no unit counters could be had: a first call inside a
+// stream capture).
 bool tc_stream_fits(const TcStreamCall& c);
-Status tc_stream_launch(int mode, const TcStreamCall& c, cudaStream_t st);
+Result<bool> tc_stream_launch(int mode, const TcStreamCall& c, cudaStream_t st);
 
 }  // namespace fb::cuda

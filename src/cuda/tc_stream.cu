@@ -68,7 +68,14 @@ __host__ __device__ inline StageLayout stage_layout(int mode, int kc_max, int ra
 }
 constexpr int kFoldBytes = kWarps * 128 * 4 + 2 * 128 * 4;  // warp partials + the double-buffered cluster partial
 
-size_t stream_smem(int mode, int kc_max, int ra) { return size_t(2) * stage_layout(mode, kc_max, ra).bytes + kFoldBytes; }
+// The scale products of the unit being computed, one f32 per (weight row or activation row, block).
+__host__ __device__ inline int table_floats(int mode, int kc_max, int ra) {
+  const int kb = kc_max / 32;
+  return mode == kModeFp4 ? kStripe * kb : mode == kModeBf16x ? kb : ra * kb;
+}
+size_t stream_smem(int mode, int kc_max, int ra) {
+  return size_t(2) * stage_layout(mode, kc_max, ra).bytes + kFoldBytes + size_t(table_floats(mode, kc_max, ra)) * 4;
+}
 
 // One unit's operands.
 struct Unit {
@@ -81,17 +88,20 @@ struct Unit {
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_stream_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                            TcPart pa, TcPart pb, int K, int nk, int kc_max, int ra, int64_t w_stride,
-                                                           int64_t s_stride, const int32_t* __restrict__ expert, BfxArgs bx) {
+                                                           int64_t s_stride, const int32_t* __restrict__ expert, BfxArgs bx,
+                                                           unsigned long long* ctr) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(128) uint8_t smem[];
   const StageLayout L = stage_layout(MODE, kc_max, ra);
   float* red = reinterpret_cast<float*>(smem + 2 * L.bytes);  // [warps][32][4]
   float* part = red + kWarps * 128;                            // [2][32][4]
+  float* tbl = part + 2 * 128;                                 // scale products of the unit computed
+  __shared__ long long uslot[4];                               // rank 0: the unit of iteration i at [i % 4]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rank = int(blockIdx.x % unsigned(nk));
-  const int64_t cid = blockIdx.x / nk, ncl = gridDim.x / nk;
+  const int64_t ncl = gridDim.x / nk;
   const int k0 = rank * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32, kbm = kc_max / 32;
   const int rb = FP4 ? kc_max / 2 : kc_max;
   const int64_t per_stripe = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
@@ -109,14 +119,18 @@ __global__ void __launch_bounds__(kThreads) tc_stream_kernel(const uint8_t* __re
     }
     return c;
   };
-  // MXFP4 rows of expert < 0 are skipped (the same for every rank: the unit sequence is the cluster's)
-  auto next_unit = [&](int64_t u) {
-    if constexpr (FP4) {
-      if (expert)
-        while (u < units && expert[u % per_stripe] < 0) u += ncl;
-    }
+  // The next unit of the launch: clusters take units from one counter (rank 0, thread 0), so a
+  // cluster that starts late (the SMs busy with a kernel of the other stream) takes fewer units
+  // instead of a fixed share. MXFP4 rows of expert < 0 are skipped.
+  auto fetch = [&]() -> int64_t {
+    int64_t u;
+    do {
+      u = int64_t(atomicAdd(ctr, 1ull));
+    } while (FP4 && expert && u < units && expert[u % per_stripe] < 0);
     return u;
   };
+  // rank 0's uslot[i] (after a cluster barrier, or a CTA barrier when nk == 1)
+  auto slot = [&](int i) -> int64_t { return nk > 1 ? *cg::this_cluster().map_shared_rank(&uslot[i], 0) : uslot[i]; };
   auto issue_w = [&](const Unit& c, int s) {
     uint8_t* st = smem + s * L.bytes;
     const int upr = (FP4 ? kc / 2 : kc) / 16;
@@ -168,144 +182,173 @@ __global__ void __launch_bounds__(kThreads) tc_stream_kernel(const uint8_t* __re
     }
   };
 
-  int64_t u = cid;
-  if constexpr (FP4) pdl_wait();  // the expert ids come from the step
-  u = next_unit(u);
-  if (u >= units) {
-    pdl_wait();
-    return;  // every rank of the cluster has no unit
-  }
-  Unit cur = decode(u);
-  issue_w(cur, 0);  // dense weights never depend on the step: copied before the wait
-  if constexpr (!FP4) pdl_wait();
-  issue_x(cur, 0);
-  cp_async_commit();
-
   cg::cluster_group cluster = cg::this_cluster();
-  const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
-  const int kunits = FP4 ? (nb + 1) / 2 : nb;
-  for (int s = 0;; s ^= 1) {
-    const int64_t un = next_unit(u + ncl);
-    const bool more = un < units;
-    Unit nxt = cur;
-    if (more) {
-      nxt = decode(un);
-      issue_w(nxt, s ^ 1);
-      issue_x(nxt, s ^ 1);
-      cp_async_commit();
-      cp_async_wait_one();
-    } else {
-      cp_async_wait_all();
-    }
-    __syncthreads();
+  if constexpr (FP4) pdl_wait();  // the expert ids come from the step
+  if (rank == 0 && tid == 0) {
+    const int64_t u0 = fetch();
+    uslot[0] = u0;
+    uslot[1] = u0 < units ? fetch() : units;
+  }
+  if (nk > 1) cluster.sync();
+  else __syncthreads();
+  int64_t u = slot(0), un = slot(1);
+  if (u < units) {
+    Unit cur = decode(u);
+    issue_w(cur, 0);  // dense weights never depend on the step: copied before the wait
+    if constexpr (!FP4) pdl_wait();
+    issue_x(cur, 0);
+    cp_async_commit();
 
-    const uint8_t* stg = smem + s * L.bytes;
-    const uint8_t* xt = stg + L.x;
-    const float* xsc = reinterpret_cast<const float*>(stg + L.xs);
-    const uint8_t* wsr = stg + L.ws;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k = warp; k < kunits; k += kWarps) {
-      uint32_t r[4];
-      ldsm_x4(smem_u32(stg + tile_off(lr, 2 * k + (li >> 1), rb)), r);
+    const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
+    const int kunits = FP4 ? (nb + 1) / 2 : nb;
+    for (int i = 0, s = 0;; ++i, s ^= 1) {
+      const bool more = un < units;
+      Unit nxt = cur;
+      if (more) {
+        nxt = decode(un);
+        issue_w(nxt, s ^ 1);
+        issue_x(nxt, s ^ 1);
+        cp_async_commit();
+        cp_async_wait_one();
+      } else {
+        cp_async_wait_all();
+      }
+      if (rank == 0 && tid == 0) uslot[(i + 2) & 3] = more ? fetch() : units;  // read after the fold's barrier
+      __syncthreads();
+
+      // the scale products of this unit (the tile kernel's factors, the same bits)
+      const uint8_t* stg = smem + s * L.bytes;
+      const uint8_t* xt = stg + L.x;
+      const float* xsc = reinterpret_cast<const float*>(stg + L.xs);
+      const uint8_t* wsr = stg + L.ws;
       if constexpr (FP4) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int b = 2 * k + h;
-          if (b >= nb) break;
-          const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
-          const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
-          uint32_t b0 = 0, b1 = 0;
-          if (g == 0) {  // activation codes 8t..8t+7 of the block: even ones to b0, odd ones to b1
-            const uint2 p = *reinterpret_cast<const uint2*>(xt + b * 32 + 8 * t);
-            b0 = __byte_perm(p.x, p.y, 0x6420);
-            b1 = __byte_perm(p.x, p.y, 0x7531);
-          }
-          float d[4];
-          mma_e4m3(a, b0, b1, d);
-          const float sx = xsc[b];
-          acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(dev::e8m0_val(wsr[g * kbm + b]), sx), acc[0]);
-          acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(dev::e8m0_val(wsr[(g + 8) * kbm + b]), sx), acc[2]);
+        for (int q = tid; q < kStripe * nb; q += kThreads) {
+          const int r = q / nb, b = q % nb;
+          tbl[r * kbm + b] = __fmul_rn(dev::e8m0_val(wsr[r * kbm + b]), xsc[b]);
         }
       } else if constexpr (BFX) {
-        const int b = k;
-        uint2 p0 = make_uint2(0u, 0u), p1 = make_uint2(0u, 0u);
-        if (g < ra) {
-          const uint8_t* xb = xt + g * (2 * kc_max + 16) + (b * 32 + 4 * t) * 2;
-          p0 = *reinterpret_cast<const uint2*>(xb);
-          p1 = *reinterpret_cast<const uint2*>(xb + 32);
-        }
-        const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
-        const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_bf16(a1, p0.x, p0.y, d);
-        mma_bf16(a2, p1.x, p1.y, d);
-        const float ws = dev::e8m0_val(wsr[b]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = __fmaf_rn(d[i], ws, acc[i]);
+        for (int b = tid; b < nb; b += kThreads) tbl[b] = dev::e8m0_val(wsr[b]);
       } else {
-        const int b = k;
-        uint32_t b0 = 0, b1 = 0;
-        if (g < ra) {
-          const uint8_t* xb = xt + g * (kc_max + 16) + b * 32 + 4 * t;
-          b0 = *reinterpret_cast<const uint32_t*>(xb);
-          b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+        for (int q = tid; q < ra * nb; q += kThreads) {
+          const int j = q / nb, b = q % nb;
+          tbl[j * kbm + b] = __fmul_rn(dev::e8m0_val(wsr[b]), xsc[j * kbm + b]);
         }
-        float d[4];
-        mma_e4m3(r, b0, b1, d);
-        const float ws = dev::e8m0_val(wsr[b]);
-        const float s0 = __fmul_rn(ws, 2 * t < ra ? xsc[(2 * t) * kbm + b] : 0.0f);
-        const float s1 = __fmul_rn(ws, 2 * t + 1 < ra ? xsc[(2 * t + 1) * kbm + b] : 0.0f);
-        acc[0] = __fmaf_rn(d[0], s0, acc[0]);
-        acc[1] = __fmaf_rn(d[1], s1, acc[1]);
-        acc[2] = __fmaf_rn(d[2], s0, acc[2]);
-        acc[3] = __fmaf_rn(d[3], s1, acc[3]);
       }
-    }
+      __syncthreads();
 
-    // fold: warps in order, then the cluster's chunks in rank order (tc_gemv.cu's order)
-    reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __syncthreads();
-    float4* pt = reinterpret_cast<float4*>(part) + s * 32;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (warp == 0) {
-      v = reinterpret_cast<const float4*>(red)[lane];
-      for (int w = 1; w < kWarps; ++w) {
-        const float4 o = reinterpret_cast<const float4*>(red)[w * 32 + lane];
-        v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int k = warp; k < kunits; k += kWarps) {
+        uint32_t r[4];
+        ldsm_x4(smem_u32(stg + tile_off(lr, 2 * k + (li >> 1), rb)), r);
+        if constexpr (FP4) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int b = 2 * k + h;
+            if (b >= nb) break;
+            const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
+            const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
+            uint32_t b0 = 0, b1 = 0;
+            if (g == 0) {  // activation codes 8t..8t+7 of the block: even ones to b0, odd ones to b1
+              const uint2 p = *reinterpret_cast<const uint2*>(xt + b * 32 + 8 * t);
+              b0 = __byte_perm(p.x, p.y, 0x6420);
+              b1 = __byte_perm(p.x, p.y, 0x7531);
+            }
+            float d[4];
+            mma_e4m3(a, b0, b1, d);
+            acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), tbl[g * kbm + b], acc[0]);
+            acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), tbl[(g + 8) * kbm + b], acc[2]);
+          }
+        } else if constexpr (BFX) {
+          const int b = k;
+          uint2 p0 = make_uint2(0u, 0u), p1 = make_uint2(0u, 0u);
+          if (g < ra) {
+            const uint8_t* xb = xt + g * (2 * kc_max + 16) + (b * 32 + 4 * t) * 2;
+            p0 = *reinterpret_cast<const uint2*>(xb);
+            p1 = *reinterpret_cast<const uint2*>(xb + 32);
+          }
+          const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
+          const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_bf16(a1, p0.x, p0.y, d);
+          mma_bf16(a2, p1.x, p1.y, d);
+          const float ws = tbl[b];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[q] = __fmaf_rn(d[q], ws, acc[q]);
+        } else {
+          const int b = k;
+          uint32_t b0 = 0, b1 = 0;
+          if (g < ra) {
+            const uint8_t* xb = xt + g * (kc_max + 16) + b * 32 + 4 * t;
+            b0 = *reinterpret_cast<const uint32_t*>(xb);
+            b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+          }
+          float d[4];
+          mma_e4m3(r, b0, b1, d);
+          const float s0 = 2 * t < ra ? tbl[(2 * t) * kbm + b] : 0.0f, s1 = 2 * t + 1 < ra ? tbl[(2 * t + 1) * kbm + b] : 0.0f;
+          acc[0] = __fmaf_rn(d[0], s0, acc[0]);
+          acc[1] = __fmaf_rn(d[1], s1, acc[1]);
+          acc[2] = __fmaf_rn(d[2], s0, acc[2]);
+          acc[3] = __fmaf_rn(d[3], s1, acc[3]);
+        }
       }
-      pt[lane] = v;
-    }
-    bool writer = warp == 0;
-    if (nk > 1) {
-      cluster.sync();  // every rank's partial of this unit is in its part[s]
-      writer = writer && rank == 0;
-      if (writer)
-        for (int rk = 1; rk < nk; ++rk) {
-          const float4 o = cluster.map_shared_rank(pt, rk)[lane];
+
+      // fold: warps in order, then the cluster's chunks in rank order (tc_gemv.cu's order)
+      reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      __syncthreads();
+      float4* pt = reinterpret_cast<float4*>(part) + s * 32;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (warp == 0) {
+        v = reinterpret_cast<const float4*>(red)[lane];
+        for (int w = 1; w < kWarps; ++w) {
+          const float4 o = reinterpret_cast<const float4*>(red)[w * 32 + lane];
           v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
         }
-    }
-    if (writer) {
-      const int64_t na = cur.n0 + g, nb8 = cur.n0 + g + 8, N = cur.N;
-      if constexpr (FP4) {
-        if (t == 0) {
-          if (na < N) cur.y[cur.m * N + na] = to_bf(v.x);
-          if (nb8 < N) cur.y[cur.m * N + nb8] = to_bf(v.z);
-        }
-      } else {
-        const int64_t c0 = cur.m * kRowGroup + 2 * t, c1 = c0 + 1;
-        if (na < N && c0 < M) cur.y[c0 * N + na] = to_bf(v.x);
-        if (na < N && c1 < M) cur.y[c1 * N + na] = to_bf(v.y);
-        if (nb8 < N && c0 < M) cur.y[c0 * N + nb8] = to_bf(v.z);
-        if (nb8 < N && c1 < M) cur.y[c1 * N + nb8] = to_bf(v.w);
+        pt[lane] = v;
       }
+      bool writer = warp == 0;
+      if (nk > 1) {
+        cluster.sync();  // every rank's partial of this unit is in its part[s]; rank 0's next-but-one unit in uslot
+        writer = writer && rank == 0;
+        if (writer)
+          for (int rk = 1; rk < nk; ++rk) {
+            const float4 o = cluster.map_shared_rank(pt, rk)[lane];
+            v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
+          }
+      }
+      if (writer) {
+        const int64_t na = cur.n0 + g, nb8 = cur.n0 + g + 8, N = cur.N;
+        if constexpr (FP4) {
+          if (t == 0) {
+            if (na < N) cur.y[cur.m * N + na] = to_bf(v.x);
+            if (nb8 < N) cur.y[cur.m * N + nb8] = to_bf(v.z);
+          }
+        } else {
+          const int64_t c0 = cur.m * kRowGroup + 2 * t, c1 = c0 + 1;
+          if (na < N && c0 < M) cur.y[c0 * N + na] = to_bf(v.x);
+          if (na < N && c1 < M) cur.y[c1 * N + na] = to_bf(v.y);
+          if (nb8 < N && c0 < M) cur.y[c0 * N + nb8] = to_bf(v.z);
+          if (nb8 < N && c1 < M) cur.y[c1 * N + nb8] = to_bf(v.w);
+        }
+      }
+      const int64_t unn = slot((i + 2) & 3);
+      __syncthreads();  // stage s, the table and the warp partials are free for the next unit
+      if (!more) break;
+      u = un;
+      un = unn;
+      cur = nxt;
     }
-    __syncthreads();  // stage s and the warp partials are free for the next unit
-    if (!more) break;
-    u = un;
-    cur = nxt;
+  } else if constexpr (!FP4) {
+    pdl_wait();
   }
-  if (nk > 1) cluster.sync();  // rank 0 has read the last partials before any rank's shared memory goes
+  if (nk > 1) cluster.sync();  // rank 0 has read the last partials and slots before any rank's shared memory goes
+  // the last cluster out resets the counter pair for the launch that next uses it
+  if (rank == 0 && tid == 0) {
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1ull) == static_cast<unsigned long long>(ncl - 1)) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+    }
+  }
 }
 
 // Clusters (of nk CTAs) the device holds at once for this kernel and shared memory; cached.
@@ -344,8 +387,44 @@ Result<int64_t> resident_clusters(const void* kernel, size_t smem, int nk) {
   return n;
 }
 
+// The launches' unit counters: a ring of (next unit, clusters done) pairs, one pair per launch in
+// issue order; a launch's last cluster zeroes its pair, and a pair comes round again only after
+// kCounterRing - 1 later launches (far more than any step holds in flight, on either stream).
+constexpr int kCounterRing = 4096;
+struct Counters {
+  std::mutex mu;
+  unsigned long long* base = nullptr;
+  int device = -1;
+  std::atomic<uint32_t> next{0};
+};
+Counters& counters() {
+  static Counters c;  // lives as long as the process (the device memory goes with the context)
+  return c;
+}
+// The launch's counter pair; nullptr when none can be had here (no ring on this device yet and
+// the stream is being captured: allocation is not allowed there), so the caller keeps the tile kernel.
+unsigned long long* counter_pair(cudaStream_t st) {
+  Counters& c = counters();
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.base == nullptr || c.device != dev) {
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(st, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return nullptr;
+      if (c.base != nullptr) return nullptr;  // one device per process
+      void* p = nullptr;
+      if (cudaMalloc(&p, size_t(2) * kCounterRing * sizeof(unsigned long long)) != cudaSuccess) return nullptr;
+      if (cudaMemset(p, 0, size_t(2) * kCounterRing * sizeof(unsigned long long)) != cudaSuccess) return nullptr;
+      c.base = static_cast<unsigned long long*>(p);
+      c.device = dev;
+    }
+  }
+  return c.base + 2 * (c.next.fetch_add(1, std::memory_order_relaxed) % kCounterRing);
+}
+
 template <int MODE>
-Status stream_launch(const TcStreamCall& c, cudaStream_t st) {
+Status stream_launch(const TcStreamCall& c, unsigned long long* ctr, cudaStream_t st) {
   constexpr bool FP4 = MODE == kModeFp4;
   const int ra = FP4 ? 1 : int(std::min<int64_t>(c.M, kRowGroup));
   const size_t smem = stream_smem(MODE, c.ch.kc, ra);
@@ -378,7 +457,7 @@ Status stream_launch(const TcStreamCall& c, cudaStream_t st) {
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, c.xc, c.xs, c.M, c.x_div, c.pa, c.pb, int(c.K), c.ch.nk, c.ch.kc, ra, c.w_stride, c.s_stride,
-                                 c.expert, c.bfx));
+                                 c.expert, c.bfx, ctr));
   FB_CUDA_LAUNCHED("tc_stream_kernel");
   return Status();
 }
@@ -395,10 +474,13 @@ bool tc_stream_fits(const TcStreamCall& c) {
   return aligned4(c.pa.S) && (c.pb.stripes == 0 || aligned4(c.pb.S));
 }
 
-Status tc_stream_launch(int mode, const TcStreamCall& c, cudaStream_t st) {
-  if (mode == kModeFp4) return stream_launch<kModeFp4>(c, st);
-  if (mode == kModeBf16x) return stream_launch<kModeBf16x>(c, st);
-  return stream_launch<kModeFp8>(c, st);
+Result<bool> tc_stream_launch(int mode, const TcStreamCall& c, cudaStream_t st) {
+  unsigned long long* ctr = counter_pair(st);
+  if (ctr == nullptr) return false;
+  if (mode == kModeFp4) FB_RETURN_IF_ERROR(stream_launch<kModeFp4>(c, ctr, st));
+  else if (mode == kModeBf16x) FB_RETURN_IF_ERROR(stream_launch<kModeBf16x>(c, ctr, st));
+  else FB_RETURN_IF_ERROR(stream_launch<kModeFp8>(c, ctr, st));
+  return true;
 }
 
 }  // namespace fb::cuda
