@@ -553,6 +553,31 @@ TEST(FastGemv, Bf16Head) {
   bf16_case(rng, 1, 4096, 129280, GemmOut::kF32);  // the LM head (1 GB of weight)
 }
 
+// For a profiler (tools/device_ncu_gemv.sh runs it under Nsight Compute): three launches each of
+// the tensor-core GEMVs at released decode shapes, one row (MXFP4: 6 expert rows), tile kernel
+// then streaming kernel; disabled in normal runs. Checks only that the calls succeed.
+TEST(FastGemv, DISABLED_ProfileShapes) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(23);
+  const int64_t D = 5120, I = 2304, Q = 32768, QL = 1280, O = 8192;
+  Dev<uint8_t> w(rng.bytes(Q * QL)), ws(rng.bytes(Q * QL / 32, 118, 130)), qc(size_t(8 * O));
+  Dev<float> qs(rng.act(8 * O / 32).size());
+  Dev<bf16_t> dx(rng.act(8 * O)), y(size_t(8 * Q));
+  const QuantBuf q{qc.p(), qs.p(), 8 * O};
+  ASSERT_TRUE(act_quant(dx.p(), 1, O, q, nullptr).ok());
+  std::vector<int32_t> ex = {0, 1, 2, 3, 4, 5};
+  Dev<int32_t> dex(ex);
+  for (int rep = 0; rep < 6; ++rep) {
+    StreamAs as(rep >= 3);  // the tile kernel, then the streaming one
+    ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), Q, QL}, y.p(), nullptr, nullptr, nullptr).ok());  // wq_b
+    ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), D, O}, y.p(), nullptr, nullptr, nullptr).ok());   // wo_b
+    const int64_t eb = I * D / 2, esb = I * D / 32;
+    ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(FastGemv, Bench) {
   NEED_GPU();
   ASSERT_TRUE(fast_gemv_bench().ok());
