@@ -561,7 +561,7 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
   TcOn tc;
   Rng rng(23);
   const int64_t D = 5120, I = 2304, Q = 32768, QL = 1280, O = 8192;
-  Dev<uint8_t> w(rng.bytes(Q * QL)), ws(rng.bytes(Q * QL / 32, 118, 130)), qc(size_t(8 * O));
+  Dev<uint8_t> w(rng.bytes(Q * QL)), ws(rng.bytes(Q * QL / 8, 118, 130)), qc(size_t(8 * O));  // scales: 6 experts of I x D / 32
   Dev<float> qs(rng.act(8 * O / 32).size());
   Dev<bf16_t> dx(rng.act(8 * O)), y(size_t(8 * Q));
   const QuantBuf q{qc.p(), qs.p(), 8 * O};
