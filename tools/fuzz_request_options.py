@@ -3,11 +3,12 @@
 
 Random requests for a fixed time: random JSON schemas over the supported keyword subset (plus
 unsupported keywords and unsatisfiable schemas), response_format alone and beside tools, random
-tool schemas and tool_choice forms, Responses text.format, logit_bias, phrase_bias (texts with
-markup, token ids, bad entries), penalties, streaming, all four APIs. Checks: every answer is 200 or 400 (never 5xx, a
+tool schemas and tool_choice forms (allowed_tools subsets and bad entries too), Responses
+text.format, Anthropic output_config.format, Completions response_format, logit_bias, phrase_bias
+(texts with markup, token ids, bad entries), penalties, streaming, all four APIs. Checks: every answer is 200 or 400 (never 5xx, a
 dropped connection or a crash); a 200 under json_schema that finished "stop" holds a value that
-validates (own validator of the subset); forced and strict calls' arguments validate; the server is
-alive at the end. Prints counts and the first failures; exit 1 on any.
+validates (own validator of the subset; Chat, Completions, Messages, Responses); forced and strict
+calls' arguments validate; allowed_tools calls name listed functions; the server is alive at the end. Prints counts and the first failures; exit 1 on any.
 
   build/pyenv/bin/python3 tools/fuzz_request_options.py --bin build/h27/flashbox --model tiny-model --minutes 10
 """
@@ -145,7 +146,14 @@ def rand_request(rng):
     body["stream"] = rng.random() < 0.3
     if api == "completions":
         body["prompt"] = "The sky is"
-        return api, body, notes
+        rf = None
+        if rng.random() < 0.4:  # response_format on the legacy API (vLLM's extension)
+            rf = rng.choice([{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "n", "schema": bad_schema(rng)}},
+                             {"type": "json_schema", "json_schema": {"name": "n", "strict": rng.random() < 0.5, "schema": rand_schema(rng)}}])
+            body["response_format"] = rf
+            if rng.random() < 0.7:
+                body["max_tokens"] = 200
+        return api, body, dict(notes, rf=rf)
     think = rng.random() < 0.2
     body["thinking"] = {"type": "enabled" if think else "disabled"}
     msgs = [{"role": "user", "content": rng.choice(["Hi", "Weather?", "Give JSON", "x" * rng.randint(1, 50)])}]
@@ -156,7 +164,14 @@ def rand_request(rng):
             body["tools"] = [{"name": t["name"], "input_schema": t["parameters"], **({"strict": True} if t.get("strict") else {})} for t in tools]
             body["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": tools[0]["name"]},
                                               {"type": "none"}, {"type": "tool", "name": "nope"}])
-        return api, body, dict(notes, tools=tools, tool_choice=body.get("tool_choice"))
+        rf = None
+        if rng.random() < 0.4:  # Anthropic structured outputs: output_config.format (json_schema only, always strict)
+            rf = rng.choice([{"type": "json_object"}, {"type": "json_schema", "schema": bad_schema(rng)},
+                             {"type": "json_schema", "schema": rand_schema(rng)}])
+            body["output_config"] = {"format": rf}
+            if rng.random() < 0.7:
+                body["max_tokens"] = 200
+        return api, body, dict(notes, tools=tools, tool_choice=body.get("tool_choice"), rf=rf)
     if api == "responses":
         body["input"] = msgs[0]["content"]
         body["max_output_tokens"] = body.pop("max_tokens")
@@ -175,7 +190,15 @@ def rand_request(rng):
     if tools:
         body["tools"] = [{"type": "function", "function": t} for t in tools]
         body["tool_choice"] = rng.choice(["auto", "auto", "required", "none", {"type": "function", "function": {"name": tools[0]["name"]}},
-                                          {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}])
+                                          "allowed", "allowed"])
+        if body["tool_choice"] == "allowed":  # a random subset, sometimes with a bad entry (a 400)
+            names = rng.sample([t["name"] for t in tools], rng.randint(1, len(tools)))
+            entries = [{"type": "function", "function": {"name": n}} for n in names]
+            if rng.random() < 0.15:
+                entries.append(rng.choice([{"type": "function", "function": {"name": "nope"}}, {"type": "mcp", "server_label": "x"},
+                                           {"type": "function"}, "get"]))
+            body["tool_choice"] = {"type": "allowed_tools", "allowed_tools": {"mode": rng.choice(["auto", "required", "required", "any"]),
+                                                                              "tools": entries if rng.random() > 0.05 else []}}
     rf = None
     if rng.random() < 0.5:
         r = rng.random()
@@ -224,10 +247,36 @@ def check_responses(body, notes, text):
     return []
 
 
+def check_value(text, rf, strict, where):
+    """A finished answer under a format: parses, and validates against a json_schema."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return [f"{where}: finished but not JSON: {text!r}"]
+    CHECKED["values"] += 1
+    if rf["type"] == "json_object" and not isinstance(v, dict):
+        return [f"{where}: json_object answer is not an object"]
+    schema = rf["json_schema"]["schema"] if "json_schema" in rf else rf.get("schema")
+    if rf["type"] == "json_schema" and not valid(v, schema, strict):
+        return [f"{where}: value {v!r} does not validate against {schema}"]
+    return []
+
+
 def check_answer(api, body, notes, text):
-    """Problems with a 200 answer (non-streamed chat and responses: the fields to check are there)."""
+    """Problems with a 200 answer (non-streamed chat, completions, messages and responses: the fields to check are there)."""
     if api == "responses" and not body.get("stream"):
         return check_responses(body, notes, text)
+    rf = notes.get("rf")
+    if api == "completions" and not body.get("stream") and rf:
+        c = json.loads(text)["choices"][0]
+        strict = rf.get("json_schema", {}).get("strict", False)
+        return check_value(c["text"], rf, strict, "completions") if c["finish_reason"] == "stop" else []
+    if api == "messages" and not body.get("stream") and rf:
+        j = json.loads(text)
+        tc = notes.get("tool_choice") or {}
+        if j["stop_reason"] != "end_turn" or any(b["type"] == "tool_use" for b in j["content"]) or tc.get("type") in ("any", "tool"):
+            return []
+        return check_value("".join(b["text"] for b in j["content"] if b["type"] == "text"), rf, True, "messages output_config.format")
     if api != "chat" or body.get("stream"):
         return []
     j = json.loads(text)
@@ -235,12 +284,15 @@ def check_answer(api, body, notes, text):
     probs = []
     calls = c["message"].get("tool_calls") or []
     tc, tools, rf = notes.get("tool_choice"), notes.get("tools") or [], notes.get("rf")
-    forced = tools and (tc == "required" or isinstance(tc, dict) and tc.get("type") == "function")
+    allowed = tc["allowed_tools"] if isinstance(tc, dict) and tc.get("type") == "allowed_tools" else None
+    forced = tools and (tc == "required" or isinstance(tc, dict) and tc.get("type") == "function" or (allowed and allowed["mode"] == "required"))
     if forced and c["finish_reason"] == "stop":
         probs.append("a forced call ended without a call")
     for call in calls:
         args = json.loads(call["function"]["arguments"])
         t = next((t for t in tools if t["name"] == call["function"]["name"]), None)
+        if allowed and call["function"]["name"] not in [e["function"]["name"] for e in allowed["tools"]]:
+            probs.append(f"allowed_tools: a call of {call['function']['name']}, not listed")
         if t is None:
             probs.append(f"call of an unknown tool {call['function']['name']}")
         elif (forced or t.get("strict")) and (CHECKED.__setitem__("calls", CHECKED["calls"] + 1) or not valid(args, t["parameters"], True)):
