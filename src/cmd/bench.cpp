@@ -6,6 +6,10 @@
 //   --model DIR [--prompt-len N]      a real checkpoint (e.g. a fixture), prefill then decode
 //   --kv-restore 4096,32768,131072    with --synthetic: disk KV cache restore vs prefill (issue 21;
 //                                     bench/kv_restore_bench.h), state files in --kv-dir
+//   --sessions 1,2,4,8,16             with --synthetic: N sessions at --sessions-context decoding in
+//                                     shared steps (issue 20; engine/session_rounds.h): aggregate
+//                                     tok/s, round-time p50/p99; --arrival-prompt N: a prompt of N
+//                                     tokens arrives beside --arrival-streams decoding sessions
 //   --profile                         per-op GPU ms of a one-row decode step (CUDA events, summed
 //                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
 //                                     shows the host overhead
@@ -30,6 +34,7 @@
 #include "cmd/commands.h"
 #include "cuda/executor.h"
 #include "engine/generator.h"
+#include "engine/session_rounds.h"
 #include "loader/synthetic.h"
 #include "loader/tiny_model.h"
 
@@ -123,6 +128,13 @@ struct Args {
   std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
   std::string kv_dir;               // their state files ("": the temp folder)
   bool kv_restore_estimate = false;
+  std::vector<int> sessions;        // issue 20: session counts of the shared-step rows
+  int64_t sessions_context = 4096;
+  int session_rounds = 32;
+  bool sessions_dspark = false;
+  int64_t arrival_prompt = 0;
+  int arrival_streams = 7;
+  double mixed_step_factor = 2.0;
 };
 
 class Csv {
@@ -531,6 +543,50 @@ int run(const Args& a) {
       bench::report_kv_restore(*pts, c, lim->h2d_pageable_gbps,
                                [&csv](const std::string& n, int64_t L, double v, const char* u, double share) { csv.row(n, L, v, u, share); });
     }
+    if (!a.sessions.empty() || a.arrival_prompt > 0) {
+      // issue 20: N sessions in shared steps at one context (their prompts really prefilled), and
+      // a long prompt arriving beside decoding streams under the engine's prefill policy.
+      engine::SessionRoundsOptions so;
+      so.sessions = a.sessions;
+      so.context = a.sessions_context;
+      so.rounds = a.session_rounds;
+      so.dspark = a.sessions_dspark;
+      so.prefill_chunk = int(a.prefill_chunk);
+      so.arrival_prompt = a.arrival_prompt;
+      so.arrival_streams = a.arrival_streams;
+      so.step_factor = a.mixed_step_factor;
+      auto sr = engine::run_session_rounds(**ex, so);
+      if (!sr.ok()) {
+        std::fprintf(stderr, "bench: sessions: %s\n", sr.status().to_string().c_str());
+        return 1;
+      }
+      const int64_t L = a.sessions_context;
+      const double one = sr->rows.empty() || sr->rows[0].sessions != 1 ? 0 : sr->rows[0].tok_s;
+      for (const engine::SessionRoundsRow& r : sr->rows) {
+        const std::string tag = "sessions_" + std::to_string(r.sessions) + "_";
+        std::fprintf(stderr, "bench: %d sessions at %lld: %.1f tok/s (%.2fx one), %.1f rows/step, round p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+                     r.sessions, (long long)L, r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.rows_per_step, r.gap_p50_ms, r.gap_p99_ms,
+                     r.gap_max_ms);
+        csv.row(tag + "tok_s", L, r.tok_s, "tok/s, all sessions together (shared steps)");
+        if (one > 0) csv.row(tag + "speedup", L, r.tok_s / one, "x one session's tok/s");
+        csv.row(tag + "rows_per_step", L, r.rows_per_step, "rows");
+        csv.row(tag + "gap_p50_ms", L, r.gap_p50_ms, "ms, round time = each session's inter-token gap, median");
+        csv.row(tag + "gap_p99_ms", L, r.gap_p99_ms, "ms, p99");
+        csv.row(tag + "gap_max_ms", L, r.gap_max_ms, "ms, max");
+      }
+      if (sr->has_arrival) {
+        const engine::ArrivalResult& ar = sr->arrival;
+        std::fprintf(stderr, "bench: a %lld-token prompt beside %d streams at %lld: worst gap %.2f ms vs median %.2f ms before (%.2fx), "
+                     "prefilled in %.2f s over %lld rounds (%lld reference steps, last chunk %lld rows)\n",
+                     (long long)a.arrival_prompt, a.arrival_streams, (long long)L, ar.worst_gap_ms, ar.median_gap_ms,
+                     ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, ar.prefill_s, (long long)ar.rounds,
+                     (long long)ar.reference_steps, (long long)ar.last_chunk);
+        csv.row("arrival_worst_gap_ms", a.arrival_prompt, ar.worst_gap_ms, "ms, the streams' worst gap while the prompt prefilled");
+        csv.row("arrival_median_gap_ms", a.arrival_prompt, ar.median_gap_ms, "ms, their median gap before it arrived");
+        csv.row("arrival_gap_ratio", a.arrival_prompt, ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, "worst / median");
+        csv.row("arrival_prefill_s", a.arrival_prompt, ar.prefill_s, "s, arrival to the prompt's last chunk");
+      }
+    }
     // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5), and with
     // --sweep-schedule also under the confidence scheduler and its back-off (the default path).
     for (int pass = 0; pass < (a.dspark_sweep ? (a.sweep_schedule ? 2 : 1) : 0); ++pass) {
@@ -632,10 +688,23 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--kv-dir", a->kv_dir, "folder of the --kv-restore state files (default: the temp folder)");
   app.add_flag("--kv-restore-estimate", a->kv_restore_estimate,
                "with --kv-restore: fake-fill the context and estimate its prefill from chunk rates instead of prefilling it");
+  auto* sessions = app.add_option("--sessions", a->sessions,
+                                  "with --synthetic: aggregate decode of N sessions in shared steps at --sessions-context (issue 20; no "
+                                  "single-session decode rows unless --contexts is given)")
+                       ->delimiter(',');
+  app.add_option("--sessions-context", a->sessions_context, "prompt tokens of each --sessions session (really prefilled)")->capture_default_str();
+  app.add_option("--session-rounds", a->session_rounds, "timed decode rounds per session count")->capture_default_str();
+  app.add_flag("--sessions-dspark", a->sessions_dspark, "--sessions rounds with DSpark (drafts in one call, verify blocks in the step)");
+  auto* arrival = app.add_option("--arrival-prompt", a->arrival_prompt,
+                                 "with --synthetic: a prompt of N tokens arrives beside --arrival-streams decoding sessions (at "
+                                 "--sessions-context); the streams' worst gap while it prefills vs their median");
+  app.add_option("--arrival-streams", a->arrival_streams, "decoding sessions beside --arrival-prompt")->capture_default_str();
+  app.add_option("--mixed-step-factor", a->mixed_step_factor, "the prefill policy's bound for --arrival-prompt (as serve's)")->capture_default_str();
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
-  return [a, contexts] {
+  return [a, contexts, sessions, arrival] {
     if (!a->kv_restore.empty() && contexts->count() == 0) a->contexts.clear();  // --kv-restore alone: its rows only
+    if ((sessions->count() > 0 || arrival->count() > 0) && contexts->count() == 0) a->contexts.clear();  // likewise --sessions
     return run(*a);
   };
 }

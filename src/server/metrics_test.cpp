@@ -143,9 +143,12 @@ Exposition read_exposition(const std::string& text) {
     s.value = line.substr(i + 1);
     if (!value_ok(s.value)) err("bad value");
     // The sample belongs to the family of the last TYPE line: its name, or name_sum / name_count
-    // for a summary. Counters are named *_total.
+    // for a summary or a histogram, or name_bucket with an `le` label for a histogram. Counters
+    // are named *_total.
     const std::string& t = e.type.count(current) ? e.type.at(current) : "";
-    const bool own = s.name == current || (t == "summary" && (s.name == current + "_sum" || s.name == current + "_count"));
+    const bool own = s.name == current ||
+                     ((t == "summary" || t == "histogram") && (s.name == current + "_sum" || s.name == current + "_count")) ||
+                     (t == "histogram" && s.name == current + "_bucket" && s.labels.count("le") == 1 && value_ok(s.labels.at("le")));
     if (!own) err("sample outside its family (" + current + ")");
     if (t == "counter" && (current.size() < 6 || current.compare(current.size() - 6, 6, "_total") != 0) &&
         current != "flashbox_dspark_accepted_rounds")  // a per-bucket count of rounds, kept as named before
@@ -288,6 +291,42 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "target"}}), "1073741824");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "mandatory"}}), "1048576");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "elastic"}}), "0");
+}
+
+// Issue 20's families: shared draft calls, the prefill policy, and the inter-token gap histogram
+// (cumulative buckets, +Inf equal to the count).
+TEST(MetricsText, SessionsDraftsPolicyAndGaps) {
+  engine::EngineStats s;
+  s.draft_calls = 4;
+  s.draft_blocks = 11;
+  s.mixed_prefill_rows = 23;
+  s.policy_decode_step_s = 0.013;
+  s.reference_steps = 2;
+  s.gap_hist[0] = 3;
+  s.gap_hist[3] = 2;
+  s.gap_hist[10] = 1;
+  s.gaps = 6;
+  s.gap_s = 7.5;
+  s.gap_max_s = 7.0;
+  const Exposition e = read_exposition(metrics_text(s, StatsSource{}));
+  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  EXPECT_EQ(e.value("flashbox_draft_calls_total"), "4");
+  EXPECT_EQ(e.value("flashbox_draft_blocks_total"), "11");
+  EXPECT_EQ(e.value("flashbox_mixed_prefill_rows"), "23");
+  EXPECT_EQ(e.value("flashbox_prefill_policy_decode_step_seconds"), "0.013");
+  EXPECT_EQ(e.value("flashbox_prefill_policy_reference_steps_total"), "2");
+  EXPECT_EQ(e.type.at("flashbox_inter_token_seconds"), "histogram");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_bucket", {{"le", "0.005"}}), "3");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_bucket", {{"le", "0.025"}}), "3");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_bucket", {{"le", "0.05"}}), "5");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_bucket", {{"le", "5"}}), "5");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_bucket", {{"le", "+Inf"}}), "6");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_count"), "6");
+  EXPECT_EQ(e.value("flashbox_inter_token_seconds_sum"), "7.5");
+  EXPECT_EQ(e.value("flashbox_inter_token_max_seconds"), "7");
+  // The reader refuses a bucket without its bound (so the checks above can fail).
+  const Exposition bad = read_exposition("# HELP h x\n# TYPE h histogram\nh_bucket 1\nh_sum 1\nh_count 1\n");
+  EXPECT_FALSE(bad.errors.empty());
 }
 
 TEST(MetricsText, NonFiniteValues) {

@@ -91,6 +91,19 @@ class Writer {
     sample(std::string(name) + "_sum", {}, sum);
     sample(std::string(name) + "_count", {}, count);
   }
+  // A histogram from per-bucket counts (not cumulative): counts[i] for values <= bounds[i] above
+  // the bound before, counts[n] above the last; written cumulative with `le`, then sum and count.
+  void histogram(const char* name, const char* help, const double* bounds, const int64_t* counts, size_t n, double sum) {
+    family(name, "histogram", help);
+    const std::string b = std::string(name) + "_bucket";
+    int64_t cum = 0;
+    for (size_t i = 0; i <= n; ++i) {
+      cum += counts[i];
+      sample(b, {{"le", i < n ? value_text(bounds[i]) : std::string("+Inf")}}, cum);
+    }
+    sample(std::string(name) + "_sum", {}, sum);
+    sample(std::string(name) + "_count", {}, cum);
+  }
   std::string take() { return std::move(o_); }
 
  private:
@@ -142,6 +155,18 @@ std::string metrics_text(const engine::EngineStats& s, const StatsSource& src) {
   w.family("flashbox_session_tokens_per_second", "gauge", "decode rate of each active request so far");
   for (const auto& r : s.active_rates)
     if (r.decoding()) w.sample("flashbox_session_tokens_per_second", {{"request", std::to_string(r.id)}}, r.tok_s);
+  // Several sessions (issue 20): the sessions' drafts in shared calls, the prefill policy, the
+  // inter-token gaps.
+  w.one("flashbox_draft_calls_total", "counter", "executor draft calls (one per round that drafts)", s.draft_calls);
+  w.one("flashbox_draft_blocks_total", "counter", "the sessions' draft blocks in those calls (blocks per call = this / calls)", s.draft_blocks);
+  w.one("flashbox_mixed_prefill_rows", "gauge", "the prefill policy's last prompt chunk beside decode rows", s.mixed_prefill_rows);
+  w.one("flashbox_prefill_policy_decode_step_seconds", "gauge", "the prefill policy's decode-only step time (0: not measured yet)",
+        s.policy_decode_step_s);
+  w.one("flashbox_prefill_policy_reference_steps_total", "counter", "decode-only steps the prefill policy ran while a prompt waited",
+        s.reference_steps);
+  w.histogram("flashbox_inter_token_seconds", "time between two deliveries of tokens to one request (a DSpark round delivers several)",
+              engine::EngineStats::kGapBuckets.data(), s.gap_hist.data(), engine::EngineStats::kGapBuckets.size(), s.gap_s);
+  w.one("flashbox_inter_token_max_seconds", "gauge", "the longest of those gaps", s.gap_max_s);
   // DSpark.
   const engine::DsparkCounters& d = s.dspark;
   w.one("flashbox_dspark_rounds_total", "counter", "DSpark draft+verify rounds", d.steps);

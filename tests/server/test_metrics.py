@@ -8,7 +8,7 @@ counters never go down; requests, prompt and generated tokens moved by exactly w
 usage reports; steps, step time and time-to-first-token counts moved; the routed experts' lookups
 and bytes by tier (hbm / host / drive) and the op times by family are there and equal what
 /v1/stats reports at the same (idle) moment; the ledger shows the KV budget; queue and active
-gauges are back at 0.
+gauges are back at 0; the inter-token gap histogram and the draft calls (issue 20) equal /v1/stats.
 """
 import argparse, json, os, re, sys, time, urllib.request
 
@@ -50,7 +50,7 @@ def parse(text):
                     errors.append(f"line {no}: second HELP of {fam}")
                 helps.add(fam)
             else:
-                if fam in types or fam not in helps or len(parts) != 4 or parts[3] not in ("counter", "gauge", "summary"):
+                if fam in types or fam not in helps or len(parts) != 4 or parts[3] not in ("counter", "gauge", "summary", "histogram"):
                     errors.append(f"line {no}: bad TYPE: {line}")
                 types[fam] = parts[3] if len(parts) == 4 else "?"
                 current = fam
@@ -74,7 +74,8 @@ def parse(text):
         except ValueError:
             errors.append(f"line {no}: bad value: {line}")
             continue
-        own = name == current or (types.get(current) == "summary" and name in (current + "_sum", current + "_count"))
+        own = (name == current or (types.get(current) in ("summary", "histogram") and name in (current + "_sum", current + "_count"))
+               or (types.get(current) == "histogram" and name == current + "_bucket" and "le" in labels))
         if not own:
             errors.append(f"line {no}: {name} outside its family {current}")
         key = (name, frozenset(labels.items()))
@@ -152,6 +153,16 @@ def main():
               f"steps +{d('flashbox_steps_total')}, {d('flashbox_step_seconds_total'):.3f} s")
         check(v(s1, "flashbox_queue_depth") == 0 and v(s1, "flashbox_requests_active") == 0, "queue and active back at 0")
         check(v(s1, "flashbox_max_sessions") == js["requests"]["max_sessions"], "max_sessions as /v1/stats")
+        # Issue 20: the inter-token gap histogram (cumulative, +Inf = count) and the draft calls, as /v1/stats.
+        lat = js["latency"]
+        check(types1.get("flashbox_inter_token_seconds") == "histogram" and d("flashbox_inter_token_seconds_count") > 0 and
+              v(s1, "flashbox_inter_token_seconds_count") == lat["gap_count"] and
+              v(s1, "flashbox_inter_token_seconds_bucket", le="+Inf") == lat["gap_count"] and
+              all(v(s1, "flashbox_inter_token_seconds_bucket", le=("+Inf" if b["le"] == "+Inf" else format(b["le"], "g")))
+                  == b["count"] for b in lat["gap_buckets"]),
+              f"inter-token gaps: {v(s1, 'flashbox_inter_token_seconds_count')} as /v1/stats {lat['gap_count']}")
+        check(v(s1, "flashbox_draft_calls_total") == js["steps"]["draft_calls"] and
+              v(s1, "flashbox_draft_blocks_total") == js["steps"]["draft_blocks"], "draft calls and blocks as /v1/stats")
         # Expert traffic by tier (Executor::stats): present, moving, equal to /v1/stats.
         x = js["expert_traffic"]
         check(x is not None and types1.get("flashbox_expert_lookups_total") == "counter", "expert traffic families present")

@@ -1,0 +1,190 @@
+#include "engine/session_rounds.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "engine/generator.h"
+#include "engine/prefill_policy.h"
+
+namespace fb::engine {
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Token ids away from the special ones at the low end of the vocabulary, different per session.
+std::vector<int32_t> synthetic_prompt(int64_t n, int64_t vocab, uint64_t salt) {
+  const uint64_t lo = uint64_t(std::min<int64_t>(1000, vocab / 4)), span = uint64_t(vocab) - 2 * lo;
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t(lo + (uint64_t(i) * 7919 + salt * 104729 + 17) % span);
+  return p;
+}
+
+struct Sess {
+  std::unique_ptr<Generator> gen;
+  SamplingParams sp;
+  Rng rng;
+  std::vector<int32_t> prompt;
+};
+
+struct RoundOut {
+  double wall_s = 0, step_s = 0;  // the whole round (the sessions' gap) / its forward step
+  int64_t rows = 0, prefill_rows = 0, tokens = 0;
+};
+
+// One round as the engine runs it (engine.cpp Engine::round): the prompt chunk of `pf` first (when
+// pf_rows > 0), then every session's decode or verify rows, their drafts in one draft_many call.
+Result<RoundOut> run_round(model::Executor& ex, const std::vector<Sess*>& ss, Generator* pf, int64_t pf_rows,
+                           std::vector<int32_t>* tok0) {
+  RoundOut out;
+  const double t0 = now_s();
+  model::Step st;
+  std::vector<model::SessionState*> sess;
+  if (pf && pf_rows > 0) {
+    pf->plan_prefill(pf_rows, 0, &st);
+    sess.push_back(pf->session());
+  }
+  out.prefill_rows = int64_t(st.rows.size());
+  auto emitted = [&](const Sess* s, const std::vector<int32_t>& toks) {
+    out.tokens += int64_t(toks.size());
+    if (tok0 && s == ss.front()) tok0->insert(tok0->end(), toks.begin(), toks.end());
+  };
+  std::vector<Sess*> planned;
+  std::vector<model::DraftJob> jobs;
+  for (Sess* s : ss) {
+    // One verify cost table for all (the engine shares the first one measured, too).
+    if (s->gen->verify_cost().empty() && !ss.front()->gen->verify_cost().empty()) s->gen->set_verify_cost(ss.front()->gen->verify_cost());
+    std::vector<int32_t> toks;
+    FB_RETURN_IF_ERROR(s->gen->prepare_next(s->sp, s->rng, &toks));
+    emitted(s, toks);
+    if (!s->gen->prepared()) continue;
+    if (const model::DraftJob* j = s->gen->draft_job()) jobs.push_back(*j);
+    planned.push_back(s);
+  }
+  std::vector<Result<model::DraftOutput>> drafts;
+  if (!jobs.empty()) drafts = ex.draft_many(jobs);
+  std::vector<int64_t> row0;
+  size_t next = 0;
+  for (Sess* s : planned) {
+    row0.push_back(int64_t(st.rows.size()));
+    Result<model::DraftOutput>* d = s->gen->draft_job() ? &drafts[next++] : nullptr;
+    FB_RETURN_IF_ERROR(s->gen->plan_drafted(s->sp, int(sess.size()), &st, d));
+    sess.push_back(s->gen->session());
+  }
+  out.rows = int64_t(st.rows.size());
+  if (st.rows.empty()) return out;
+  const double ts = now_s();
+  auto r = ex.forward(st, sess);
+  out.step_s = now_s() - ts;
+  if (!r.ok()) return r.status();
+  const int64_t V = ex.config().vocab_size, n = out.rows;
+  const int64_t tap_w = int64_t(ex.config().dspark_target_layer_ids.size()) * ex.config().dim;
+  auto mine = [&](int64_t first, int64_t count) { return sess.size() == 1 ? *r : rows_of(*r, n, first, count, V, tap_w); };
+  if (out.prefill_rows > 0) FB_RETURN_IF_ERROR(pf->finish_prefill(mine(0, out.prefill_rows)));
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const int64_t end = i + 1 < planned.size() ? row0[i + 1] : n;
+    std::vector<int32_t> toks;
+    FB_RETURN_IF_ERROR(planned[i]->gen->finish_next(mine(row0[i], end - row0[i]), planned[i]->sp, planned[i]->rng, &toks));
+    emitted(planned[i], toks);
+  }
+  out.wall_s = now_s() - t0;
+  return out;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const SessionRoundsOptions& o) {
+  const model::Config& c = ex.config();
+  GeneratorOptions go;
+  go.dspark = o.dspark;
+  go.prefill_chunk = o.prefill_chunk;
+  int n_max = o.arrival_prompt > 0 ? o.arrival_streams : 0;
+  for (int n : o.sessions) {
+    if (n < 1) return FB_ERROR(kInvalidArgument) << "session counts must be >= 1";
+    n_max = std::max(n_max, n);
+  }
+  if (o.context < 2 || o.rounds < 1) return FB_ERROR(kInvalidArgument) << "context >= 2 and rounds >= 1";
+  std::vector<Sess> all(static_cast<size_t>(n_max));
+  for (int i = 0; i < n_max; ++i) {
+    all[size_t(i)].gen = std::make_unique<Generator>(ex, go);
+    all[size_t(i)].sp.temperature = 0;
+    all[size_t(i)].prompt = synthetic_prompt(o.context, c.vocab_size, o.seed + uint64_t(i));
+  }
+  if (o.context + 2 + o.rounds * (c.dspark_block_size + 1) >= all[0].gen->max_context())
+    return FB_ERROR(kInvalidArgument) << "context " << o.context << " plus the rounds' tokens exceeds the model's context";
+  // The first N sessions at their prompts (prefix reuse makes the repeats cheap) and decoding.
+  auto start = [&](int n) -> Result<std::vector<Sess*>> {
+    std::vector<Sess*> ss;
+    for (int i = 0; i < n; ++i) {
+      Sess& s = all[size_t(i)];
+      FB_RETURN_IF_ERROR(s.gen->prefill(s.prompt));
+      ss.push_back(&s);
+    }
+    for (int w = 0; w < 2; ++w) FB_TRY(run_round(ex, ss, nullptr, 0, nullptr));  // first tokens, DSpark calibration
+    return ss;
+  };
+  SessionRoundsResult res;
+  for (int n : o.sessions) {
+    const std::vector<Sess*> ss = FB_TRY(start(n));
+    SessionRoundsRow row;
+    row.sessions = n;
+    std::vector<double> gaps;
+    double total = 0;
+    int64_t tokens = 0, rows = 0;
+    for (int k = 0; k < o.rounds; ++k) {
+      const RoundOut r = FB_TRY(run_round(ex, ss, nullptr, 0, &row.first_session_tokens));
+      gaps.push_back(r.wall_s);
+      total += r.wall_s;
+      tokens += r.tokens;
+      rows += r.rows;
+    }
+    row.tok_s = total > 0 ? double(tokens) / total : 0;
+    row.rows_per_step = double(rows) / double(o.rounds);
+    row.gap_p50_ms = percentile(gaps, 0.5) * 1e3;
+    row.gap_p99_ms = percentile(gaps, 0.99) * 1e3;
+    row.gap_max_ms = percentile(gaps, 1.0) * 1e3;
+    res.rows.push_back(std::move(row));
+  }
+  if (o.arrival_prompt > 0) {
+    const std::vector<Sess*> ss = FB_TRY(start(o.arrival_streams));
+    PrefillPolicyOptions po;
+    po.chunk = o.prefill_chunk > 0 ? o.prefill_chunk : ex.preferred_prefill_chunk();
+    po.fixed_rows = o.fixed_rows;
+    po.step_factor = o.step_factor;
+    PrefillPolicy pol(po);
+    std::vector<double> before;
+    for (int k = 0; k < o.arrival_before; ++k) {
+      const RoundOut r = FB_TRY(run_round(ex, ss, nullptr, 0, nullptr));
+      before.push_back(r.wall_s);
+      pol.observe(r.rows, 0, r.step_s);
+    }
+    Generator pf(ex, go);
+    const std::vector<int32_t> prompt = synthetic_prompt(o.arrival_prompt, c.vocab_size, o.seed + 7777);
+    FB_RETURN_IF_ERROR(pf.begin_prefill(prompt));
+    ArrivalResult& a = res.arrival;
+    const int64_t refs0 = pol.reference_steps();
+    const double t_arrive = now_s();
+    while (pf.prefill_rows_left() > 0) {
+      const RoundOut r = FB_TRY(run_round(ex, ss, &pf, pol.rows(true), nullptr));
+      pol.observe(r.rows - r.prefill_rows, r.prefill_rows, r.step_s);
+      a.worst_gap_ms = std::max(a.worst_gap_ms, r.wall_s * 1e3);
+      ++a.rounds;
+    }
+    a.prefill_s = now_s() - t_arrive;
+    a.median_gap_ms = percentile(before, 0.5) * 1e3;
+    a.reference_steps = pol.reference_steps() - refs0;
+    a.last_chunk = pol.last_mixed_rows();
+    res.has_arrival = true;
+  }
+  return res;
+}
+
+}  // namespace fb::engine

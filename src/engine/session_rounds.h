@@ -1,0 +1,58 @@
+// Several sessions at a given context, measured (issue 20's device bench; `flashbox bench
+// --synthetic --sessions 1,2,4,8,16`): N sessions are prefilled with synthetic prompts of
+// `context` tokens, then decode in rounds of ONE step carrying every session's row (or DSpark
+// verify block, the drafts in one draft_many call), as the engine's rounds do: aggregate tokens/s,
+// rows per step and the round time (each session's inter-token gap) at p50/p99/max. The arrival
+// case: `arrival_streams` sessions decode while a prompt of `arrival_prompt` tokens comes in beside
+// them, chunked by engine::PrefillPolicy; their worst gap during the prefill against their median
+// gap before it. No tokenizer (the device build has none): greedy sampling on token ids.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "model/executor.h"
+
+namespace fb::engine {
+
+struct SessionRoundsOptions {
+  std::vector<int> sessions = {1, 2, 4, 8, 16};
+  int64_t context = 4096;     // prompt tokens of every session before it decodes
+  int rounds = 32;            // timed decode rounds per session count (after 2 untimed ones)
+  bool dspark = false;
+  int prefill_chunk = 0;      // 0: the executor's preference
+  int64_t arrival_prompt = 0; // 0: no arrival case
+  int arrival_streams = 7;
+  int arrival_before = 16;    // decode rounds timed before the prompt arrives
+  double step_factor = 2.0;   // PrefillPolicyOptions::step_factor
+  int64_t fixed_rows = 0;     // PrefillPolicyOptions::fixed_rows (0: measured)
+  uint64_t seed = 1;
+};
+
+struct SessionRoundsRow {
+  int sessions = 0;
+  double tok_s = 0;            // tokens of all sessions / time of the timed rounds
+  double rows_per_step = 0;
+  double gap_p50_ms = 0, gap_p99_ms = 0, gap_max_ms = 0;  // round times
+  std::vector<int32_t> first_session_tokens;  // session 0's tokens over the timed rounds
+};
+
+struct ArrivalResult {
+  double median_gap_ms = 0;  // the streams' rounds before the prompt arrived
+  double worst_gap_ms = 0;   // ... while it prefilled (its last chunk included)
+  double prefill_s = 0;      // arrival to the prompt's last chunk
+  int64_t rounds = 0;        // rounds while it prefilled (reference steps included)
+  int64_t reference_steps = 0;
+  int64_t last_chunk = 0;    // the policy's last mixed chunk
+};
+
+struct SessionRoundsResult {
+  std::vector<SessionRoundsRow> rows;
+  bool has_arrival = false;
+  ArrivalResult arrival;
+};
+
+Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const SessionRoundsOptions& o);
+
+}  // namespace fb::engine
