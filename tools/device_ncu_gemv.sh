@@ -12,7 +12,7 @@ cmake --build build/device -j16 --target cuda_fast_gemv_test >"$LOG/build_gemv.l
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
 t0=$(date +%s)
-timeout 300 "$NCU" --clock-control none -k "regex:tc_(gemv|stream)_kernel" --csv --page details \
+timeout 300 "$NCU" --clock-control none -k "regex:tc_gemv_kernel" --csv --page details \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
   build/device/src/cuda/cuda_fast_gemv_test --gtest_also_run_disabled_tests --gtest_filter='FastGemv.DISABLED_ProfileShapes' >"$LOG/ncu_gemv.csv" 2>"$LOG/ncu_gemv.err"
 echo "ncu rc=$? $(($(date +%s) - t0))s"

@@ -171,16 +171,12 @@ Status fast_gemv_bench() {
   // overlap their weight copies with the previous call's tail), M = 1.
   const bool pdl_was = fast_pdl();
   set_fast_gemv_tc(true);
-  // And the tile copies as bulk (TMA) copies against 16-byte cp.async, at every chunk size.
-  const bool bulk_was = tc_bulk();
-  for (int stream = 0; stream < 2; ++stream)
   for (int pdl = 0; pdl < 2; ++pdl)
     for (int sc : {1, 2, 4}) {
-      set_tc_bulk(stream == 1);
       set_fast_pdl(pdl == 1);
       tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
       struct One { const char* name; int64_t N, K; bool fp4; };
-      std::printf("tc %s chunk max fp8 %d fp4 %d pdl %d:", stream ? "bulk    " : "cp.async", 512 * sc, 1024 * sc, pdl);
+      std::printf("tc chunk max fp8 %d fp4 %d pdl %d:", 512 * sc, 1024 * sc, pdl);
       for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
                     One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
         const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
@@ -199,7 +195,6 @@ Status fast_gemv_bench() {
       std::printf("\n");
     }
   tc_gemv_set_chunk_max(0, 0);
-  set_tc_bulk(bulk_was);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);

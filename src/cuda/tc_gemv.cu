@@ -2,17 +2,12 @@
 //
 //  CTA (128 threads, 4 warps) = one (stripe of 16 output rows, K chunk) of one weight, for one
 //  group of 8 activation rows (FP8, blockIdx.y) or one expert row (MXFP4, blockIdx.y = m).
-//  1. The weight tile [16][chunk bytes] goes into shared memory either as 16 bulk (TMA) copies,
-//     one per row, issued by one thread and completing on an mbarrier, into rows padded by 16
-//     bytes (tc_bulk, the default: a 16-byte cp.async per thread costs ~30 issued instructions of
-//     address arithmetic, and ncu at 354c406 had the tile kernels issuing on 67% of cycles), or
-//     as 16-byte cp.async by every thread with the unit index XOR-swizzled by the row; either way
-//     ldmatrix's 8 row addresses hit 8 distinct bank groups. Rows past N are clamped (computed,
-//     never stored). Dense FP8 tiles are copied before griddepcontrol.wait (weights never depend
-//     on the step).
-//  2. The weight scales (e8m0 -> f32) and the activations: FP8 rows m0..m0+7 (bulk copies or
-//     cp.async; rows past M read as zeros; shared memory for min(M, 8) rows) as raw e4m3 codes,
-//     row stride chunk + 16 bytes (conflict-free B loads); the MXFP4 row's codes
+//  1. cp.async copies the weight tile [16][chunk bytes] into shared memory (16-byte units, the
+//     unit index XOR-swizzled by the row within each 128-byte group so ldmatrix's 8 row addresses
+//     hit 8 distinct bank groups); rows past N are clamped (computed, never stored). Dense FP8
+//     tiles are copied before griddepcontrol.wait (weights never depend on the step).
+//  2. The weight scales (e8m0 -> f32) and the activations: FP8 rows m0..m0+7 (zeros past M) as
+//     raw e4m3 codes, row stride chunk + 16 bytes (conflict-free B loads); the MXFP4 row's codes
 //     per 32-block as [even k of words 0..3][odd k of words 0..3], the order in which the e2m1
 //     widening delivers the weights (e2m1_lo/hi_e4m3).
 //  3. A warp's units u = warp, warp + 4, ...: 32 bytes of every tile row = one FP8 32-block or
@@ -123,51 +118,21 @@ constexpr int kModeFp8 = 0, kModeFp4 = 1, kModeBf16x = 2;
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
 
-// Bulk (TMA) copies completing on an mbarrier (sm_90): one thread issues a whole row.
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// expect `bytes` more copy bytes on the barrier's current phase (no arrival)
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-// the phase's one arrival, expecting `bytes` more copy bytes
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-// bytes (a multiple of 16) from 16-byte aligned global src to 16-byte aligned shared dst
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-
-template <int MODE, bool BULK>
+template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, int xr) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
-  // weight tile row bytes rb; BULK: rows padded to rp = rb + 16 (ldmatrix's 8 row addresses in 8
-  // bank groups), else swizzled (tile_off)
-  const int rb = FP4 ? kc_max / 2 : kc_max, rp = BULK ? rb + 16 : rb, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
-  uint8_t* wt = smem;                                                              // [16][rp]
-  uint8_t* xt = wt + kStripe * rp;                                                 // FP8 / BFX [xr][xrow]; FP4 [kc_max]
-  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : xr * xrow));          // FP8 [8][kb_max]; FP4 [kb_max]; BFX none
+  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
+  uint8_t* wt = smem;                                                              // [16][rb]
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [8][xrow]; FP4 [kc_max]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : kRowGroup * xrow));   // FP8 [8][kb_max]; FP4 [kb_max]; BFX none
   float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : kRowGroup * kb_max);               // FP8 / BFX [kb_max]; FP4 [16][kb_max]
   float* red = wsc + (FP4 ? kStripe * kb_max : kb_max);                            // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
-  uint64_t* bar = reinterpret_cast<uint64_t*>(part + 128);                         // BULK: the copies' barrier
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // FP8: x = tile (stripe * nk + chunk), y = row group. MXFP4: x = row, y = tile, so the rows of a
@@ -182,10 +147,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
   const int64_t m = FP4 ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
 
-  if constexpr (BULK) {
-    if (tid == 0) mbar_init(bar);
-    __syncthreads();
-  }
   if constexpr (FP4) {
     pdl_wait();  // the expert ids come from the step
     const int64_t e = expert ? expert[m] : 0;
@@ -193,37 +154,23 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     W += e * w_stride;
     S += e * s_stride;
   }
-  const int64_t m0 = FP4 ? 0 : m * kRowGroup;                     // FP8 / BFX: the first activation row
-  const int rows = FP4 ? 0 : int(M - m0 < kRowGroup ? M - m0 : int64_t(kRowGroup));  // ... and how many are real
   // 1. the weight tile
   {
     const int upr = (FP4 ? kc / 2 : kc) / 16;
     const int64_t gstride = FP4 ? K / 2 : K, gk0 = FP4 ? k0 / 2 : k0;
-    if constexpr (BULK) {
-      if (tid == 0) {
-        mbar_expect(bar, uint32_t(kStripe * upr * 16));
-        for (int r = 0; r < kStripe; ++r) {
-          const int64_t n = n0 + r < N ? n0 + r : N - 1;
-          bulk_copy(wt + r * rp, W + n * gstride + gk0, uint32_t(upr * 16), bar);
-        }
-      }
-    } else {
-      for (int u = tid; u < kStripe * upr; u += kThreads) {
-        const int r = u / upr, j = u % upr;
-        const int64_t n = n0 + r < N ? n0 + r : N - 1;
-        cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
-      }
-      cp_async_commit();
+    for (int u = tid; u < kStripe * upr; u += kThreads) {
+      const int r = u / upr, j = u % upr;
+      const int64_t n = n0 + r < N ? n0 + r : N - 1;
+      cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
     }
+    cp_async_commit();
   }
   // 2. scales and activations
   if constexpr (FP4) {
-    if constexpr (BULK) {
-      if (tid == 0) mbar_arrive_expect(bar, 0);  // the phase's arrival: only the tile's bytes
-    }
-    for (int r = 0; r < kStripe; ++r) {
+    for (int i = tid; i < kStripe * nb; i += kThreads) {
+      const int r = i / nb, b = i % nb;
       const int64_t n = n0 + r < N ? n0 + r : N - 1;
-      for (int b = tid; b < nb; b += kThreads) wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
+      wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
     }
     const int64_t xm = m / x_div;
     for (int b = tid; b < nb; b += kThreads) {
@@ -240,36 +187,35 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       *reinterpret_cast<uint4*>(xt + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
       xsc[b] = xs[xm * KB + k0 / 32 + b];
     }
-  } else {
+  } else if constexpr (BFX) {
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activations come from the step
-    // activation row j: FP8 codes, or BFX bf16 values at the output group's column
-    const int xbytes = BFX ? 2 * kc : kc;
-    auto xsrc = [&](int64_t j) -> const uint8_t* {
-      if constexpr (BFX) return reinterpret_cast<const uint8_t*>(bx_args.x + (m0 + j) * bx_args.ldx + (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0);
-      else return xc + (m0 + j) * K + k0;
-    };
-    if constexpr (BULK) {
-      if (tid == 0) {  // rows past M are not copied; the B loads below read them as zeros
-        mbar_arrive_expect(bar, uint32_t(rows * xbytes));
-        for (int j = 0; j < rows; ++j) bulk_copy(xt + j * xrow, xsrc(j), uint32_t(xbytes), bar);
-      }
-    } else {
-      const int xupr = xbytes / 16;
-      for (int u = tid; u < xr * xupr; u += kThreads) {
-        const int j = u / xupr, q = u % xupr;
-        const bool ok = j < rows;
-        cp_async16(smem_u32(xt + j * xrow + q * 16), ok ? xsrc(j) + q * 16 : xsrc(0), ok ? 16 : 0);
-      }
-      cp_async_commit();
+    const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
+    const int xupr = kc * 2 / 16;
+    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
+      const bool ok = m0 + j < M;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
+      cp_async16(smem_u32(xt + j * xrow + q * 16), src + (ok ? q * 16 : 0), ok ? 16 : 0);
     }
-    if constexpr (!BFX) {
-      for (int j = 0; j < kRowGroup; ++j)
-        for (int b = tid; b < nb; b += kThreads) xsc[j * kb_max + b] = j < rows ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
+    cp_async_commit();
+  } else {
+    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    pdl_wait();  // the activation codes come from the step
+    const int64_t m0 = m * kRowGroup;
+    const int xupr = kc / 16;
+    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
+      const bool ok = m0 + j < M;
+      cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
+    }
+    cp_async_commit();
+    for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+      const int j = i / nb, b = i % nb;
+      xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
     }
   }
-  if constexpr (BULK) mbar_wait(bar, 0);
-  else cp_async_wait_all();
+  cp_async_wait_all();
   __syncthreads();
 
   // 3. the mma loop
@@ -278,8 +224,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   const int units = FP4 ? (nb + 1) / 2 : nb;
   for (int u = warp; u < units; u += kWarps) {
     uint32_t r[4];
-    const int ju = 2 * u + (li >> 1);
-    ldsm_x4(smem_u32(wt + (BULK ? lr * rp + ju * 16 : tile_off(lr, ju, rb))), r);
+    ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
     if constexpr (FP4) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -304,8 +249,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       // activations are read in the same order (b0 = k 4t, 4t+1; b1 = k 4t+2, 4t+3).
       const int b = u;
       const uint8_t* xb = xt + g * xrow + (b * 32 + 4 * t) * 2;
-      const uint2 z = make_uint2(0u, 0u);
-      const uint2 p0 = g < rows ? *reinterpret_cast<const uint2*>(xb) : z, p1 = g < rows ? *reinterpret_cast<const uint2*>(xb + 32) : z;
+      const uint2 p0 = *reinterpret_cast<const uint2*>(xb), p1 = *reinterpret_cast<const uint2*>(xb + 32);
       const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
       const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -317,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     } else {
       const int b = u;
       const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
-      const uint32_t b0 = g < rows ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < rows ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb), b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
       float d[4];
       mma_e4m3(r, b0, b1, d);
       const float ws = wsc[b];
@@ -363,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         if (nb8 < N) y[m * N + nb8] = to_bf(v.z);
       }
     } else {
-      const int64_t c0 = m0 + 2 * t, c1 = c0 + 1;
+      const int64_t m0 = m * kRowGroup, c0 = m0 + 2 * t, c1 = c0 + 1;
       if (na < N && c0 < M) y[c0 * N + na] = to_bf(v.x);
       if (na < N && c1 < M) y[c1 * N + na] = to_bf(v.y);
       if (nb8 < N && c0 < M) y[c0 * N + nb8] = to_bf(v.z);
@@ -373,28 +317,22 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
 }
 
-size_t smem_bytes(int mode, int kc_max, bool bulk, int xr) {
+size_t smem_bytes(int mode, int kc_max) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
-  const size_t w = size_t(kStripe) * ((fp4 ? kc_max / 2 : kc_max) + (bulk ? 16 : 0));
-  const size_t x = fp4 ? size_t(kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
+  const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (kRowGroup + 1);
-  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + 16;  // + the barrier
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4;
 }
-
-std::atomic<bool> g_bulk{true};
 
 template <int MODE>
 Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride, int64_t s_stride,
               const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}) {
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
-  const bool bulk = g_bulk.load(std::memory_order_relaxed);
-  // FP8 / BFX activation rows staged per CTA: min(M, 8) (the shared memory follows M, so a
-  // one-row step fits more CTAs per SM; a row's terms never depend on it)
-  const int xr = FP4 ? 0 : int(std::min<int64_t>(M, kRowGroup));
-  const size_t smem = smem_bytes(MODE, ch.kc, bulk, xr);
-  const auto kernel = bulk ? &tc_gemv_kernel<MODE, true> : &tc_gemv_kernel<MODE, false>;
+  const size_t smem = smem_bytes(MODE, ch.kc);
+  const auto kernel = &tc_gemv_kernel<MODE>;
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
@@ -421,7 +359,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, xr));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -433,9 +371,6 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 namespace {
 std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
-
-void set_tc_bulk(bool on) { g_bulk.store(on, std::memory_order_relaxed); }
-bool tc_bulk() { return g_bulk.load(std::memory_order_relaxed); }
 
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k) {
   g_chunk_max[0].store(fp8_k > 0 ? fp8_k : kFp8ChunkMax);

@@ -58,10 +58,4 @@ TcChunks tc_chunks(int64_t K, bool fp4);
 // Process-wide; changes the bits (the chunking is part of the order), never row invariance.
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 
-// How the kernels copy their tiles into shared memory: on, one bulk (TMA) copy per tile row and
-// activation row issued by one thread, completing on an mbarrier; off, 16-byte cp.async by every
-// thread (swizzled). The same bits either way. Process-wide, set from CudaRunOptions::tc_bulk.
-void set_tc_bulk(bool on);
-bool tc_bulk();
-
 }  // namespace fb::cuda
