@@ -163,9 +163,12 @@ def format_with_tools(binary, model):
     try:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0, timeout=300)
         n_json = 0
+        # One call at most (parallel_tool_calls false): random weights may otherwise chain calls past
+        # any max_tokens, and whether a seed does depends on the sampler's draws (the engine's DSpark
+        # scheduling changes them), not on the grammar under test.
         for seed in range(4):
             r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Check {seed}"}], tools=tools, response_format=rf,
-                                           max_tokens=150, seed=seed, extra_body=NO_THINK)
+                                           max_tokens=150, seed=seed, parallel_tool_calls=False, extra_body=NO_THINK)
             c = r.choices[0]
             ok = False
             if c.finish_reason == "stop":
