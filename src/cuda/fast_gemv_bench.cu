@@ -171,12 +171,17 @@ Status fast_gemv_bench() {
   // overlap their weight copies with the previous call's tail), M = 1.
   const bool pdl_was = fast_pdl();
   set_fast_gemv_tc(true);
+  // The last line: the default chunks with PDL and the scales by plain loads (tc_async_scales off).
+  const bool async_was = tc_async_scales();
+  for (int as : {1, 0})
   for (int pdl = 0; pdl < 2; ++pdl)
     for (int sc : {1, 2, 4}) {
+      if (as == 0 && (pdl == 0 || sc != 4)) continue;
+      set_tc_async_scales(as == 1);
       set_fast_pdl(pdl == 1);
       tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
       struct One { const char* name; int64_t N, K; bool fp4; };
-      std::printf("tc chunk max fp8 %d fp4 %d pdl %d:", 512 * sc, 1024 * sc, pdl);
+      std::printf("tc chunk max fp8 %d fp4 %d pdl %d scales %s:", 512 * sc, 1024 * sc, pdl, as ? "cp.async" : "plain");
       for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
                     One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
         const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
@@ -195,6 +200,7 @@ Status fast_gemv_bench() {
       std::printf("\n");
     }
   tc_gemv_set_chunk_max(0, 0);
+  set_tc_async_scales(async_was);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);

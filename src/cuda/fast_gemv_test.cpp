@@ -391,6 +391,93 @@ TEST(FastGemv, TcFp8Bf16xGrouped) {
   fp8_bf16x_case(rng, 1, 5120, 96);    // ungrouped, 3 K chunks
 }
 
+// ---- scales by cp.async against plain loads ------------------------------------------------------
+
+// set_tc_async_scales for a scope (the previous value restored).
+struct AsyncScalesAs {
+  bool was;
+  explicit AsyncScalesAs(bool on) : was(tc_async_scales()) { set_tc_async_scales(on); }
+  ~AsyncScalesAs() { set_tc_async_scales(was); }
+};
+
+// The kernels compute every output bit for bit the same whichever way their scales are staged
+// (4-byte cp.async or plain loads), for FP8 pairs and MXFP4 experts with skipped rows, at row
+// counts that stage 1, 3, 8 and 8 + 1 activation rows (zeros past M); shapes with 1, 2, 3 and 4 K
+// chunks, N not a multiple of 16, and Ks that are not a multiple of 128 (MXFP4: plain loads).
+TEST(FastGemv, TcAsyncScalesEqualPlainLoads) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(19);
+  auto both = [](auto call) {
+    std::vector<bf16_t> out[2];
+    for (int on = 0; on < 2; ++on) {
+      AsyncScalesAs as(on == 1);
+      out[on] = call();
+    }
+    return std::make_pair(out[0], out[1]);
+  };
+  struct Fp8Case { int64_t Na, Nb, K; };
+  for (Fp8Case c : {Fp8Case{1280, 512, 5120}, Fp8Case{2048, 0, 1280}, Fp8Case{5120, 0, 8192}, Fp8Case{1000, 72, 2304}, Fp8Case{96, 0, 2080}}) {
+    SCOPED_TRACE("fp8 Na=" + std::to_string(c.Na) + " Nb=" + std::to_string(c.Nb) + " K=" + std::to_string(c.K));
+    const int64_t K = c.K, KB = K / 32;
+    Dev<bf16_t> dx(rng.act(kRows * K));
+    Dev<uint8_t> qc(size_t(kRows * K));
+    Dev<float> qs(size_t(kRows * KB));
+    const QuantBuf q{qc.p(), qs.p(), kRows * K};
+    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+    Dev<uint8_t> wa(rng.e4m3(c.Na * K)), sa(rng.bytes(((c.Na + 31) / 32) * KB, 118, 132));
+    Dev<uint8_t> wb(rng.e4m3(std::max<int64_t>(c.Nb, 1) * K)), sb(rng.bytes(std::max<int64_t>((c.Nb + 31) / 32, 1) * KB, 118, 132));
+    const Fp8W A{wa.p(), sa.p(), c.Na, K}, B{wb.p(), sb.p(), c.Nb, K};
+    Dev<bf16_t> ya(size_t(kRows * c.Na)), yb(size_t(kRows * std::max<int64_t>(c.Nb, 1)));
+    for (int64_t M : {1, 3, 8, 9, 64}) {
+      SCOPED_TRACE("M=" + std::to_string(M));
+      const auto [plain, async] = both([&] {
+        ya.poison();
+        yb.poison();
+        EXPECT_TRUE((c.Nb ? tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr) : tc_fp8_gemv(q, M, A, ya.p(), nullptr, nullptr, nullptr)).ok());
+        auto v = ya.get();
+        const auto vb = yb.get();
+        v.insert(v.end(), vb.begin(), vb.end());
+        return v;
+      });
+      ASSERT_EQ(plain.size(), async.size());
+      EXPECT_TRUE(plain == async) << "cp.async scales != plain loads";
+    }
+  }
+  struct Fp4Case { int64_t N, K, x_div; };
+  for (Fp4Case c : {Fp4Case{2304, 5120, 6}, Fp4Case{5120, 2304, 1}, Fp4Case{200, 1024, 2}, Fp4Case{77, 2080, 4}}) {
+    SCOPED_TRACE("fp4 N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
+    constexpr int kExperts = 8;
+    const int64_t N = c.N, K = c.K, KB = K / 32, T = (kRows - 1) / c.x_div + 1, eb = N * K / 2, esb = N * KB;
+    Dev<bf16_t> dx(rng.act(T * K));
+    Dev<uint8_t> qc(size_t(T * K));
+    Dev<float> qs(size_t(T * KB));
+    const QuantBuf q{qc.p(), qs.p(), T * K};
+    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+    Dev<uint8_t> dwa(rng.bytes(eb * kExperts)), dsa(rng.bytes(esb * kExperts, 118, 130)), dwb(rng.bytes(eb * kExperts)),
+        dsb(rng.bytes(esb * kExperts, 118, 130));
+    std::vector<int32_t> ex(kRows);
+    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
+    ex[1] = -1;
+    Dev<int32_t> dex(ex);
+    const Fp4W A{dwa.p(), dsa.p(), N, K, eb, esb}, B{dwb.p(), dsb.p(), N, K, eb, esb};
+    Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
+    for (int64_t M : {1, 6, 64}) {
+      SCOPED_TRACE("M=" + std::to_string(M));
+      const auto [plain, async] = both([&] {
+        ya.poison();
+        yb.poison();
+        EXPECT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), nullptr).ok());
+        auto v = ya.get();
+        const auto vb = yb.get();
+        v.insert(v.end(), vb.begin(), vb.end());
+        return v;
+      });
+      EXPECT_TRUE(plain == async) << "cp.async scales != plain loads";
+    }
+  }
+}
+
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].

@@ -63,6 +63,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// 4 bytes global -> shared (src_bytes 0: zeros, the source not read).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
@@ -121,7 +125,7 @@ __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert, BfxArgs bx_args) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -133,6 +137,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : kRowGroup * kb_max);               // FP8 / BFX [kb_max]; FP4 [16][kb_max]
   float* red = wsc + (FP4 ? kStripe * kb_max : kb_max);                            // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
+  uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // FP8: x = tile (stripe * nk + chunk), y = row group. MXFP4: x = row, y = tile, so the rows of a
@@ -167,10 +172,23 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   }
   // 2. scales and activations
   if constexpr (FP4) {
-    for (int i = tid; i < kStripe * nb; i += kThreads) {
-      const int r = i / nb, b = i % nb;
-      const int64_t n = n0 + r < N ? n0 + r : N - 1;
-      wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
+    if (async_scales) {
+      // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
+      // loop below costs one dependent global load per ~1.25 us per iteration: 10 at K = 5120),
+      // widened to f32 after the wait
+      const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
+      for (int i = tid; i < kStripe * nw; i += kThreads) {
+        const int r = i / nw, q = i % nw;
+        const int64_t n = n0 + r < N ? n0 + r : N - 1;
+        cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
+      }
+      cp_async_commit();
+    } else {
+      for (int i = tid; i < kStripe * nb; i += kThreads) {
+        const int r = i / nb, b = i % nb;
+        const int64_t n = n0 + r < N ? n0 + r : N - 1;
+        wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
+      }
     }
     const int64_t xm = m / x_div;
     for (int b = tid; b < nb; b += kThreads) {
@@ -210,13 +228,31 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
     }
     cp_async_commit();
-    for (int i = tid; i < kRowGroup * nb; i += kThreads) {
-      const int j = i / nb, b = i % nb;
-      xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
+    if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
+      for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+        const int j = i / nb, b = i % nb;
+        const bool ok = m0 + j < M;
+        cp_async4(smem_u32(xsc + j * kb_max + b), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
+      }
+      cp_async_commit();
+    } else {
+      for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+        const int j = i / nb, b = i % nb;
+        xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
+      }
     }
   }
   cp_async_wait_all();
   __syncthreads();
+  if constexpr (FP4) {
+    if (async_scales) {  // the raw scales to f32 (the same values as the plain loop)
+      for (int i = tid; i < kStripe * nb; i += kThreads) {
+        const int r = i / nb, b = i % nb;
+        wsc[r * kb_max + b] = dev::e8m0_val(wsr[r * kb_max + b]);
+      }
+      __syncthreads();
+    }
+  }
 
   // 3. the mma loop
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -317,13 +353,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
 }
 
+std::atomic<bool> g_async_scales{true};
+
 size_t smem_bytes(int mode, int kc_max) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
   const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (kRowGroup + 1);
-  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4;
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb : 0);  // + FP4 raw scales
 }
 
 template <int MODE>
@@ -333,6 +371,11 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const TcChunks ch = tc_chunks(K, FP4);
   const size_t smem = smem_bytes(MODE, ch.kc);
   const auto kernel = &tc_gemv_kernel<MODE>;
+  // scales by cp.async: FP8 activation scales always (f32 rows); MXFP4 weight scale rows when
+  // 4-byte aligned (K % 128 == 0, aligned bases and expert strides)
+  const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+  const bool async_scales = g_async_scales.load(std::memory_order_relaxed) && MODE != kModeBf16x &&
+                            (!FP4 || (K % 128 == 0 && s_stride % 4 == 0 && a4(pa.S) && (pb.stripes == 0 || a4(pb.S))));
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
@@ -359,7 +402,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -371,6 +414,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 namespace {
 std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
+
+void set_tc_async_scales(bool on) { g_async_scales.store(on, std::memory_order_relaxed); }
+bool tc_async_scales() { return g_async_scales.load(std::memory_order_relaxed); }
 
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k) {
   g_chunk_max[0].store(fp8_k > 0 ? fp8_k : kFp8ChunkMax);

@@ -58,4 +58,11 @@ TcChunks tc_chunks(int64_t K, bool fp4);
 // Process-wide; changes the bits (the chunking is part of the order), never row invariance.
 void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 
+// How the kernels stage the scales: on, by 4-byte cp.async beside the tile (the MXFP4 weight
+// scale rows when 4-byte aligned, the FP8 activation scales), one global round trip; off, plain
+// loads in a loop (one dependent round trip per iteration). The same bits either way.
+// Process-wide, set from CudaRunOptions::tc_async_scales.
+void set_tc_async_scales(bool on);
+bool tc_async_scales();
+
 }  // namespace fb::cuda

@@ -11,6 +11,7 @@
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
+#include "cuda/tc_gemv.h"
 
 #include "loader/bind.h"
 #include "vision/tower.h"
@@ -57,6 +58,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "fast_attn") return flag(o.fast_attn);
   if (name == "wo_a_fp8") return flag(o.wo_a_fp8);
+  if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "attn_heads_per_cta") {
     char* end = nullptr;
     const long v = std::strtol(value.c_str(), &end, 10);
@@ -69,7 +71,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, attn_split, attn_predequant, bounded_replay)";
+                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, attn_split, attn_predequant, bounded_replay)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -83,6 +85,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
+  set_tc_async_scales(o.tc_async_scales);     // process-wide, same bits either way
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
