@@ -40,6 +40,8 @@ class DraftCounter final : public model::Executor {
   const model::Config& config() const override { return in_->config(); }
   const char* name() const override { return in_->name(); }
   bool supports_bounded_replay() const override { return in_->supports_bounded_replay(); }
+  bool packs_prompts() const override { return in_->packs_prompts(); }
+  int64_t preferred_prefill_chunk() const override { return in_->preferred_prefill_chunk(); }
   std::unique_ptr<model::SessionState> new_session() const override { return in_->new_session(); }
   Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& ss, model::Taps* t) override {
     return in_->forward(st, ss, t);
@@ -230,6 +232,29 @@ TEST(EngineSessions, SampledDsparkDraftsShareOneCallAndEqualSolo) {
   std::printf("sampled DSpark: %lld draft blocks in %lld calls (at most %lld in one)\n", (long long)s.draft_blocks,
               (long long)s.draft_calls, (long long)dc->max_blocks.load());
   EXPECT_GT(s.dspark.sampled_steps, 0);
+}
+
+// Prompts that arrive together share a step (the CPU executor packs prompts): three short prompts
+// queued while a longer one prefills come in beside it and each other, in steps carrying rows of
+// two or more prompts, and every answer equals its solo run.
+TEST(EngineSessions, PromptsArrivingTogetherShareStepsAndEqualSolo) {
+  std::vector<Request> rs = {req("Why is the sky blue? Give a long and careful answer with several steps of reasoning.", 1),
+                             req("Hello", 5), req("Name three colours.", 4), req("What is two plus two?", 3)};
+  std::vector<Answer> solo;
+  {
+    auto e = make_engine(1, false);
+    for (const Request& r : rs) {
+      EventQueue q;
+      ASSERT_TRUE(e->submit(r, q.sink()).ok());
+      solo.push_back(wait_answer(q));
+    }
+    EXPECT_EQ(e->stats().packed_prompt_steps, 0);
+  }
+  auto e = make_engine(8, false);
+  std::vector<EventQueue> qs(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) ASSERT_TRUE(e->submit(rs[i], qs[i].sink()).ok());
+  for (size_t i = 0; i < rs.size(); ++i) expect_same(solo[i], wait_answer(qs[i]), int(i));
+  EXPECT_GT(e->stats().packed_prompt_steps, 0) << "no step carried two prompts";
 }
 
 INSTANTIATE_TEST_SUITE_P(Dspark, EngineBatch, ::testing::Bool(), [](const auto& i) { return i.param ? "on" : "off"; });

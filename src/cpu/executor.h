@@ -31,6 +31,7 @@ class CpuModel final : public model::Executor {
   const model::Config& config() const override { return cfg_; }
   const char* name() const override { return "cpu"; }
   bool supports_bounded_replay() const override { return cfg_.decoder_start >= 0; }
+  bool packs_prompts() const override { return true; }  // rows are computed per row and session
   std::unique_ptr<model::SessionState> new_session() const override { return std::make_unique<SessionCache>(cfg_); }
   Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
                                     Taps* taps = nullptr) override;

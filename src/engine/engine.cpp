@@ -410,33 +410,33 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
       a->reason = FinishReason::kCancelled;
       end(*a);
     }
-  // One prefill chunk, of the oldest prompt still prefilling, opens the step (its tap rows start
-  // the step's taps_from_row). Next to decode rows the policy sizes it so the other sessions' next
-  // tokens are not held up by a whole chunk (0 rows: a decode-only step it measures).
+  // One prefill chunk opens the step: rows of the oldest prompt still prefilling, and when it has
+  // fewer left than the chunk holds, of the next prompts too (executors that pack prompts). Next
+  // to decode rows the policy sizes the chunk so the other sessions' next tokens are not held up by
+  // a whole one (0 rows: a decode-only step it measures).
   int64_t decoding = 0;
+  std::vector<Active*> prompts;
   for (auto& a : active) {
     a->prefill_round = false;
     decoding += !a->finished && !a->prefilling;
+    if (!a->finished && a->prefilling) prompts.push_back(a.get());
   }
-  Active* prompt = nullptr;
-  for (auto& a : active)
-    if (!a->finished && a->prefilling) {
-      prompt = a.get();
-      break;
+  const bool pack = ex_->packs_prompts() && !opt_.generator.prefill_replay;
+  auto plan_prompts = [&](int64_t budget) {
+    for (Active* p : prompts) {
+      if (budget <= 0 || p->finished || (!in_step.empty() && !pack)) break;
+      const int64_t r0 = int64_t(st.rows.size());
+      gens_[p->gen]->plan_prefill(budget, int(sess.size()), &st);
+      p->prefill_round = true;
+      p->row0 = r0;
+      p->n_rows = int64_t(st.rows.size()) - r0;
+      p->step_session = int64_t(sess.size());
+      sess.push_back(gens_[p->gen]->session());
+      in_step.push_back(p);
+      budget -= p->n_rows;
     }
-  auto plan_prompt = [&](int64_t rows) {
-    gens_[prompt->gen]->plan_prefill(rows, 0, &st);
-    prompt->prefill_round = true;
-    prompt->row0 = 0;
-    prompt->n_rows = int64_t(st.rows.size());
-    prompt->step_session = 0;
-    sess.push_back(gens_[prompt->gen]->session());
-    in_step.push_back(prompt);
   };
-  if (prompt) {
-    const int64_t rows = prefill_policy_.rows(decoding > 0);
-    if (rows > 0) plan_prompt(rows);
-  }
+  if (!prompts.empty()) plan_prompts(prefill_policy_.rows(decoding > 0));
   // Every decoding session's rows: one decode row, or a DSpark verify block. First each session
   // decides its round; the drafts of every drafting session then run in ONE executor call
   // (draft_many); then each appends its rows, in admission order.
@@ -494,9 +494,14 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
     sess.push_back(gen.session());
     in_step.push_back(&a);
   }
-  // The decode-only step the policy asked for found no decode rows after all: the prompt's chunk.
-  if (st.rows.empty() && prompt && !prompt->finished && !prompt->prefill_round) plan_prompt(prefill_policy_.rows(false));
-  const int64_t prefill_rows = prompt && prompt->prefill_round ? prompt->n_rows : 0;
+  // The decode-only step the policy asked for found no decode rows after all: a prompt chunk.
+  if (st.rows.empty() && !prompts.empty()) plan_prompts(prefill_policy_.rows(false));
+  int64_t prefill_rows = 0, step_prompts = 0;
+  for (Active* p : in_step)
+    if (p->prefill_round) {
+      prefill_rows += p->n_rows;
+      ++step_prompts;
+    }
   if (st.rows.empty()) return;
   const model::ExecutorStats x0 = ex_->stats();  // this thread runs the steps: no race
   const double ts = now_s();
@@ -563,6 +568,7 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
   stats_.step_rows += n;
   stats_.step_prefill_rows += prefill_rows;
   stats_.step_decode_rows += n - prefill_rows;
+  stats_.packed_prompt_steps += step_prompts > 1;
   stats_.step_sessions += int64_t(sess.size());
   stats_.step_s += te - ts;
   (prefill_rows > 0 ? stats_.prefill_s : stats_.decode_s) += t1 - t0;

@@ -129,6 +129,7 @@ struct EngineStats {
   int64_t queue_rejected = 0;          // submits refused because the queue was full (429)
   int64_t steps = 0, step_rows = 0, step_prefill_rows = 0, step_decode_rows = 0;
   int64_t step_sessions = 0;           // sum over steps of the sessions in the step
+  int64_t packed_prompt_steps = 0;     // steps carrying rows of two or more prompts (Executor::packs_prompts)
   int64_t draft_calls = 0, draft_blocks = 0;  // executor draft calls (one per round that drafts) / the sessions' blocks in them
   double step_s = 0;                   // time in forward steps
   double queue_wait_s = 0;  int64_t queue_waits = 0;     // submit -> admitted

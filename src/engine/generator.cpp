@@ -299,7 +299,8 @@ Status Generator::begin_prefill(std::span<const int32_t> prompt, const PromptEmb
 
 
 void Generator::plan_prefill(int64_t max_rows, int session, model::Step* st) {
-  FB_CHECK(st->rows.empty()) << "prefill rows must open the step (taps_from_row)";
+  for (const model::Row& r : st->rows) FB_CHECK(r.kind == model::RowKind::kPrefill) << "prefill rows come before decode rows";
+  const bool opens = st->rows.empty();
   FB_CHECK_GT(prefill_rows_left(), 0);
   const int64_t dim = ex_->config().dim, N = pf_end_, s0 = pf_next_, s1 = std::min(N, s0 + std::max<int64_t>(1, max_rows));
   const PromptEmbeddings* embeds = pf_embeds_;
@@ -315,7 +316,7 @@ void Generator::plan_prefill(int64_t max_rows, int session, model::Step* st) {
     st->rows.push_back(r);
   }
   // Only the chunk's last rows' taps are kept (remember_taps / commit_taps in finish_prefill).
-  st->taps_from_row = prefill_taps_from_row(s1 - s0, window_);
+  if (opens) st->taps_from_row = prefill_taps_from_row(s1 - s0, window_);
   pf_planned_ = s1 - s0;
 }
 

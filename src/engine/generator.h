@@ -113,8 +113,9 @@ class Generator {
   int64_t prefill_rows_left() const { return pf_end_ - pf_next_; }
   int64_t prefill_done() const { return pf_next_ - reused_; }    // rows prefilled by this prompt so far
   int64_t prefill_total() const { return pf_end_ - reused_; }    // rows this prompt prefills
-  // Appends the next min(max_rows, prefill_rows_left()) prompt rows. They must be the FIRST rows
-  // of the step: the step's taps_from_row is set for them (later rows get taps anyway).
+  // Appends the next min(max_rows, prefill_rows_left()) prompt rows. They must come before every
+  // decode row of the step. Opening the step, they set its taps_from_row; after another session's
+  // prompt rows (Executor::packs_prompts) they get every tap row, as later rows do.
   void plan_prefill(int64_t max_rows, int session, model::Step* st);
   // `mine`: the outputs of the rows plan_prefill appended. The last chunk leaves logits ready.
   Status finish_prefill(const model::StepOutput& mine);

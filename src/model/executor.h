@@ -82,6 +82,11 @@ class Executor {
   // Whether forward() honours Row::replay_start (SWA bounded replay, spec/11 §8.4). Callers ask
   // before sending such rows: an executor without it would run them exactly.
   virtual bool supports_bounded_replay() const { return false; }
+  // Whether forward() takes prefill rows of several sessions in one step (issue 20: prompts that
+  // arrive together share a step instead of one short chunk each). Without it the engine puts one
+  // prompt's rows in a step. The CUDA executor does not say so yet (its prefill path per step
+  // composition is not shown to keep results apart per session).
+  virtual bool packs_prompts() const { return false; }
   // Prompt rows per prefill step that suit this executor when the user names none ([policy]:
   // larger steps amortise per-step weight reads; outputs do not depend on it on the CPU).
   virtual int64_t preferred_prefill_chunk() const { return 256; }

@@ -299,6 +299,7 @@ TEST(MetricsText, SessionsDraftsPolicyAndGaps) {
   engine::EngineStats s;
   s.draft_calls = 4;
   s.draft_blocks = 11;
+  s.packed_prompt_steps = 5;
   s.mixed_prefill_rows = 23;
   s.policy_decode_step_s = 0.013;
   s.reference_steps = 2;
@@ -312,6 +313,7 @@ TEST(MetricsText, SessionsDraftsPolicyAndGaps) {
   for (const auto& m : e.errors) ADD_FAILURE() << m;
   EXPECT_EQ(e.value("flashbox_draft_calls_total"), "4");
   EXPECT_EQ(e.value("flashbox_draft_blocks_total"), "11");
+  EXPECT_EQ(e.value("flashbox_packed_prompt_steps_total"), "5");
   EXPECT_EQ(e.value("flashbox_mixed_prefill_rows"), "23");
   EXPECT_EQ(e.value("flashbox_prefill_policy_decode_step_seconds"), "0.013");
   EXPECT_EQ(e.value("flashbox_prefill_policy_reference_steps_total"), "2");

@@ -159,6 +159,7 @@ std::string metrics_text(const engine::EngineStats& s, const StatsSource& src) {
   // inter-token gaps.
   w.one("flashbox_draft_calls_total", "counter", "executor draft calls (one per round that drafts)", s.draft_calls);
   w.one("flashbox_draft_blocks_total", "counter", "the sessions' draft blocks in those calls (blocks per call = this / calls)", s.draft_blocks);
+  w.one("flashbox_packed_prompt_steps_total", "counter", "steps carrying rows of two or more prompts", s.packed_prompt_steps);
   w.one("flashbox_mixed_prefill_rows", "gauge", "the prefill policy's last prompt chunk beside decode rows", s.mixed_prefill_rows);
   w.one("flashbox_prefill_policy_decode_step_seconds", "gauge", "the prefill policy's decode-only step time (0: not measured yet)",
         s.policy_decode_step_s);

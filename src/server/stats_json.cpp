@@ -34,6 +34,7 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
                 // issue 20: the sessions' draft blocks, run in shared executor calls
                 {"draft_calls", s.draft_calls},
                 {"draft_blocks", s.draft_blocks},
+                {"packed_prompt_steps", s.packed_prompt_steps},
                 // the prefill policy (engine::PrefillPolicy): its last chunk beside decode rows,
                 // its decode-only step time (null until measured), the decode-only steps it asked for
                 {"mixed_prefill_rows", s.mixed_prefill_rows},
