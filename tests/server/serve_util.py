@@ -1,5 +1,6 @@
 """Shared by the server tests (tests/server/test_*.py): a free port, a `flashbox serve` process
-that is up when the constructor returns, SDK clients for it, and the tiny model to serve."""
+that is up when the constructor returns, SDK clients for it, the tiny model to serve, and the
+checks' tally."""
 import os, socket, subprocess, sys, tempfile, time, urllib.request
 
 
@@ -44,3 +45,21 @@ def tiny_model(binary, given="", *extra):
     if subprocess.run([binary, "make-tiny", *extra, "--out", model], capture_output=True).returncode != 0:
         print("FAIL: make-tiny " + " ".join(extra) + " failed"); sys.exit(1)
     return model
+
+
+class Checks:
+    """check(cond, msg) prints every check; finish() exits 1 naming the count when any failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, msg):
+        print(("ok   " if cond else "FAIL ") + msg)
+        if not cond:
+            self.failures.append(msg)
+
+    def finish(self):
+        if self.failures:
+            print(f"FAIL: {len(self.failures)} checks failed")
+            sys.exit(1)
+        print("PASS")

@@ -16,7 +16,7 @@ text.format enforces the same.
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
-from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, free_port, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic
@@ -33,13 +33,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}]
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
 NO_THINK = {"thinking": {"type": "disabled"}}
-failures = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
+check = Checks()
 
 
 def cut_calls(binary):
@@ -214,10 +208,7 @@ def main():
     cut_calls(a.bin)
     phrase_bias(a.bin, model)
     format_with_tools(a.bin, model)
-    if failures:
-        print(f"FAIL: {len(failures)} checks failed")
-        sys.exit(1)
-    print("PASS")
+    check.finish()
 
 
 if __name__ == "__main__":

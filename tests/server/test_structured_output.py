@@ -20,7 +20,7 @@ agree up to it and take the predicted token there.
 import argparse, collections, json, os, sys
 from typing import Literal
 
-from serve_util import Server, tiny_model  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic, pydantic
@@ -37,13 +37,7 @@ SCHEMA = {"type": "object", "properties": {
     "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 2},
     "name": {"type": "string", "maxLength": 6}},
     "required": ["ok", "n", "unit", "tags", "name"], "additionalProperties": False}
-failures = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
+check = Checks()
 
 
 def valid(v):
@@ -259,10 +253,7 @@ def main():
         penalties(srv.oa(300))
     finally:
         srv.close()
-    if failures:
-        print(f"FAIL: {len(failures)} checks failed")
-        sys.exit(1)
-    print("PASS")
+    check.finish()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ form are 400s naming the problem. Uses the official openai and anthropic SDKs (b
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
-from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, free_port, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic
@@ -28,13 +28,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]}
                    for t in TOOLS]
 NO_THINK = {"thinking": {"type": "disabled"}}
-failures = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
+check = Checks()
 
 
 def weather_args_valid(args):
@@ -142,10 +136,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(10)
-    if failures:
-        print(f"FAIL: {len(failures)} checks failed")
-        sys.exit(1)
-    print("PASS")
+    check.finish()
 
 
 if __name__ == "__main__":
