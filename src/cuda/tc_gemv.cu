@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if constexpr (FP4) {
     if (async_scales) {
       // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
-      // loop below costs one dependent global load per ~1.25 us per iteration: 10 at K = 5120),
-      // widened to f32 after the wait
+      // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
+      // f32 after the wait
       const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
       for (int i = tid; i < kStripe * nw; i += kThreads) {
         const int r = i / nw, q = i % nw;
