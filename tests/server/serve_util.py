@@ -1,7 +1,7 @@
 """Shared by the server tests (tests/server/test_*.py): a free port, a `flashbox serve` process
 that is up when the constructor returns, SDK clients for it, the tiny model to serve, and the
 checks' tally."""
-import os, socket, subprocess, sys, tempfile, time, urllib.request
+import argparse, os, socket, subprocess, sys, tempfile, time, urllib.request
 
 
 def free_port():
@@ -63,3 +63,13 @@ class Checks:
             print(f"FAIL: {len(self.failures)} checks failed")
             sys.exit(1)
         print("PASS")
+
+
+def bin_and_model():
+    """The scripts' command line, --bin FLASHBOX [--model DIR] (default $FB_TINY_MODEL, else the
+    tiny model made once by tiny_model): (binary, model directory)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
+    a = ap.parse_args()
+    return a.bin, tiny_model(a.bin, a.model)

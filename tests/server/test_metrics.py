@@ -10,9 +10,9 @@ and bytes by tier (hbm / host / drive) and the op times by family are there and 
 /v1/stats reports at the same (idle) moment; the ledger shows the KV budget; queue and active
 gauges are back at 0; the inter-token gap histogram and the draft calls (issue 20) equal /v1/stats.
 """
-import argparse, json, os, re, sys, time, urllib.request
+import json, os, re, sys, time, urllib.request
 
-from serve_util import Server, tiny_model  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, tiny_model, bin_and_model, Checks  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic  # noqa: F401
@@ -20,14 +20,8 @@ except ImportError as e:
     print(f"FAIL: python packages missing ({e}); tools/test.sh installs them into build/pyenv")
     sys.exit(1)
 
-failures = []
+check = Checks()
 BUDGET = 4000000000
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
@@ -103,12 +97,8 @@ def stats(srv):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
-    a = ap.parse_args()
-    model = tiny_model(a.bin, a.model)
-    srv = Server(a.bin, ["--model", model, "--expert-slots", "2", "--kv-budget-bytes", str(BUDGET)])
+    binary, model = bin_and_model()
+    srv = Server(binary, ["--model", model, "--expert-slots", "2", "--kv-budget-bytes", str(BUDGET)])
     try:
         text0, ctype = scrape(srv)
         check(ctype.startswith("text/plain") and "version=0.0.4" in ctype, f"content type {ctype!r}")
@@ -189,10 +179,7 @@ def main():
         check(v(s1, "flashbox_kv_budget_bytes") == BUDGET, "kv budget gauge")
     finally:
         srv.close()
-    if failures:
-        print(f"FAIL: {len(failures)} checks failed")
-        sys.exit(1)
-    print("PASS")
+    check.finish()
 
 
 if __name__ == "__main__":

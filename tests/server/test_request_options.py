@@ -14,9 +14,9 @@ Part 3 (tiny model): response_format json_schema with tools under tool_choice au
 a JSON value that validates or a call; with a named tool the answer is the call; the Responses API's
 text.format enforces the same.
 """
-import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
+import json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
-from serve_util import Server, free_port, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, free_port, tiny_model, Checks, bin_and_model  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic
@@ -200,14 +200,10 @@ def format_with_tools(binary, model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
-    a = ap.parse_args()
-    model = tiny_model(a.bin, a.model)
-    cut_calls(a.bin)
-    phrase_bias(a.bin, model)
-    format_with_tools(a.bin, model)
+    binary, model = bin_and_model()
+    cut_calls(binary)
+    phrase_bias(binary, model)
+    format_with_tools(binary, model)
     check.finish()
 
 

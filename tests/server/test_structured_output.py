@@ -17,10 +17,10 @@ logprobs (returned unchanged) say they must: the first position at which the pen
 differs from the unpenalized token is predicted from the first run, and the penalized run must
 agree up to it and take the predicted token there.
 """
-import argparse, collections, json, os, sys
+import collections, json, os, sys
 from typing import Literal
 
-from serve_util import Server, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, tiny_model, Checks, bin_and_model  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic, pydantic
@@ -240,12 +240,8 @@ def penalties(oa):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
-    a = ap.parse_args()
-    model = tiny_model(a.bin, a.model)
-    srv = Server(a.bin, ["--model", model])
+    binary, model = bin_and_model()
+    srv = Server(binary, ["--model", model])
     try:
         structured(srv.oa(300), srv.an(300))
         allowed_tools(srv.oa(300))

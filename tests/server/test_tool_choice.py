@@ -7,9 +7,9 @@ the server's parser turns into `tool_calls` (`tool_use` blocks) with arguments t
 against the tool's schema. A name not among the tools, forcing without tools and an unsupported
 form are 400s naming the problem. Uses the official openai and anthropic SDKs (build/pyenv).
 """
-import argparse, json, os, socket, subprocess, sys, tempfile, time, urllib.request
+import json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
-from serve_util import Server, free_port, tiny_model, Checks  # noqa: E402 (tests/server/, beside this file)
+from serve_util import Server, free_port, tiny_model, Checks, bin_and_model  # noqa: E402 (tests/server/, beside this file)
 
 try:
     import openai, anthropic
@@ -44,13 +44,9 @@ def time_args_valid(args):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("FB_TINY_MODEL", ""))
-    a = ap.parse_args()
-    model = tiny_model(a.bin, a.model)
+    binary, model = bin_and_model()
     port = free_port()
-    proc = subprocess.Popen([a.bin, "serve", "--model", model, "--port", str(port), "--api-key", "k"],
+    proc = subprocess.Popen([binary, "serve", "--model", model, "--port", str(port), "--api-key", "k"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
