@@ -33,6 +33,79 @@ Status time_ms(cudaStream_t st, int reps, F run, double* ms) {
   return Status();
 }
 
+// ---- read probes (session 10's open question): what the H200 reads with no math at all ----------
+
+// Every thread: 4 independent 16-byte non-coherent loads per step, grid-stride; the xor keeps the
+// loads alive (stored only if it hits a value the fill cannot produce).
+__global__ void read_stream_kernel(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n16; i += stride) acc ^= __ldg(p + i).x;
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+// The tc_gemv tile geometry without its math: CTA = (stripe of 16 rows, K chunk), 128 threads
+// copy the [16][kc] tile with 16-byte cp.async and wait; one word read back.
+__global__ void read_tile_kernel(const uint8_t* __restrict__ W, int64_t N, int K, int kc, int nk, uint32_t* sink) {
+  extern __shared__ __align__(16) uint8_t tile[];
+  const int64_t n0 = int64_t(blockIdx.x / nk) * 16;
+  const int k0 = int(blockIdx.x % nk) * kc, len = min(kc, K - k0), upr = len / 16;
+  for (int u = threadIdx.x; u < 16 * upr; u += blockDim.x) {
+    const int r = u / upr, j = u % upr;
+    const int64_t n = n0 + r < N ? n0 + r : N - 1;
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(tile + r * kc + j * 16));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(W + n * K + k0 + j * 16) : "memory");
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  const uint32_t v = reinterpret_cast<const uint32_t*>(tile)[threadIdx.x];
+  if (v == 0x12345678u) *sink = v;
+}
+
+Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
+  DeviceBuffer sink;
+  FB_RETURN_IF_ERROR(sink.alloc(64));
+  int sms = 0;
+  FB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  // (1) the read-only roofline: the whole pool, 8 and 16 CTAs of 256 threads per SM
+  for (int per_sm : {8, 16}) {
+    double ms = 0.0;
+    FB_RETURN_IF_ERROR(time_ms(st, 10,
+                               [&](int) {
+                                 read_stream_kernel<<<sms * per_sm, 256, 0, st>>>(reinterpret_cast<const uint4*>(pool), int64_t(pool_bytes / 16),
+                                                                                  sink.get<uint32_t>());
+                                 return cuda_status(cudaGetLastError(), "read_stream_kernel");
+                               },
+                               &ms));
+    std::printf("read probe: stream %zu MB, %d CTAs/SM: %.1f us, %.0f GB/s\n", pool_bytes >> 20, per_sm, ms * 1e3, double(pool_bytes) / (ms * 1e-3) / 1e9);
+  }
+  // (2) the tile geometry alone at the released decode shapes (chunks as tc_chunks), back to back
+  struct Shape { const char* name; int64_t N, K; };
+  for (Shape c : {Shape{"wq_b", 32768, 1280}, Shape{"wo_b", 5120, 8192}, Shape{"shared w2", 5120, 2304}, Shape{"wq_a", 1280, 5120}}) {
+    const TcChunks ch = tc_chunks(c.K, false);
+    const int64_t bytes = c.N * c.K, slices = int64_t(pool_bytes) / bytes, grid = (c.N + 15) / 16 * ch.nk;
+    const size_t smem = size_t(16) * ch.kc;
+    FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(&read_tile_kernel), smem));
+    double ms = 0.0;
+    FB_RETURN_IF_ERROR(time_ms(st, 50,
+                               [&](int i) {
+                                 read_tile_kernel<<<unsigned(grid), 128, smem, st>>>(pool + (i % slices) * bytes, c.N, int(c.K), ch.kc, ch.nk,
+                                                                                     sink.get<uint32_t>());
+                                 return cuda_status(cudaGetLastError(), "read_tile_kernel");
+                               },
+                               &ms));
+    std::printf("read probe: tiles of %s (%lld MB, %lld CTAs of 16 x %d B): %.1f us, %.0f GB/s\n", c.name, (long long)(bytes >> 20), (long long)grid,
+                ch.kc, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
+  }
+  std::fflush(stdout);
+  return Status();
+}
+
 }  // namespace
 
 Status fast_gemv_bench() {
@@ -60,6 +133,7 @@ Status fast_gemv_bench() {
   uint16_t* y = out.get<uint16_t>();
   cudaStream_t st = nullptr;
   constexpr int kReps = 50;
+  FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
 
   // FP8 N = K = 4096 (16 MB of weight per call), and N = 16384 (64 MB: less launch overhead).
   for (int64_t N : {4096, 16384}) {
