@@ -84,6 +84,20 @@ Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
                                &ms));
     std::printf("read probe: stream %zu MB, %d CTAs/SM: %.1f us, %.0f GB/s\n", pool_bytes >> 20, per_sm, ms * 1e3, double(pool_bytes) / (ms * 1e-3) / 1e9);
   }
+  // (1b) the same stream over one weight's bytes (rotating through the pool: never an L2 hit), 4
+  // CTAs of 256 threads per SM: what one launch of that size can read at best
+  for (int64_t mb : {6, 12, 42}) {
+    const int64_t bytes = mb << 20, slices = int64_t(pool_bytes) / bytes;
+    double ms = 0.0;
+    FB_RETURN_IF_ERROR(time_ms(st, 50,
+                               [&](int i) {
+                                 read_stream_kernel<<<sms * 4, 256, 0, st>>>(reinterpret_cast<const uint4*>(pool + (i % slices) * bytes), bytes / 16,
+                                                                             sink.get<uint32_t>());
+                                 return cuda_status(cudaGetLastError(), "read_stream_kernel");
+                               },
+                               &ms));
+    std::printf("read probe: stream %lld MB per launch: %.1f us, %.0f GB/s\n", (long long)mb, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
+  }
   // (2) the tile geometry alone at the released decode shapes (chunks as tc_chunks), back to back
   struct Shape { const char* name; int64_t N, K; };
   for (Shape c : {Shape{"wq_b", 32768, 1280}, Shape{"wo_b", 5120, 8192}, Shape{"shared w2", 5120, 2304}, Shape{"wq_a", 1280, 5120}}) {
