@@ -1,14 +1,20 @@
 // ReplicaReader: reads byte ranges of files that exist as byte-identical replicas under N drive
 // roots (root_i/rel_path). Each range is cut into chunks; each chunk goes to the drive with the
 // earliest estimated finish (queued bytes / EWMA of measured bytes/s), a chunk that is overdue
-// is hedged on another drive, and a chunk whose drive fails (I/O error, the file vanished or was
-// unlinked mid-read) is retried on another replica. A drive that failed once is not used again.
+// (hedge_factor x its drive's expected time) is hedged on another drive and whichever read lands
+// first wins, and a chunk whose drive fails (I/O error, the file vanished, was unlinked or
+// truncated mid-read) is retried on another replica. A drive that failed once is not used again.
 // Only when no replica remains does a read fail, with a Status naming every drive's error.
+//
+// Reads are asynchronous: submit() queues a job's chunks with the kernel (io_uring) and returns
+// at once; wait(job) drives every job's completions, retries and hedges until that job is whole.
+// read() is submit + wait. Progress (retries, hedges) happens only inside wait()/poll(); the
+// kernel reads meanwhile.
 //
 // Invariant (hedging): a hedged chunk is read by two drives into the same destination. Replicas
 // are byte-identical (the store's identity hash is checked on open), so the late read stores the
 // bytes already there; the reader tracks such stragglers and waits for them before the same
-// memory is read into again (read()) or handed back (drain()). Not thread-safe: one caller at a time.
+// memory is read into again (submit()) or handed back (drain()). Not thread-safe: one caller at a time.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +40,28 @@ struct ReaderOptions {
   double hedge_factor = 4.0;           // hedge a chunk after factor x its expected time ...
   int64_t hedge_min_us = 2000;         // ... but never before this
   bool hedge = true;
+  // The caller calls drain() before it reuses or frees a destination: wait() then returns as soon
+  // as every chunk has landed once, without waiting for the slower reads of hedged chunks (which
+  // store the same bytes again). Off: wait() also waits for those (the safe default).
+  bool caller_drains = false;
   // Test hooks (fault injection), never set in production paths.
   std::function<void(int drive, uint64_t n_completed)> on_complete;
 };
+
+// Fault injection (tests, and `check-fixture --fault-replica` to show failover on a real run):
+// after `after` completed reads of drive `drive`, its replica of the file being read is unlinked
+// or truncated to half its size (the real file: later reads see what a vanished or truncated
+// replica gives), or each later read of that drive fails with EIO, or (kDelay) each completion of
+// that drive is reported `delay_us` late (a slow drive; the bytes are correct).
+struct ReaderFault {
+  enum class Kind { kNone, kEio, kUnlink, kTruncate, kDelay };
+  Kind kind = Kind::kNone;
+  int drive = 0;
+  uint64_t after = 0;
+  int64_t delay_us = 0;
+};
+// "DRIVE@AFTER:KIND" with KIND eio|unlink|truncate, or "DRIVE@AFTER:delay=US".
+Result<ReaderFault> parse_reader_fault(const std::string& s);
 
 struct ReadRange {
   std::string path;   // relative to each drive root
@@ -53,6 +78,7 @@ struct DriveStats {
   uint64_t n_errors = 0;
   uint64_t n_hedges = 0;      // hedges issued to this drive
   uint64_t n_hedges_won = 0;
+  uint64_t n_late = 0;        // reads that landed after another drive had already served the chunk
   bool failed = false;
   std::string last_error;
 };
@@ -62,35 +88,54 @@ class ReplicaReader {
   static Result<std::unique_ptr<ReplicaReader>> open(std::vector<std::string> roots, ReaderOptions opt = {});
   ~ReplicaReader();
 
-  // Reads every range completely (or fails). Ranges may be unaligned (bounced through an
-  // aligned buffer) and may name different files.
-  Status read(const std::vector<ReadRange>& ranges);
-  // Waits until no straggling hedged read targets [p, p+n).
+  using Job = uint64_t;
+  // Starts reading every range (ranges may be unaligned: bounced through an aligned buffer; they
+  // may name different files). `only_drive` >= 0: read from that drive alone (no hedge, no
+  // retry elsewhere), to tell which replica holds bad bytes. The destinations belong to the
+  // reader until wait(job) returns.
+  Result<Job> submit(const std::vector<ReadRange>& ranges, int only_drive = -1);
+  // Drives all jobs until `job` is complete (every byte in place) or has failed.
+  Status wait(Job job);
+  // Non-blocking progress; true when `job` is finished (wait() then returns at once).
+  bool poll(Job job);
+  // submit + wait.
+  Status read(const std::vector<ReadRange>& ranges, int only_drive = -1);
+  // Waits until no read in flight (a straggler or an unfinished job) targets [p, p+n).
   Status drain(const void* p, size_t n);
+  // Marks a drive failed (e.g. its bytes failed a checksum); it gets no further reads.
+  void mark_failed(int drive, const std::string& why);
+  // Wall time callers spent blocked in wait()/read() (the exposed read time).
+  uint64_t wait_ns() const { return wait_ns_; }
 
   int n_drives() const { return int(drives_.size()); }
   DriveStats stats(int drive) const;
   void set_rate(int drive, double bytes_per_s);
   // Fault injection: the drive's next ops after `after_n` more completions fail with `err`.
   void inject_error(int drive, uint64_t after_n, int err = 5 /* EIO */);
+  void inject(const ReaderFault& f);
   const char* engine_name() const { return engine_->name(); }
 
  private:
   struct Drive {
     std::string root;
     double rate = 0;
+    bool measured = false;           // rate is a measurement (else the prior or set_rate's)
     uint64_t queued_bytes = 0;
     int in_flight = 0;
     uint64_t last_done_ns = 0;
     uint64_t n_completed = 0;
     int64_t inject_after = -1;
     int inject_err = 0;
+    ReaderFault fault;               // kUnlink / kTruncate / kDelay (kEio goes through inject_after)
+    bool fault_done = false;
+    uint64_t delay_free_ns = 0;      // kDelay: when the simulated slow drive is free again
     std::map<std::string, int> fds;  // rel path -> fd
     std::map<std::string, bool> direct;
     DriveStats stats;
   };
   struct Chunk {
     int range = 0;
+    uint32_t deny = 0;      // drives this chunk may not use (only_drive jobs)
     uint64_t file_offset = 0;
     uint32_t nbytes = 0;
     uint8_t* dst = nullptr;
@@ -101,10 +146,20 @@ class ReplicaReader {
     uint64_t deadline_ns = 0;
     std::string errors;
   };
+  struct JobState {
+    std::vector<ReadRange> ranges;
+    std::vector<Chunk> chunks;
+    std::vector<std::shared_ptr<AlignedBuffer>> bounce;  // per range, for unaligned ones
+    size_t n_done = 0;
+    Status status;
+  };
   struct Flight {
-    int chunk = -1;         // -1: a straggler (its chunk completed elsewhere)
+    Job job = 0;            // 0: a straggler (its chunk completed elsewhere, or its job ended)
+    Job from_job = 0;       // the job it was issued for
+    int chunk = -1;
     int drive = 0;
     int fd = -1;
+    const std::string* path = nullptr;  // key of the drive's fds map
     uint64_t submit_ns = 0;
     uint32_t nbytes = 0;
     uint8_t* dst = nullptr;
@@ -114,17 +169,31 @@ class ReplicaReader {
 
   ReplicaReader(std::vector<std::string> roots, ReaderOptions opt, std::unique_ptr<IoEngine> engine);
   Result<int> fd_for(int drive, const std::string& path, bool* direct);
-  int pick_drive(const Chunk& c, bool hedge) const;
-  Status issue(std::vector<Chunk>& chunks, int ci, const std::vector<ReadRange>& ranges, bool hedge);
-  Status pump(std::vector<Chunk>* chunks, const std::vector<ReadRange>* ranges, int64_t timeout_us);
+  int pick_drive(const Chunk& c) const;
+  Status issue(Job job, int ci, bool hedge);
+  // Issues every chunk of every job that is neither done nor in flight; fails jobs with no replica left.
+  Status issue_pending();
+  Status issue_hedges();
+  // Microseconds to the earliest hedge deadline or delayed completion (-1: none).
+  int64_t next_event_us() const;
+  Status pump(int64_t timeout_us);
+  void complete(const IoDone& io, uint64_t t);
   void fail_drive(int drive, const std::string& why);
+  void apply_fault(Drive& d, const Flight& f);
 
   ReaderOptions opt_;
   std::unique_ptr<IoEngine> engine_;
   std::vector<Drive> drives_;
   std::map<uint64_t, Flight> flights_;  // by tag
+  std::map<Job, JobState> jobs_;        // unfinished jobs
+  struct Held {                          // a completion a kDelay fault reports late
+    uint64_t release_ns = 0;
+    IoDone io;
+  };
+  std::vector<Held> held_;
   uint64_t next_tag_ = 1;
-  std::vector<std::shared_ptr<AlignedBuffer>> bounce_;  // per range of the current read
+  Job next_job_ = 1;
+  uint64_t wait_ns_ = 0;
 };
 
 }  // namespace fb::storage

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +143,115 @@ TEST_P(Reader, FallsBackWhenODirectIsRefused) {
   expect_range(t, **r, 0, 1 << 20, true);
 }
 
+// A replica truncated mid-run (the real file, through the fault hook): reads past its new end
+// fail on that drive and are served by the other replica, bytes unchanged.
+TEST_P(Reader, SurvivesAReplicaTruncatedMidRead) {
+  TempDrives t(2, 4u << 20);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 64 << 10;
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  (*r)->set_rate(0, 1e12);  // everything goes to drive 0 first
+  (*r)->inject(*parse_reader_fault("0@2:truncate"));
+  expect_range(t, **r, 0, 4 << 20, true);
+  EXPECT_EQ(fs::file_size(fs::path(t.drives[0]) / "sub/data.bin"), (4u << 20) / 2);
+  EXPECT_TRUE((*r)->stats(0).failed);
+  EXPECT_GE((*r)->stats(0).n_errors, 1u);
+  EXPECT_NE((*r)->stats(0).last_error.find("truncated"), std::string::npos) << (*r)->stats(0).last_error;
+  EXPECT_GT((*r)->stats(1).bytes_read, 0u);
+  // The same fault through unlink: the third replica serves.
+  TempDrives u(3, 2u << 20);
+  auto r2 = ReplicaReader::open(u.drives, o);
+  ASSERT_TRUE(r2.ok());
+  (*r2)->set_rate(1, 1e12);
+  (*r2)->inject(*parse_reader_fault("1@1:unlink"));
+  expect_range(u, **r2, 0, 2 << 20, true);
+  EXPECT_FALSE(fs::exists(fs::path(u.drives[1]) / "sub/data.bin"));
+  EXPECT_TRUE((*r2)->stats(1).failed);
+}
+
+// A slow drive (each read takes 40 ms, simulated by holding its completions back): with hedging
+// its overdue chunks are read from the other replica and the read finishes long before the slow
+// drive would have; its rate estimate falls so that new chunks go elsewhere. Without hedging the
+// same read waits for the slow drive (the simulation really delays).
+TEST_P(Reader, HedgesAroundASlowDrive) {
+  TempDrives t(2, 2u << 20);
+  auto timed_read = [&](bool hedge, double* slow_rate, double* fast_rate, uint64_t* won) {
+    ReaderOptions o;
+    o.use_uring = GetParam();
+    o.chunk_bytes = 128 << 10;
+    o.hedge = hedge;
+    o.hedge_min_us = 1000;
+    o.caller_drains = true;
+    auto r = ReplicaReader::open(t.drives, o);
+    EXPECT_TRUE(r.ok());
+    (*r)->inject(*parse_reader_fault("0@0:delay=40000"));
+    // A buffer per read: reading into memory a straggler still targets would wait for it.
+    std::vector<AlignedBuffer> bufs;
+    for (int i = 0; i < 3; ++i) bufs.emplace_back(2 << 20);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (AlignedBuffer& buf : bufs) {
+      EXPECT_TRUE((*r)->read({{"sub/data.bin", 0, 2 << 20, buf.data()}}).ok());
+      EXPECT_EQ(std::memcmp(buf.data(), t.bytes.data(), 2 << 20), 0);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    *won = (*r)->stats(1).n_hedges_won;
+    for (AlignedBuffer& buf : bufs) EXPECT_TRUE((*r)->drain(buf.data(), buf.size()).ok());  // late reads land before the buffers go
+    *slow_rate = (*r)->stats(0).bytes_per_s;  // the late reads measured the slow drive too
+    *fast_rate = (*r)->stats(1).bytes_per_s;
+    return s;
+  };
+  double slow = 0, fast = 0, slow_nh = 0, fast_nh = 0;
+  uint64_t won = 0, won_nh = 0;
+  const double hedged = timed_read(true, &slow, &fast, &won);
+  const double unhedged = timed_read(false, &slow_nh, &fast_nh, &won_nh);
+  EXPECT_GT(won, 0u);
+  EXPECT_EQ(won_nh, 0u);
+  EXPECT_LT(slow, 128e3 / 0.040 * 1.5) << "the slow drive's estimate (128 KiB per 40 ms)";
+  EXPECT_LT(slow, fast) << "the slow drive's estimate";
+  EXPECT_LT(slow_nh, fast_nh) << "the slow drive's estimate, no hedging";
+  EXPECT_GE(unhedged, 0.2) << "at least 5 reads waited 40 ms on the slow drive";
+  EXPECT_LT(hedged, unhedged / 2) << "hedged " << hedged << " s, unhedged " << unhedged << " s";
+}
+
+// Jobs run side by side: three submitted, waited for in reverse order; an only_drive read uses
+// that drive alone and fails when it has failed (no retry elsewhere).
+TEST_P(Reader, AsyncJobsAndSingleDriveReads) {
+  TempDrives t(2, 6u << 20);
+  ReaderOptions o;
+  o.use_uring = GetParam();
+  o.chunk_bytes = 256 << 10;
+  auto r = ReplicaReader::open(t.drives, o);
+  ASSERT_TRUE(r.ok());
+  std::vector<AlignedBuffer> bufs;
+  std::vector<ReplicaReader::Job> jobs;
+  for (int i = 0; i < 3; ++i) {
+    bufs.emplace_back(2 << 20);
+    auto j = (*r)->submit({{"sub/data.bin", uint64_t(i) << 21, 2 << 20, bufs.back().data()}});
+    ASSERT_TRUE(j.ok());
+    jobs.push_back(*j);
+  }
+  bool polled = false;
+  for (int k = 0; k < 100000 && !polled; ++k) polled = (*r)->poll(jobs[0]);
+  EXPECT_TRUE(polled);
+  for (int i = 2; i >= 0; --i) {
+    ASSERT_TRUE((*r)->wait(jobs[size_t(i)]).ok());
+    EXPECT_EQ(std::memcmp(bufs[size_t(i)].data(), t.bytes.data() + (size_t(i) << 21), 2 << 20), 0) << i;
+  }
+  const uint64_t b0 = (*r)->stats(0).bytes_read, b1 = (*r)->stats(1).bytes_read;
+  expect_range(t, **r, 0, 0, true);
+  AlignedBuffer one(1 << 20);
+  ASSERT_TRUE((*r)->read({{"sub/data.bin", 1 << 20, 1 << 20, one.data()}}, /*only_drive=*/1).ok());
+  EXPECT_EQ(std::memcmp(one.data(), t.bytes.data() + (1 << 20), 1 << 20), 0);
+  EXPECT_EQ((*r)->stats(0).bytes_read, b0);
+  EXPECT_EQ((*r)->stats(1).bytes_read, b1 + (1 << 20));
+  (*r)->mark_failed(1, "checksum mismatch (test)");
+  EXPECT_FALSE((*r)->read({{"sub/data.bin", 0, 1 << 20, one.data()}}, 1).ok());
+  EXPECT_TRUE((*r)->read({{"sub/data.bin", 0, 1 << 20, one.data()}}).ok());
+  EXPECT_GT((*r)->wait_ns(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, Reader, ::testing::Values(true, false),
                          [](const auto& i) { return std::string(i.param ? "io_uring" : "pread"); });
 
@@ -238,6 +348,23 @@ TEST(SlotCache, LfuHistorySurvivesEviction) {
   auto c2 = lfu.acquire(11);  // 1 has 6 uses, 2 has 5
   EXPECT_EQ(c2.evicted_key, 2);
   lfu.release(c2.slot);
+}
+
+TEST(ReaderFault, Parses) {
+  auto f = parse_reader_fault("1@40:truncate");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->drive, 1);
+  EXPECT_EQ(f->after, 40u);
+  EXPECT_EQ(f->kind, ReaderFault::Kind::kTruncate);
+  f = parse_reader_fault("0@0:delay=1500");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->kind, ReaderFault::Kind::kDelay);
+  EXPECT_EQ(f->delay_us, 1500);
+  EXPECT_EQ(parse_reader_fault("0@1:eio")->kind, ReaderFault::Kind::kEio);
+  EXPECT_EQ(parse_reader_fault("0@1:unlink")->kind, ReaderFault::Kind::kUnlink);
+  EXPECT_FALSE(parse_reader_fault("0:eio").ok());
+  EXPECT_FALSE(parse_reader_fault("0@x:eio").ok());
+  EXPECT_FALSE(parse_reader_fault("0@1:melt").ok());
 }
 
 TEST(DriveProbe, MeasuresRates) {
