@@ -30,6 +30,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/numerics.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/reg_gemv.h"
 
 namespace fb::cuda {
 
@@ -354,6 +355,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
 }
 
 std::atomic<bool> g_async_scales{true};
+std::atomic<bool> g_reg_stream{false};
 
 size_t smem_bytes(int mode, int kc_max) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
@@ -415,6 +417,9 @@ namespace {
 std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
 
+void set_tc_reg_stream(bool on) { g_reg_stream.store(on, std::memory_order_relaxed); }
+bool tc_reg_stream() { return g_reg_stream.load(std::memory_order_relaxed); }
+
 void set_tc_async_scales(bool on) { g_async_scales.store(on, std::memory_order_relaxed); }
 bool tc_async_scales() { return g_async_scales.load(std::memory_order_relaxed); }
 
@@ -440,6 +445,7 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
+  if (tc_reg_stream()) return reg_fp8_gemv(q, M, wa, ya, wb, yb, st);
   return launch<kModeFp8>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
 }
 
@@ -451,6 +457,7 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   FB_CHECK(((M - 1) / x_div + 1) * wa.K <= q.capacity || M == 0) << "tc fp4 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || wa.N == 0) return Status();
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
+  if (tc_reg_stream()) return reg_fp4_gemv(q, M, x_div, wa, ya, wb, yb, expert, st);
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
 }

@@ -59,6 +59,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "fast_attn") return flag(o.fast_attn);
   if (name == "wo_a_fp8") return flag(o.wo_a_fp8);
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
+  if (name == "reg_gemv") return flag(o.reg_gemv);
   if (name == "attn_heads_per_cta") {
     char* end = nullptr;
     const long v = std::strtol(value.c_str(), &end, 10);
@@ -71,7 +72,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "bounded_replay") return flag(o.bounded_replay);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, attn_split, attn_predequant, bounded_replay)";
+                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, reg_gemv, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "expert_prefetch_min_rows, expert_prefetch_entries)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -96,6 +98,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
 
 // ---- loading -------------------------------------------------------------------------------------
 
+  set_tc_reg_stream(o.reg_gemv);              // process-wide; only the fast class calls these GEMVs
 CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
     : snap_(std::move(snap)),
       cfg_(snap_->config()),
