@@ -88,6 +88,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
   set_fast_gemv_tc(o.tc_gemv);                // process-wide; only the fast class calls these GEMVs
   set_tc_async_scales(o.tc_async_scales);     // process-wide, same bits either way
+  set_tc_reg_stream(o.reg_gemv);              // process-wide; only the fast class calls these GEMVs
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
@@ -98,7 +99,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
 
 // ---- loading -------------------------------------------------------------------------------------
 
-  set_tc_reg_stream(o.reg_gemv);              // process-wide; only the fast class calls these GEMVs
 CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map)
     : snap_(std::move(snap)),
       cfg_(snap_->config()),
