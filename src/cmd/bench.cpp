@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
 
 #include "base/progress.h"
@@ -134,6 +135,8 @@ struct Args {
   bool sessions_dspark = false;
   int64_t arrival_prompt = 0;
   int arrival_streams = 7;
+  int64_t arrival_tail = 4096;
+  bool sessions_prefill = false;    // really prefill the sessions' contexts (default: fake-filled)
   double mixed_step_factor = 2.0;
 };
 
@@ -544,8 +547,10 @@ int run(const Args& a) {
                                [&csv](const std::string& n, int64_t L, double v, const char* u, double share) { csv.row(n, L, v, u, share); });
     }
     if (!a.sessions.empty() || a.arrival_prompt > 0) {
-      // issue 20: N sessions in shared steps at one context (their prompts really prefilled), and
-      // a long prompt arriving beside decoding streams under the engine's prefill policy.
+      // issue 20: N sessions in shared steps at one context, and a long prompt arriving beside
+      // decoding streams under the engine's prefill policy. The contexts are fake-filled
+      // (bench/fake_context.h: a decode step costs what it costs at a real context of that length)
+      // unless --sessions-prefill; so is the arrival prompt up to its last --arrival-tail tokens.
       engine::SessionRoundsOptions so;
       so.sessions = a.sessions;
       so.context = a.sessions_context;
@@ -555,6 +560,18 @@ int run(const Args& a) {
       so.arrival_prompt = a.arrival_prompt;
       so.arrival_streams = a.arrival_streams;
       so.step_factor = a.mixed_step_factor;
+      if (!a.sessions_prefill) {
+        cuda::CudaExecutor& cx = **ex;
+        uint64_t fills = 0;
+        so.fill_context = [&cx, &fills](model::SessionState& s, std::span<const int32_t> tokens) -> Status {
+          auto& cs = static_cast<cuda::CudaSession&>(s);
+          FB_RETURN_IF_ERROR(bench::fill_fake_context(cx, cs, int64_t(tokens.size()), 0x5E55 + fills++));
+          cs.tokens.assign(tokens.begin(), tokens.end());  // the generator's history (Engram hashes read them)
+          return Status();
+        };
+        so.arrival_tail = a.arrival_tail;
+      }
+      so.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
       auto sr = engine::run_session_rounds(**ex, so);
       if (!sr.ok()) {
         std::fprintf(stderr, "bench: sessions: %s\n", sr.status().to_string().c_str());
@@ -577,14 +594,15 @@ int run(const Args& a) {
       if (sr->has_arrival) {
         const engine::ArrivalResult& ar = sr->arrival;
         std::fprintf(stderr, "bench: a %lld-token prompt beside %d streams at %lld: worst gap %.2f ms vs median %.2f ms before (%.2fx), "
-                     "prefilled in %.2f s over %lld rounds (%lld reference steps, last chunk %lld rows)\n",
+                     "its last %lld rows prefilled in %.2f s over %lld rounds (%lld reference steps, last chunk %lld rows)\n",
                      (long long)a.arrival_prompt, a.arrival_streams, (long long)L, ar.worst_gap_ms, ar.median_gap_ms,
-                     ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, ar.prefill_s, (long long)ar.rounds,
-                     (long long)ar.reference_steps, (long long)ar.last_chunk);
+                     ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, (long long)ar.prefilled_rows, ar.prefill_s,
+                     (long long)ar.rounds, (long long)ar.reference_steps, (long long)ar.last_chunk);
         csv.row("arrival_worst_gap_ms", a.arrival_prompt, ar.worst_gap_ms, "ms, the streams' worst gap while the prompt prefilled");
         csv.row("arrival_median_gap_ms", a.arrival_prompt, ar.median_gap_ms, "ms, their median gap before it arrived");
         csv.row("arrival_gap_ratio", a.arrival_prompt, ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, "worst / median");
         csv.row("arrival_prefill_s", a.arrival_prompt, ar.prefill_s, "s, arrival to the prompt's last chunk");
+        csv.row("arrival_prefilled_rows", a.arrival_prompt, double(ar.prefilled_rows), "prompt rows prefilled beside the streams (the rest filled)");
       }
     }
     // Forced acceptance p: plain greedy first, then DSpark with full blocks (spec/13 §5), and with
@@ -692,13 +710,20 @@ Runner add_bench(CLI::App& app) {
                                   "with --synthetic: aggregate decode of N sessions in shared steps at --sessions-context (issue 20; no "
                                   "single-session decode rows unless --contexts is given)")
                        ->delimiter(',');
-  app.add_option("--sessions-context", a->sessions_context, "prompt tokens of each --sessions session (really prefilled)")->capture_default_str();
+  app.add_option("--sessions-context", a->sessions_context, "context tokens of each --sessions session (fake-filled unless --sessions-prefill)")
+      ->capture_default_str();
+  app.add_flag("--sessions-prefill", a->sessions_prefill,
+               "really prefill the --sessions contexts and the whole --arrival-prompt (minutes at 4K x 16 sessions; default: fake-filled "
+               "caches, bench/fake_context.h)");
   app.add_option("--session-rounds", a->session_rounds, "timed decode rounds per session count")->capture_default_str();
   app.add_flag("--sessions-dspark", a->sessions_dspark, "--sessions rounds with DSpark (drafts in one call, verify blocks in the step)");
   auto* arrival = app.add_option("--arrival-prompt", a->arrival_prompt,
                                  "with --synthetic: a prompt of N tokens arrives beside --arrival-streams decoding sessions (at "
                                  "--sessions-context); the streams' worst gap while it prefills vs their median");
   app.add_option("--arrival-streams", a->arrival_streams, "decoding sessions beside --arrival-prompt")->capture_default_str();
+  app.add_option("--arrival-tail", a->arrival_tail,
+                 "the --arrival-prompt's last N tokens are prefilled beside the streams, the rest fake-filled before it arrives (0: all)")
+      ->capture_default_str();
   app.add_option("--mixed-step-factor", a->mixed_step_factor, "the prefill policy's bound for --arrival-prompt (as serve's)")->capture_default_str();
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");

@@ -69,6 +69,32 @@ void Generator::reset() {
   round_ = Round{};
 }
 
+Status Generator::adopt_context(std::span<const int32_t> history, int32_t next_token) {
+  FB_CHECK(!awaiting_step() && !prepared()) << "adopt_context with a round in flight";
+  const int64_t H = int64_t(history.size());
+  if (session_->n_pos() != H)
+    return FB_ERROR(kInvalidArgument) << "the session holds " << session_->n_pos() << " positions, the history " << H;
+  for (int32_t id : history)
+    if (id < 0 || id >= vocab_) return FB_ERROR(kInvalidArgument) << "history token id " << id << " is outside the vocabulary";
+  if (next_token >= vocab_) return FB_ERROR(kInvalidArgument) << "next token id " << next_token << " is outside the vocabulary";
+  if (H + (next_token >= 0 ? 1 : 0) >= max_context_) return FB_ERROR(kResourceExhausted) << "a history of " << H << " tokens fills the context";
+  history_.assign(history.begin(), history.end());
+  hist_key_.clear();
+  have_logits_ = false;
+  pending_ = next_token >= 0;
+  pending_token_ = pending_ ? next_token : 0;
+  tap_.clear();  // no tap row of position H - 1: prepare_next decodes plainly first
+  std::fill(tap_hist_pos_.begin(), tap_hist_pos_.end(), -1);
+  reused_ = restored_ = 0;
+  ckpt_upto_ = H;  // nothing of it is ours to checkpoint
+  generated_.clear();
+  backoff_left_ = backoff_next_ = 0;
+  pf_next_ = pf_end_ = pf_planned_ = 0;
+  pf_embeds_ = nullptr;
+  round_ = Round{};
+  return Status();
+}
+
 int64_t Generator::reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds) const {
   int64_t c = 0;
   const int64_t n = std::min<int64_t>(int64_t(history_.size()), int64_t(prompt.size()) - 1);
@@ -481,7 +507,8 @@ Status Generator::prepare_next(const SamplingParams& sp, Rng& rng, std::vector<i
   const int64_t H = int64_t(history_.size());
   if (H + 1 >= max_context_) return FB_ERROR(kResourceExhausted) << "context limit of " << max_context_ << " tokens reached";
   // spec/13 §5: drafting at p = H-1 needs p >= 1 (a one-token prompt decodes plainly first).
-  if (dspark_ok_ && H >= 2 && H + 2 < max_context_) {
+  // (A history adopted without its last tap row, adopt_context, decodes plainly first.)
+  if (dspark_ok_ && H >= 2 && H + 2 < max_context_ && int64_t(tap_.size()) == tap_w_) {
     if (backoff_left_ <= 0) return prepare_draft(sp, rng);
     --backoff_left_;
     ++counters_.backoff_steps;

@@ -162,6 +162,15 @@ class Generator {
   int64_t restored_tokens() const { return restored_; }
   // Fresh cache (drops prefix reuse).
   void reset();
+  // Takes the session as already holding `history` at positions [0, history.size()), written
+  // there by the caller without this generator (the sessions bench fakes long contexts this way:
+  // bench/fake_context.h). Nothing runs. With next_token >= 0 that token is pending: the next
+  // round feeds it at position history.size(), as after an emission (a DSpark session's first
+  // round then decodes plainly, since no tap row of the last position exists yet). With -1
+  // nothing is pending: begin_prefill of a prompt that starts with `history` prefills only the
+  // rest. [policy] benchmark use: the caller vouches that the cache matches `history`.
+  // Errors: the session's position count differs from the history, ids outside the vocabulary.
+  Status adopt_context(std::span<const int32_t> history, int32_t next_token);
   // Common prefix of the cached history and `prompt` that prefill() would keep (a hint for
   // choosing among several generators).
   int64_t reusable_prefix(std::span<const int32_t> prompt, const PromptEmbeddings* embeds = nullptr) const;

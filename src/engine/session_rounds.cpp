@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "engine/generator.h"
@@ -103,6 +104,17 @@ double percentile(std::vector<double> v, double q) {
 
 Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const SessionRoundsOptions& o) {
   const model::Config& c = ex.config();
+  const double t_run = now_s();
+  // One progress line: what runs now, seconds since the run began.
+  auto say = [&](const char* fmt, auto... args) {
+    if (!o.log) return;
+    char line[320];
+    const int n = std::snprintf(line, sizeof line, fmt, args...);
+    if (n < 0) return;
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " (%.1f s)", now_s() - t_run);
+    o.log(std::string(line) + tail);
+  };
   GeneratorOptions go;
   go.dspark = o.dspark;
   go.prefill_chunk = o.prefill_chunk;
@@ -120,20 +132,32 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
   }
   if (o.context + 2 + o.rounds * (c.dspark_block_size + 1) >= all[0].gen->max_context())
     return FB_ERROR(kInvalidArgument) << "context " << o.context << " plus the rounds' tokens exceeds the model's context";
-  // The first N sessions at their prompts (prefix reuse makes the repeats cheap) and decoding.
+  // The first N sessions at their prompts and decoding. Prefilled: prefix reuse makes the repeats
+  // cheap. Filled: a fresh session each time, its prompt's first token pending, so every count
+  // starts from the same state (session 0's tokens can be compared across counts).
   auto start = [&](int n) -> Result<std::vector<Sess*>> {
     std::vector<Sess*> ss;
+    say("sessions: %d session%s: %s %lld-token contexts", n, n == 1 ? "" : "s", o.fill_context ? "filling" : "prefilling",
+        (long long)o.context);
     for (int i = 0; i < n; ++i) {
       Sess& s = all[size_t(i)];
-      FB_RETURN_IF_ERROR(s.gen->prefill(s.prompt));
+      if (o.fill_context) {
+        s.gen->reset();
+        FB_RETURN_IF_ERROR(o.fill_context(*s.gen->session(), s.prompt));
+        FB_RETURN_IF_ERROR(s.gen->adopt_context(s.prompt, s.prompt.front()));
+      } else {
+        FB_RETURN_IF_ERROR(s.gen->prefill(s.prompt));
+      }
       ss.push_back(&s);
     }
+    say("sessions: %d session%s: warm-up rounds", n, n == 1 ? "" : "s");
     for (int w = 0; w < 2; ++w) FB_TRY(run_round(ex, ss, nullptr, 0, nullptr));  // first tokens, DSpark calibration
     return ss;
   };
   SessionRoundsResult res;
   for (int n : o.sessions) {
     const std::vector<Sess*> ss = FB_TRY(start(n));
+    say("sessions: %d session%s: %d timed rounds", n, n == 1 ? "" : "s", o.rounds);
     SessionRoundsRow row;
     row.sessions = n;
     std::vector<double> gaps;
@@ -151,6 +175,8 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
     row.gap_p50_ms = percentile(gaps, 0.5) * 1e3;
     row.gap_p99_ms = percentile(gaps, 0.99) * 1e3;
     row.gap_max_ms = percentile(gaps, 1.0) * 1e3;
+    say("sessions: %d session%s: %.1f tok/s, %.1f rows/step, round p50 %.2f ms, p99 %.2f ms", n, n == 1 ? "" : "s", row.tok_s,
+        row.rows_per_step, row.gap_p50_ms, row.gap_p99_ms);
     res.rows.push_back(std::move(row));
   }
   if (o.arrival_prompt > 0) {
@@ -161,6 +187,7 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
     po.step_factor = o.step_factor;
     PrefillPolicy pol(po);
     std::vector<double> before;
+    say("arrival: %d streams: %d rounds before the prompt", o.arrival_streams, o.arrival_before);
     for (int k = 0; k < o.arrival_before; ++k) {
       const RoundOut r = FB_TRY(run_round(ex, ss, nullptr, 0, nullptr));
       before.push_back(r.wall_s);
@@ -168,8 +195,20 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
     }
     Generator pf(ex, go);
     const std::vector<int32_t> prompt = synthetic_prompt(o.arrival_prompt, c.vocab_size, o.seed + 7777);
+    // A filled prefix: the prompt's cache up to its last arrival_tail positions is written before
+    // it arrives; begin_prefill reuses it and prefills the tail beside the streams.
+    const int64_t tail = o.fill_context && o.arrival_tail > 0 && o.arrival_tail < o.arrival_prompt ? o.arrival_tail : o.arrival_prompt;
+    if (tail < o.arrival_prompt) {
+      say("arrival: filling the prompt's first %lld tokens", (long long)(o.arrival_prompt - tail));
+      const std::span<const int32_t> head(prompt.data(), size_t(o.arrival_prompt - tail));
+      FB_RETURN_IF_ERROR(o.fill_context(*pf.session(), head));
+      FB_RETURN_IF_ERROR(pf.adopt_context(head, -1));
+    }
     FB_RETURN_IF_ERROR(pf.begin_prefill(prompt));
     ArrivalResult& a = res.arrival;
+    a.prefilled_rows = pf.prefill_total();
+    say("arrival: a %lld-token prompt arrives beside %d streams; %lld rows to prefill", (long long)o.arrival_prompt, o.arrival_streams,
+        (long long)a.prefilled_rows);
     const int64_t refs0 = pol.reference_steps();
     const double t_arrive = now_s();
     while (pf.prefill_rows_left() > 0) {
@@ -177,6 +216,9 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
       pol.observe(r.rows - r.prefill_rows, r.prefill_rows, r.step_s);
       a.worst_gap_ms = std::max(a.worst_gap_ms, r.wall_s * 1e3);
       ++a.rounds;
+      if (o.log_every_rounds > 0 && a.rounds % o.log_every_rounds == 0)
+        say("arrival: %lld of %lld rows after %lld rounds, worst gap %.2f ms, chunk %lld rows", (long long)pf.prefill_done(),
+            (long long)pf.prefill_total(), (long long)a.rounds, a.worst_gap_ms, (long long)pol.last_mixed_rows());
     }
     a.prefill_s = now_s() - t_arrive;
     a.median_gap_ms = percentile(before, 0.5) * 1e3;

@@ -6,9 +6,15 @@
 // case: `arrival_streams` sessions decode while a prompt of `arrival_prompt` tokens comes in beside
 // them, chunked by engine::PrefillPolicy; their worst gap during the prefill against their median
 // gap before it. No tokenizer (the device build has none): greedy sampling on token ids.
+// With `fill_context` the sessions' contexts (and the arrival prompt's first part) are written by
+// the caller instead of prefilled (the GPU bench fakes them: bench/fake_context.h), so a run costs
+// its decode rounds, not 16 x 4K prompts; `log` gets one line per phase.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -28,6 +34,16 @@ struct SessionRoundsOptions {
   double step_factor = 2.0;   // PrefillPolicyOptions::step_factor
   int64_t fixed_rows = 0;     // PrefillPolicyOptions::fixed_rows (0: measured)
   uint64_t seed = 1;
+  // Brings a fresh session (no positions) to holding `tokens` at positions [0, tokens.size())
+  // without the generator (Generator::adopt_context takes it from there). Null: real prefill.
+  std::function<Status(model::SessionState& s, std::span<const int32_t> tokens)> fill_context;
+  // With fill_context: the arrival prompt's last `arrival_tail` tokens are prefilled beside the
+  // streams, the rest filled (the gap is measured at the prompt's dearest positions, its end);
+  // 0: the whole prompt is prefilled.
+  int64_t arrival_tail = 0;
+  // One line per phase and session count (what runs, elapsed seconds); null: silent.
+  std::function<void(const std::string&)> log;
+  int64_t log_every_rounds = 200;  // and every this many rounds of the arrival's prefill
 };
 
 struct SessionRoundsRow {
@@ -45,6 +61,7 @@ struct ArrivalResult {
   int64_t rounds = 0;        // rounds while it prefilled (reference steps included)
   int64_t reference_steps = 0;
   int64_t last_chunk = 0;    // the policy's last mixed chunk
+  int64_t prefilled_rows = 0;  // prompt rows prefilled beside the streams (all but a filled prefix)
 };
 
 struct SessionRoundsResult {
