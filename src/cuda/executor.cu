@@ -2,6 +2,7 @@
 // forward(); the sublayer ops it shares with the draft are in layer_ops.h, the draft in draft.cu,
 // loading and sessions in weights.cu / session.cu. Class for class the mirror of cpu/executor.cpp.
 #include "cuda/layer_ops.h"
+#include "model/step_parts.h"
 
 namespace fb::cuda {
 
@@ -777,6 +778,29 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
     max_pos = std::max(max_pos, r.pos);
   }
   if (step.rows.empty()) return model::StepOutput{};
+  // [fast] Row invariance of shared steps (issue 20, docs/numerics.md): the fast class's decode
+  // kernels (GEMVs, fused small ops, attention) take steps of at most 64 rows and a larger step
+  // that is not a tensor-core prefill step takes the exact ones, so a decode row beside enough
+  // other rows (several sessions' verify blocks, a prompt chunk) would change bits. Such a step
+  // runs as parts of its own (model::split_step): its prompt chunk alone (the kernels that chunk
+  // takes alone), then whole sessions' rows in parts of at most 64. A decode row then always runs
+  // in a step of <= 64 rows that is not a tensor-core step: its kernels depend on its own kind
+  // only. Each part reads the weights again; in the exact class every kernel is row-invariant
+  // (the CPU's bits) and steps stay whole. Layer-gate taps are per step: such steps stay whole.
+  constexpr int64_t kRowInvariantMaxRows = 64;  // layer_ops.h kFastGemvMaxRows
+  static_assert(kRowInvariantMaxRows <= kFastAttnMaxRows && kRowInvariantMaxRows <= kFastSmallMaxRows);
+  if ((fast_gemv_ || fast_small_ || fast_attn_) && !taps && int64_t(step.rows.size()) > kRowInvariantMaxRows) {
+    const std::vector<model::StepPart> parts = model::split_step(step, kRowInvariantMaxRows);
+    if (parts.size() > 1) {
+      model::StepOutput all;
+      for (const model::StepPart& p : parts) {
+        auto o = forward(model::part_step(step, p), sessions, nullptr);
+        if (!o.ok()) return o.status();  // earlier parts stay in their sessions: as a failed step
+        model::append_part_output(&all, std::move(o).value(), p, int64_t(step.rows.size()), step.taps_from_row);
+      }
+      return all;
+    }
+  }
   set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);

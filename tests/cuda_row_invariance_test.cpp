@@ -1,0 +1,205 @@
+// Row invariance of shared steps on the CUDA executor (issue 20; CLARIFICATIONS "Numerics
+// classes"): one decode session's logits and DSpark tap rows are the same bits whether each of its
+// steps runs alone or beside other sessions' decode / verify rows and a prompt chunk, in both
+// numerics classes, on steps of at most 64 rows and on larger ones (which the executor runs as
+// parts: model::split_step). Models: the smooth tiny model at hidden 1,024 (where the fast
+// kernels' bits differ from the exact ones, so a step that switched kernels would show) and the
+// tiny-s0 fixture's checkpoint when present. Label gpu (skips without a device).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/executor.h"
+#include "cuda/gpu_test_util.h"
+#include "tiny_model_util.h"
+
+namespace fb {
+namespace {
+
+struct Case {
+  const char* name;
+  int others;            // sessions beside the subject
+  int64_t other_rows;    // decode rows of each of them per step (> 1: a verify block)
+  int64_t chunk;         // prompt rows of a prefilling session per step (0: none)
+  int64_t subject_rows;  // the subject's decode rows per step
+};
+
+// (7 x 9 + 16 + 1 = 80 rows, 7 x 12 + 1 = 85 and 100 + 45 + 4 = 149 run as parts in the fast class.)
+const Case kCases[] = {
+    {"three_beside", 3, 1, 0, 1},        {"seven_and_a_chunk", 7, 1, 16, 1}, {"seven_verify_blocks_and_a_chunk", 7, 9, 16, 1},
+    {"eighty_five_decode_rows", 7, 12, 0, 1}, {"verify_block_beside_a_big_chunk", 5, 9, 100, 4},
+};
+constexpr int kSteps = 6;
+
+std::vector<int32_t> prompt_of(int64_t n, int salt) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(int32_t((7919 * (i + 1) + 104729 * salt) % 120000 + 100));
+  return p;
+}
+
+// Prompt rows [s0, s1) of `prompt` for session `session`.
+void add_prompt_rows(model::Step* st, int session, const std::vector<int32_t>& prompt, int64_t s0, int64_t s1) {
+  for (int64_t p = s0; p < s1; ++p) {
+    model::Row r = model::prefill_row(p, prompt[size_t(p)], int64_t(prompt.size()));
+    r.session = session;
+    st->rows.push_back(r);
+  }
+}
+void add_decode_rows(model::Step* st, int session, int64_t pos, int64_t n, int salt) {
+  for (int64_t i = 0; i < n; ++i) {
+    model::Row r;
+    r.session = session;
+    r.pos = pos + i;
+    r.token = int32_t((1009 * (pos + i) + 31 * salt) % 120000 + 100);
+    r.want_logits = true;
+    st->rows.push_back(r);
+  }
+}
+
+Status prefill(model::Executor& ex, model::SessionState& s, const std::vector<int32_t>& prompt) {
+  model::Step st;
+  add_prompt_rows(&st, 0, prompt, 0, int64_t(prompt.size()));
+  std::vector<model::SessionState*> ss{&s};
+  return ex.forward(st, ss).status();
+}
+
+// The subject's logits and tap rows of each step: rows [first, first + n) of the step's output.
+struct Seen {
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<uint16_t>> taps;
+};
+void keep(const model::StepOutput& o, int64_t first, int64_t n, int64_t vocab, int64_t tap_w, Seen* seen) {
+  std::vector<float> l;
+  for (size_t i = 0; i < o.logit_rows.size(); ++i)
+    if (o.logit_rows[i] >= first && o.logit_rows[i] < first + n)
+      l.insert(l.end(), o.logits.begin() + int64_t(i) * vocab, o.logits.begin() + int64_t(i + 1) * vocab);
+  seen->logits.push_back(std::move(l));
+  std::vector<uint16_t> t;
+  if (tap_w > 0) {
+    EXPECT_EQ(o.taps_first_row, 0);
+    t.assign(o.taps.begin() + first * tap_w, o.taps.begin() + (first + n) * tap_w);
+  }
+  seen->taps.push_back(std::move(t));
+}
+
+void check_case(cuda::CudaExecutor& ex, const Case& c) {
+  const model::Config& cfg = ex.config();
+  const int64_t V = cfg.vocab_size, tap_w = int64_t(cfg.dspark_target_layer_ids.size()) * cfg.dim;
+  const std::vector<int32_t> subject_prompt = prompt_of(40, 1);
+  // Alone.
+  Seen alone;
+  {
+    auto s = ex.new_session();
+    ASSERT_TRUE(prefill(ex, *s, subject_prompt).ok());
+    std::vector<model::SessionState*> ss{s.get()};
+    for (int k = 0; k < kSteps; ++k) {
+      model::Step st;
+      add_decode_rows(&st, 0, s->n_pos(), c.subject_rows, 0);
+      auto o = ex.forward(st, ss);
+      ASSERT_TRUE(o.ok()) << o.status().to_string();
+      keep(*o, 0, c.subject_rows, V, tap_w, &alone);
+    }
+  }
+  // Beside the others: [the prefilling session,] others before the subject, the subject, the rest.
+  Seen beside;
+  std::vector<std::unique_ptr<model::SessionState>> own;
+  std::vector<model::SessionState*> ss;
+  std::vector<int32_t> newcomer_prompt;
+  int newcomer = -1;
+  if (c.chunk > 0) {
+    newcomer_prompt = prompt_of(c.chunk * kSteps + 5, 99);
+    own.push_back(ex.new_session());
+    newcomer = int(ss.size());
+    ss.push_back(own.back().get());
+  }
+  std::vector<int> others;
+  int subject = -1;
+  for (int j = 0; j <= c.others; ++j) {
+    own.push_back(ex.new_session());
+    if (j == c.others / 2) {
+      subject = int(ss.size());
+      ASSERT_TRUE(prefill(ex, *own.back(), subject_prompt).ok());
+    } else {
+      others.push_back(int(ss.size()));
+      ASSERT_TRUE(prefill(ex, *own.back(), prompt_of(24 + 5 * j, 2 + j)).ok());
+    }
+    ss.push_back(own.back().get());
+  }
+  int64_t max_rows = 0;
+  for (int k = 0; k < kSteps; ++k) {
+    model::Step st;
+    if (newcomer >= 0) add_prompt_rows(&st, newcomer, newcomer_prompt, k * c.chunk, (k + 1) * c.chunk);
+    int64_t subject_first = -1;
+    for (int s = 0; s < int(ss.size()); ++s) {
+      if (s == newcomer) continue;
+      if (s == subject) {
+        subject_first = int64_t(st.rows.size());
+        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.subject_rows, 0);
+      } else {
+        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.other_rows, 7 * s + k);
+      }
+    }
+    max_rows = std::max(max_rows, int64_t(st.rows.size()));
+    auto o = ex.forward(st, ss);
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    keep(*o, subject_first, c.subject_rows, V, tap_w, &beside);
+  }
+  std::printf("%s (%s): steps of %lld rows\n", c.name, cuda::numerics_name(ex.run_options().numerics), (long long)max_rows);
+  ASSERT_EQ(alone.logits.size(), beside.logits.size());
+  for (int k = 0; k < kSteps; ++k) {
+    ASSERT_EQ(alone.logits[size_t(k)].size(), size_t(c.subject_rows * V));
+    ASSERT_EQ(beside.logits[size_t(k)].size(), alone.logits[size_t(k)].size());
+    EXPECT_EQ(std::memcmp(alone.logits[size_t(k)].data(), beside.logits[size_t(k)].data(), alone.logits[size_t(k)].size() * sizeof(float)), 0)
+        << c.name << ": the subject's logits of step " << k << " changed beside the others (" << max_rows << " rows)";
+    EXPECT_EQ(alone.taps[size_t(k)], beside.taps[size_t(k)]) << c.name << ": tap rows of step " << k;
+  }
+}
+
+const std::string& smooth_model() {
+  static const std::string dir = [] {
+    auto d = testing_util::write_test_tiny_model("fb_cuda_row_invariance", 11, true);
+    FB_CHECK(d.ok()) << d.status().to_string();
+    return *d;
+  }();
+  return dir;
+}
+
+class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, cuda::Numerics>> {};
+
+TEST_P(RowInvariance, DecodeRowsAloneEqualBesideOthers) {
+  FB_NEED_GPU();
+  const std::string model = std::get<0>(GetParam());
+  std::string dir;
+  if (model == "smooth") {
+    dir = smooth_model();
+  } else {
+    std::string why;
+    const std::string f = cuda::test_util::runnable_fixture(model, &why);
+    if (f.empty()) GTEST_SKIP() << why;
+    dir = f + "/checkpoint";
+  }
+  cuda::CudaLoadOptions lo;
+  lo.run.numerics = std::get<1>(GetParam());
+  auto ex = cuda::CudaExecutor::load(dir, {}, lo);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    check_case(**ex, c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, RowInvariance,
+                         ::testing::Combine(::testing::Values("smooth", "tiny-s0"), ::testing::Values(cuda::Numerics::kFast, cuda::Numerics::kExact)),
+                         [](const auto& i) {
+                           std::string n = std::string(std::get<0>(i.param)) + "_" + cuda::numerics_name(std::get<1>(i.param));
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace fb
