@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -35,9 +36,12 @@ const Case kCases[] = {
 };
 constexpr int kSteps = 6;
 
-std::vector<int32_t> prompt_of(int64_t n, int salt) {
+// Token ids above the special ones, inside any of the models' vocabularies (tiny-s0 has 512).
+int32_t token_id(int64_t x, int64_t vocab) { return int32_t(16 + x % (vocab - 16)); }
+
+std::vector<int32_t> prompt_of(int64_t n, int salt, int64_t vocab) {
   std::vector<int32_t> p;
-  for (int64_t i = 0; i < n; ++i) p.push_back(int32_t((7919 * (i + 1) + 104729 * salt) % 120000 + 100));
+  for (int64_t i = 0; i < n; ++i) p.push_back(token_id(7919 * (i + 1) + 104729 * salt, vocab));
   return p;
 }
 
@@ -49,12 +53,12 @@ void add_prompt_rows(model::Step* st, int session, const std::vector<int32_t>& p
     st->rows.push_back(r);
   }
 }
-void add_decode_rows(model::Step* st, int session, int64_t pos, int64_t n, int salt) {
+void add_decode_rows(model::Step* st, int session, int64_t pos, int64_t n, int salt, int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
     model::Row r;
     r.session = session;
     r.pos = pos + i;
-    r.token = int32_t((1009 * (pos + i) + 31 * salt) % 120000 + 100);
+    r.token = token_id(1009 * (pos + i) + 31 * salt, vocab);
     r.want_logits = true;
     st->rows.push_back(r);
   }
@@ -89,7 +93,13 @@ void keep(const model::StepOutput& o, int64_t first, int64_t n, int64_t vocab, i
 void check_case(cuda::CudaExecutor& ex, const Case& c) {
   const model::Config& cfg = ex.config();
   const int64_t V = cfg.vocab_size, tap_w = int64_t(cfg.dspark_target_layer_ids.size()) * cfg.dim;
-  const std::vector<int32_t> subject_prompt = prompt_of(40, 1);
+  const std::vector<int32_t> subject_prompt = prompt_of(40, 1, V);
+  // Positions the case reaches (the newcomer's prompt is the longest): within the model's context.
+  const int64_t reach = std::max<int64_t>({40 + kSteps * c.subject_rows, 24 + 5 * c.others + kSteps * c.other_rows, c.chunk * kSteps + 5});
+  if (cfg.max_position_embeddings > 0 && reach > cfg.max_position_embeddings) {
+    std::printf("%s: skipped, reaches position %lld of a %lld-position model\n", c.name, (long long)reach, (long long)cfg.max_position_embeddings);
+    return;
+  }
   // Alone.
   Seen alone;
   {
@@ -98,7 +108,7 @@ void check_case(cuda::CudaExecutor& ex, const Case& c) {
     std::vector<model::SessionState*> ss{s.get()};
     for (int k = 0; k < kSteps; ++k) {
       model::Step st;
-      add_decode_rows(&st, 0, s->n_pos(), c.subject_rows, 0);
+      add_decode_rows(&st, 0, s->n_pos(), c.subject_rows, 0, V);
       auto o = ex.forward(st, ss);
       ASSERT_TRUE(o.ok()) << o.status().to_string();
       keep(*o, 0, c.subject_rows, V, tap_w, &alone);
@@ -111,7 +121,7 @@ void check_case(cuda::CudaExecutor& ex, const Case& c) {
   std::vector<int32_t> newcomer_prompt;
   int newcomer = -1;
   if (c.chunk > 0) {
-    newcomer_prompt = prompt_of(c.chunk * kSteps + 5, 99);
+    newcomer_prompt = prompt_of(c.chunk * kSteps + 5, 99, V);
     own.push_back(ex.new_session());
     newcomer = int(ss.size());
     ss.push_back(own.back().get());
@@ -125,7 +135,7 @@ void check_case(cuda::CudaExecutor& ex, const Case& c) {
       ASSERT_TRUE(prefill(ex, *own.back(), subject_prompt).ok());
     } else {
       others.push_back(int(ss.size()));
-      ASSERT_TRUE(prefill(ex, *own.back(), prompt_of(24 + 5 * j, 2 + j)).ok());
+      ASSERT_TRUE(prefill(ex, *own.back(), prompt_of(24 + 5 * j, 2 + j, V)).ok());
     }
     ss.push_back(own.back().get());
   }
@@ -138,9 +148,9 @@ void check_case(cuda::CudaExecutor& ex, const Case& c) {
       if (s == newcomer) continue;
       if (s == subject) {
         subject_first = int64_t(st.rows.size());
-        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.subject_rows, 0);
+        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.subject_rows, 0, V);
       } else {
-        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.other_rows, 7 * s + k);
+        add_decode_rows(&st, s, ss[size_t(s)]->n_pos(), c.other_rows, 7 * s + k, V);
       }
     }
     max_rows = std::max(max_rows, int64_t(st.rows.size()));
