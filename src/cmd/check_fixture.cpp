@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR...]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -24,6 +24,8 @@ struct Args {
   int64_t expert_slots = 0;
   int64_t host_experts = 0;
   std::vector<std::string> expert_store;
+  std::vector<std::string> faults;  // --fault-replica (storage::parse_reader_fault)
+  bool prefetch = true;
   bool verbose = false;
   bool compare_cpu = false;
   std::string numerics = "fast";
@@ -32,6 +34,15 @@ struct Args {
 };
 
 int run(const Args& a) {
+  std::vector<storage::ReaderFault> faults;
+  for (const std::string& f : a.faults) {
+    auto x = storage::parse_reader_fault(f);
+    if (!x.ok()) {
+      std::fprintf(stderr, "check-fixture: --fault-replica: %s\n", x.status().message().c_str());
+      return 2;
+    }
+    faults.push_back(*x);
+  }
   std::vector<std::shared_ptr<storage::TieredExperts>> tiers;  // kept to report hit/miss counters
 #ifdef FB_HAVE_CUDA_EXECUTOR
   std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
@@ -44,6 +55,8 @@ int run(const Args& a) {
         storage::TieredOptions to;
         to.slots_per_layer = int(a.expert_slots);
         to.host_experts = a.host_experts > 0 ? a.host_experts : a.expert_slots;
+        to.prefetch = a.prefetch;
+        to.faults = faults;
         auto src = storage::tiered_experts_for(m.value()->snapshot(), a.expert_store, to);
         if (!src.ok()) return src.status();
         tiers.push_back(src.value());
@@ -72,6 +85,8 @@ int run(const Args& a) {
         eo.expert_slots = int(a.expert_slots);
         eo.host_experts = a.host_experts;
         eo.expert_store = a.expert_store;
+        eo.expert_prefetch = a.prefetch;
+        eo.reader_faults = faults;
         auto src = engine::make_host_tiers("cuda", ckpt, eo);
         if (!src.ok()) return src.status();
         tiers.push_back(src.value());
@@ -118,7 +133,22 @@ int run(const Args& a) {
     std::printf("%s\n", rep->summary_line().c_str());
     std::fflush(stdout);
   }
-  for (const auto& t : tiers) std::fprintf(stderr, "check-fixture: expert tiers: %s\n", t->stats().to_string().c_str());
+  uint64_t wait_ns = 0, reads = 0;
+  for (const auto& t : tiers) {
+    const storage::TierStats s = t->stats();
+    std::fprintf(stderr, "check-fixture: expert tiers: %s\n", s.to_string().c_str());
+    std::string report = t->drive_report();
+    for (size_t p = 0, q; p < report.size(); p = q + 1) {
+      q = report.find('\n', p);
+      if (q == std::string::npos) q = report.size();
+      std::fprintf(stderr, "check-fixture:   %s\n", report.substr(p, q - p).c_str());
+    }
+    wait_ns += s.drive_wait_ns;
+    reads += s.drive_reads;
+  }
+  if (!tiers.empty())
+    std::fprintf(stderr, "check-fixture: exposed drive wait %.2f ms over %llu drive reads (%s)\n", double(wait_ns) / 1e6,
+                 (unsigned long long)reads, a.prefetch ? "prefetch on" : "prefetch off");
   return rc;
 }
 
@@ -134,6 +164,10 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
   app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; CUDA keeps >= 64)");
   app.add_option("--expert-store", a->expert_store, "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
+  app.add_option("--fault-replica", a->faults,
+                 "with --expert-store: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
+                 "(unlink and truncate change the real file) or DRIVE@AFTER:delay=US (a slow drive); repeatable; the output must not change");
+  app.add_flag("!--no-expert-prefetch", a->prefetch, "with --expert-slots: read each missing expert only when it is asked for (no reads at routing time)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   app.add_flag("--compare-cpu", a->compare_cpu,
                "also run the CPU reference in lockstep and compare logits, taps and drafts (bit for bit with --numerics exact)");

@@ -185,10 +185,23 @@ class CpuLayerOps {
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim;
     std::vector<float> router_margin(size_t(T_), INFINITY);
+    // Route every row first, so a tiered expert source can start reading the layer's experts
+    // (prefetch) before the first one is needed.
+    std::vector<Routing> routes(static_cast<size_t>(T_));
+    for_rows([&](int64_t t) {
+      const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
+      routes[size_t(t)] = route(&u_[size_t(t * D)], D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
+    });
+    {
+      std::vector<int> picked;
+      for (int64_t t : rows_) picked.insert(picked.end(), routes[size_t(t)].experts.begin(), routes[size_t(t)].experts.end());
+      std::sort(picked.begin(), picked.end());
+      picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+      m_.experts_->prefetch(l, picked);
+    }
     for_rows([&](int64_t t) {
       const bf16_t* u = &u_[size_t(t * D)];
-      const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
-      Routing rt = route(u, D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
+      const Routing& rt = routes[size_t(t)];
       router_margin[size_t(t)] = rt.margin;
       std::vector<std::pair<int, float>> picks;
       for (size_t k = 0; k < rt.experts.size(); ++k) picks.push_back({rt.experts[k], rt.weights[k]});

@@ -22,6 +22,8 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   auto snap = FB_TRY(loader::Snapshot::open(model_dir));
   storage::TieredOptions to;
   to.host_experts = opt.host_experts > 0 ? opt.host_experts : opt.expert_slots;
+  to.prefetch = opt.expert_prefetch;
+  to.faults = opt.reader_faults;
   if (backend == "cuda") {
     to.slots_per_layer = 1;  // unused: the executor copies from the host records themselves
     to.host_views = true;

@@ -24,6 +24,8 @@ struct ExecutorOptions {
   int expert_staging = 0;            // CUDA: staging slots for LFU admission (0: admit every miss)
   int64_t host_experts = 0;          // host cache records (0: as many as expert_slots per layer x 1)
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards
+  bool expert_prefetch = true;            // drive reads start when the router has run (storage::TieredOptions::prefetch)
+  std::vector<storage::ReaderFault> reader_faults;  // fault injection on the replicas (check-fixture --fault-replica)
   // CUDA numerics class (CLARIFICATIONS "Numerics classes"): "fast" (default; tensor cores, fixed
   // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
   // executor is the reference and accepts both names.

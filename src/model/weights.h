@@ -74,6 +74,13 @@ class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
   virtual ExpertWeights expert(int layer, int e) const = 0;
+  // A hint, given the moment the router has chosen a layer's experts and before their expert()
+  // calls: a source whose bytes come from slow storage starts reading them now (issue 22).
+  // `experts`: the distinct experts the caller will ask for (its own resident ones left out).
+  virtual void prefetch(int layer, const std::vector<int>& experts) const {
+    (void)layer;
+    (void)experts;
+  }
   // Lookups by the tier that supplied them (issue 24), for a source that has tiers; false: it
   // does not count (the snapshot's mapped tensors, the bench's pinned pool).
   virtual bool traffic(ExpertTraffic* out) const {

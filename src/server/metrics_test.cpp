@@ -261,6 +261,13 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   s.expert_tiers.host_misses = 20;
   s.expert_tiers.drive_reads = 20;
   s.expert_tiers.drive_bytes = 4096;
+  s.expert_tiers.drive_wait_ns = 1500000000;
+  s.expert_tiers.prefetch_reads = 18;
+  s.expert_tiers.prefetch_unused = 2;
+  s.expert_tiers.drives.resize(2);
+  s.expert_tiers.drives[1].n_errors = 3;
+  s.expert_tiers.drives[1].failed = true;
+  s.expert_tiers.drives[0].n_hedges = 7;
   s.has_kv_ledger = true;
   s.kv_ledger_tier = memory::Tier::kHbm;
   s.kv_ledger.target_bytes = 1 << 30;
@@ -281,6 +288,13 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   EXPECT_EQ(e.value("flashbox_expert_slot_hits_total"), "900");
   EXPECT_EQ(e.value("flashbox_expert_host_misses_total"), "20");
   EXPECT_EQ(e.value("flashbox_expert_drive_read_bytes_total"), "4096");
+  EXPECT_EQ(e.value("flashbox_expert_drive_wait_seconds_total"), "1.5");
+  EXPECT_EQ(e.value("flashbox_expert_prefetch_reads_total"), "18");
+  EXPECT_EQ(e.value("flashbox_expert_prefetch_unused_total"), "2");
+  EXPECT_EQ(e.value("flashbox_expert_drive_errors_total", {{"drive", "0"}}), "0");
+  EXPECT_EQ(e.value("flashbox_expert_drive_errors_total", {{"drive", "1"}}), "3");
+  EXPECT_EQ(e.value("flashbox_expert_drive_failed", {{"drive", "1"}}), "1");
+  EXPECT_EQ(e.value("flashbox_expert_drive_hedges_total", {{"drive", "0"}}), "7");
   EXPECT_EQ(e.value("flashbox_op_steps_total"), "60");
   EXPECT_EQ(e.value("flashbox_op_seconds_total", {{"family", "embed"}}), "0.5");
   EXPECT_EQ(e.value("flashbox_op_seconds_total", {{"family", "moe"}}), "3.5");

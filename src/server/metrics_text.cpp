@@ -213,6 +213,25 @@ std::string metrics_text(const engine::EngineStats& s, const StatsSource& src) {
     w.one("flashbox_expert_drive_reads_total", "counter", "expert records read from the drives", x.drive_reads);
     w.one("flashbox_expert_drive_read_bytes_total", "counter", "bytes read from the drives for experts", x.drive_bytes);
     w.one("flashbox_expert_slot_overflow_total", "counter", "misses served from a spare buffer (every slot of the layer pinned)", x.overflow);
+    w.one("flashbox_expert_drive_wait_seconds_total", "counter",
+          "exposed drive time: wall time expert lookups waited for drive reads (reads that landed before they were needed cost none)",
+          double(x.drive_wait_ns) / 1e9);
+    w.one("flashbox_expert_prefetch_reads_total", "counter", "expert reads started when the router had run", x.prefetch_reads);
+    w.one("flashbox_expert_prefetch_unused_total", "counter", "prefetched expert reads nobody asked for (bytes read for nothing)",
+          x.prefetch_unused);
+    w.one("flashbox_expert_checksum_failovers_total", "counter", "expert records re-read from another replica after a bad checksum",
+          x.checksum_failovers);
+    if (!x.drives.empty()) {
+      w.family("flashbox_expert_drive_errors_total", "counter", "read errors per replica drive (I/O errors, vanished or truncated files, bad checksums)");
+      for (size_t i = 0; i < x.drives.size(); ++i) w.sample("flashbox_expert_drive_errors_total", {{"drive", std::to_string(i)}}, x.drives[i].n_errors);
+      w.family("flashbox_expert_drive_hedges_total", "counter", "hedged reads issued to each replica drive (a chunk overdue on another drive)");
+      for (size_t i = 0; i < x.drives.size(); ++i) w.sample("flashbox_expert_drive_hedges_total", {{"drive", std::to_string(i)}}, x.drives[i].n_hedges);
+      w.family("flashbox_expert_drive_failed", "gauge", "1 when the replica drive failed and gets no further reads");
+      for (size_t i = 0; i < x.drives.size(); ++i) w.sample("flashbox_expert_drive_failed", {{"drive", std::to_string(i)}}, uint64_t(x.drives[i].failed));
+      w.family("flashbox_expert_drive_rate_bytes_per_second", "gauge", "the reader's estimate of each replica drive's rate (EWMA)");
+      for (size_t i = 0; i < x.drives.size(); ++i)
+        w.sample("flashbox_expert_drive_rate_bytes_per_second", {{"drive", std::to_string(i)}}, x.drives[i].bytes_per_s);
+    }
   }
   const model::ExecutorStats& ex = s.executor;
   if (ex.has_expert_traffic) {

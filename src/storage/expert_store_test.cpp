@@ -136,5 +136,109 @@ TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
   EXPECT_EQ(ExpertStore::open(rep, id).status().code(), StatusCode::kCorrupt);
 }
 
+
+// Reads started by prefetch() (the executor's hint once the router has run) land in the host
+// cache or prefetch buffers and are taken by the expert() calls; a prefetch nobody asks for is
+// finished and counted unused when the next layer starts; bytes always equal the snapshot's. A
+// replica unlinked mid-run (fault hook) and a record with bad bytes on one replica (checksum) are
+// served by the other replica.
+TEST(TieredExperts, PrefetchFailoverAndChecksums) {
+  Tmp t;
+  const std::string dir = checkpoint(t);
+  auto snap = loader::Snapshot::open(dir);
+  ASSERT_TRUE(snap.ok()) << snap.status().to_string();
+  const std::string a = (t.p / "a").string(), b = (t.p / "b").string();
+  ASSERT_TRUE(write_expert_store(**snap, a, {b}).ok());
+  loader::SnapshotExperts direct(**snap);
+  const model::Config& c = (*snap)->config();
+  auto fresh = [&](const std::string& name) {  // replicas of their own (faults change the files)
+    std::vector<std::string> d{(t.p / (name + "0")).string(), (t.p / (name + "1")).string()};
+    for (const std::string& x : d) {
+      fs::remove_all(x);
+      fs::create_directories(x);
+      fs::copy_file(a + "/experts.fbx", x + "/experts.fbx");
+    }
+    return d;
+  };
+  for (int views = 0; views < 2; ++views) {
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 3;
+    o.host_views = views;
+    o.prefetch_buffers = 2;
+    o.faults = {*parse_reader_fault("0@3:unlink")};
+    const std::vector<std::string> d = fresh("p" + std::to_string(views));
+    auto tiers = tiered_experts_for(**snap, d, o);
+    ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+    for (int pass = 0; pass < 2; ++pass)
+      for (int l = 0; l < c.n_total_layers(); ++l) {
+        const int E = c.roles[size_t(l)].n_experts;
+        std::vector<int> pick;
+        for (int e = pass; e < E; e += 2) pick.push_back(e);
+        (*tiers)->prefetch(l, pick);
+        std::vector<model::ExpertWeights> held;  // views stay valid for the layer's epoch
+        for (size_t i = 0; i + 1 < pick.size(); ++i) held.push_back((*tiers)->expert(l, pick[i]));  // the last one is never asked for
+        for (size_t i = 0; i < held.size(); ++i)
+          ASSERT_TRUE(same(held[i], direct.expert(l, pick[i]))) << "layer " << l << " expert " << pick[i] << " views " << views;
+      }
+    (*tiers)->expert(0, 0);  // a new epoch: the last layer's unused prefetch is retired
+    const TierStats s = (*tiers)->stats();
+    EXPECT_GT(s.prefetch_reads, 0u);
+    EXPECT_GT(s.prefetch_used, 0u);
+    EXPECT_GT(s.prefetch_unused, 0u);
+    EXPECT_EQ(s.prefetch_used + s.prefetch_unused, s.prefetch_reads);
+    EXPECT_TRUE((*tiers)->reader().stats(0).failed) << (*tiers)->drive_report();
+    EXPECT_FALSE(fs::exists(d[0] + "/experts.fbx"));
+    EXPECT_NE((*tiers)->drive_report().find("FAILED"), std::string::npos);
+  }
+  {  // prefetch off: same bytes, nothing prefetched
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 3;
+    o.prefetch = false;
+    auto tiers = tiered_experts_for(**snap, {a, b}, o);
+    ASSERT_TRUE(tiers.ok());
+    (*tiers)->prefetch(1, {0, 1, 2});
+    ASSERT_TRUE(same((*tiers)->expert(1, 2), direct.expert(1, 2)));
+    EXPECT_EQ((*tiers)->stats().prefetch_reads, 0u);
+    EXPECT_GT((*tiers)->stats().drive_reads, 0u);
+  }
+  {  // bad bytes in drive 0's copy of expert 1 of layer 0 (the first chunk goes to drive 0)
+    const std::vector<std::string> d = fresh("crc");
+    auto store = ExpertStore::open(d[0]);
+    ASSERT_TRUE(store.ok());
+    {
+      std::fstream f(d[0] + "/experts.fbx", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff((*store)->record_offset(0, 1) + 10));
+      const char x = char(f.peek() ^ 0x5a);
+      f.seekp(std::streamoff((*store)->record_offset(0, 1) + 10));
+      f.put(x);
+    }
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 3;
+    auto tiers = tiered_experts_for(**snap, d, o);
+    ASSERT_TRUE(tiers.ok());
+    ASSERT_TRUE(same((*tiers)->expert(0, 1), direct.expert(0, 1)));
+    EXPECT_EQ((*tiers)->stats().checksum_failovers, 1u);
+    EXPECT_TRUE((*tiers)->reader().stats(0).failed);
+    EXPECT_NE((*tiers)->reader().stats(0).last_error.find("checksum"), std::string::npos);
+    for (int e = 0; e < c.roles[0].n_experts; ++e) ASSERT_TRUE(same((*tiers)->expert(0, e), direct.expert(0, e)));
+  }
+  {  // a replica gone before start is left out; a fault named for it is moot
+    const std::vector<std::string> d = fresh("gone");
+    fs::remove(d[0] + "/experts.fbx");
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.faults = {*parse_reader_fault("0@0:eio")};
+    auto tiers = tiered_experts_for(**snap, d, o);
+    ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+    EXPECT_EQ((*tiers)->reader().n_drives(), 1);
+    ASSERT_TRUE(same((*tiers)->expert(2, 3), direct.expert(2, 3)));
+    fs::remove(d[1] + "/experts.fbx");
+    EXPECT_EQ(tiered_experts_for(**snap, d, o).status().code(), StatusCode::kIo);
+  }
+}
+
 }  // namespace
 }  // namespace fb::storage

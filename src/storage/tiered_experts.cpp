@@ -1,20 +1,27 @@
 #include "storage/tiered_experts.h"
 
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
 #include "base/check.h"
+#include "base/log.h"
 
 namespace fb::storage {
 
 namespace {
 int64_t host_key(int layer, int e) { return (int64_t(layer) << 32) | int64_t(e); }
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 }  // namespace
 
 std::string TierStats::to_string() const {
   std::ostringstream os;
   os << "slots " << slot_hits << " hit / " << slot_misses << " miss, host " << host_hits << " hit / " << host_misses << " miss, drive reads "
-     << drive_reads << " (" << drive_bytes << " B), overflow " << overflow;
+     << drive_reads << " (" << drive_bytes << " B), overflow " << overflow << "; drive wait " << double(drive_wait_ns) / 1e6
+     << " ms exposed; prefetch " << prefetch_reads << " reads (" << prefetch_used << " used, " << prefetch_unused << " unused)";
+  if (checksum_failovers > 0) os << ", " << checksum_failovers << " checksum failovers";
   return os.str();
 }
 
@@ -37,7 +44,13 @@ Result<std::shared_ptr<TieredExperts>> TieredExperts::create(std::unique_ptr<Exp
                                                              TieredOptions opt, memory::Ledger* ledger) {
   if (opt.slots_per_layer < 1) return FB_ERROR(kInvalidArgument) << "expert slots per layer must be >= 1";
   std::shared_ptr<TieredExperts> t(new TieredExperts());
+  opt.reader.caller_drains = true;  // every destination is drained before it is reused or freed
   t->reader_ = FB_TRY(ReplicaReader::open(std::move(roots), opt.reader));
+  for (const ReaderFault& f : opt.faults) {
+    if (f.drive >= t->reader_->n_drives())
+      return FB_ERROR(kInvalidArgument) << "fault on drive " << f.drive << ": there are " << t->reader_->n_drives() << " replica drive(s)";
+    t->reader_->inject(f);
+  }
   t->loc_ = std::move(locator);
   t->opt_ = opt;
   t->ledger_ = ledger;
@@ -84,18 +97,161 @@ uint64_t TieredExperts::shrink_host(uint64_t want) {
 
 Status TieredExperts::fetch_record_locked(int layer, int e, uint8_t* dst) const {
   const uint64_t stride = loc_->layout().stride_bytes;
+  Pending p;
+  if (FB_TRY(claim_pending_locked(layer, e, &p))) {
+    std::memcpy(dst, p.host_slot >= 0 ? host_buf_[size_t(p.host_slot)].data() : p.buf.data(), stride);
+    if (p.host_slot >= 0) host_->release(p.host_slot);
+    else FB_RETURN_IF_ERROR(reader_->drain(p.buf.data(), p.buf.size()));  // a hedge's late copy may still land in it
+    return Status();
+  }
   const int h = FB_TRY(host_slot_locked(layer, e));
   if (h >= 0) {
     std::memcpy(dst, host_buf_[size_t(h)].data(), stride);
     host_->release(h);
     return Status();
   }
-  FB_RETURN_IF_ERROR(reader_->drain(dst, stride));
+  return read_record_locked(layer, e, dst);
+}
+
+Status TieredExperts::read_record_locked(int layer, int e, uint8_t* dst) const {
+  FB_RETURN_IF_ERROR(reader_->drain(dst, loc_->layout().stride_bytes));
   std::vector<ReadRange> r = loc_->ranges(layer, e, dst);
-  FB_RETURN_IF_ERROR(reader_->read(r).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer)));
+  auto job = reader_->submit(r);
+  if (!job.ok()) return job.status().with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer));
   ++stats_.drive_reads;
   for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
-  return loc_->check(layer, e, dst);
+  return finish_read_locked(*job, layer, e, dst);
+}
+
+Status TieredExperts::finish_read_locked(ReplicaReader::Job job, int layer, int e, uint8_t* dst) const {
+  const uint64_t t0 = now_ns();
+  Status st = reader_->wait(job).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer));
+  if (st.ok()) st = verify_locked(layer, e, dst);
+  stats_.drive_wait_ns += now_ns() - t0;
+  return st;
+}
+
+Status TieredExperts::verify_locked(int layer, int e, uint8_t* dst) const {
+  Status st = loc_->check(layer, e, dst);
+  if (st.ok()) return st;
+  // Some chunk came from a replica with bad bytes: read the record from each replica alone.
+  const std::vector<ReadRange> r = loc_->ranges(layer, e, dst);
+  std::vector<int> bad;
+  for (int d = 0; d < reader_->n_drives(); ++d) {
+    if (reader_->stats(d).failed) continue;
+    if (reader_->read(r, d).ok() && loc_->check(layer, e, dst).ok()) {
+      for (int b : bad) reader_->mark_failed(b, "expert " + std::to_string(e) + " of layer " + std::to_string(layer) + ": checksum mismatch");
+      ++stats_.checksum_failovers;
+      FB_LOG(kWarn) << "storage: expert " << e << " of layer " << layer << " failed its checksum; the copy on " << reader_->stats(d).root
+                    << " is good";
+      return Status();
+    }
+    bad.push_back(d);
+  }
+  for (int b : bad) reader_->mark_failed(b, "expert " + std::to_string(e) + " of layer " + std::to_string(layer) + ": checksum mismatch");
+  return st.with_context("no replica holds a valid copy");
+}
+
+int TieredExperts::host_reserve_locked(int layer, int e) const {
+  if (host_->n_slots() == 0) return -1;
+  const SlotCache::Lookup h = host_->acquire(host_key(layer, e));
+  if (h.slot < 0) return -1;
+  FB_CHECK(!h.hit) << "host_reserve_locked for a cached record";
+  AlignedBuffer& b = host_buf_[size_t(h.slot)];
+  if (b.size() == 0) {
+    const uint64_t stride = loc_->layout().stride_bytes;
+    if (ledger_) {
+      auto g = ledger_->admit(memory::Tier::kHost, memory::Kind::kElastic, stride, "host expert cache");
+      if (!g.ok()) {
+        host_->release(h.slot);
+        host_->evict_slot(h.slot);  // the ledger had no room: read past the host tier
+        return -1;
+      }
+      host_grants_[size_t(h.slot)] = std::move(g.value());
+    }
+    b = AlignedBuffer(stride);
+    if (opt_.on_host_alloc) opt_.on_host_alloc(b.data(), b.size());
+  }
+  return h.slot;
+}
+
+void TieredExperts::prefetch(int layer, const std::vector<int>& experts) const {
+  if (!opt_.prefetch) return;
+  std::lock_guard lock(mu_);
+  if (layer < 0 || layer >= int(layers_.size())) return;
+  const uint64_t stride = loc_->layout().stride_bytes;
+  for (int e : experts) {
+    if (e < 0 || e >= loc_->n_experts(layer)) continue;
+    const int64_t key = host_key(layer, e);
+    if (pending_.count(key)) continue;
+    if (!opt_.host_views && layers_[size_t(layer)].slots->find(e) >= 0) continue;  // in the first tier
+    if (host_->n_slots() > 0 && host_->find(key) >= 0) continue;                   // in the host cache
+    Pending p;
+    p.host_slot = host_reserve_locked(layer, e);
+    if (p.host_slot < 0 && pending_buffers_ >= opt_.prefetch_buffers) continue;  // expert() reads it when asked
+    if (p.host_slot < 0) p.buf = AlignedBuffer(stride);
+    uint8_t* dst = p.host_slot >= 0 ? host_buf_[size_t(p.host_slot)].data() : p.buf.data();
+    const std::vector<ReadRange> r = loc_->ranges(layer, e, dst);
+    Status st = reader_->drain(dst, stride);
+    Result<ReplicaReader::Job> job = st.ok() ? reader_->submit(r) : Result<ReplicaReader::Job>(st);
+    if (!job.ok()) {  // only a hint: expert() reads it (and reports the error) when asked
+      if (p.host_slot >= 0) {
+        host_->release(p.host_slot);
+        host_->evict_slot(p.host_slot);
+      }
+      continue;
+    }
+    p.job = *job;
+    if (host_->n_slots() > 0) ++stats_.host_misses;
+    ++stats_.prefetch_reads;
+    ++stats_.drive_reads;
+    for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
+    if (p.host_slot < 0) ++pending_buffers_;
+    pending_.emplace(key, std::move(p));
+  }
+}
+
+Result<bool> TieredExperts::claim_pending_locked(int layer, int e, Pending* out) const {
+  auto it = pending_.find(host_key(layer, e));
+  if (it == pending_.end()) return false;
+  *out = std::move(it->second);
+  pending_.erase(it);
+  if (out->host_slot < 0) --pending_buffers_;
+  uint8_t* dst = out->host_slot >= 0 ? host_buf_[size_t(out->host_slot)].data() : out->buf.data();
+  Status st = finish_read_locked(out->job, layer, e, dst);
+  if (!st.ok()) {
+    if (out->host_slot >= 0) {
+      host_->release(out->host_slot);
+      host_->evict_slot(out->host_slot);
+    } else {
+      (void)reader_->drain(out->buf.data(), out->buf.size());
+    }
+    return st;
+  }
+  ++stats_.prefetch_used;
+  return true;
+}
+
+void TieredExperts::retire_pending_locked(int keep_layer) const {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const int layer = int(it->first >> 32), e = int(it->first & 0xffffffff);
+    if (layer == keep_layer) {
+      ++it;
+      continue;
+    }
+    Pending p = std::move(it->second);
+    it = pending_.erase(it);
+    uint8_t* dst = p.host_slot >= 0 ? host_buf_[size_t(p.host_slot)].data() : p.buf.data();
+    const Status st = finish_read_locked(p.job, layer, e, dst);
+    if (p.host_slot >= 0) {
+      host_->release(p.host_slot);  // the record stays cached (when it is good)
+      if (!st.ok()) host_->evict_slot(p.host_slot);
+    } else {
+      --pending_buffers_;
+      (void)reader_->drain(p.buf.data(), p.buf.size());
+    }
+    ++stats_.prefetch_unused;
+  }
 }
 
 Result<int> TieredExperts::host_slot_locked(int layer, int e) const {
@@ -129,14 +285,7 @@ Result<int> TieredExperts::host_slot_locked(int layer, int e) const {
     host_->evict_slot(h.slot);  // the ledger had no room: read past the host tier
     return -1;
   }
-  Status st = reader_->drain(b.data(), stride);
-  std::vector<ReadRange> r = loc_->ranges(layer, e, b.data());
-  if (st.ok()) st = reader_->read(r).with_context("expert " + std::to_string(e) + " of layer " + std::to_string(layer));
-  if (st.ok()) {
-    ++stats_.drive_reads;
-    for (const ReadRange& x : r) stats_.drive_bytes += x.nbytes;
-    st = loc_->check(layer, e, b.data());
-  }
+  Status st = read_record_locked(layer, e, b.data());
   if (!st.ok()) {
     host_->release(h.slot);
     host_->evict_slot(h.slot);
@@ -200,13 +349,26 @@ model::ExpertWeights TieredExperts::expert(int layer, int e) const {
     }
     for (int h : epoch_host_pins_) host_->release(h);
     epoch_host_pins_.clear();
+    for (AlignedBuffer& b : overflow_) (void)reader_->drain(b.data(), b.size());
     overflow_.clear();
+    retire_pending_locked(layer);
     epoch_layer_ = layer;
   }
   if (opt_.host_views && host_->n_slots() > 0) {
     // The record itself, pinned in the host cache until the epoch ends (no first-tier copy).
     FB_CHECK(layer >= 0 && layer < int(layers_.size())) << "layer " << layer;
     FB_CHECK(e >= 0 && e < loc_->n_experts(layer)) << "expert " << e << " of layer " << layer;
+    Pending p;
+    auto claimed = claim_pending_locked(layer, e, &p);
+    FB_CHECK(claimed.ok()) << claimed.status().to_string();
+    if (*claimed && p.host_slot >= 0) {
+      epoch_host_pins_.push_back(p.host_slot);
+      return loc_->layout().view(host_buf_[size_t(p.host_slot)].data());
+    }
+    if (*claimed) {
+      overflow_.push_back(std::move(p.buf));
+      return loc_->layout().view(overflow_.back().data());
+    }
     auto h = host_slot_locked(layer, e);
     FB_CHECK(h.ok()) << h.status().to_string();
     if (*h >= 0) {
@@ -237,6 +399,7 @@ Result<ExpertLease> TieredExperts::acquire(int layer, int e) const {
   std::lock_guard lock(mu_);
   AlignedBuffer spare;
   const int s = FB_TRY(pin_locked(layer, e, &spare));
+  if (s < 0) FB_RETURN_IF_ERROR(reader_->drain(spare.data(), spare.size()));
   if (s < 0)
     return FB_ERROR(kResourceExhausted) << "every expert slot of layer " << layer << " is pinned (" << layers_[size_t(layer)].slots->n_slots()
                                         << " slots): release leases or raise --expert-slots";
@@ -250,7 +413,22 @@ Result<ExpertLease> TieredExperts::acquire(int layer, int e) const {
 
 TierStats TieredExperts::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  TierStats s = stats_;
+  for (int d = 0; d < reader_->n_drives(); ++d) s.drives.push_back(reader_->stats(d));
+  return s;
+}
+
+std::string TieredExperts::drive_report() const {
+  std::lock_guard lock(mu_);
+  std::ostringstream os;
+  for (int d = 0; d < reader_->n_drives(); ++d) {
+    const DriveStats s = reader_->stats(d);
+    if (d > 0) os << "\n";
+    os << "drive " << d << " " << s.root << ": " << s.n_reads << " reads, " << double(s.bytes_read) / 1e6 << " MB, ~" << s.bytes_per_s / 1e9
+       << " GB/s, " << s.n_errors << " errors, " << s.n_hedges << " hedges (" << s.n_hedges_won << " won), " << s.n_late << " late";
+    if (s.failed) os << ", FAILED: " << s.last_error;
+  }
+  return os.str();
 }
 
 bool TieredExperts::traffic(model::ExpertTraffic* out) const {
@@ -267,13 +445,35 @@ Result<std::shared_ptr<TieredExperts>> tiered_experts_for(const loader::Snapshot
                                                           TieredOptions opt, memory::Ledger* ledger) {
   if (store_dirs.empty()) return TieredExperts::create(FB_TRY(shard_locator(snap)), {snap.dir()}, opt, ledger);
   const uint64_t id = FB_TRY(model_identity(snap.dir()));
-  std::shared_ptr<const ExpertStore> store(FB_TRY(ExpertStore::open(store_dirs[0], id)));
-  for (size_t i = 1; i < store_dirs.size(); ++i) {
-    auto other = FB_TRY(ExpertStore::open(store_dirs[i], id));
-    if (other->layout().stride_bytes != store->layout().stride_bytes)
-      return FB_ERROR(kCorrupt) << store_dirs[i] << ": replica layout differs from " << store_dirs[0];
+  // A replica that is gone, truncated or damaged is left out (a drive lost since convert); the
+  // others serve. Only with none left is it an error.
+  std::shared_ptr<const ExpertStore> store;
+  std::vector<std::string> good;
+  std::vector<int> index_of(store_dirs.size(), -1);  // the drive index a given replica keeps
+  std::string errors;
+  for (size_t i = 0; i < store_dirs.size(); ++i) {
+    const std::string& dir = store_dirs[i];
+    auto s = ExpertStore::open(dir, id);
+    if (!s.ok()) {
+      FB_LOG(kWarn) << "storage: expert-store replica " << dir << " left out: " << s.status().message();
+      errors += "\n  " + s.status().message();
+      continue;
+    }
+    if (store && s.value()->layout().stride_bytes != store->layout().stride_bytes)
+      return FB_ERROR(kCorrupt) << dir << ": replica layout differs from " << good[0];
+    if (!store) store = std::move(s.value());
+    index_of[i] = int(good.size());
+    good.push_back(dir);
   }
-  return TieredExperts::create(store_locator(store), store_dirs, opt, ledger);
+  if (!store) return FB_ERROR(kIo) << "no usable expert-store replica of " << store_dirs.size() << ":" << errors;
+  std::vector<ReaderFault> faults;  // injected faults follow their replica; those of left-out ones are moot
+  for (ReaderFault f : opt.faults)
+    if (f.drive >= 0 && size_t(f.drive) < index_of.size() && index_of[size_t(f.drive)] >= 0) {
+      f.drive = index_of[size_t(f.drive)];
+      faults.push_back(f);
+    }
+  opt.faults = std::move(faults);
+  return TieredExperts::create(store_locator(store), good, opt, ledger);
 }
 
 }  // namespace fb::storage

@@ -6,9 +6,15 @@
 // outputs are identical to reading the snapshot directly (check-fixture --expert-slots).
 // Pinning: acquire() pins until the lease dies; expert() (the executor interface has no release)
 // pins until a call for another layer arrives: executors finish a layer's MoE before the next.
+// Reads start early: prefetch(layer, experts) (the executor calls it once the router has run)
+// submits every missing record's read at once (into a pinned host cache record, or a prefetch
+// buffer without a free one); expert() then waits only for what has not landed yet (the exposed
+// drive wait, TierStats::drive_wait_ns). A record that fails its checksum is re-read from each
+// replica alone; replicas whose copy is bad are marked failed.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,11 +41,25 @@ struct TieredOptions {
   // Called on each host cache buffer right after it is allocated and right before it is freed
   // (the CUDA executor page-locks them, so its copies run at the pinned rate).
   std::function<void(void*, size_t)> on_host_alloc, on_host_free;
+  // prefetch(): start the reads of a layer's misses when the router has run (off: each expert()
+  // reads its record when asked, one after another).
+  bool prefetch = true;
+  int prefetch_buffers = 8;  // prefetches in flight without a free host cache record, at most
+  // Fault injection on the replicas (tests; check-fixture --fault-replica), applied at create().
+  std::vector<ReaderFault> faults;
 };
 
 struct TierStats {
   uint64_t slot_hits = 0, slot_misses = 0, host_hits = 0, host_misses = 0, drive_reads = 0, drive_bytes = 0;
   uint64_t overflow = 0;  // expert() misses with every slot of the layer pinned (served from a spare buffer)
+  // Exposed drive time: wall time expert()/acquire() spent blocked on drive reads (a prefetched
+  // read that landed before it was asked for costs nothing here).
+  uint64_t drive_wait_ns = 0;
+  uint64_t prefetch_reads = 0;   // records whose read prefetch() started
+  uint64_t prefetch_used = 0;    // ... and an expert() call then took
+  uint64_t prefetch_unused = 0;  // ... finished without being asked for (bytes read for nothing)
+  uint64_t checksum_failovers = 0;  // records re-read from another replica after a bad checksum
+  std::vector<DriveStats> drives;   // per replica drive: reads, errors, hedges, failed (stats() fills it)
   std::string to_string() const;
 };
 
@@ -70,8 +90,11 @@ class TieredExperts final : public model::ExpertSource {
   ~TieredExperts() override;
 
   model::ExpertWeights expert(int layer, int e) const override;
+  void prefetch(int layer, const std::vector<int>& experts) const override;
   Result<ExpertLease> acquire(int layer, int e) const;
   TierStats stats() const;
+  // One line per replica drive: reads, bytes, estimated rate, errors, hedges, failed and why.
+  std::string drive_report() const;
   // stats() as lookups by supplying tier: first-tier slot hits, host cache hits, drive reads
   // (bytes: the record's size for the first two, the bytes read for the drives).
   bool traffic(model::ExpertTraffic* out) const override;
@@ -94,6 +117,25 @@ class TieredExperts final : public model::ExpertSource {
   Result<int> host_slot_locked(int layer, int e) const;
   void unpin(int layer, int slot) const;
   uint64_t shrink_host(uint64_t want);
+  struct Pending {  // a prefetched read
+    ReplicaReader::Job job = 0;
+    int host_slot = -1;   // the host cache record it fills (pinned), or -1: `buf`
+    AlignedBuffer buf;
+  };
+  // With mu_ held: reads (layer, e)'s record into dst (drained first), verified, waiting counted.
+  Status read_record_locked(int layer, int e, uint8_t* dst) const;
+  // With mu_ held: waits for a submitted read of (layer, e) into dst and verifies it.
+  Status finish_read_locked(ReplicaReader::Job job, int layer, int e, uint8_t* dst) const;
+  // With mu_ held: a record that failed its checksum, re-read from each healthy replica alone.
+  Status verify_locked(int layer, int e, uint8_t* dst) const;
+  // With mu_ held: takes the pending prefetch of (layer, e) out of pending_, finished and
+  // verified; false when there is none.
+  Result<bool> claim_pending_locked(int layer, int e, Pending* out) const;
+  // With mu_ held: finishes prefetches of layers other than `keep_layer` nobody asked for.
+  void retire_pending_locked(int keep_layer) const;
+  // With mu_ held: a host cache record for (layer, e) that is not there yet, pinned, allocated
+  // (no read); -1 when none can be had.
+  int host_reserve_locked(int layer, int e) const;
 
   mutable std::mutex mu_;
   std::unique_ptr<ExpertLocator> loc_;
@@ -109,6 +151,8 @@ class TieredExperts final : public model::ExpertSource {
   mutable int epoch_layer_ = -1;
   mutable std::vector<AlignedBuffer> overflow_;
   mutable std::vector<int> epoch_host_pins_;  // host_views: host slots pinned by expert() in the current epoch
+  mutable std::map<int64_t, Pending> pending_;  // prefetched reads by (layer << 32 | expert)
+  mutable int pending_buffers_ = 0;             // pending_ entries with their own buffer
   mutable TierStats stats_;
 };
 
