@@ -10,6 +10,9 @@
 //                                     shared steps (issue 20; engine/session_rounds.h): aggregate
 //                                     tok/s, round-time p50/p99; --arrival-prompt N: a prompt of N
 //                                     tokens arrives beside --arrival-streams decoding sessions
+//   --cold-prefill 8192,32768         with --synthetic --experts 384 --expert-slots 128: whole prompts
+//                                     prefilled cold through the expert tiers (issue 26;
+//                                     bench/cold_prefill.h): serial copies vs streamed a layer ahead
 //   --profile                         per-op GPU ms of a one-row decode step (CUDA events, summed
 //                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
 //                                     shows the host overhead
@@ -32,6 +35,7 @@
 #include "bench/kv_restore_bench.h"
 #include "bench/limits.h"
 #include "bench/tier_sweep.h"
+#include "bench/cold_prefill.h"
 #include "cmd/commands.h"
 #include "cuda/executor.h"
 #include "engine/generator.h"
@@ -125,6 +129,9 @@ struct Args {
   int lfu_aging = 64;
   std::vector<double> skews = {0.30, 0.45, 0.60};
   int64_t tier_prefill_rows = 2048;
+  std::vector<int64_t> cold_prefill;  // issue 26: prompt lengths prefilled through the expert tiers
+  int64_t cold_prefill_chunk = 0;     // 0: the largest chunk the free HBM allows
+  bool cold_prefill_serial = true;    // also each prompt with expert_prefetch off
   int tier_warm_steps = 512;
   std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
   std::string kv_dir;               // their state files ("": the temp folder)
@@ -180,11 +187,11 @@ void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::Dec
 // issue 9: the expert-tier sweep on the synthetic model with HBM slots (bench/tier_sweep.h). The
 // host copy of the experts is page-locked first, so misses copy at the pinned rate, as from the
 // host tier of a real run.
-int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
+std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const Args& a, cuda::CudaExecutor& ex) {
   auto slots = ex.expert_slots();
   if (!slots) {
     std::fprintf(stderr, "bench: --expert-slots %d holds every expert of a layer: nothing is tiered\n", a.expert_slots);
-    return 1;
+    return nullptr;
   }
   size_t pinned = 0, failed = 0;
   for (const auto& [p, n] : ex.snapshot().memory_blocks()) {
@@ -194,6 +201,82 @@ int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double 
   }
   std::fprintf(stderr, "bench: page-locked %.2f GB of synthetic host tensors (%zu blocks failed); %d slots x %.1f MB per tiered layer\n",
                double(pinned) / 1e9, failed, a.expert_slots, double(slots->slot_bytes()) / 1e6);
+  return slots;
+}
+
+// issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
+// copies vs experts streamed a layer ahead, with the chunk the free HBM allows.
+int run_cold_prefill_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps, double bf16_tflops) {
+  if (!pin_synthetic_experts(a, ex)) return 1;
+  bench::ColdPrefillOptions o;
+  o.prompts = a.cold_prefill;
+  o.chunk = a.cold_prefill_chunk;
+  o.serial_baseline = a.cold_prefill_serial;
+  const model::Config& c = ex.config();
+  bench::ColdPrefillPlan plan;
+  auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
+  if (!runs.ok()) {
+    std::fprintf(stderr, "bench: cold prefill: %s\n", runs.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "bench: cold prefill: chunk %lld rows (%s), step budget %.1f GiB after %.1f GiB of prefetch staging\n",
+               (long long)plan.chunk, a.cold_prefill_chunk > 0 ? "--cold-prefill-chunk" : "largest that fits the free HBM",
+               double(plan.budget_bytes) / double(1ull << 30), double(plan.staging_bytes) / double(1ull << 30));
+  csv.row("cold_prefill_chunk_rows", 0, double(plan.chunk), "rows per chunk");
+  csv.row("cold_prefill_step_budget_gib", 0, double(plan.budget_bytes) / double(1ull << 30), "GiB of HBM for the step arena");
+  std::fprintf(stderr, "bench: cold prefill   prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)\n");
+  for (const bench::ColdPrefillRun& r : *runs) {
+    const std::string k = std::string("cold_prefill_") + (r.prefetch ? "stream" : "serial");
+    const double gflop_tok = bench::decode_step_cost(c, r.prompt / 2, true).flops / 1e9;  // mean context N/2
+    const double tflops = gflop_tok * double(r.prompt) / r.wall_s / 1e3;
+    const double pcie = r.copied_gb / r.wall_s;
+    std::fprintf(stderr, "bench: cold prefill %8lld %6lld  %-6s %9.1f %7.2f %9.1f %5.1f  %13.2f %7.2f %7llu  %llu(%llu)\n", (long long)r.prompt,
+                 (long long)r.chunk, r.prefetch ? "stream" : "serial", r.tok_s, r.wall_s, r.copied_gb, r.copy_gbps, r.layer_step_ms,
+                 r.layer_copy_ms, (unsigned long long)r.misses, (unsigned long long)r.prefetched, (unsigned long long)r.prefetch_used);
+    csv.row(k + "_tok_s", r.prompt, r.tok_s, "tok/s");
+    csv.row(k + "_s", r.prompt, r.wall_s, "s");
+    csv.row(k + "_tflops", r.prompt, tflops, "TFLOP/s (matmul + attention FLOPs)", bf16_tflops > 0 ? tflops / bf16_tflops : -1);
+    csv.row(k + "_pcie_gbps", r.prompt, pcie, "GB/s of expert copies over the wall time", h2d_peak_gbps > 0 ? pcie / h2d_peak_gbps : -1);
+    csv.row(k + "_copy_gb", r.prompt, r.copied_gb, "GB copied (slot misses + prefetch)");
+    csv.row(k + "_copy_gbps", r.prompt, r.copy_gbps, "GB/s: bytes / the copies' GPU time", h2d_peak_gbps > 0 ? r.copy_gbps / h2d_peak_gbps : -1);
+    csv.row(k + "_layer_step_ms", r.prompt, r.layer_step_ms, "ms per layer step: wall / (chunks x layers)");
+    csv.row(k + "_layer_copy_ms", r.prompt, r.layer_copy_ms, "ms of copy GPU time per tiered layer step");
+    csv.row(k + "_slot_misses", r.prompt, double(r.misses), "experts copied into slots");
+    csv.row(k + "_prefetched", r.prompt, double(r.prefetched), "experts copied into staging a layer ahead");
+    csv.row(k + "_prefetch_used", r.prompt, double(r.prefetch_used), "staged experts a MoE call read");
+  }
+  // Copy / compute per layer step: the serial run's wall minus its copies is the compute it
+  // serialised with; the streamed run shows how much of the copy time it hid.
+  for (const bench::ColdPrefillRun& s : *runs) {
+    if (s.prefetch) continue;
+    for (const bench::ColdPrefillRun& t : *runs) {
+      if (!t.prefetch || t.prompt != s.prompt) continue;
+      const double copy_s = (s.copy_ms + s.prefetch_ms) * 1e-3;
+      const double compute_s = std::max(0.0, s.wall_s - copy_s);
+      const double hidden = copy_s > 0 ? (s.wall_s - t.wall_s) / copy_s : 0;
+      const double layers = double(s.chunks * c.n_layers);
+      std::fprintf(stderr, "bench: cold prefill %lld: per layer step compute ~%.2f ms, copies %.2f ms; streamed %.2f ms vs serial %.2f ms: %.0f%% of the copy time hidden (%.2fx)\n",
+                   (long long)s.prompt, compute_s * 1e3 / layers, copy_s * 1e3 / layers, t.layer_step_ms, s.layer_step_ms, hidden * 100,
+                   s.wall_s / t.wall_s);
+      csv.row("cold_prefill_layer_compute_ms", s.prompt, compute_s * 1e3 / layers, "ms per layer step: serial wall minus its copies");
+      csv.row("cold_prefill_copy_hidden", s.prompt, hidden, "share of the serial copy time the streamed run hid");
+      csv.row("cold_prefill_speedup", s.prompt, s.wall_s / t.wall_s, "x serial");
+    }
+  }
+  if (!runs->empty()) {
+    const bench::ColdPrefillRun& r = runs->back();
+    std::fprintf(stderr, "bench: cold prefill: step arena high-water %.2f GiB, memory::prefill_step_bytes %.2f GiB (chunk %lld at %lld)\n",
+                 double(r.workspace_high) / double(1ull << 30), double(r.predicted_bytes) / double(1ull << 30), (long long)r.chunk,
+                 (long long)r.prompt);
+    csv.row("cold_prefill_arena_high_gib", r.prompt, double(r.workspace_high) / double(1ull << 30), "GiB, measured (largest step)");
+    csv.row("cold_prefill_arena_predicted_gib", r.prompt, double(r.predicted_bytes) / double(1ull << 30), "GiB, memory::prefill_step_bytes");
+  }
+  return 0;
+}
+
+int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
+  auto slots = pin_synthetic_experts(a, ex);
+  if (!slots) return 1;
   const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
   auto s = ex.new_session();
   if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
@@ -299,6 +382,7 @@ int run(const Args& a) {
     std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer, %s) ready, %.1f s CPU\n", a.experts,
                  a.expert_slots > 0 ? (std::to_string(a.expert_slots) + " HBM slots per layer").c_str() : "all resident",
                  double(std::clock() - t0) / CLOCKS_PER_SEC);
+    if (a.expert_slots > 0 && !a.cold_prefill.empty()) return run_cold_prefill_rows(a, csv, **ex, lim->h2d_pinned_gbps, lim->bf16_tflops);
     if (a.expert_slots > 0) return run_tier_sweep_rows(a, csv, **ex, lim->h2d_pinned_gbps);
     Progress decode_progress("bench decode", int64_t(a.contexts.size()), "contexts");  // on a terminal only
     int64_t n_contexts = 0;
@@ -699,6 +783,12 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
+  app.add_option("--cold-prefill", a->cold_prefill,
+                 "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "
+                 "a layer ahead (--cuda-opt expert_prefetch; issue 26); replaces the tier sweep")
+      ->delimiter(',');
+  app.add_option("--cold-prefill-chunk", a->cold_prefill_chunk, "cold prefill: rows per chunk (0: the largest the free HBM allows)");
+  app.add_option("--cold-prefill-serial", a->cold_prefill_serial, "cold prefill: also run each prompt with serial copies (0|1)");
   app.add_option("--kv-restore", a->kv_restore,
                  "with --synthetic: disk KV cache rows at these contexts: prefill, save, write + fsync, cold read, restore (no decode "
                  "rows unless --contexts is given)")

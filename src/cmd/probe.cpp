@@ -12,6 +12,7 @@
 
 #include "cmd/commands.h"
 #include "memory/plan.h"
+#include "memory/prefill_budget.h"
 #include "memory/tier_model.h"
 #include "model/config.h"
 #include "storage/drive_probe.h"
@@ -158,6 +159,35 @@ int run_probe(const ProbeArgs& a) {
   const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 12.8944e9 / 12.2955e-3;
   rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
   rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
+  {
+    // Cold prefill (issue 26): the chunk the step workspace allows, and the copy-bound rate when
+    // every chunk routes to every expert (the non-resident ones cross PCIe once per chunk).
+    // Compute side: the all-resident tensor-core prefill measured on the H200 (4,290 tok/s for a
+    // 2,048-row chunk ending at 32K, docs/results.md, fbc2be4); larger chunks are assumed no faster.
+    const double resident_tok_s = 4290.0;
+    const int64_t ctx = in.context_tokens;
+    const int64_t rows = memory::prefill_chunk_rows(*cfg, in.hbm_workspace_bytes, ctx);
+    std::printf("prefill chunk (memory::prefill_chunk_rows): %lld rows fit the %.1f GiB step workspace at %lld tokens of context; a step needs",
+                (long long)rows, double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
+    for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)})
+      std::printf(" %.1f GiB at %lld rows%s", double(memory::prefill_step_bytes(*cfg, r, std::max(ctx, r)).total()) / memory::kGiB, (long long)r,
+                  r == 32768 ? "\n" : ",");
+    const int slots = plan->hbm_slots_per_layer;
+    if (slots > 0 && slots < plan->n_experts_per_layer) {
+      const double miss_bytes = double(plan->n_expert_layers) * double(plan->n_experts_per_layer - slots) * double(plan->expert_bytes);
+      const double copy_s = miss_bytes / rates.h2d_bytes_per_s;
+      std::printf("cold prefill with %d HBM slots per layer: %.1f GB of experts cross PCIe per chunk (%.2f s at %.1f GB/s); streaming a "
+                  "layer ahead needs %.1f GiB of staging (2 x %d experts; not in the plan above)\n",
+                  slots, miss_bytes / 1e9, copy_s, rates.h2d_bytes_per_s / 1e9,
+                  2.0 * double(plan->n_experts_per_layer - slots) * double(plan->expert_bytes) / memory::kGiB, plan->n_experts_per_layer - slots);
+      for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)}) {
+        const double compute_s = double(r) / resident_tok_s;
+        std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (compute %.2f s, copies %.2f s per chunk)\n", (long long)r,
+                    double(r) / (compute_s + copy_s), double(r) / std::max(compute_s, copy_s), compute_s, copy_s);
+      }
+    }
+  }
+
   const int layers = cfg->n_layers, n = cfg->n_routed_experts, k = cfg->n_activated_experts;
   uint64_t dense = 0;  // per token: every backbone weight except routed experts, Engram tables and embedding
   for (const memory::PlanItem& i : plan->items)

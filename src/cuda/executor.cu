@@ -4,6 +4,8 @@
 #include "cuda/layer_ops.h"
 #include "model/step_parts.h"
 
+#include <cstdio>
+
 namespace fb::cuda {
 
 // ---------------------------------------------------------------------------------------------
@@ -20,6 +22,7 @@ class CudaStep : public CudaLayerOps {
     }
     set_rows(pos, image);
     tc_ = m.tc_for(step);
+    prefetch_ = m.prefetch_step(step);
     first_row_.assign(sessions.size(), -1);
     start_.assign(sessions.size(), 0);
     for (size_t s = 0; s < sessions.size(); ++s) start_[s] = sessions[s]->next_pos;
@@ -648,6 +651,32 @@ TcGemm* CudaExecutor::tc_for(const model::Step& step) const {
   return tc_.get();
 }
 
+bool CudaExecutor::prefetch_step(const model::Step& step) const {
+  if (!run_.expert_prefetch || !slots_ || ws_.capturing || int64_t(step.rows.size()) < run_.expert_prefetch_min_rows) return false;
+  for (const Row& r : step.rows)
+    if (r.kind != RowKind::kPrefill) return false;  // decode and verify rows route to few experts
+  if (prefetch_failed_) return false;
+  if (slots_->prefetch_entries() > 0) return true;
+  // Staging once, on the first such step: a layer's experts beyond its slots (every expert a
+  // large chunk routes to that is not resident), or the option's count.
+  int entries = run_.expert_prefetch_entries;
+  if (entries <= 0)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      if (tiered(l)) entries = std::max(entries, cfg_.roles[size_t(l)].n_experts - slots_->slots(l));
+  Status st;
+  if (entries > 0) st = slots_->reserve_prefetch(entries);
+  else st = FB_ERROR(kInvalidArgument) << "no tiered layer has experts beyond its slots";
+  if (!st.ok()) {
+    // Not enough HBM for two staging buffers: this executor prefills without prefetching (the
+    // same outputs, serial copies); said once.
+    std::fprintf(stderr, "cuda: expert prefetch off: %s\n", st.to_string().c_str());
+    prefetch_failed_ = true;
+    cudaGetLastError();  // an allocation failure must not stick to the next launch
+    return false;
+  }
+  return true;
+}
+
 Result<std::vector<CudaExecutor::GemmTiming>> CudaExecutor::time_prefill_gemms(int64_t M, int layer, int reps) {
   if (layer < 0 || layer >= cfg_.n_layers) return FB_ERROR(kInvalidArgument) << "layer " << layer;
   if (tiered(layer)) return FB_ERROR(kUnsupported) << "GEMM timing needs every expert of layer " << layer << " resident (no --expert-slots)";
@@ -809,6 +838,16 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));
   model::StepOutput out;
   const auto wall0 = std::chrono::steady_clock::now();
+  if (prefetch_step(step)) {
+    // The first tiered layer's experts start crossing now, beside the embedding and the layers
+    // before it; each tiered moe() issues the next one (CudaLayerOps::moe).
+    slots_->drop_staged();
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      if (tiered(l)) {
+        FB_RETURN_IF_ERROR(slots_->prefetch(l));
+        break;
+      }
+  }
   {
     CudaStep ex(*this, step, ss, taps);
     FB_RETURN_IF_ERROR(ex.status());

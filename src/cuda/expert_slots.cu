@@ -38,6 +38,7 @@ Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Conf
     const int S = slots + staging;  // array entries: the cache's slots, then the staging slots
     Layer& L = d->layers_[size_t(l)];
     L.cache = std::make_unique<storage::SlotCache>(slots, policy, lfu_aging);
+    L.n_experts = E;
     FB_RETURN_IF_ERROR(alloc_array(L.bw1, lay.w1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bs1, lay.s1, S));
     FB_RETURN_IF_ERROR(alloc_array(L.bw2, lay.w2, S));
@@ -67,10 +68,17 @@ Result<std::unique_ptr<DevExpertSlots>> DevExpertSlots::create(const model::Conf
 
 DevExpertSlots::~DevExpertSlots() {
   if (copy_) cudaStreamSynchronize(copy_);
-  for (auto& [a, b] : timers_) {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+  if (prefetch_) cudaStreamSynchronize(prefetch_);
+  for (auto* t : {&timers_, &pf_timers_})
+    for (auto& [a, b] : *t) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  for (Staged& g : stage_) {
+    if (g.filled) cudaEventDestroy(g.filled);
+    if (g.free) cudaEventDestroy(g.free);
   }
+  if (prefetch_) cudaStreamDestroy(prefetch_);
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);
   if (copy_) cudaStreamDestroy(copy_);
@@ -84,21 +92,37 @@ Status DevExpertSlots::pin_host(const void* p, size_t bytes) {
   return Status();
 }
 
-Status DevExpertSlots::copy_in(int layer, int e, int slot) {
+Status DevExpertSlots::copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st) {
   const model::ExpertWeights x = src_->expert(layer, e);
-  const Layer& L = layers_[size_t(layer)];
   const Layout& y = layout_;
-  const std::pair<const TensorView*, std::pair<uint8_t*, int64_t>> parts[] = {
-      {&x.w1.w, {const_cast<uint8_t*>(L.w1.w), y.w1}}, {&x.w1.scale, {const_cast<uint8_t*>(L.w1.s), y.s1}},
-      {&x.w2.w, {const_cast<uint8_t*>(L.w2.w), y.w2}}, {&x.w2.scale, {const_cast<uint8_t*>(L.w2.s), y.s2}},
-      {&x.w3.w, {const_cast<uint8_t*>(L.w3.w), y.w3}}, {&x.w3.scale, {const_cast<uint8_t*>(L.w3.s), y.s3}}};
+  const std::pair<const TensorView*, std::pair<const uint8_t*, int64_t>> parts[] = {
+      {&x.w1.w, {w1.w, y.w1}}, {&x.w1.scale, {w1.s, y.s1}}, {&x.w2.w, {w2.w, y.w2}},
+      {&x.w2.scale, {w2.s, y.s2}}, {&x.w3.w, {w3.w, y.w3}}, {&x.w3.scale, {w3.s, y.s3}}};
   for (const auto& [view, dst] : parts) {
     if (view->nbytes() != dst.second)
       return FB_ERROR(kCorrupt) << "expert " << e << " of layer " << layer << ": a tensor of " << view->nbytes() << " bytes, slots hold "
                                 << dst.second;
-    FB_CUDA_TRY(cudaMemcpyAsync(dst.first + int64_t(slot) * dst.second, view->data, size_t(dst.second), cudaMemcpyHostToDevice, copy_));
+    uint8_t* to = const_cast<uint8_t*>(dst.first) + int64_t(entry) * dst.second;
+    FB_CUDA_TRY(cudaMemcpyAsync(to, view->data, size_t(dst.second), cudaMemcpyHostToDevice, st));
   }
+  return Status();
+}
+
+Status DevExpertSlots::copy_in(int layer, int e, int slot) {
+  const Layer& L = layers_[size_t(layer)];
+  FB_RETURN_IF_ERROR(copy_expert(layer, e, L.w1, L.w2, L.w3, slot, copy_));
   stats_.copied_bytes += slot_bytes_;
+  return Status();
+}
+
+Status DevExpertSlots::timer_begin(cudaStream_t st, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& timers, size_t& used) {
+  if (used == timers.size()) {
+    cudaEvent_t a = nullptr, b = nullptr;
+    FB_CUDA_TRY(cudaEventCreate(&a));
+    FB_CUDA_TRY(cudaEventCreate(&b));
+    timers.push_back({a, b});
+  }
+  FB_CUDA_TRY(cudaEventRecord(timers[used].first, st));
   return Status();
 }
 
@@ -123,13 +147,7 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
     if (!copying) {  // the copies wait for every kernel already issued (earlier readers of the slots)
       FB_CUDA_TRY(cudaEventRecord(ready_, compute));
       FB_CUDA_TRY(cudaStreamWaitEvent(copy_, ready_, 0));
-      if (used_ == timers_.size()) {
-        cudaEvent_t a = nullptr, b = nullptr;
-        FB_CUDA_TRY(cudaEventCreate(&a));
-        FB_CUDA_TRY(cudaEventCreate(&b));
-        timers_.push_back({a, b});
-      }
-      FB_CUDA_TRY(cudaEventRecord(timers_[used_].first, copy_));
+      FB_RETURN_IF_ERROR(timer_begin(copy_, timers_, used_));
       copying = true;
     }
     FB_RETURN_IF_ERROR(copy_in(layer, e, slot));
@@ -158,12 +176,124 @@ void DevExpertSlots::release(int layer) {
 }
 
 void DevExpertSlots::settle() {
-  for (size_t i = 0; i < used_; ++i) {
-    float ms = 0;
-    if (cudaEventSynchronize(timers_[i].second) == cudaSuccess && cudaEventElapsedTime(&ms, timers_[i].first, timers_[i].second) == cudaSuccess)
-      stats_.copy_ms += double(ms);
+  auto sum = [](std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& timers, size_t& used, double& total) {
+    for (size_t i = 0; i < used; ++i) {
+      float ms = 0;
+      if (cudaEventSynchronize(timers[i].second) == cudaSuccess && cudaEventElapsedTime(&ms, timers[i].first, timers[i].second) == cudaSuccess)
+        total += double(ms);
+    }
+    used = 0;
+  };
+  sum(timers_, used_, stats_.copy_ms);
+  sum(pf_timers_, pf_used_, stats_.prefetch_ms);
+}
+
+Status DevExpertSlots::reserve_prefetch(int entries) {
+  if (entries < 1) return FB_ERROR(kInvalidArgument) << "prefetch entries must be >= 1 (got " << entries << ")";
+  if (prefetch_entries_ >= entries) return Status();
+  const Layer* first = nullptr;
+  for (const Layer& L : layers_)
+    if (L.cache) {
+      first = &L;
+      break;
+    }
+  if (!first) return FB_ERROR(kInvalidArgument) << "no layer has expert slots to prefetch into";
+  if (!prefetch_) FB_CUDA_TRY(cudaStreamCreateWithFlags(&prefetch_, cudaStreamNonBlocking));
+  FB_CUDA_TRY(cudaStreamSynchronize(prefetch_));  // the old buffers' copies (a smaller reservation)
+  prefetch_entries_ = 0;
+  const Layout& y = layout_;
+  for (Staged& g : stage_) {
+    if (!g.filled) FB_CUDA_TRY(cudaEventCreateWithFlags(&g.filled, cudaEventDisableTiming));
+    if (!g.free) FB_CUDA_TRY(cudaEventCreateWithFlags(&g.free, cudaEventDisableTiming));
+    FB_CUDA_TRY(cudaEventSynchronize(g.free));  // readers of the old buffers
+    g.layer = -1;
+    for (DeviceBuffer* b : {&g.bw1, &g.bs1, &g.bw2, &g.bs2, &g.bw3, &g.bs3}) b->reset();
+    Status st = alloc_array(g.bw1, y.w1, entries);
+    if (st.ok()) st = alloc_array(g.bs1, y.s1, entries);
+    if (st.ok()) st = alloc_array(g.bw2, y.w2, entries);
+    if (st.ok()) st = alloc_array(g.bs2, y.s2, entries);
+    if (st.ok()) st = alloc_array(g.bw3, y.w3, entries);
+    if (st.ok()) st = alloc_array(g.bs3, y.s3, entries);
+    if (!st.ok()) {  // nothing half-reserved stays allocated
+      for (Staged& h : stage_)
+        for (DeviceBuffer* b : {&h.bw1, &h.bs1, &h.bw2, &h.bs2, &h.bw3, &h.bs3}) b->reset();
+      return st;
+    }
+    auto view = [](const Fp4W& like, const DeviceBuffer& w, const DeviceBuffer& sc) {
+      Fp4W v = like;  // N, K and strides of the slot arrays
+      v.w = w.get<uint8_t>();
+      v.s = sc.get<uint8_t>();
+      return v;
+    };
+    g.w1 = view(first->w1, g.bw1, g.bs1);
+    g.w2 = view(first->w2, g.bw2, g.bs2);
+    g.w3 = view(first->w3, g.bw3, g.bs3);
   }
-  used_ = 0;
+  prefetch_entries_ = entries;
+  return Status();
+}
+
+Status DevExpertSlots::prefetch(int layer, int keep) {
+  const Layer& L = layers_.at(size_t(layer));
+  if (!L.cache || prefetch_entries_ == 0) return Status();
+  for (const Staged& g : stage_)
+    if (g.layer == layer) return Status();  // already on its way
+  // A buffer no MoE call still has to read: a free one, else one not holding `keep` (the layer
+  // whose call is issuing this prefetch and has not read its own buffer yet).
+  int b = -1;
+  for (int i = 0; i < 2 && b < 0; ++i)
+    if (stage_[size_t(i)].layer < 0) b = i;
+  for (int i = 0; i < 2 && b < 0; ++i)
+    if (stage_[size_t(i)].layer != keep) b = i;
+  if (b < 0) return FB_ERROR(kInternal) << "prefetch of layer " << layer << ": both staging buffers hold layer " << keep;
+  Staged& g = stage_[size_t(b)];
+  const int E = L.n_experts;
+  g.layer = layer;
+  g.entry_of.assign(size_t(E), -1);
+  // Copies into this buffer wait for its last readers (done_staged; a buffer never read since
+  // its last fill was never handed to a kernel, and copies on prefetch_ stay in order).
+  FB_CUDA_TRY(cudaStreamWaitEvent(prefetch_, g.free, 0));
+  int n = 0;
+  for (int e = 0; e < E && n < prefetch_entries_; ++e) {
+    if (L.cache->find(e) >= 0) continue;  // resident: the call hits its slot
+    if (n == 0) FB_RETURN_IF_ERROR(timer_begin(prefetch_, pf_timers_, pf_used_));
+    FB_RETURN_IF_ERROR(copy_expert(layer, e, g.w1, g.w2, g.w3, n, prefetch_));
+    g.entry_of[size_t(e)] = n++;
+  }
+  if (n > 0) {
+    FB_CUDA_TRY(cudaEventRecord(pf_timers_[pf_used_].second, prefetch_));
+    ++pf_used_;
+  }
+  FB_CUDA_TRY(cudaEventRecord(g.filled, prefetch_));
+  stats_.prefetched += uint64_t(n);
+  stats_.prefetch_bytes += uint64_t(n) * slot_bytes_;
+  return Status();
+}
+
+void DevExpertSlots::drop_staged() {
+  for (Staged& g : stage_) g.layer = -1;
+}
+
+const DevExpertSlots::Staged* DevExpertSlots::staged(int layer) const {
+  for (const Staged& g : stage_)
+    if (g.layer == layer && prefetch_entries_ > 0) return &g;
+  return nullptr;
+}
+
+Status DevExpertSlots::join_staged(int layer, cudaStream_t compute) {
+  const Staged* g = staged(layer);
+  if (g) FB_CUDA_TRY(cudaStreamWaitEvent(compute, g->filled, 0));
+  return Status();
+}
+
+Status DevExpertSlots::done_staged(int layer, cudaStream_t compute, uint64_t used) {
+  for (Staged& g : stage_)
+    if (g.layer == layer) {
+      FB_CUDA_TRY(cudaEventRecord(g.free, compute));
+      g.layer = -1;
+    }
+  stats_.prefetch_used += used;
+  return Status();
 }
 
 }  // namespace fb::cuda

@@ -30,6 +30,10 @@ struct ExpertSlotStats {
   uint64_t bypassed = 0;          // misses served from a staging slot, not admitted (LFU admission)
   uint64_t waves = 0, calls = 0;  // waves > calls: a call needed more experts than a layer has slots
   double copy_ms = 0;             // GPU time of the copy batches (copy stream, CUDA events)
+  // Prefetch (CudaRunOptions::expert_prefetch): experts copied into a staging buffer a layer
+  // ahead, those a MoE call then used, the copies' bytes and GPU time (prefetch stream).
+  uint64_t prefetched = 0, prefetch_used = 0, prefetch_bytes = 0;
+  double prefetch_ms = 0;
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 1.0; }
   double copy_gbps() const { return copy_ms > 0 ? double(copied_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0; }
 };
@@ -74,6 +78,32 @@ class DevExpertSlots {
   Status join(cudaStream_t compute);
   void release(int layer);
 
+  // Prefetch a layer ahead (cold prefill, issue 26; docs/tiers.md "Streaming experts during
+  // prefill"). Two staging buffers of `entries` experts each, allocated once by
+  // reserve_prefetch (kResourceExhausted when HBM is short: the caller runs without). prefetch()
+  // copies up to `entries` experts of `layer` that are not resident in its slots (ascending id)
+  // into the buffer not in use, on a second copy stream, after the buffer's previous readers
+  // (the event done_staged recorded). A MoE call of that layer then reads each staged expert from
+  // staged(layer) instead of taking a slot: join_staged before its kernels, done_staged once
+  // they are issued. The slot cache is not told about staged experts (they are used once).
+  struct Staged {
+    int layer = -1;
+    std::vector<int32_t> entry_of;  // [experts of the layer]: entry in this buffer, or -1
+    DeviceBuffer bw1, bs1, bw2, bs2, bw3, bs3;
+    Fp4W w1, w2, w3;
+    cudaEvent_t filled = nullptr, free = nullptr;
+  };
+  Status reserve_prefetch(int entries);
+  int prefetch_entries() const { return prefetch_entries_; }
+  // keep: a layer whose staged experts must not be overwritten (-1: none).
+  Status prefetch(int layer, int keep = -1);
+  // Forgets what the buffers hold (a step start: a failed step may have left a prefetch unread);
+  // their bytes stay until the next prefetch, which waits for their readers.
+  void drop_staged();
+  const Staged* staged(int layer) const;
+  Status join_staged(int layer, cudaStream_t compute);
+  Status done_staged(int layer, cudaStream_t compute, uint64_t used);
+
   // Page-locks a host range the source's views point into (the bench's synthetic pool) so that
   // misses copy at the pinned rate; unregistered in the destructor.
   Status pin_host(const void* p, size_t bytes);
@@ -92,8 +122,11 @@ class DevExpertSlots {
     DeviceBuffer bw1, bs1, bw2, bs2, bw3, bs3;
     Fp4W w1, w2, w3;
     std::vector<int> pinned;  // slots pinned by the current wave
+    int n_experts = 0;
   };
   Status copy_in(int layer, int e, int slot);
+  Status copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st);
+  Status timer_begin(cudaStream_t st, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& timers, size_t& used);
   std::shared_ptr<const model::ExpertSource> src_;
   std::vector<Layer> layers_;
   Layout layout_;
@@ -104,6 +137,11 @@ class DevExpertSlots {
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers_;  // [0, used_) recorded since settle()
   size_t used_ = 0;
   std::vector<void*> pinned_host_;
+  Staged stage_[2];
+  int prefetch_entries_ = 0;
+  cudaStream_t prefetch_ = nullptr;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pf_timers_;
+  size_t pf_used_ = 0;
   ExpertSlotStats stats_;
 };
 

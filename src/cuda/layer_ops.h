@@ -397,8 +397,11 @@ class CudaLayerOps {
     const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
     int32_t* experts = alloc<int32_t>(n);
     float* weights = alloc<float>(n);
-    uint16_t* a = alloc<uint16_t>(n * I);
-    uint16_t* b = alloc<uint16_t>(n * I);
+    // a / b: [n, I] for the GEMV paths; the tensor-core path groups its rows in buffers of its
+    // own and uses them only for the shared expert's T rows (saves 4 n I bytes in large chunks).
+    const int64_t ab_rows = tc_ ? T_ : n;
+    uint16_t* a = alloc<uint16_t>(ab_rows * I);
+    uint16_t* b = alloc<uint16_t>(ab_rows * I);
     uint16_t* ye = alloc<uint16_t>(n * D);
     uint16_t* ys = alloc<uint16_t>(T_ * D);
     if (!ok()) return;
@@ -442,6 +445,14 @@ class CudaLayerOps {
         step(FB_ERROR(kUnsupported) << "a step with tiered experts cannot be captured into a CUDA graph (it waits for the routing)");
         return;
       }
+      // Before the routing sync: the next tiered layer's copies start once its staging buffer's
+      // last readers (two tiered layers back) are done, and run beside this layer's work.
+      if (prefetch_)
+        for (int l2 = l + 1; l2 < c_.n_layers; ++l2)
+          if (m_.tiered(l2)) {
+            step(m_.slots_->prefetch(l2, l));
+            break;
+          }
       std::vector<int32_t> ids;
       download(ids, experts, n);
       sync();
@@ -518,9 +529,23 @@ class CudaLayerOps {
                              uint16_t* ye, F& shared) {
     DevExpertSlots& slots = *m_.slots_;
     std::vector<int32_t> want = distinct(ids);
+    std::vector<int32_t> staged_want = take_staged(l, want);
     slots.resident_first(l, want);
     const int E = c_.roles[size_t(l)].n_experts;
     std::vector<int32_t> slot_of(size_t(E), -1);
+    // The staged experts as one more wave over the staging buffer's arrays (after the hits).
+    auto run_staged = [&] {
+      const DevExpertSlots::Staged* g = staged_for(l);
+      if (!g) return;
+      if (!staged_want.empty()) {
+        shared();
+        step(slots.join_staged(l, st_));
+        std::vector<int32_t> wave(ids.size(), -1);
+        for (size_t i = 0; i < ids.size(); ++i) wave[i] = g->entry_of[size_t(ids[i])];
+        routed_experts(staging_layer(w, *g), K, upload(wave), weights, a, b, ye, slots.prefetch_entries());
+      }
+      step(slots.done_staged(l, st_, staged_want.size()));
+    };
     for (size_t from = 0; from < want.size() && ok();) {
       auto next = slots.take(l, want, from, slot_of, st_);
       if (!next.ok()) {
@@ -536,8 +561,32 @@ class CudaLayerOps {
         if (in_wave[size_t(ids[i])]) wave[i] = slot_of[size_t(ids[i])];
       routed_experts(w, K, upload(wave), weights, a, b, ye, slots.entries(l));
       slots.release(l);
+      if (from == 0) run_staged();
       from = *next;
     }
+    if (want.empty()) run_staged();
+  }
+
+  // Prefetch (prefetch_): the staging buffer holding layer l's experts, or null.
+  const DevExpertSlots::Staged* staged_for(int l) const { return prefetch_ && m_.tiered(l) ? m_.slots_->staged(l) : nullptr; }
+  // Moves the experts of `want` that layer l's staging buffer holds out of it (ascending, as
+  // `want` is) and returns them; none without a staged prefetch.
+  std::vector<int32_t> take_staged(int l, std::vector<int32_t>& want) const {
+    std::vector<int32_t> staged;
+    const DevExpertSlots::Staged* g = staged_for(l);
+    if (!g) return staged;
+    std::vector<int32_t> rest;
+    for (int32_t e : want) (g->entry_of[size_t(e)] >= 0 ? staged : rest).push_back(e);
+    want.swap(rest);
+    return staged;
+  }
+  // The layer's weights with its routed experts' arrays replaced by the staging buffer's.
+  static DevLayer staging_layer(const DevLayer& w, const DevExpertSlots::Staged& g) {
+    DevLayer v = w;
+    v.w1 = g.w1;
+    v.w2 = g.w2;
+    v.w3 = g.w3;
+    return v;
   }
 
  protected:
@@ -677,29 +726,45 @@ class CudaLayerOps {
     for (int e = 0; e < E; ++e)
       if (count[size_t(e) + 1] > count[size_t(e)]) want.push_back(e);
     const bool tiered = m_.tiered(l);
+    const std::vector<int32_t> staged_want = tiered ? take_staged(l, want) : std::vector<int32_t>{};
     if (tiered) m_.slots_->resident_first(l, want);
     std::vector<int32_t> slot_of(size_t(E), -1);
-    // Experts want[i0..i1), ascending and consecutive among the used ones, so their rows are the
-    // contiguous range [count[want[i0]], count[want[i1 - 1] + 1]): w1 / w3, SwiGLU + act_quant of
-    // the range (per row, so any split gives the same bits), w2.
-    auto run = [&](size_t i0, size_t i1) {
+    // Experts list[i0..i1), ascending and consecutive among the used ones, so their rows are the
+    // contiguous range [count[list[i0]], count[list[i1 - 1] + 1]): w1 / w3, SwiGLU + act_quant of
+    // the range (per row, so any split gives the same bits), w2. `wl`: the arrays slot_of indexes
+    // (the layer's experts or slots, or its staging buffer).
+    auto run_list = [&](const std::vector<int32_t>& list, const DevLayer& wl, size_t i0, size_t i1) {
       for (size_t i = i0; i < i1 && ok(); ++i) {
-        const int e = want[i];
+        const int e = list[i];
         const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-        step(tc_dequant_fp4(w.w1, slot_of[size_t(e)], *w1, st_));
-        step(tc_dequant_fp4(w.w3, slot_of[size_t(e)], *w3, st_));
+        step(tc_dequant_fp4(wl.w1, slot_of[size_t(e)], *w1, st_));
+        step(tc_dequant_fp4(wl.w3, slot_of[size_t(e)], *w3, st_));
         step(tc_->matmul(xp + off * D, m, D, D, *w1, I, ap + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
         step(tc_->matmul(xp + off * D, m, D, D, *w3, I, bp + off * I, I, GemmOut::kBf16, 1, 0, 0, 0, st_));
       }
-      const int64_t r0 = count[size_t(want[i0])], r1 = count[size_t(want[i1 - 1]) + 1];
+      const int64_t r0 = count[size_t(list[i0])], r1 = count[size_t(list[i1 - 1]) + 1];
       step(swiglu_quant(ap + r0 * I, bp + r0 * I, r1 - r0, I, c_.swiglu_limit, wp + r0, q_buf_, st_));  // routing weight before w2
       step(tc_dequant_act(q_buf_, I, nullptr, 1, r1 - r0, hp + r0 * I, st_));
       for (size_t i = i0; i < i1 && ok(); ++i) {
-        const int e = want[i];
+        const int e = list[i];
         const int64_t off = count[size_t(e)], m = count[size_t(e) + 1] - off;
-        step(tc_dequant_fp4(w.w2, slot_of[size_t(e)], *w2, st_));
+        step(tc_dequant_fp4(wl.w2, slot_of[size_t(e)], *w2, st_));
         step(tc_->matmul(hp + off * I, m, I, I, *w2, D, yp + off * D, D, GemmOut::kBf16, 1, 0, 0, 0, st_));
       }
+    };
+    auto run = [&](size_t i0, size_t i1) { run_list(want, w, i0, i1); };
+    // The staged experts (prefetch_), each alone like a wave's, after the hits of the first wave.
+    auto run_staged = [&] {
+      const DevExpertSlots::Staged* g = staged_for(l);
+      if (!g) return;
+      if (!staged_want.empty()) {
+        shared();
+        step(m_.slots_->join_staged(l, st_));
+        for (int32_t e : staged_want) slot_of[size_t(e)] = g->entry_of[size_t(e)];
+        const DevLayer ws = staging_layer(w, *g);
+        for (size_t i = 0; i < staged_want.size() && ok(); ++i) run_list(staged_want, ws, i, i + 1);
+      }
+      step(m_.slots_->done_staged(l, st_, staged_want.size()));
     };
     if (!tiered) {
       for (int32_t e : want) slot_of[size_t(e)] = e;
@@ -717,8 +782,10 @@ class CudaLayerOps {
       step(m_.slots_->join(st_));
       for (size_t i = from; i < *next && ok(); ++i) run(i, i + 1);
       m_.slots_->release(l);
+      if (from == 0) run_staged();
       from = *next;
     }
+    if (tiered && want.empty()) run_staged();
     step(tc_scatter_rows(yp, perm_d, n, D, ye, st_));
   }
   // Scratch for the key-block split of attention when it applies (few rows, long key lists).
@@ -787,6 +854,10 @@ class CudaLayerOps {
   QuantBuf q_buf_;
   QuantBuf uq_, qrq_;  // act_quant of u (per sublayer) and of qr (attention q path and indexer)
   TcGemm* tc_ = nullptr;  // non-null: this step's GEMMs run on tensor cores (prefill rows only)
+  // This step streams experts a layer ahead (CudaRunOptions::expert_prefetch; set by CudaStep
+  // for large prefill steps, never by the draft): each tiered moe() issues the next tiered
+  // layer's prefetch and reads its own staged experts from DevExpertSlots::staged.
+  bool prefetch_ = false;
   const float* route_biased_ = nullptr;  // the last moe()'s biased router scores [T, E] (its frame: valid until the next allocation)
   std::vector<ProfEvent> prof_;
   cudaEvent_t prof_begin_ = nullptr;

@@ -70,6 +70,16 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
+  if (name == "expert_prefetch") return flag(o.expert_prefetch);
+  if (name == "expert_prefetch_min_rows" || name == "expert_prefetch_entries") {
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    const long long lo = name == "expert_prefetch_min_rows" ? 1 : 0;
+    if (value.empty() || *end || v < lo || v > (1ll << 30)) return FB_ERROR(kInvalidArgument) << name << " must be an integer >= " << lo << " (got \"" << value << "\")";
+    if (name == "expert_prefetch_min_rows") o.expert_prefetch_min_rows = v;
+    else o.expert_prefetch_entries = int(v);
+    return Status();
+  }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, reg_gemv, attn_split, attn_predequant, bounded_replay, expert_prefetch, "

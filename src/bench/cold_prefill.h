@@ -1,0 +1,49 @@
+// Cold prefill through the expert tiers (issue 26; `flashbox bench --synthetic --experts 384
+// --expert-slots 128 --cold-prefill 8192,32768`): whole prompts prefilled in chunks of the size the
+// HBM budget allows (memory::prefill_chunk_rows over the free HBM), the experts that are not
+// resident crossing PCIe in every chunk, once with serial copies (expert_prefetch off) and once
+// streamed a layer ahead (on). Per run: tok/s, copies (bytes, GPU time, rate), and per layer step
+// the copy time against the step time, so the overlap shows. [policy] benchmark-only: the
+// synthetic model's outputs are noise; traffic and time are what is measured.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "base/status.h"
+#include "cuda/executor.h"
+#include "model/step.h"
+
+namespace fb::bench {
+
+struct ColdPrefillOptions {
+  std::vector<int64_t> prompts;          // prompt lengths (tokens)
+  int64_t chunk = 0;                     // rows per chunk; 0: the largest the free HBM allows
+  uint64_t reserve_bytes = 2ull << 30;   // HBM left unplanned (allocator slack, cuBLASLt)
+  bool serial_baseline = true;           // also run each prompt with expert_prefetch off
+};
+
+struct ColdPrefillRun {
+  int64_t prompt = 0, chunk = 0, chunks = 0;
+  bool prefetch = false;
+  double wall_s = 0, tok_s = 0;
+  double copy_ms = 0, prefetch_ms = 0;  // GPU time of the slot-miss copies / the prefetch copies
+  double copied_gb = 0, copy_gbps = 0;  // both kinds of copy; rate = bytes / their GPU time
+  uint64_t hits = 0, misses = 0, prefetched = 0, prefetch_used = 0;
+  double layer_step_ms = 0;   // wall / (chunks x layers)
+  double layer_copy_ms = 0;   // copy GPU time / (chunks x tiered layers)
+  uint64_t workspace_high = 0, predicted_bytes = 0;  // the step arena's high-water mark vs memory::prefill_step_bytes
+};
+
+struct ColdPrefillPlan {
+  int64_t chunk = 0;
+  uint64_t budget_bytes = 0;   // free HBM (+ the arena, - staging, - reserve) the chunk was sized from
+  uint64_t staging_bytes = 0;  // the two prefetch staging buffers
+};
+
+// `ex` must have tiered layers. `prefill_step(s0, s1, end)` builds rows [s0, s1) of an `end`-row
+// prompt. One warm-up chunk (the largest, at the longest prompt) grows the step arena first.
+Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, const ColdPrefillOptions& opt, ColdPrefillPlan* plan,
+                                                     const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step);
+
+}  // namespace fb::bench
