@@ -657,6 +657,16 @@ bool CudaExecutor::prefetch_step(const model::Step& step) const {
     if (r.kind != RowKind::kPrefill) return false;  // decode and verify rows route to few experts
   if (prefetch_failed_) return false;
   if (slots_->prefetch_entries() > 0) return true;
+  // A tiered source (one that counts its traffic: storage::TieredExperts) hands out views that
+  // stay valid only until its next call for another layer, and the prefetch interleaves two
+  // layers' calls while their copies are in flight; only sources whose views never expire (the
+  // snapshot's mapped tensors, the bench's pinned pool) may be read a layer ahead for now.
+  model::ExpertTraffic traffic;
+  if (slots_->source().traffic(&traffic)) {
+    std::fprintf(stderr, "cuda: expert prefetch off: the expert source's views expire between layers (host tiers)\n");
+    prefetch_failed_ = true;
+    return false;
+  }
   // Staging once, on the first such step: a layer's experts beyond its slots (every expert a
   // large chunk routes to that is not resident), or the option's count.
   int entries = run_.expert_prefetch_entries;
