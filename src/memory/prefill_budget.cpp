@@ -40,8 +40,12 @@ PrefillStepBytes prefill_step_bytes(const model::Config& c, int64_t rows, int64_
   // The indexer: f32 scores and the candidate pool byte per visible entry of the longest row.
   const uint64_t entries = min_ratio > 0 ? uint64_t(std::max<int64_t>(context, 0)) / uint64_t(min_ratio) : 0;
   b.attention = T * entries * (4 + 1);
-  // tc_gemm: three expanded expert matrices, the largest expanded dense weight (wq_b), slack.
-  b.fixed = 3 * I * D * 2 + qd * ql * 2 + (uint64_t(256) << 20);
+  // tc_gemm scratch (cuda/tc_gemm.cu, tc_attention.cu): each FP8 GEMM expands its act_quant
+  // input to bf16 [T, K] (the widest K: the grouped output projection's G x o_lora_rank), the
+  // index dots take up to 1 GiB, three expanded expert matrices, the largest expanded dense
+  // weight (wq_b), slack.
+  const uint64_t k_fp8 = std::max<uint64_t>({D, ql, uint64_t(c.o_groups) * uint64_t(c.o_lora_rank), I});
+  b.tc = T * k_fp8 * 2 + (uint64_t(1) << 30) + 3 * I * D * 2 + qd * ql * 2 + (uint64_t(256) << 20);
   return b;
 }
 
@@ -49,8 +53,8 @@ int64_t prefill_chunk_rows(const model::Config& c, uint64_t budget_bytes, int64_
   quantum = std::max<int64_t>(quantum, 1);
   int64_t best = 0;
   for (int64_t r = quantum; r <= max_rows; r += quantum) {
-    const uint64_t need = prefill_step_bytes(c, r, std::max(context, r)).total();
-    if (need + need / 4 > budget_bytes) break;  // the arena grows to 1.25x its high-water mark
+    const PrefillStepBytes b = prefill_step_bytes(c, r, std::max(context, r));
+    if (b.arena() + b.arena() / 4 + b.tc > budget_bytes) break;  // the arena grows to 1.25x its high-water mark
     best = r;
   }
   return best;

@@ -15,15 +15,17 @@ struct PrefillStepBytes {
   uint64_t step = 0;       // buffers that live for the whole step (mHC streams, q/o, quant scratch, taps)
   uint64_t moe = 0;        // the MoE op's temporaries (tensor-core grouping: gathered rows, w1/w3/w2 outputs)
   uint64_t attention = 0;  // the attention/indexer op's temporaries that grow with the context
-  uint64_t fixed = 0;      // independent of rows: tc_gemm's expanded weights and scratch
-  uint64_t total() const { return step + moe + attention + fixed; }
+  uint64_t tc = 0;         // outside the arena: tc_gemm's scratch (expanded activations of the widest
+                           // FP8 GEMM input, index dots up to 1 GiB, expanded weights)
+  uint64_t arena() const { return step + moe + attention; }
+  uint64_t total() const { return arena() + tc; }
 };
 
 // `rows` prefill rows whose last position is `context` (the longest key list).
 PrefillStepBytes prefill_step_bytes(const model::Config& c, int64_t rows, int64_t context);
 
 // The largest multiple of `quantum` rows (at most max_rows, at least quantum) whose step fits
-// `budget_bytes` with the arena's 25% growth slack (cuda/layer_ops.h Arena); 0 when not even
+// `budget_bytes` with the arena's 25% growth slack (cuda/layer_ops.h Arena) on arena(); 0 when not even
 // `quantum` rows fit. Prompts shorter than the result run in one chunk.
 int64_t prefill_chunk_rows(const model::Config& c, uint64_t budget_bytes, int64_t context, int64_t max_rows = 65536, int64_t quantum = 2048);
 
