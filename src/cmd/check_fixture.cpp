@@ -162,7 +162,7 @@ Runner add_check_fixture(CLI::App& app) {
   app.add_flag("--bounded-replay", a->bounded_replay,
                "approximate prefill (SWA bounded replay, spec/11 sec. 8.4); the fixtures are exact, so expect FAIL");
   app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
-  app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; CUDA keeps >= 64)");
+  app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; on CUDA at least 64 unless given)");
   app.add_option("--expert-store", a->expert_store, "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
   app.add_option("--fault-replica", a->faults,
                  "with --expert-store: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "

@@ -162,7 +162,16 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   return next;
 }
 
-void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const { storage::resident_first(*layers_[size_t(layer)].cache, want); }
+void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const {
+  const storage::SlotCache& cache = *layers_[size_t(layer)].cache;
+  // The misses' reads start now, the moment the router has chosen (a tiered source prefetches
+  // from its drives; other sources ignore the hint), and run while the hits are used.
+  std::vector<int> misses;
+  for (const int32_t e : want)
+    if (cache.find(e) < 0) misses.push_back(int(e));
+  if (!misses.empty()) src_->prefetch(layer, misses);
+  storage::resident_first(cache, want);
+}
 
 Status DevExpertSlots::join(cudaStream_t compute) {
   FB_CUDA_TRY(cudaStreamWaitEvent(compute, done_, 0));

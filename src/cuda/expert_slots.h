@@ -63,7 +63,8 @@ class DevExpertSlots {
   const Fp4W& w2(int layer) const { return layers_[size_t(layer)].w2; }
   const Fp4W& w3(int layer) const { return layers_[size_t(layer)].w3; }
   // Orders `want` so that resident experts come first (stable): a call that needs more experts
-  // than slots uses what is resident before the later waves evict it.
+  // than slots uses what is resident before the later waves evict it. Called once the routing is
+  // known: it hands the source the misses first (ExpertSource::prefetch), so drive reads start.
   void resident_first(int layer, std::vector<int32_t>& want) const;
   const Layout& layout() const { return layout_; }
   uint64_t slot_bytes() const { return slot_bytes_; }

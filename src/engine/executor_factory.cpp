@@ -27,7 +27,10 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   if (backend == "cuda") {
     to.slots_per_layer = 1;  // unused: the executor copies from the host records themselves
     to.host_views = true;
-    to.host_experts = std::max<int64_t>(to.host_experts, 64);  // a layer's picks stay in the cache while they are copied
+    // Unless a number is asked for (--host-experts): at least 64 records, so a layer's picks stay
+    // in the (page-locked) cache while they are copied. Fewer work too: picks beyond them come
+    // from buffers kept for the layer's whole epoch (pageable, so slower to copy).
+    if (opt.host_experts <= 0) to.host_experts = std::max<int64_t>(to.host_experts, 64);
 #ifdef FB_HAVE_CUDA_EXECUTOR
     // Page-locked records copy at ~55 GB/s instead of the pageable rate; a failed registration
     // only costs speed.
