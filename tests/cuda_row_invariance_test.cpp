@@ -2,7 +2,8 @@
 // classes"): one decode session's logits and DSpark tap rows are the same bits whether each of its
 // steps runs alone or beside other sessions' decode / verify rows and a prompt chunk, in both
 // numerics classes, on steps of at most 64 rows and on larger ones (which the executor runs as
-// parts: model::split_step). Models: the smooth tiny model at hidden 1,024 (where the fast
+// parts: model::split_step), and draft_many's shared draft steps give each session the bits of its
+// draft() alone. Models: the smooth tiny model at hidden 1,024 (where the fast
 // kernels' bits differ from the exact ones, so a step that switched kernels would show) and the
 // tiny-s0 fixture's checkpoint when present. Label gpu (skips without a device).
 #include <gtest/gtest.h>
@@ -200,6 +201,89 @@ TEST_P(RowInvariance, DecodeRowsAloneEqualBesideOthers) {
     SCOPED_TRACE(c.name);
     check_case(**ex, c);
   }
+}
+
+// draft_many (several sessions' DSpark blocks in shared steps of up to 64 rows) gives each session
+// the bits of its draft() alone: 3 sessions (one step) and 14 (more than 64 / B: two steps), one
+// of them with a sampled picker that leaves the greedy chain at k = 2 (draft_sampled's rule).
+void check_draft_many(cuda::CudaExecutor& ex) {
+  const model::Config& cfg = ex.config();
+  const int64_t V = cfg.vocab_size, tap_w = int64_t(cfg.dspark_target_layer_ids.size()) * cfg.dim;
+  ASSERT_GT(cfg.n_mtp_layers, 0);
+  for (int n : {3, 14}) {
+    std::vector<std::unique_ptr<model::SessionState>> own;
+    std::vector<model::DraftJob> jobs;
+    std::vector<std::vector<uint16_t>> taps;
+    for (int i = 0; i < n; ++i) {
+      own.push_back(ex.new_session());
+      const std::vector<int32_t> prompt = prompt_of(20 + 3 * i, 40 + i, V);
+      model::Step st;
+      add_prompt_rows(&st, 0, prompt, 0, int64_t(prompt.size()));
+      std::vector<model::SessionState*> ss{own.back().get()};
+      auto o = ex.forward(st, ss);
+      ASSERT_TRUE(o.ok()) << o.status().to_string();
+      const int64_t rows = int64_t(prompt.size());
+      ASSERT_EQ(int64_t(o->taps.size()), rows * tap_w);
+      ASSERT_TRUE(ex.draft_commit(*own.back(), 0, o->taps.data(), rows).ok());
+      taps.emplace_back(o->taps.end() - tap_w, o->taps.end());  // g(p) of the last prompt position
+    }
+    const model::DraftPicker off_chain = [V](int64_t k, const float* row) {
+      const int32_t best = int32_t(std::max_element(row, row + V) - row);
+      return k == 2 ? int32_t((best + 1) % V) : best;
+    };
+    for (int i = 0; i < n; ++i) {
+      model::DraftJob j;
+      j.session = own[size_t(i)].get();
+      j.anchor = token_id(7 * i + 3, V);
+      j.tap_row = taps[size_t(i)].data();
+      j.p = own[size_t(i)]->n_pos() - 1;
+      if (i == 1) j.pick = &off_chain;
+      jobs.push_back(j);
+    }
+    std::vector<model::DraftOutput> alone;
+    for (const model::DraftJob& j : jobs) {
+      auto d = j.pick ? ex.draft_sampled(*j.session, j.anchor, j.tap_row, j.p, *j.pick) : ex.draft(*j.session, j.anchor, j.tap_row, j.p);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      alone.push_back(std::move(d).value());
+    }
+    std::vector<Result<model::DraftOutput>> many = ex.draft_many(jobs);
+    ASSERT_EQ(many.size(), jobs.size());
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(many[size_t(i)].ok()) << many[size_t(i)].status().to_string();
+      const model::DraftOutput& a = alone[size_t(i)];
+      const model::DraftOutput& b = *many[size_t(i)];
+      EXPECT_EQ(a.ids, b.ids) << n << " sessions, job " << i;
+      EXPECT_EQ(a.confidence.size(), b.confidence.size());
+      EXPECT_EQ(std::memcmp(a.confidence.data(), b.confidence.data(), std::min(a.confidence.size(), b.confidence.size()) * sizeof(float)), 0)
+          << n << " sessions, job " << i << ": confidences";
+      ASSERT_EQ(a.logits.size(), b.logits.size());
+      EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)), 0) << n << " sessions, job " << i << ": logits";
+    }
+    EXPECT_LE(alone[1].ids.size(), 3u) << "the picker left the greedy chain at k = 2";
+    // One session in two jobs is refused.
+    std::vector<model::DraftJob> twice{jobs[0], jobs[0]};
+    std::vector<Result<model::DraftOutput>> bad = ex.draft_many(twice);
+    EXPECT_FALSE(bad[1].ok());
+  }
+}
+
+TEST_P(RowInvariance, DraftManyEqualsDraftAlone) {
+  FB_NEED_GPU();
+  const std::string model = std::get<0>(GetParam());
+  std::string dir;
+  if (model == "smooth") {
+    dir = smooth_model();
+  } else {
+    std::string why;
+    const std::string f = cuda::test_util::runnable_fixture(model, &why);
+    if (f.empty()) GTEST_SKIP() << why;
+    dir = f + "/checkpoint";
+  }
+  cuda::CudaLoadOptions lo;
+  lo.run.numerics = std::get<1>(GetParam());
+  auto ex = cuda::CudaExecutor::load(dir, {}, lo);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  check_draft_many(**ex);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RowInvariance,

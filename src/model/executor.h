@@ -73,6 +73,24 @@ struct DraftJob {
   const DraftPicker* pick = nullptr;
 };
 
+// draft_sampled's default on a greedy block `d`: keeps its rows while `pick` agrees with its chain
+// and ends the block at the first pick that differs (later rows were biased by the greedy token).
+inline void keep_agreeing_picks(DraftOutput& d, const DraftPicker& pick) {
+  const int64_t B = int64_t(d.ids.size()) - 1;
+  if (B <= 0) return;
+  const int64_t V = int64_t(d.logits.size()) / B;
+  int64_t keep = 0;
+  while (keep < B) {
+    const int32_t x = pick(keep + 1, &d.logits[size_t(keep * V)]);
+    const bool agrees = x == d.ids[size_t(keep + 1)];
+    d.ids[size_t(++keep)] = x;
+    if (!agrees) break;
+  }
+  d.ids.resize(size_t(keep + 1));
+  d.logits.resize(size_t(keep * V));
+  if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
+}
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -105,21 +123,7 @@ class Executor {
   virtual Result<DraftOutput> draft_sampled(SessionState& s, int32_t anchor, const uint16_t* tap_row, int64_t p,
                                             const DraftPicker& pick) {
     auto r = draft(s, anchor, tap_row, p);
-    if (!r.ok()) return r;
-    DraftOutput& d = r.value();
-    const int64_t B = int64_t(d.ids.size()) - 1;
-    if (B <= 0) return r;
-    const int64_t V = int64_t(d.logits.size()) / B;
-    int64_t keep = 0;
-    while (keep < B) {
-      const int32_t x = pick(keep + 1, &d.logits[size_t(keep * V)]);
-      const bool agrees = x == d.ids[size_t(keep + 1)];
-      d.ids[size_t(++keep)] = x;
-      if (!agrees) break;
-    }
-    d.ids.resize(size_t(keep + 1));
-    d.logits.resize(size_t(keep * V));
-    if (int64_t(d.confidence.size()) > keep) d.confidence.resize(size_t(keep));
+    if (r.ok()) keep_agreeing_picks(r.value(), pick);
     return r;
   }
   // The draft blocks of several sessions in one call (issue 20: the engine drafts every DSpark
