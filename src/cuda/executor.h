@@ -172,6 +172,14 @@ struct CudaRunOptions {
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
+  // Cold prefill with tiered experts (issue 26, docs/tiers.md "Streaming experts during prefill"):
+  // steps of at least expert_prefetch_min_rows rows copy the next tiered layer's non-resident
+  // experts into a staging buffer (two, alternating) on a second copy stream while this layer
+  // computes. Only copy timing changes: the same bytes reach the same kernels (same bits, either
+  // numerics class). Off until measured on the H200.
+  bool expert_prefetch = false;
+  int64_t expert_prefetch_min_rows = 1024;
+  int expert_prefetch_entries = 0;    // experts per staging buffer; 0: a layer's experts minus its slots
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
@@ -302,6 +310,10 @@ class CudaExecutor final : public model::Executor {
   using RouteOverride = std::function<void(int layer, std::vector<int32_t>& ids, int64_t rows, int top_k)>;
   void set_route_override(RouteOverride f) { route_override_ = std::move(f); }
   const loader::Snapshot& snapshot() const { return *snap_; }
+  // The step arena (StepWorkspace): bytes held now, and the largest step's high-water mark
+  // (the bench sets the prefill chunk from free HBM and checks memory::prefill_step_bytes).
+  uint64_t workspace_bytes() const { return ws_.dev.bytes(); }
+  uint64_t workspace_high_bytes() const { return ws_.dev_high; }
 
  private:
   friend class CudaLayerOps;
@@ -333,6 +345,10 @@ class CudaExecutor final : public model::Executor {
   mutable StepWorkspace ws_;
   // The tensor-core GEMM object (created on first use) and the policy of set_tensor_core_prefill.
   TcGemm* tc_for(const model::Step& step) const;
+  // Whether `step` streams experts a layer ahead (CudaRunOptions::expert_prefetch: a prefill step
+  // of enough rows with tiered layers); reserves the staging buffers on first use.
+  bool prefetch_step(const model::Step& step) const;
+  mutable bool prefetch_failed_ = false;
   mutable std::unique_ptr<TcGemm> tc_;
   // The options and what they resolve to (set_run_options): the exact class turns off every
   // technique that leaves the CPU's bits.
