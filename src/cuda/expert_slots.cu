@@ -78,6 +78,9 @@ DevExpertSlots::~DevExpertSlots() {
     if (g.filled) cudaEventDestroy(g.filled);
     if (g.free) cudaEventDestroy(g.free);
   }
+  for (Layer& L : layers_)
+    for (cudaEvent_t ev : L.read_done)
+      if (ev) cudaEventDestroy(ev);
   if (prefetch_) cudaStreamDestroy(prefetch_);
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);
@@ -127,7 +130,7 @@ Status DevExpertSlots::timer_begin(cudaStream_t st, std::vector<std::pair<cudaEv
 }
 
 Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want, size_t from, std::vector<int32_t>& slot_of,
-                                    cudaStream_t compute) {
+                                    cudaStream_t compute, bool per_slot) {
   Layer& L = layers_.at(size_t(layer));
   if (!L.cache) return FB_ERROR(kInternal) << "layer " << layer << " has no expert slots";
   if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
@@ -144,6 +147,17 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
       continue;
     }
     ++stats_.misses;
+    if (per_slot) {
+      // Only the slot's own last reader (mark_read) must be done: this copy overlaps the
+      // kernels of the other slots' experts (each copy timed alone, its wait excluded).
+      if (size_t(slot) < L.read_marked.size() && L.read_marked[size_t(slot)])
+        FB_CUDA_TRY(cudaStreamWaitEvent(copy_, L.read_done[size_t(slot)], 0));
+      FB_RETURN_IF_ERROR(timer_begin(copy_, timers_, used_));
+      FB_RETURN_IF_ERROR(copy_in(layer, e, slot));
+      FB_CUDA_TRY(cudaEventRecord(timers_[used_].second, copy_));
+      ++used_;
+      continue;
+    }
     if (!copying) {  // the copies wait for every kernel already issued (earlier readers of the slots)
       FB_CUDA_TRY(cudaEventRecord(ready_, compute));
       FB_CUDA_TRY(cudaStreamWaitEvent(copy_, ready_, 0));
@@ -276,6 +290,19 @@ Status DevExpertSlots::prefetch(int layer, int keep) {
   FB_CUDA_TRY(cudaEventRecord(g.filled, prefetch_));
   stats_.prefetched += uint64_t(n);
   stats_.prefetch_bytes += uint64_t(n) * slot_bytes_;
+  return Status();
+}
+
+Status DevExpertSlots::mark_read(int layer, int entry, cudaStream_t compute) {
+  Layer& L = layers_.at(size_t(layer));
+  if (!L.cache || entry < 0 || entry >= entries(layer)) return FB_ERROR(kInternal) << "mark_read: entry " << entry << " of layer " << layer;
+  if (L.read_done.empty()) {
+    L.read_done.assign(size_t(entries(layer)), nullptr);
+    L.read_marked.assign(size_t(entries(layer)), 0);
+    for (cudaEvent_t& ev : L.read_done) FB_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  }
+  FB_CUDA_TRY(cudaEventRecord(L.read_done[size_t(entry)], compute));
+  L.read_marked[size_t(entry)] = 1;
   return Status();
 }
 

@@ -75,7 +75,14 @@ class DevExpertSlots {
   // misses are copied on the copy stream after everything already issued on `compute`. Returns
   // the index one past the last taken expert. Call join(compute) before kernels read the slots and
   // release(layer) once they are issued.
-  Result<size_t> take(int layer, const std::vector<int32_t>& want, size_t from, std::vector<int32_t>& slot_of, cudaStream_t compute);
+  // per_slot (the tensor-core path under CudaRunOptions::expert_prefetch, which calls mark_read
+  // after each expert's last kernel): a miss's copy waits only for the last reader of its own
+  // slot, so a wave's copies overlap the previous wave's remaining experts (double-buffered waves).
+  Result<size_t> take(int layer, const std::vector<int32_t>& want, size_t from, std::vector<int32_t>& slot_of, cudaStream_t compute,
+                      bool per_slot = false);
+  // Records that every kernel reading `entry` of the layer's arrays has been issued on `compute`.
+  // Every read of a slot in a step that uses per_slot must be marked.
+  Status mark_read(int layer, int entry, cudaStream_t compute);
   Status join(cudaStream_t compute);
   void release(int layer);
 
@@ -124,6 +131,8 @@ class DevExpertSlots {
     Fp4W w1, w2, w3;
     std::vector<int> pinned;  // slots pinned by the current wave
     int n_experts = 0;
+    std::vector<cudaEvent_t> read_done;  // per entry: after its last marked reader (mark_read)
+    std::vector<char> read_marked;
   };
   Status copy_in(int layer, int e, int slot);
   Status copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st);

@@ -772,15 +772,20 @@ class CudaLayerOps {
     }
     // A tiered layer (w's arrays are its slots): waves of at most its slots, resident experts
     // first; each expert runs alone, since a wave's experts are no longer consecutive.
+    // With prefetch_, each slot's last read is marked, so a later wave's copy into it waits for
+    // that expert alone (DevExpertSlots::take per_slot), not for the whole wave before it.
     for (size_t from = 0; tiered && from < want.size() && ok();) {
-      auto next = m_.slots_->take(l, want, from, slot_of, st_);
+      auto next = m_.slots_->take(l, want, from, slot_of, st_, prefetch_);
       if (!next.ok()) {
         step(next.status());
         return;
       }
       if (from == 0) shared();
       step(m_.slots_->join(st_));
-      for (size_t i = from; i < *next && ok(); ++i) run(i, i + 1);
+      for (size_t i = from; i < *next && ok(); ++i) {
+        run(i, i + 1);
+        if (prefetch_) step(m_.slots_->mark_read(l, slot_of[size_t(want[i])], st_));
+      }
       m_.slots_->release(l);
       if (from == 0) run_staged();
       from = *next;
