@@ -48,7 +48,7 @@ if [ $bt -eq 0 ]; then
   row "bench --sessions" "rc=$brc $(($(date +%s) - t3))s (124: timed out; the phase lines above say where)"
   for n in 1 2 4 8 16; do
     v=$(csv "sessions_${n}_tok_s")
-    [ -n "$v" ] && row "  $n sessions" "$v tok/s, x$(csv "sessions_${n}_speedup"), gap p50 $(csv "sessions_${n}_gap_p50_ms") p99 $(csv "sessions_${n}_gap_p99_ms") ms"
+    [ -n "$v" ] && row "  $n sessions" "$v tok/s, x$(csv "sessions_${n}_speedup"), gap p50 $(csv "sessions_${n}_gap_p50_ms") p99 $(csv "sessions_${n}_gap_p99_ms") ms, session 0's tokens equal: $(csv "sessions_${n}_tokens_equal")"
   done
   s8=$(csv sessions_8_speedup)
   p1=$(csv sessions_1_gap_p99_ms)
