@@ -48,12 +48,9 @@ if [ $bc -eq 0 ]; then
   # bit-identical to the CPU in lockstep (--compare-cpu); fast must PASS the gates.
   for c in tiny-s0 tiny-s1-long tiny-smooth tiny-vision; do
     [ -d "$FIX/$c" ] || { row "check-fixture $c" "absent from $FIX"; continue; }
-    # fast-reg: the fast class with the register-streaming GEMVs (reg_gemv.h) for FP8 / MXFP4 decode rows
-    for nm in exact fast fast-reg; do
+    for nm in exact fast; do
       s0=$(date +%s)
-      extra=""
-      [ $nm = fast-reg ] && extra="--cuda-opt reg_gemv=1"
-      timeout 120 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --numerics ${nm%-reg} $extra --compare-cpu >"$LOG/fixture_${c}_$nm.log" 2>&1
+      timeout 120 "$BUILD/flashbox" check-fixture "$FIX/$c" --backend cuda --numerics $nm --compare-cpu >"$LOG/fixture_${c}_$nm.log" 2>&1
       rc=$?
       row "check-fixture $c cuda $nm" "rc=$rc $(($(date +%s) - s0))s"
       grep -E "^compare " "$LOG/fixture_${c}_$nm.log" | cut -c1-150 | sed 's/^/    /' >>"$LOG/table.txt"

@@ -161,7 +161,7 @@ struct CudaRunOptions {
   bool fast_occupancy = true;         // ... compiled with a register cap for more warps per SM (same bits; A/B in docs/results.md)
   bool tc_gemv = true;                // ... FP8 / MXFP4 ones on the tensor-core kernels of tc_gemv.h (other bits, same guarantees; A/B in docs/results.md)
   bool tc_async_scales = true;        // ... their scales staged by cp.async beside the tile (same bits)
-  bool reg_gemv = false;              // ... on the register-streaming kernels of reg_gemv.h instead of the tile kernels (other bits)
+  bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
   bool overlap = true;                // kFast: a second stream for independent decode work (shared expert, window KV chain)
@@ -183,7 +183,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, reg_gemv, attn_split, attn_predequant, bounded_replay,
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch (booleans 0/1), expert_prefetch_min_rows (>= 1), expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 

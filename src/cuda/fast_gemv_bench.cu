@@ -7,7 +7,6 @@
 #include "cuda/fast_small.h"
 #include "cuda/ops.h"
 #include "cuda/tc_gemv.h"
-#include "cuda/reg_gemv.h"
 
 namespace fb::cuda {
 
@@ -262,15 +261,20 @@ Status fast_gemv_bench() {
   set_fast_gemv_tc(true);
   // The last line: the default chunks with PDL and the scales by plain loads (tc_async_scales off).
   const bool async_was = tc_async_scales();
+  // Then the default with lean shared memory off and on again (tc_lean_smem, interleaved).
+  for (int pass = 0; pass < 3; ++pass)
   for (int as : {1, 0})
   for (int pdl = 0; pdl < 2; ++pdl)
     for (int sc : {1, 2, 4}) {
       if (as == 0 && (pdl == 0 || sc != 4)) continue;
+      if (pass > 0 && !(as == 1 && pdl == 1 && sc == 4)) continue;  // passes 1, 2: the default, lean off then on
+      const int lean = pass == 1 ? 0 : 1;
+      set_tc_lean_smem(lean == 1);
       set_tc_async_scales(as == 1);
       set_fast_pdl(pdl == 1);
       tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
       struct One { const char* name; int64_t N, K; bool fp4; };
-      std::printf("tc chunk max fp8 %d fp4 %d pdl %d scales %s:", 512 * sc, 1024 * sc, pdl, as ? "cp.async" : "plain");
+      std::printf("tc chunk max fp8 %d fp4 %d pdl %d scales %s lean %d:", 512 * sc, 1024 * sc, pdl, as ? "cp.async" : "plain", lean);
       for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
                     One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
         const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
@@ -289,40 +293,8 @@ Status fast_gemv_bench() {
       std::printf("\n");
     }
   tc_gemv_set_chunk_max(0, 0);
+  set_tc_lean_smem(true);
   set_tc_async_scales(async_was);
-  // The register-streaming kernels (reg_gemv.h) at the same shapes, with PDL: tile kernels vs
-  // register streaming (default batches, L2 prefetch on), then its batch / prefetch variants.
-  set_fast_pdl(true);
-  struct RegVariant { const char* name; bool reg, pf; int u8, u4; };
-  for (int pass = 0; pass < 2; ++pass)
-    for (RegVariant v : {RegVariant{"tile", false, true, 0, 0}, RegVariant{"reg u4/8 pf", true, true, 4, 8}, RegVariant{"reg u4/8 nopf", true, false, 4, 8},
-                         RegVariant{"reg u8/4 pf", true, true, 8, 4}, RegVariant{"reg u8/8 pf", true, true, 8, 8}}) {
-      set_tc_reg_stream(v.reg);
-      reg_gemv_set_prefetch(v.pf);
-      reg_gemv_set_batch(v.u8, v.u4);
-      struct One { const char* name; int64_t N, K; bool fp4; int M; };
-      std::printf("reg pass %d %-14s:", pass, v.name);
-      for (One c : {One{"wq_b", 32768, 1280, false, 1}, One{"wo_b", 5120, 8192, false, 1}, One{"w2s", 5120, 2304, false, 1},
-                    One{"wq_a", 1280, 5120, false, 1}, One{"wq_b.6", 32768, 1280, false, 6}, One{"e.w13", 2304, 5120, true, 6},
-                    One{"e.w2", 5120, 2304, true, 6}}) {
-        const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
-        double ms = 0.0;
-        FB_RETURN_IF_ERROR(time_ms(st, kReps,
-                                   [&](int i) {
-                                     uint8_t* base = wp + (i % slices) * wbytes;
-                                     if (!c.fp4) return fast_fp8_gemv_q(q, c.M, Fp8W{base, sp, c.N, c.K}, y, st);
-                                     const int64_t eb1 = c.N * c.K / 2;
-                                     return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, eb1, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
-                                   },
-                                   &ms));
-        const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);
-        std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
-      }
-      std::printf("\n");
-    }
-  set_tc_reg_stream(false);
-  reg_gemv_set_prefetch(true);
-  reg_gemv_set_batch(0, 0);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);

@@ -25,7 +25,6 @@
 #include "cuda/fast_gemv.h"
 #include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
-#include "cuda/reg_gemv.h"
 
 namespace fb::cuda {
 namespace {
@@ -134,12 +133,7 @@ struct TcOn {
   TcOn() { set_fast_gemv_tc(true); }
   ~TcOn() { set_fast_gemv_tc(false); }
 };
-// The tensor-core calls on the register-streaming kernels (reg_gemv.h) for a scope.
-struct RegOn {
-  TcOn tc;
-  RegOn() { set_tc_reg_stream(true); }
-  ~RegOn() { set_tc_reg_stream(false); }
-};
+
 
 void fp8_cases() {
   Rng rng(11);
@@ -200,12 +194,6 @@ TEST(FastGemv, TcFp8) {
   fp8_cases();
 }
 
-TEST(FastGemv, RegFp8) {
-  NEED_GPU();
-  RegOn reg;
-  fp8_cases();
-}
-
 // Two weights of one K over the same codes in one launch (wq_a + wkv, shared w1 + w3): each
 // output bit for bit the single call's, for shapes whose split-K factors differ, at 1, 7, 64 rows.
 void fp8_pair_cases() {
@@ -242,12 +230,6 @@ TEST(FastGemv, Fp8PairEqualsTwoCalls) {
 TEST(FastGemv, TcFp8PairEqualsTwoCalls) {
   NEED_GPU();
   TcOn tc;
-  fp8_pair_cases();
-}
-
-TEST(FastGemv, RegFp8PairEqualsTwoCalls) {
-  NEED_GPU();
-  RegOn reg;
   fp8_pair_cases();
 }
 
@@ -341,78 +323,6 @@ TEST(FastGemv, TcFp4Experts) {
   fp4_expert_cases();
 }
 
-TEST(FastGemv, RegFp4Experts) {
-  NEED_GPU();
-  RegOn reg;
-  fp4_expert_cases();
-}
-
-// The register-streaming kernels' bench knobs (the L2 prefetch hint, blocks per load batch) change
-// timing only: every output bit is the default's, FP8 pairs and MXFP4 experts, 1 / 7 / 64 rows,
-// K split over 1, 2, 3 and 4 ranks, N not a multiple of 16.
-TEST(FastGemv, RegVariantsSameBits) {
-  NEED_GPU();
-  RegOn reg;
-  Rng rng(29);
-  struct Variant { bool pf; int u8, u4; };
-  const Variant variants[] = {{true, 4, 8}, {false, 4, 8}, {true, 8, 4}, {false, 8, 4}};
-  auto each = [&](auto call) {
-    std::vector<std::vector<bf16_t>> out;
-    for (const Variant& v : variants) {
-      reg_gemv_set_prefetch(v.pf);
-      reg_gemv_set_batch(v.u8, v.u4);
-      out.push_back(call());
-    }
-    reg_gemv_set_prefetch(true);
-    reg_gemv_set_batch(0, 0);
-    for (size_t i = 1; i < out.size(); ++i) EXPECT_TRUE(out[i] == out[0]) << "variant " << i << " != default";
-  };
-  for (int64_t K : {1280, 2304, 5120, 8192}) {
-    SCOPED_TRACE("fp8 K=" + std::to_string(K));
-    const int64_t Na = 1000, Nb = 72, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    Dev<uint8_t> wa(rng.e4m3(Na * K)), sa(rng.bytes(((Na + 31) / 32) * KB, 118, 132)), wb(rng.e4m3(Nb * K)), sb(rng.bytes(((Nb + 31) / 32) * KB, 118, 132));
-    const Fp8W A{wa.p(), sa.p(), Na, K}, B{wb.p(), sb.p(), Nb, K};
-    Dev<bf16_t> ya(size_t(kRows * Na)), yb(size_t(kRows * Nb));
-    for (int64_t M : {1, 7, 64})
-      each([&] {
-        ya.poison();
-        yb.poison();
-        EXPECT_TRUE(tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr).ok());
-        auto v = ya.get();
-        const auto vb = yb.get();
-        v.insert(v.end(), vb.begin(), vb.end());
-        return v;
-      });
-  }
-  for (int64_t K : {2304, 5120}) {
-    SCOPED_TRACE("fp4 K=" + std::to_string(K));
-    constexpr int kExperts = 4;
-    const int64_t N = 200, KB = K / 32, eb = N * K / 2, esb = N * KB;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    Dev<uint8_t> dw(rng.bytes(eb * kExperts)), ds(rng.bytes(esb * kExperts, 118, 130));
-    std::vector<int32_t> ex(kRows);
-    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
-    Dev<int32_t> dex(ex);
-    const Fp4W A{dw.p(), ds.p(), N, K, eb, esb};
-    Dev<bf16_t> y(size_t(kRows * N));
-    for (int64_t M : {1, 7, 64})
-      each([&] {
-        y.poison();
-        EXPECT_TRUE(tc_fp4_gemv(q, M, 1, A, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());
-        return y.get();
-      });
-  }
-}
-
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
 // non-empty and 32-aligned, at most 8, the tile <= 32 KB for released K.
 TEST(FastGemv, TcChunks) {
@@ -492,19 +402,24 @@ struct AsyncScalesAs {
 };
 
 // The kernels compute every output bit for bit the same whichever way their scales are staged
-// (4-byte cp.async or plain loads), for FP8 pairs and MXFP4 experts with skipped rows, at row
+// (4-byte cp.async or plain loads) and whatever their shared memory holds (tc_lean_smem), for FP8 pairs and MXFP4 experts with skipped rows, at row
 // counts that stage 1, 3, 8 and 8 + 1 activation rows (zeros past M); shapes with 1, 2, 3 and 4 K
 // chunks, N not a multiple of 16, and Ks that are not a multiple of 128 (MXFP4: plain loads).
 TEST(FastGemv, TcAsyncScalesEqualPlainLoads) {
   NEED_GPU();
   TcOn tc;
   Rng rng(19);
+  // plain loads, then cp.async (lean shared memory), then cp.async with lean off (8 staged rows,
+  // f32 MXFP4 scale copies): all three the same bits; returns (plain, each of the others in turn)
   auto both = [](auto call) {
-    std::vector<bf16_t> out[2];
-    for (int on = 0; on < 2; ++on) {
-      AsyncScalesAs as(on == 1);
-      out[on] = call();
+    std::vector<bf16_t> out[3];
+    for (int v = 0; v < 3; ++v) {
+      AsyncScalesAs as(v >= 1);
+      set_tc_lean_smem(v != 2);
+      out[v] = call();
     }
+    set_tc_lean_smem(true);
+    EXPECT_TRUE(out[2] == out[1]) << "lean shared memory off != on";
     return std::make_pair(out[0], out[1]);
   };
   struct Fp8Case { int64_t Na, Nb, K; };

@@ -30,7 +30,6 @@
 #include "cuda/fast_small.h"
 #include "cuda/numerics.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/reg_gemv.h"
 
 namespace fb::cuda {
 
@@ -126,19 +125,21 @@ __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
   const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
   uint8_t* wt = smem;                                                              // [16][rb]
-  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [8][xrow]; FP4 [kc_max]
-  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : kRowGroup * xrow));   // FP8 [8][kb_max]; FP4 [kb_max]; BFX none
-  float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : kRowGroup * kb_max);               // FP8 / BFX [kb_max]; FP4 [16][kb_max]
-  float* red = wsc + (FP4 ? kStripe * kb_max : kb_max);                            // [warps][32][4]
+  // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
+  // registers, as rows past M are zeros in shared memory: the same products either way
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [kc_max]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : xr * xrow));          // FP8 [xr][kb_max]; FP4 [kb_max]; BFX none
+  float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : xr * kb_max);                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
+  float* red = wsc + (FP4 ? (async_scales && lean ? 0 : kStripe * kb_max) : kb_max);  // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
-  uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max]
+  uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max], widened at use
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // FP8: x = tile (stripe * nk + chunk), y = row group. MXFP4: x = row, y = tile, so the rows of a
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activations come from the step
     const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
     const int xupr = kc * 2 / 16;
-    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
       const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
@@ -223,21 +224,21 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
-    for (int u = tid; u < kRowGroup * xupr; u += kThreads) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
       const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
     }
     cp_async_commit();
     if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
-      for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+      for (int i = tid; i < xr * nb; i += kThreads) {
         const int j = i / nb, b = i % nb;
         const bool ok = m0 + j < M;
         cp_async4(smem_u32(xsc + j * kb_max + b), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
       }
       cp_async_commit();
     } else {
-      for (int i = tid; i < kRowGroup * nb; i += kThreads) {
+      for (int i = tid; i < xr * nb; i += kThreads) {
         const int j = i / nb, b = i % nb;
         xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
       }
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   cp_async_wait_all();
   __syncthreads();
   if constexpr (FP4) {
-    if (async_scales) {  // the raw scales to f32 (the same values as the plain loop)
+    if (async_scales && !lean) {  // CudaRunOptions::tc_lean_smem off: the raw scales to f32 here (same values)
       for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
         wsc[r * kb_max + b] = dev::e8m0_val(wsr[r * kb_max + b]);
@@ -277,8 +278,11 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         float d[4];
         mma_e4m3(a, b0, b1, d);
         const float sx = xsc[b];
-        acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(wsc[g * kb_max + b], sx), acc[0]);
-        acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(wsc[(g + 8) * kb_max + b], sx), acc[2]);
+        const bool raw = async_scales && lean;
+        const float ws0 = raw ? dev::e8m0_val(wsr[g * kb_max + b]) : wsc[g * kb_max + b];
+        const float ws8 = raw ? dev::e8m0_val(wsr[(g + 8) * kb_max + b]) : wsc[(g + 8) * kb_max + b];
+        acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(ws0, sx), acc[0]);
+        acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(ws8, sx), acc[2]);
       }
     } else if constexpr (BFX) {
       // The 32-block as two k16 steps over the e4m3 fragment's own k order: step 1 takes k
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       // activations are read in the same order (b0 = k 4t, 4t+1; b1 = k 4t+2, 4t+3).
       const int b = u;
       const uint8_t* xb = xt + g * xrow + (b * 32 + 4 * t) * 2;
-      const uint2 p0 = *reinterpret_cast<const uint2*>(xb), p1 = *reinterpret_cast<const uint2*>(xb + 32);
+      const uint2 p0 = g < xr ? *reinterpret_cast<const uint2*>(xb) : make_uint2(0, 0), p1 = g < xr ? *reinterpret_cast<const uint2*>(xb + 32) : make_uint2(0, 0);
       const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
       const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -298,11 +302,12 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     } else {
       const int b = u;
       const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb), b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+      const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
       float d[4];
       mma_e4m3(r, b0, b1, d);
       const float ws = wsc[b];
-      const float s0 = __fmul_rn(ws, xsc[(2 * t) * kb_max + b]), s1 = __fmul_rn(ws, xsc[(2 * t + 1) * kb_max + b]);
+      const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
+      const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
       acc[0] = __fmaf_rn(d[0], s0, acc[0]);
       acc[1] = __fmaf_rn(d[1], s1, acc[1]);
       acc[2] = __fmaf_rn(d[2], s0, acc[2]);
@@ -355,14 +360,14 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
 }
 
 std::atomic<bool> g_async_scales{true};
-std::atomic<bool> g_reg_stream{false};
+std::atomic<bool> g_lean{true};
 
-size_t smem_bytes(int mode, int kc_max) {
+size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(kc_max) : size_t(kRowGroup) * ((bfx ? 2 * kc_max : kc_max) + 16);
-  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + kStripe) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (kRowGroup + 1);
+  const size_t x = fp4 ? size_t(kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb : 0);  // + FP4 raw scales
 }
 
@@ -371,13 +376,16 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
               const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}) {
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
-  const size_t smem = smem_bytes(MODE, ch.kc);
   const auto kernel = &tc_gemv_kernel<MODE>;
   // scales by cp.async: FP8 activation scales always (f32 rows); MXFP4 weight scale rows when
   // 4-byte aligned (K % 128 == 0, aligned bases and expert strides)
   const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
   const bool async_scales = g_async_scales.load(std::memory_order_relaxed) && MODE != kModeBf16x &&
                             (!FP4 || (K % 128 == 0 && s_stride % 4 == 0 && a4(pa.S) && (pb.stripes == 0 || a4(pb.S))));
+  // activation rows staged per CTA (lean: only the rows a launch can have; otherwise 8)
+  const bool lean = g_lean.load(std::memory_order_relaxed);
+  const int xr = FP4 ? 0 : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
@@ -404,7 +412,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -417,8 +425,7 @@ namespace {
 std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
 
-void set_tc_reg_stream(bool on) { g_reg_stream.store(on, std::memory_order_relaxed); }
-bool tc_reg_stream() { return g_reg_stream.load(std::memory_order_relaxed); }
+void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 
 void set_tc_async_scales(bool on) { g_async_scales.store(on, std::memory_order_relaxed); }
 bool tc_async_scales() { return g_async_scales.load(std::memory_order_relaxed); }
@@ -445,7 +452,6 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
-  if (tc_reg_stream()) return reg_fp8_gemv(q, M, wa, ya, wb, yb, st);
   return launch<kModeFp8>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
 }
 
@@ -457,7 +463,6 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   FB_CHECK(((M - 1) / x_div + 1) * wa.K <= q.capacity || M == 0) << "tc fp4 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || wa.N == 0) return Status();
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
-  if (tc_reg_stream()) return reg_fp4_gemv(q, M, x_div, wa, ya, wb, yb, expert, st);
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
 }

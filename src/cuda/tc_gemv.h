@@ -63,11 +63,12 @@ void tc_gemv_set_chunk_max(int fp8_k, int fp4_k);
 // loads in a loop (one dependent round trip per iteration). The same bits either way.
 // Process-wide, set from CudaRunOptions::tc_async_scales.
 void set_tc_async_scales(bool on);
-// Which kernels tc_fp8_gemv / tc_fp4_gemv run: off, the tile kernels above; on, the
-// register-streaming kernels of reg_gemv.h (other bits, the same guarantees). Process-wide, set
-// from CudaRunOptions::reg_gemv.
-void set_tc_reg_stream(bool on);
-bool tc_reg_stream();
+// Shared memory per CTA: on (lean), the FP8 / bf16 kernels stage min(M, 8) activation rows and the
+// MXFP4 kernel widens its cp.async'd raw scale bytes at use (no f32 copy), so more CTAs fit per
+// SM at decode; off, 8 rows and f32 scale copies. The same bits either way. Process-wide, set from
+// CudaRunOptions::tc_lean_smem.
+void set_tc_lean_smem(bool on);
+
 bool tc_async_scales();
 
 }  // namespace fb::cuda
