@@ -22,7 +22,7 @@ cfg=$?
 row "configure (device preset)" "rc=$cfg"
 t1=$(date +%s)
 # FB_GPU_TESTS (optional): a subset of the GPU test binaries to build and run (a short call).
-GPU_TESTS=${FB_GPU_TESTS:-cuda_ops_test cuda_fast_gemv_test cuda_fast_small_test cuda_fast_attention_test cuda_session_io_test cuda_fast_numerics_test cuda_fixture_parity_test cuda_dspark_test cuda_vision_test}
+GPU_TESTS=${FB_GPU_TESTS:-cuda_ops_test cuda_fast_gemv_test cuda_fast_small_test cuda_fast_attention_test cuda_session_io_test cuda_fast_numerics_test cuda_fixture_parity_test cuda_dspark_test cuda_vision_test cuda_row_invariance_test}
 cmake --build "$BUILD" -j16 --target $GPU_TESTS >"$LOG/build_tests.log" 2>&1
 bt=$?
 t2=$(date +%s)
