@@ -167,8 +167,13 @@ int run_probe(const ProbeArgs& a) {
     const double resident_tok_s = 4290.0;
     const int64_t ctx = in.context_tokens;
     const int64_t rows = memory::prefill_chunk_rows(*cfg, in.hbm_workspace_bytes, ctx);
-    std::printf("prefill chunk (memory::prefill_chunk_rows): %lld rows fit the %.1f GiB step workspace at %lld tokens of context; a step needs",
-                (long long)rows, double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
+    if (rows > 0)
+      std::printf("prefill chunk (memory::prefill_chunk_rows): %lld rows fit the %.1f GiB step workspace at %lld tokens of context; a step needs",
+                  (long long)rows, double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
+    else
+      std::printf("prefill chunk (memory::prefill_chunk_rows): by count not even 2,048 rows fit the %.1f GiB step workspace at %lld tokens of "
+                  "context; a step needs",
+                  double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
     for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)})
       std::printf(" %.1f GiB at %lld rows%s", double(memory::prefill_step_bytes(*cfg, r, std::max(ctx, r)).total()) / memory::kGiB, (long long)r,
                   r == 32768 ? "\n" : ",");
