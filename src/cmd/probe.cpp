@@ -179,7 +179,10 @@ int run_probe(const ProbeArgs& a) {
                   r == 32768 ? "\n" : ",");
     const int slots = plan->hbm_slots_per_layer;
     if (slots > 0 && slots < plan->n_experts_per_layer) {
-      const double miss_bytes = double(plan->n_expert_layers) * double(plan->n_experts_per_layer - slots) * double(plan->expert_bytes);
+      // The backbone's layers only: a prompt chunk runs no DSpark stage's experts.
+      double miss_bytes = 0;
+      for (int l = 0; l < cfg->n_layers; ++l)
+        miss_bytes += double(std::max(0, cfg->roles[size_t(l)].n_experts - slots)) * double(plan->expert_bytes);
       const double copy_s = miss_bytes / rates.h2d_bytes_per_s;
       std::printf("cold prefill with %d HBM slots per layer: %.1f GB of experts cross PCIe per chunk (%.2f s at %.1f GB/s); streaming a "
                   "layer ahead needs %.1f GiB of staging (2 x %d experts; not in the plan above)\n",
