@@ -59,7 +59,7 @@ for c in tiny-s1-long tiny-s0; do
       mkdir -p "$W/$c/${m}_a" "$W/$c/${m}_b"
       cp "$W/$c/a/experts.fbx" "$W/$c/${m}_a/"
       cp "$W/$c/a/experts.fbx" "$W/$c/${m}_b/"
-      f="0@8:$m"
+      f="0@0:$m"
       [ $m = slow ] && f="0@0:delay=3000"
       args="$args --expert-store $W/$c/${m}_a $W/$c/${m}_b --fault-replica $f"
     fi
@@ -84,7 +84,7 @@ if [ -d "$FIX/$c" ]; then
   cp "$W/$c/a/experts.fbx" "$W/cmp_a/"
   cp "$W/$c/a/experts.fbx" "$W/cmp_b/"
   timeout 180 "$FB" check-fixture "$FIX/$c" --backend $BE --numerics exact --compare-cpu --expert-slots 2 --host-experts 2 \
-    --expert-store "$W/cmp_a" "$W/cmp_b" --fault-replica 0@8:unlink >"$LOG/dt_compare.out" 2>"$LOG/dt_compare.err"
+    --expert-store "$W/cmp_a" "$W/cmp_b" --fault-replica 0@0:unlink >"$LOG/dt_compare.out" 2>"$LOG/dt_compare.err"
   row "$c unlink --compare-cpu" "rc=$? $(grep -E '^compare' "$LOG/dt_compare.out" | cut -c1-110)"
 fi
 row "total" "$(($(date +%s) - t0))s"

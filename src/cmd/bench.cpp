@@ -13,6 +13,10 @@
 //   --cold-prefill 8192,32768         with --synthetic --experts 384 --expert-slots 128: whole prompts
 //                                     prefilled cold through the expert tiers (issue 26;
 //                                     bench/cold_prefill.h): serial copies vs streamed a layer ahead
+//   --expert-drives DIR,DIR           with --synthetic --expert-slots S: misses through a small host
+//                                     cache (--host-experts) over expert records on the drives (issue 22;
+//                                     bench/drive_tier.h): ms/token and exposed drive wait per skew,
+//                                     reads at routing time vs read when asked
 //   --profile                         per-op GPU ms of a one-row decode step (CUDA events, summed
 //                                     over layers), rows profile_<op>_ms; step.wall vs step.gpu
 //                                     shows the host overhead
@@ -36,6 +40,8 @@
 #include "bench/limits.h"
 #include "bench/tier_sweep.h"
 #include "bench/cold_prefill.h"
+#include "bench/drive_tier.h"
+#include "loader/bind.h"
 #include "cmd/commands.h"
 #include "cuda/executor.h"
 #include "engine/generator.h"
@@ -133,6 +139,10 @@ struct Args {
   int64_t cold_prefill_chunk = 0;     // 0: the largest chunk the free HBM allows
   bool cold_prefill_serial = true;    // also each prompt with expert_prefetch off
   int tier_warm_steps = 512;
+  std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
+  int64_t host_experts = 64;               // ... its host cache records
+  int drive_records = 64;                  // ... expert records written per drive
+  int drive_warm_steps = 8;                // ... decode steps through the drives before each timed arm
   std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
   std::string kv_dir;               // their state files ("": the temp folder)
   bool kv_restore_estimate = false;
@@ -273,6 +283,47 @@ int run_cold_prefill_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, doubl
   return 0;
 }
 
+// issue 22: the drive tier (bench/drive_tier.h) at the first --contexts value.
+int run_drive_tier_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src) {
+  auto slots = pin_synthetic_experts(a, ex);  // the pool the slots settle from
+  if (!slots) return 1;
+  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
+  auto s = ex.new_session();
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
+    return 1;
+  }
+  bench::DriveTierOptions o;
+  o.skews = a.skews;
+  o.steps = a.steps;
+  o.pool_warm_steps = a.tier_warm_steps;
+  o.drive_warm_steps = a.drive_warm_steps;
+  auto pts = bench::run_drive_tier(ex, *s, src, o);
+  if (!pts.ok()) {
+    std::fprintf(stderr, "bench: drive tier: %s\n", pts.status().to_string().c_str());
+    return 1;
+  }
+  csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+  csv.row("drive_tier_host_experts", L, double(a.host_experts), "host cache records (page-locked)");
+  csv.row("drive_tier_records", L, double(a.drive_records), "expert records per drive file");
+  csv.row("drive_tier_drives", L, double(a.expert_drives.size()), "replica dirs");
+  for (const bench::DriveTierPoint& p : *pts) {
+    char k[64];
+    std::snprintf(k, sizeof k, "drive_tier_s%02d", int(p.top10_share * 100 + 0.5));
+    const std::string key(k);
+    csv.row(key + "_hbm_hit", L, p.hbm_hit, "HBM slot hit rate");
+    const char* arm[2] = {"_routed", "_asked"};
+    for (int i = 0; i < 2; ++i) {
+      csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");
+      csv.row(key + arm[i] + "_wait_ms_token", L, p.wait_ms_token[i], "exposed drive wait, ms per token");
+      csv.row(key + arm[i] + "_host_hits_token", L, p.host_hits_token[i], "host cache hits per token");
+      csv.row(key + arm[i] + "_drive_reads_token", L, p.drive_reads_token[i], "drive reads per token");
+      csv.row(key + arm[i] + "_drive_gbps", L, p.drive_gbps[i], "GB/s read from the drives (wall)");
+    }
+  }
+  return 0;
+}
+
 int run_tier_sweep_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
   auto slots = pin_synthetic_experts(a, ex);
   if (!slots) return 1;
@@ -373,6 +424,24 @@ int run(const Args& a) {
       }
       std::fprintf(stderr, "bench: numerics %s\n", cuda::numerics_name(lo.run.numerics));
     }
+    std::shared_ptr<bench::SwitchExperts> drive_src;
+    if (a.expert_slots > 0 && !a.expert_drives.empty()) {
+      // Issue 22: misses from the pinned pool while the slots settle, then through the drives.
+      auto tiers = bench::make_drive_tiers(
+          **snap, a.expert_drives, a.drive_records, a.host_experts,
+          [](void* p, size_t n) {
+            if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) (void)cudaGetLastError();
+          },
+          [](void* p, size_t) {
+            if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+          });
+      if (!tiers.ok()) {
+        std::fprintf(stderr, "bench: drive tier: %s\n", tiers.status().to_string().c_str());
+        return 1;
+      }
+      drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
+      lo.experts = drive_src;
+    }
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) {
       std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
@@ -382,6 +451,7 @@ int run(const Args& a) {
                  a.expert_slots > 0 ? (std::to_string(a.expert_slots) + " HBM slots per layer").c_str() : "all resident",
                  double(std::clock() - t0) / CLOCKS_PER_SEC);
     if (a.expert_slots > 0 && !a.cold_prefill.empty()) return run_cold_prefill_rows(a, csv, **ex, lim->h2d_pinned_gbps, lim->bf16_tflops);
+    if (drive_src) return run_drive_tier_rows(a, csv, **ex, *drive_src);
     if (a.expert_slots > 0) return run_tier_sweep_rows(a, csv, **ex, lim->h2d_pinned_gbps);
     Progress decode_progress("bench decode", int64_t(a.contexts.size()), "contexts");  // on a terminal only
     int64_t n_contexts = 0;
@@ -794,6 +864,13 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
+  app.add_option("--expert-drives", a->expert_drives,
+                 "with --expert-slots: the drive tier (issue 22): expert records written to these replica dirs (a disk, not tmpfs), "
+                 "misses through --host-experts page-locked records, then O_DIRECT reads; replaces the tier sweep")
+      ->delimiter(',');
+  app.add_option("--host-experts", a->host_experts, "with --expert-drives: host cache records");
+  app.add_option("--drive-records", a->drive_records, "with --expert-drives: expert records per drive file (18.8 MB each at released dims)");
+  app.add_option("--drive-warm-steps", a->drive_warm_steps, "with --expert-drives: decode steps through the drives before each timed arm");
   app.add_option("--cold-prefill", a->cold_prefill,
                  "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "
                  "a layer ahead (--cuda-opt expert_prefetch; issue 26); replaces the tier sweep")

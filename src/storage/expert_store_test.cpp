@@ -9,6 +9,7 @@
 
 #include "loader/bind.h"
 #include "loader/tiny_model.h"
+#include "storage/record_file.h"
 #include "storage/tiered_experts.h"
 
 namespace fb::storage {
@@ -166,7 +167,10 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     o.host_experts = 3;
     o.host_views = views;
     o.prefetch_buffers = 2;
-    o.faults = {*parse_reader_fault("0@3:unlink")};
+    // Drive 0 serves the run's first read (equal estimates: the lowest index); when that read
+    // completes its file is unlinked, with every other read of the run still to do. (A later
+    // fault is not certain to be seen: the rate estimates may send every later read to drive 1.)
+    o.faults = {*parse_reader_fault("0@0:unlink")};
     const std::vector<std::string> d = fresh("p" + std::to_string(views));
     auto tiers = tiered_experts_for(**snap, d, o);
     ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
@@ -238,6 +242,55 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     fs::remove(d[1] + "/experts.fbx");
     EXPECT_EQ(tiered_experts_for(**snap, d, o).status().code(), StatusCode::kIo);
   }
+}
+
+// The bench's record file: a few records of real expert bytes, every (layer, expert) of the model
+// mapped onto one of them; the tiers read each expert's record from two replica files.
+TEST(RecordFile, CyclicRecordsThroughTheTiers) {
+  Tmp t;
+  const std::string dir = checkpoint(t);
+  auto snap = loader::Snapshot::open(dir);
+  ASSERT_TRUE(snap.ok());
+  const model::Config& c = (*snap)->config();
+  loader::SnapshotExperts direct(**snap);
+  auto lay = expert_layout(**snap);
+  ASSERT_TRUE(lay.ok());
+  int first = -1;
+  std::vector<int> n_experts;
+  for (int l = 0; l < c.n_total_layers(); ++l) {
+    n_experts.push_back(c.roles[size_t(l)].n_experts);
+    if (first < 0 && n_experts.back() > 0) first = l;
+  }
+  const int R = 3;
+  std::vector<std::string> roots;
+  for (int i = 0; i < 2; ++i) {
+    roots.push_back((t.p / ("rf" + std::to_string(i))).string());
+    fs::create_directories(roots.back());
+    ASSERT_TRUE(write_record_file(roots.back() + "/records.bin", *lay, R, [&](int r) { return direct.expert(first, r); }).ok());
+  }
+  EXPECT_EQ(fs::file_size(roots[0] + "/records.bin"), R * lay->stride_bytes);
+  TieredOptions o;
+  o.slots_per_layer = 1;
+  o.host_experts = 2;
+  o.host_views = true;
+  auto tiers = TieredExperts::create(cyclic_locator(*lay, n_experts, R, "records.bin"), roots, o);
+  ASSERT_TRUE(tiers.ok());
+  for (int l = 0; l < c.n_total_layers(); ++l) {
+    if (n_experts[size_t(l)] == 0) continue;
+    std::vector<int> all;
+    for (int e = 0; e < n_experts[size_t(l)]; ++e) all.push_back(e);
+    (*tiers)->prefetch(l, all);
+    for (int e = 0; e < n_experts[size_t(l)]; ++e)
+      ASSERT_TRUE(same((*tiers)->expert(l, e), direct.expert(first, cyclic_record(l, e, R)))) << "layer " << l << " expert " << e;
+  }
+  EXPECT_GT((*tiers)->stats().prefetch_used, 0u);
+  (*tiers)->set_prefetch(false);
+  const uint64_t before = (*tiers)->stats().prefetch_reads;
+  (*tiers)->prefetch(first, {0, 1});
+  EXPECT_EQ((*tiers)->stats().prefetch_reads, before);
+  std::vector<model::ExpertWeights> w;
+  auto bad = write_record_file((t.p / "nodir/x.bin").string(), *lay, 1, [&](int) { return direct.expert(first, 0); });
+  EXPECT_EQ(bad.code(), StatusCode::kIo);
 }
 
 }  // namespace

@@ -139,6 +139,8 @@ Result<int> ReplicaReader::fd_for(int drive, const std::string& path, bool* dire
   if (fd < 0) return FB_ERROR(kIo) << full << ": " << std::strerror(errno);
   d.fds[path] = fd;
   d.direct[path] = dir;
+  struct stat st;
+  d.size_at_open[path] = fstat(fd, &st) == 0 ? int64_t(st.st_size) : 0;
   *direct = dir;
   return fd;
 }
@@ -285,7 +287,10 @@ void ReplicaReader::complete(const IoDone& io, uint64_t t) {
   apply_fault(d, f);
   if (res >= 0) {
     struct stat st;
-    if (fstat(f.fd, &st) == 0 && st.st_nlink == 0) res = -ENODEV;  // the replica vanished mid-read
+    if (fstat(f.fd, &st) == 0) {
+      if (st.st_nlink == 0) res = -ENODEV;                                        // the replica vanished mid-read
+      else if (int64_t(st.st_size) < d.size_at_open[*f.path]) res = -ESTALE;  // ... or was truncated
+    }
   }
   if (opt_.on_complete) opt_.on_complete(f.drive, d.n_completed);
   if (res > 0) {
@@ -312,7 +317,10 @@ void ReplicaReader::complete(const IoDone& io, uint64_t t) {
   }
   const ReadRange& r = j.ranges[size_t(c.range)];
   if (res < 0) {
-    const std::string why = d.root + "/" + r.path + ": " + (res == -ENODEV ? std::string("file vanished") : std::string(std::strerror(int(-res))));
+    const std::string why = d.root + "/" + r.path + ": " +
+                            (res == -ENODEV   ? std::string("file vanished")
+                             : res == -ESTALE ? std::string("file truncated mid-run")
+                                              : std::string(std::strerror(int(-res))));
     fail_drive(f.drive, why);
     c.errors += "\n  " + why;
     return;  // re-issued on another replica by issue_pending()

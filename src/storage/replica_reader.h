@@ -131,6 +131,7 @@ class ReplicaReader {
     uint64_t delay_free_ns = 0;      // kDelay: when the simulated slow drive is free again
     std::map<std::string, int> fds;  // rel path -> fd
     std::map<std::string, bool> direct;
+    std::map<std::string, int64_t> size_at_open;  // a replica that shrinks later was truncated
     DriveStats stats;
   };
   struct Chunk {

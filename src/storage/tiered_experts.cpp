@@ -175,9 +175,14 @@ int TieredExperts::host_reserve_locked(int layer, int e) const {
   return h.slot;
 }
 
-void TieredExperts::prefetch(int layer, const std::vector<int>& experts) const {
-  if (!opt_.prefetch) return;
+void TieredExperts::set_prefetch(bool on) {
   std::lock_guard lock(mu_);
+  opt_.prefetch = on;
+}
+
+void TieredExperts::prefetch(int layer, const std::vector<int>& experts) const {
+  std::lock_guard lock(mu_);
+  if (!opt_.prefetch) return;
   if (layer < 0 || layer >= int(layers_.size())) return;
   const uint64_t stride = loc_->layout().stride_bytes;
   for (int e : experts) {

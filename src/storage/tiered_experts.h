@@ -91,6 +91,8 @@ class TieredExperts final : public model::ExpertSource {
 
   model::ExpertWeights expert(int layer, int e) const override;
   void prefetch(int layer, const std::vector<int>& experts) const override;
+  // Turns reads at routing time on or off (A/B in the bench); pending reads still complete.
+  void set_prefetch(bool on);
   Result<ExpertLease> acquire(int layer, int e) const;
   TierStats stats() const;
   // One line per replica drive: reads, bytes, estimated rate, errors, hedges, failed and why.

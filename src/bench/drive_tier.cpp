@@ -1,0 +1,129 @@
+#include "bench/drive_tier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "bench/decode_bench.h"
+#include "loader/bind.h"
+#include "storage/record_file.h"
+#include "storage/route_sim.h"
+
+namespace fb::bench {
+
+namespace {
+
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+constexpr char kRecordFile[] = "records.bin";
+
+}  // namespace
+
+Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                                                                 int records, int64_t host_experts,
+                                                                 std::function<void(void*, size_t)> on_alloc,
+                                                                 std::function<void(void*, size_t)> on_free) {
+  if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "--expert-drives needs at least one directory";
+  const model::Config& c = snap.config();
+  const storage::ExpertLayout lay = FB_TRY(storage::expert_layout(snap));
+  std::vector<int> n_experts;
+  int first = -1;
+  for (int l = 0; l < c.n_total_layers(); ++l) {
+    n_experts.push_back(c.roles[size_t(l)].n_experts);
+    if (first < 0 && n_experts.back() > 0) first = l;
+  }
+  loader::SnapshotExperts pool(snap);
+  const int E = n_experts[size_t(first)];
+  for (const std::string& d : dirs) {
+    const double t0 = now_ms();
+    FB_RETURN_IF_ERROR(storage::write_record_file(d + "/" + kRecordFile, lay, records, [&](int r) { return pool.expert(first, r % E); }));
+    std::fprintf(stderr, "bench: wrote %d expert records (%.2f GB) to %s/%s in %.1f s\n", records, double(records) * double(lay.stride_bytes) / 1e9,
+                 d.c_str(), kRecordFile, (now_ms() - t0) / 1e3);
+  }
+  storage::TieredOptions to;
+  to.slots_per_layer = 1;  // unused with host views
+  to.host_views = true;
+  to.host_experts = host_experts;
+  to.on_host_alloc = std::move(on_alloc);
+  to.on_host_free = std::move(on_free);
+  return storage::TieredExperts::create(storage::cyclic_locator(lay, n_experts, records, kRecordFile), dirs, to);
+}
+
+Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model::SessionState& s, SwitchExperts& src,
+                                                   const DriveTierOptions& opt) {
+  const model::Config& c = ex.config();
+  std::shared_ptr<cuda::DevExpertSlots> slots = ex.expert_slots();
+  if (!slots) return FB_ERROR(kInvalidArgument) << "the drive tier needs an executor with expert slots";
+  int n_exp = 0;
+  for (int l = 0; l < c.n_total_layers(); ++l)
+    if (slots->slots(l) > 0) n_exp = c.roles[size_t(l)].n_experts;
+  if (n_exp == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
+  auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
+  ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
+  std::vector<model::SessionState*> ss{&s};
+  const int64_t L = s.n_pos();
+  auto decode_steps = [&](int n, std::vector<double>* ms) -> Status {
+    for (int i = 0; i < n; ++i) {
+      const double t0 = now_ms();
+      FB_TRY(ex.forward(decode_row_step(c, L, i), ss));
+      if (ms) ms->push_back(now_ms() - t0);
+      FB_RETURN_IF_ERROR(s.rollback(L));
+    }
+    return Status();
+  };
+  storage::TieredExperts& tiers = src.drives();
+  std::vector<DriveTierPoint> out;
+  Status st;
+  for (double share : opt.skews) {
+    DriveTierPoint p;
+    p.top10_share = share;
+    draw->set_skew(share);
+    src.use_drives(false);
+    st = decode_steps(opt.pool_warm_steps, nullptr);
+    if (!st.ok()) break;
+    src.use_drives(true);
+    for (int arm = 0; arm < 2 && st.ok(); ++arm) {
+      tiers.set_prefetch(arm == 0);
+      st = decode_steps(opt.drive_warm_steps, nullptr);
+      if (!st.ok()) break;
+      slots->reset_stats();
+      const storage::TierStats t0 = tiers.stats();
+      std::vector<double> ms;
+      const double w0 = now_ms();
+      st = decode_steps(opt.steps, &ms);
+      if (!st.ok()) break;
+      const double wall_s = (now_ms() - w0) / 1e3;
+      const storage::TierStats t1 = tiers.stats();
+      const cuda::ExpertSlotStats d = slots->stats();
+      std::sort(ms.begin(), ms.end());
+      const double n = double(opt.steps);
+      p.ms_token[arm] = ms[ms.size() / 2];
+      p.wait_ms_token[arm] = double(t1.drive_wait_ns - t0.drive_wait_ns) / 1e6 / n;
+      p.host_hits_token[arm] = double(t1.host_hits - t0.host_hits) / n;
+      p.drive_reads_token[arm] = double(t1.drive_reads - t0.drive_reads) / n;
+      p.drive_gbps[arm] = wall_s > 0 ? double(t1.drive_bytes - t0.drive_bytes) / wall_s / 1e9 : 0;
+      if (arm == 0) p.hbm_hit = d.hit_rate();
+    }
+    src.use_drives(false);
+    tiers.set_prefetch(true);
+    if (!st.ok()) break;
+    std::fprintf(stderr,
+                 "bench: drive tier top-10 share %.2f: HBM hits %.1f%%; reads at routing time: %.1f ms/token, exposed drive wait %.1f ms/token, "
+                 "%.1f host hits + %.1f drive reads per token, drives %.2f GB/s; read when asked: %.1f ms/token, wait %.1f ms/token, %.1f + %.1f, "
+                 "%.2f GB/s\n",
+                 share, 100 * p.hbm_hit, p.ms_token[0], p.wait_ms_token[0], p.host_hits_token[0], p.drive_reads_token[0], p.drive_gbps[0],
+                 p.ms_token[1], p.wait_ms_token[1], p.host_hits_token[1], p.drive_reads_token[1], p.drive_gbps[1]);
+    out.push_back(p);
+  }
+  ex.set_route_override(nullptr);
+  src.use_drives(false);
+  FB_RETURN_IF_ERROR(st);
+  const storage::TierStats t = tiers.stats();
+  for (const storage::DriveStats& d : t.drives)
+    std::fprintf(stderr, "bench: drive %s: %llu reads, %.2f GB, estimate %.2f GB/s, %llu errors, %llu hedges (%llu won)%s\n", d.root.c_str(),
+                 (unsigned long long)d.n_reads, double(d.bytes_read) / 1e9, d.bytes_per_s / 1e9, (unsigned long long)d.n_errors,
+                 (unsigned long long)d.n_hedges, (unsigned long long)d.n_hedges_won, d.failed ? " FAILED" : "");
+  return out;
+}
+
+}  // namespace fb::bench
