@@ -40,6 +40,7 @@ struct ProbeArgs {
   int64_t context = 131072;
   bool no_dspark = false;
   bool no_sim = false;
+  double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 
 struct Gpu {
@@ -166,14 +167,15 @@ int run_probe(const ProbeArgs& a) {
     // 2,048-row chunk ending at 32K, docs/results.md, fbc2be4); larger chunks are assumed no faster.
     const double resident_tok_s = 4290.0;
     const int64_t ctx = in.context_tokens;
-    const int64_t rows = memory::prefill_chunk_rows(*cfg, in.hbm_workspace_bytes, ctx);
+    const uint64_t budget = a.prefill_budget_gib > 0 ? uint64_t(a.prefill_budget_gib * memory::kGiB) : in.hbm_workspace_bytes;
+    const int64_t rows = memory::prefill_chunk_rows(*cfg, budget, ctx);
     if (rows > 0)
-      std::printf("prefill chunk (memory::prefill_chunk_rows): %lld rows fit the %.1f GiB step workspace at %lld tokens of context; a step needs",
-                  (long long)rows, double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
+      std::printf("prefill chunk (memory::prefill_chunk_rows): %lld rows fit the %.1f GiB step budget at %lld tokens of context; a step needs",
+                  (long long)rows, double(budget) / memory::kGiB, (long long)ctx);
     else
-      std::printf("prefill chunk (memory::prefill_chunk_rows): by count not even 2,048 rows fit the %.1f GiB step workspace at %lld tokens of "
+      std::printf("prefill chunk (memory::prefill_chunk_rows): by count not even 2,048 rows fit the %.1f GiB step budget at %lld tokens of "
                   "context; a step needs",
-                  double(in.hbm_workspace_bytes) / memory::kGiB, (long long)ctx);
+                  double(budget) / memory::kGiB, (long long)ctx);
     for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)})
       std::printf(" %.1f GiB at %lld rows%s", double(memory::prefill_step_bytes(*cfg, r, std::max(ctx, r)).total()) / memory::kGiB, (long long)r,
                   r == 32768 ? "\n" : ",");
@@ -192,6 +194,19 @@ int run_probe(const ProbeArgs& a) {
         const double compute_s = double(r) / resident_tok_s;
         std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (compute %.2f s, copies %.2f s per chunk)\n", (long long)r,
                     double(r) / (compute_s + copy_s), double(r) / std::max(compute_s, copy_s), compute_s, copy_s);
+      }
+      if (rows > 0) {
+        // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in chunks of
+        // the size above (the last one shorter), each chunk copying every non-resident expert.
+        double serial_s = 0, streamed_s = 0;
+        int64_t chunks = 0;
+        for (int64_t s0 = 0; s0 < ctx; s0 += rows, ++chunks) {
+          const double compute_s = double(std::min(rows, ctx - s0)) / resident_tok_s;
+          serial_s += compute_s + copy_s;
+          streamed_s += std::max(compute_s, copy_s);
+        }
+        std::printf("  a %lld-token prompt cold in %lld chunk(s) of %lld rows: serial %.0f tok/s (%.1f s), streamed %.0f tok/s (%.1f s)\n",
+                    (long long)ctx, (long long)chunks, (long long)rows, double(ctx) / serial_s, serial_s, double(ctx) / streamed_s, streamed_s);
       }
     }
   }
@@ -263,7 +278,9 @@ Runner add_probe(CLI::App& app) {
   app.add_option("--expert-slots", a->expert_slots, "HBM expert slots per layer (default: from the remainder)");
   app.add_option("--host-experts", a->host_experts, "host cache size in experts (default: from the remainder)");
   app.add_option("--sessions", a->sessions, "sessions whose KV is mandatory");
-  app.add_option("--context", a->context, "context tokens per session");
+  app.add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");
+  app.add_option("--prefill-budget-gib", a->prefill_budget_gib,
+                 "HBM for one prefill step when sizing the cold-prefill chunk (default: the plan's workspace; bench --cold-prefill prints its own)");
   app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
   return [a] { return run_probe(*a); };
 }
