@@ -4,7 +4,7 @@
 # ExpertPrefetchBitForBit (expert_prefetch on vs off, bit for bit, both prefill paths) and
 # `flashbox bench --synthetic --experts 384 --expert-slots 128 --cold-prefill PROMPTS` (serial vs
 # streamed; CSV in $OUT/cold_prefill.csv), and prints a short table LAST. Capped at about 4
-# minutes: build 110 s, gtest 35 s, bench 90 s.
+# minutes: build 110 s, gtest 35 s, bench 90 s, the plan's prediction (probe) for the same budget.
 # Usage on the GPU machine, in the repo root, with .fixtures carried (tiny-s0/, tiny-s1-long/):
 #   tools/device_cold_prefill.sh [PROMPTS]      (default 8192,32768)
 set -u
@@ -37,6 +37,14 @@ if [ -x build/device/flashbox ]; then
   row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS"
   grep -E "^bench: (synthetic|page-locked|cold prefill)|^cuda: " "$LOG/bench.err" | cut -c1-200 | sed 's/^/  /' >>"$T"
   [ $rc -ne 0 ] && tail -3 "$LOG/bench.err" | cut -c1-200 | sed 's/^/  /' >>"$T"
+  # The plan's prediction for the same chunk budget (issue 26: within 10% of the measured rate).
+  B=$(grep -oE 'step budget [0-9.]+ GiB' "$LOG/bench.err" | grep -oE '[0-9.]+' | head -1)
+  if [ -n "$B" ]; then
+    for N in ${PROMPTS//,/ }; do
+      timeout 15 build/device/flashbox probe --no-sim --seconds 0.2 --file-mib 16 --expert-slots 128 --context "$N" --prefill-budget-gib "$B" \
+        2>/dev/null | grep -E "prompt cold in" | sed 's/^ */  probe: /' >>"$T"
+    done
+  fi
 fi
 row total "$(($(date +%s) - t0))s"
 echo "==================== device_cold_prefill summary ===================="
