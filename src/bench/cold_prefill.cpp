@@ -77,6 +77,10 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       ex.set_run_options(before);
       return o.status();
     }
+    if (slots->prefetch_entries() == 0) {  // the executor said why on stderr ("cuda: expert prefetch off: ...")
+      ex.set_run_options(before);
+      return FB_ERROR(kResourceExhausted) << "cold prefill: the prefetch staging buffers were not reserved, so a streamed run would be serial";
+    }
   }
 
   std::vector<ColdPrefillRun> runs;
