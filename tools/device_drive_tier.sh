@@ -5,7 +5,9 @@
 # experts, 2 host records: every tier serves, the drives serve real reads all run long), with
 # reads started when the router has run (and without), a replica unlinked, truncated or failing
 # with EIO mid-run, and a slow replica (hedged reads). Every run's stdout must equal the
-# all-resident run's (--numerics exact); one run also compares with the CPU in lockstep.
+# all-resident run's (--numerics exact); one run also compares with the CPU in lockstep. Then
+# the drive tier of the synthetic released-dimension bench (bench/drive_tier.h; FB_DRIVE_BENCH=0
+# skips it, FB_DRIVE_SKEWS picks the skews, default 0.45).
 # Usage, in the repo root on the GPU machine:  tools/device_drive_tier.sh [FIXTURES_DIR]
 # FIXTURES_DIR (default .fixtures) holds tiny-s0/ and tiny-s1-long/ (carry it). Logs go to $OUT
 # (or /tmp/fb_out); the table is printed LAST. A dry run of the script on a CPU build:
@@ -86,6 +88,18 @@ if [ -d "$FIX/$c" ]; then
   timeout 180 "$FB" check-fixture "$FIX/$c" --backend $BE --numerics exact --compare-cpu --expert-slots 2 --host-experts 2 \
     --expert-store "$W/cmp_a" "$W/cmp_b" --fault-replica 0@0:unlink >"$LOG/dt_compare.out" 2>"$LOG/dt_compare.err"
   row "$c unlink --compare-cpu" "rc=$? $(grep -E '^compare' "$LOG/dt_compare.out" | cut -c1-110)"
+fi
+# The released dimensions (synthetic model, 384 experts, 128 HBM slots per layer, 64 page-locked
+# host records, 64 records of 18.8 MB per drive file): one skew, reads at routing time vs when asked.
+if [ "${FB_DRIVE_BENCH:-1}" = 1 ] && [ "$BE" = cuda ]; then
+  mkdir -p "$W/d0" "$W/d1"
+  s0=$(date +%s)
+  timeout 200 "$FB" bench --synthetic --experts 384 --expert-slots 128 --expert-drives "$W/d0,$W/d1" --host-experts 64 \
+    --drive-records 64 --skews ${FB_DRIVE_SKEWS:-0.45} --steps 8 --tier-warm-steps 128 --drive-warm-steps 4 --contexts 4096 \
+    >"$LOG/dt_bench.csv" 2>"$LOG/dt_bench.err"
+  row "bench drive tier (released dims)" "rc=$? $(($(date +%s) - s0))s"
+  grep -E "^bench: (wrote|drive)" "$LOG/dt_bench.err" | cut -c1-260 | sed 's/^bench: /  /' >>"$T"
+  grep -iE "error|fail" "$LOG/dt_bench.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
 fi
 row "total" "$(($(date +%s) - t0))s"
 rm -rf "$W"
