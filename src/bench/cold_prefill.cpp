@@ -117,6 +117,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       r.layer_step_ms = sec * 1e3 / double(r.chunks * c.n_layers);
       r.layer_copy_ms = (x.copy_ms + x.prefetch_ms) / double(r.chunks * n_tiered);
       r.workspace_high = ex.workspace_high_bytes();
+      r.workspace_held = ex.workspace_bytes();
       r.predicted_bytes = memory::prefill_step_bytes(c, std::min(p.chunk, n_max), n_max).arena();  // the warm-up's step: the largest
       // One line per run as it ends (a run cut short by a timeout keeps the ones before it).
       std::fprintf(stderr, "bench: cold prefill run: %lld tokens in %lld chunk(s) of %lld, %s: %.2f s, %.0f tok/s\n", (long long)N,

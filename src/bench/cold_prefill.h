@@ -32,6 +32,7 @@ struct ColdPrefillRun {
   uint64_t hits = 0, misses = 0, prefetched = 0, prefetch_used = 0;
   double layer_step_ms = 0;   // wall / (chunks x layers)
   double layer_copy_ms = 0;   // copy GPU time / (chunks x tiered layers)
+  uint64_t workspace_held = 0;  // the arena's buffer after the run (below workspace_high: it could not grow, steps fell back to cudaMalloc)
   uint64_t workspace_high = 0, predicted_bytes = 0;  // the step arena's high-water mark vs memory::prefill_step_bytes(...).arena()
 };
 

@@ -275,8 +275,9 @@ int run_cold_prefill_rows(const Args& a, Csv& csv, cuda::CudaExecutor& ex, doubl
   }
   if (!runs->empty()) {
     const bench::ColdPrefillRun& r = runs->back();
-    std::fprintf(stderr, "bench: cold prefill: step arena high-water %.2f GiB, counted (memory::prefill_step_bytes) %.2f GiB for the largest step\n",
-                 double(r.workspace_high) / double(1ull << 30), double(r.predicted_bytes) / double(1ull << 30));
+    std::fprintf(stderr, "bench: cold prefill: step arena high-water %.2f GiB (held %.2f GiB%s), counted (memory::prefill_step_bytes) %.2f GiB for the largest step\n",
+                 double(r.workspace_high) / double(1ull << 30), double(r.workspace_held) / double(1ull << 30),
+                 r.workspace_held < r.workspace_high ? ": it could not grow, steps allocated per op" : "", double(r.predicted_bytes) / double(1ull << 30));
     csv.row("cold_prefill_arena_high_gib", r.prompt, double(r.workspace_high) / double(1ull << 30), "GiB, measured (largest step)");
     csv.row("cold_prefill_arena_predicted_gib", r.prompt, double(r.predicted_bytes) / double(1ull << 30), "GiB, memory::prefill_step_bytes");
   }
