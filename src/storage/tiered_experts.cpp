@@ -327,7 +327,11 @@ Result<int> TieredExperts::pin_locked(int layer, int e, AlignedBuffer* spare) co
   if (!have_slot) {
     ++stats_.overflow;
     *spare = AlignedBuffer(stride);
-    FB_RETURN_IF_ERROR(fetch_record_locked(layer, e, spare->data()));
+    Status st = fetch_record_locked(layer, e, spare->data());
+    if (!st.ok()) {
+      (void)reader_->drain(spare->data(), spare->size());  // the caller frees it: no read may still target it
+      return st;
+    }
     return -1;
   }
   Status st = fetch_record_locked(layer, e, L.buffers[size_t(lk.slot)].data());
