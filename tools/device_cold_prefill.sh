@@ -22,10 +22,11 @@ rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s"
 [ $rc -ne 0 ] && grep -m8 -E "error|Error" "$LOG/build.log" | cut -c1-200 >>"$T"
 if [ -x build/device/src/cuda/cuda_fixture_parity_test ]; then
-  FB_FIXTURES_DIR="$PWD/.fixtures" timeout 35 build/device/src/cuda/cuda_fixture_parity_test --gtest_filter='*ExpertPrefetch*' \
-    >"$LOG/gtest.log" 2>&1
+  # FB_GTEST_FILTER widens it (e.g. '*ExpertPrefetch*:*ExpertSlots*:*TensorCorePrefill*', a longer call).
+  FB_FIXTURES_DIR="$PWD/.fixtures" timeout ${FB_GTEST_TIMEOUT:-35} build/device/src/cuda/cuda_fixture_parity_test \
+    --gtest_filter="${FB_GTEST_FILTER:-*ExpertPrefetch*}" >"$LOG/gtest.log" 2>&1
   rc=$?
-  row "gtest ExpertPrefetch" "rc=$rc ok=$(grep -c '^\[       OK \]' "$LOG/gtest.log") skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log")"
+  row "gtest ${FB_GTEST_FILTER:-ExpertPrefetch}" "rc=$rc ok=$(grep -c '^\[       OK \]' "$LOG/gtest.log") skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log")"
   grep -oE '\[ tc \].*' "$LOG/gtest.log" | cut -c1-200 | sed 's/^/  /' >>"$T"
   grep -E "Failure|Expected|Which is|Value of|SKIPPED \]" "$LOG/gtest.log" | head -8 | cut -c1-200 | sed 's/^/  /' >>"$T"
 fi
