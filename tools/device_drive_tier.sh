@@ -94,8 +94,8 @@ fi
 if [ "${FB_DRIVE_BENCH:-1}" = 1 ] && [ "$BE" = cuda ]; then
   mkdir -p "$W/d0" "$W/d1"
   s0=$(date +%s)
-  timeout 200 "$FB" bench --synthetic --experts 384 --expert-slots 128 --expert-drives "$W/d0,$W/d1" --host-experts 64 \
-    --drive-records 64 --skews ${FB_DRIVE_SKEWS:-0.45} --steps 8 --tier-warm-steps 128 --drive-warm-steps 4 --contexts 4096 \
+  timeout 150 "$FB" bench --synthetic --experts 384 --expert-slots 128 --expert-drives "$W/d0,$W/d1" --host-experts 64 \
+    --drive-records 64 --skews ${FB_DRIVE_SKEWS:-0.45} --steps 6 --tier-warm-steps 64 --drive-warm-steps 3 --contexts 4096 \
     >"$LOG/dt_bench.csv" 2>"$LOG/dt_bench.err"
   row "bench drive tier (released dims)" "rc=$? $(($(date +%s) - s0))s"
   grep -E "^bench: (wrote|drive)" "$LOG/dt_bench.err" | cut -c1-260 | sed 's/^bench: /  /' >>"$T"
