@@ -237,22 +237,25 @@ Status fast_gemv_bench() {
       return Fp4W{wp + base, wp + base + E * eb, N, K, eb, esb};
     };
     for (int64_t M : {6, 36}) {
-      double ms13[2] = {0.0, 0.0}, ms2[2] = {0.0, 0.0};
-      for (int tc = 0; tc < 2; ++tc) {
-        set_fast_gemv_tc(tc == 1);
+      double ms13[3] = {0.0, 0.0, 0.0}, ms2[3] = {0.0, 0.0, 0.0};
+      for (int tc = 0; tc < 3; ++tc) {  // 2: tensor cores with the rows grouped by expert
+        set_fast_gemv_tc(tc >= 1);
+        const bool grp = tc == 2;
         FB_RETURN_IF_ERROR(time_ms(st, kReps,
                                    [&](int i) {
                                      return fast_fp4_gemv2_q(q, M, 6, wset(i, 0, I, D), wset(i, 1, I, D), ex64.get<int32_t>(), y,
-                                                             y + kMaxRows * 16384, st);
+                                                             y + kMaxRows * 16384, st, grp);
                                    },
                                    &ms13[tc]));
-        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st); },
+        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st, grp); },
                                    &ms2[tc]));
       }
       const double b13 = double(M) * 2 * (eb + esb), b2 = double(M) * (eb + esb);
       std::printf("decode fp4 experts M=%lld: w1+w3 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s; w2 cuda-core %.2f us %.0f GB/s | tc %.2f us %.0f GB/s\n",
                   (long long)M, ms13[0] * 1e3, b13 / (ms13[0] * 1e-3) / 1e9, ms13[1] * 1e3, b13 / (ms13[1] * 1e-3) / 1e9, ms2[0] * 1e3,
                   b2 / (ms2[0] * 1e-3) / 1e9, ms2[1] * 1e3, b2 / (ms2[1] * 1e-3) / 1e9);
+      std::printf("decode fp4 experts M=%lld, rows grouped by expert (16 experts): w1+w3 tc %.2f us, w2 tc %.2f us\n", (long long)M, ms13[2] * 1e3,
+                  ms2[2] * 1e3);
     }
   }
   // The tensor-core kernels' chunk size and programmatic dependent launch (back-to-back calls

@@ -323,6 +323,51 @@ TEST(FastGemv, TcFp4Experts) {
   fp4_expert_cases();
 }
 
+// Rows of several tokens grouped by expert (tc_fp4_gemv group_rows) compute every output bit for
+// bit as ungrouped, for w1 + w3 pairs and single weights: few experts (groups of more than 8 rows,
+// so several leaders per expert), skipped rows untouched, x_div 1 and 6, M up to 64, 2 K chunks.
+TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(31);
+  struct Case { int64_t N, K, x_div; int experts; };
+  for (Case c : {Case{2304, 5120, 6, 3}, Case{5120, 2304, 1, 2}, Case{200, 1024, 6, 16}, Case{77, 2080, 1, 5}}) {
+    SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " x_div=" + std::to_string(c.x_div) + " experts=" + std::to_string(c.experts));
+    const int64_t N = c.N, K = c.K, KB = K / 32, T = (kRows - 1) / c.x_div + 1, eb = N * K / 2, esb = N * KB;
+    Dev<bf16_t> dx(rng.act(T * K));
+    Dev<uint8_t> qc(size_t(T * K));
+    Dev<float> qs(size_t(T * KB));
+    const QuantBuf q{qc.p(), qs.p(), T * K};
+    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+    Dev<uint8_t> dwa(rng.bytes(eb * c.experts)), dsa(rng.bytes(esb * c.experts, 118, 130)), dwb(rng.bytes(eb * c.experts)),
+        dsb(rng.bytes(esb * c.experts, 118, 130));
+    std::vector<int32_t> ex(kRows);
+    for (auto& e : ex) e = rng.uniform(-1, c.experts - 1);
+    ex[5] = -1;
+    Dev<int32_t> dex(ex);
+    const Fp4W A{dwa.p(), dsa.p(), N, K, eb, esb}, B{dwb.p(), dsb.p(), N, K, eb, esb};
+    Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
+    for (int64_t M : {2, 7, 36, 64}) {
+      SCOPED_TRACE("M=" + std::to_string(M));
+      std::vector<bf16_t> out[2][2];
+      for (int grouped = 0; grouped < 2; ++grouped) {
+        ya.poison();
+        yb.poison();
+        ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), nullptr, grouped == 1).ok());
+        out[grouped][0] = ya.get();
+        out[grouped][1] = yb.get();
+      }
+      EXPECT_TRUE(out[1][0] == out[0][0]) << "w1 grouped != ungrouped";
+      EXPECT_TRUE(out[1][1] == out[0][1]) << "w3 grouped != ungrouped";
+      ya.poison();
+      ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), nullptr, nullptr, dex.p(), nullptr, true).ok());
+      EXPECT_TRUE(ya.get() == out[0][0]) << "single weight grouped != ungrouped";
+      for (int64_t m = 0; m < M; ++m)
+        if (ex[size_t(m)] < 0) expect_rows_same(out[1][0], std::vector<bf16_t>(size_t(kRows * N), 0xFFFF), N, m, 1, "skipped row untouched");
+    }
+  }
+}
+
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
 // non-empty and 32-aligned, at most 8, the tile <= 32 KB for released K.
 TEST(FastGemv, TcChunks) {

@@ -490,13 +490,14 @@ class CudaLayerOps {
       const int64_t step_rows = std::max<int64_t>(K, kFastGemvMaxRows / K * K);
       for (int64_t m0 = 0; m0 < n && ok(); m0 += step_rows) {
         const int64_t m = std::min(step_rows, n - m0);
-        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_));
+        // several tokens' rows: those sharing an expert share its reads (same bits; CudaRunOptions::group_expert_rows)
+        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_, m_.group_rows_ && m > K));
       }
       if (fast_small()) step(fast_swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
       else step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));
       for (int64_t m0 = 0; m0 < n && ok(); m0 += kFastGemvMaxRows) {
         const int64_t m = std::min(kFastGemvMaxRows, n - m0);
-        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_));
+        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_, m_.group_rows_ && m > K));
       }
     } else {
       step(fp4_gemm2_q(uq_, n, K, w.w1, w.w3, ids, a, b, st_));

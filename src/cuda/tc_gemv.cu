@@ -47,6 +47,7 @@ constexpr int kRowGroup = 8;                           // FP8 activation rows pe
 // or equal for every shape, e.g. wq_b 1.30 / 1.73 / 2.32 TB/s with PDL)
 constexpr int kFp8ChunkMax = 2048, kFp4ChunkMax = 4096;
 constexpr int kMaxChunks = 8;                          // the portable cluster size
+constexpr int64_t kMaxGroupRows = 64;                  // MXFP4 row grouping: one warp's ballots over the rows
 
 // One weight of a launch: codes, scales, rows, stripes of 16, output [M, N].
 struct TcPart {
@@ -125,7 +126,7 @@ __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -134,9 +135,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   uint8_t* wt = smem;                                                              // [16][rb]
   // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
   // registers, as rows past M are zeros in shared memory: the same products either way
-  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [kc_max]
-  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? kc_max : xr * xrow));          // FP8 [xr][kb_max]; FP4 [kb_max]; BFX none
-  float* wsc = xsc + (FP4 ? kb_max : BFX ? 0 : xr * kb_max);                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
+  // (MXFP4: xr = 1 expert row, or 8 when grouped: the rows of one expert, see below)
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][kc_max]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * kc_max : xr * xrow));     // FP8 / FP4 [xr][kb_max]; BFX none
+  float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
   float* red = wsc + (FP4 ? (async_scales && lean ? 0 : kStripe * kb_max) : kb_max);  // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
   uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max], widened at use
@@ -154,10 +156,43 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
   const int64_t m = FP4 ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
 
+  // MXFP4 rows: ungrouped, this CTA computes row m alone (B column 0). Grouped (M <= 64), the rows
+  // that chose the same expert share its tile: row m leads a group when the number of earlier rows
+  // with its expert is a multiple of 8, and takes that expert's next <= 8 rows from m on as B
+  // columns 0..cnt-1; other rows' CTAs return. A row's output is its own mma column, so its bits do
+  // not depend on the grouping (test TcFp4GroupedEqualsUngrouped).
+  __shared__ int32_t grp[10];  // count, expert, rows
+  int cnt = 1;
   if constexpr (FP4) {
     pdl_wait();  // the expert ids come from the step
-    const int64_t e = expert ? expert[m] : 0;
-    if (e < 0) return;  // a skipped row: every CTA of the cluster has this row, all return
+    int64_t e = 0;
+    if (grouped) {
+      if (warp == 0) {
+        const int sm = int(m), p0 = lane, p1 = lane + 32;
+        const int32_t e0 = p0 < M ? expert[p0] : -1, e1 = p1 < M ? expert[p1] : -1;
+        const int32_t es = __shfl_sync(~0u, sm < 32 ? e0 : e1, sm & 31);
+        const unsigned lo = __ballot_sync(~0u, p0 < M && e0 == es), hi = __ballot_sync(~0u, p1 < M && e1 == es);
+        const unsigned below_lo = sm < 32 ? (1u << sm) - 1u : ~0u, below_hi = sm < 32 ? 0u : (1u << (sm - 32)) - 1u;
+        const int before = __popc(lo & below_lo) + __popc(hi & below_hi);
+        const unsigned from_lo = lo & ~below_lo, from_hi = hi & ~below_hi;
+        const bool lead = es >= 0 && before % 8 == 0;
+        if (lane == 0) {
+          grp[0] = lead ? min(8, __popc(from_lo) + __popc(from_hi)) : 0;
+          grp[1] = es;
+        }
+        const unsigned below_lane = (1u << lane) - 1u;
+        const int r0 = __popc(from_lo & below_lane), r1 = __popc(from_lo) + __popc(from_hi & below_lane);
+        if (lead && ((from_lo >> lane) & 1u) && r0 < 8) grp[2 + r0] = p0;
+        if (lead && ((from_hi >> lane) & 1u) && r1 < 8) grp[2 + r1] = p1;
+      }
+      __syncthreads();
+      cnt = grp[0];
+      if (cnt == 0) return;  // not a leader (or skipped): every CTA of the cluster has this m, all return
+      e = grp[1];
+    } else {
+      e = expert ? expert[m] : 0;
+      if (e < 0) return;  // a skipped row: every CTA of the cluster has this row, all return
+    }
     W += e * w_stride;
     S += e * s_stride;
   }
@@ -192,8 +227,9 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
       }
     }
-    const int64_t xm = m / x_div;
-    for (int b = tid; b < nb; b += kThreads) {
+    for (int i = tid; i < cnt * nb; i += kThreads) {
+      const int j = i / nb, b = i % nb;
+      const int64_t xm = (grouped ? int64_t(grp[2 + j]) : m) / x_div;
       const uint4* src = reinterpret_cast<const uint4*>(xc + xm * K + k0 + b * 32);
       const uint4 lo = src[0], hi = src[1];
       const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -203,9 +239,9 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         ev[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x6420);  // codes 8q, 8q+2, 8q+4, 8q+6
         od[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x7531);  // codes 8q+1, 8q+3, 8q+5, 8q+7
       }
-      *reinterpret_cast<uint4*>(xt + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
-      *reinterpret_cast<uint4*>(xt + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
-      xsc[b] = xs[xm * KB + k0 / 32 + b];
+      *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
+      *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
+      xsc[j * kb_max + b] = xs[xm * KB + k0 / 32 + b];
     }
   } else if constexpr (BFX) {
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
@@ -271,18 +307,23 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
         const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
         uint32_t b0 = 0, b1 = 0;
-        if (g == 0) {
-          b0 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 4 * t);
-          b1 = *reinterpret_cast<const uint32_t*>(xt + b * 32 + 16 + 4 * t);
+        if (g < cnt) {
+          b0 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 4 * t);
+          b1 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 16 + 4 * t);
         }
         float d[4];
         mma_e4m3(a, b0, b1, d);
-        const float sx = xsc[b];
+        // D columns 2t, 2t + 1 = the group's rows 2t, 2t + 1 (ungrouped: column 0 only)
+        const float sx = 2 * t < cnt ? xsc[(2 * t) * kb_max + b] : 0.0f, sx1 = 2 * t + 1 < cnt ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
         const bool raw = async_scales && lean;
         const float ws0 = raw ? dev::e8m0_val(wsr[g * kb_max + b]) : wsc[g * kb_max + b];
         const float ws8 = raw ? dev::e8m0_val(wsr[(g + 8) * kb_max + b]) : wsc[(g + 8) * kb_max + b];
         acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(ws0, sx), acc[0]);
         acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(ws8, sx), acc[2]);
+        if (grouped) {
+          acc[1] = __fmaf_rn(__fmul_rn(d[1], 64.0f), __fmul_rn(ws0, sx1), acc[1]);
+          acc[3] = __fmaf_rn(__fmul_rn(d[3], 64.0f), __fmul_rn(ws8, sx1), acc[3]);
+        }
       }
     } else if constexpr (BFX) {
       // The 32-block as two k16 steps over the e4m3 fragment's own k order: step 1 takes k
@@ -344,9 +385,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     const float4 v = reinterpret_cast<const float4*>(part)[lane];
     const int64_t na = n0 + g, nb8 = n0 + g + 8;
     if constexpr (FP4) {
-      if (t == 0) {
-        if (na < N) y[m * N + na] = to_bf(v.x);
-        if (nb8 < N) y[m * N + nb8] = to_bf(v.z);
+      if (2 * t < cnt) {
+        const int64_t r = grouped ? int64_t(grp[2 + 2 * t]) : m;
+        if (na < N) y[r * N + na] = to_bf(v.x);
+        if (nb8 < N) y[r * N + nb8] = to_bf(v.z);
+      }
+      if (2 * t + 1 < cnt) {
+        const int64_t r = grp[2 + 2 * t + 1];
+        if (na < N) y[r * N + na] = to_bf(v.y);
+        if (nb8 < N) y[r * N + nb8] = to_bf(v.w);
       }
     } else {
       const int64_t m0 = m * kRowGroup, c0 = m0 + 2 * t, c1 = c0 + 1;
@@ -366,14 +413,14 @@ size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
-  const size_t sc = fp4 ? size_t(kb) * 4 * (1 + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
+  const size_t x = fp4 ? size_t(xr) * kc_max : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb : 0);  // + FP4 raw scales
 }
 
 template <int MODE>
 Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride, int64_t s_stride,
-              const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}) {
+              const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}, bool grouped = false) {
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
   const auto kernel = &tc_gemv_kernel<MODE>;
@@ -384,7 +431,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
                             (!FP4 || (K % 128 == 0 && s_stride % 4 == 0 && a4(pa.S) && (pb.stripes == 0 || a4(pb.S))));
   // activation rows staged per CTA (lean: only the rows a launch can have; otherwise 8)
   const bool lean = g_lean.load(std::memory_order_relaxed);
-  const int xr = FP4 ? 0 : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
+  const int xr = FP4 ? (grouped ? kRowGroup : 1) : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
   const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
@@ -412,7 +459,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -456,7 +503,7 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
 }
 
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st) {
+                   const int32_t* expert, cudaStream_t st, bool group_rows) {
   FB_CHECK(wa.K % 32 == 0 && wa.K > 0 && wa.K < (int64_t(1) << 30) && x_div >= 1) << "tc fp4 gemv K=" << wa.K << " x_div=" << x_div;
   FB_CHECK(!wb || (wb->N == wa.N && wb->K == wa.K && wb->w_stride == wa.w_stride && wb->s_stride == wa.s_stride)) << "tc fp4 gemv2: shapes differ";
   FB_CHECK(aligned16(wa.w) && (!wb || aligned16(wb->w)) && wa.w_stride % 16 == 0 && aligned16(q.codes)) << "tc fp4 gemv: 16-byte rows";
@@ -464,7 +511,8 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   if (M == 0 || wa.N == 0) return Status();
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
-  return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st);
+  const bool grouped = group_rows && expert != nullptr && M > 1 && M <= kMaxGroupRows;
+  return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st, {}, grouped);
 }
 
 Status tc_fp8_bf16x_gemv(const uint16_t* x, int64_t M, int64_t ldx, int64_t grp_rows, int64_t grp_stride, const Fp8W& w, uint16_t* y,

@@ -37,8 +37,10 @@ namespace fb::cuda {
 Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st);
 // Experts: row m reads activation row m / x_div and expert expert[m] (nullptr: 0; < 0: skipped,
 // y untouched) of wa (and of wb into yb when wb != nullptr; same shape and strides).
+// group_rows (rows of several tokens, 1 < M <= 64): the rows that chose the same expert share one
+// read of its tile (up to 8 as the mma's columns) instead of each reading it; the same bits.
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st);
+                   const int32_t* expert, cudaStream_t st, bool group_rows = false);
 
 // y [M, w.N] = x . w^T for bf16 activations x (row stride ldx) and the FP8 block-scaled weight w,
 // i.e. with the exact bf16 values w dequantises to (the reference's BF16 weight: grouped wo_a),

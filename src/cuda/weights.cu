@@ -60,6 +60,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "wo_a_fp8") return flag(o.wo_a_fp8);
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
+  if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") {
     char* end = nullptr;
     const long v = std::strtol(value.c_str(), &end, 10);
@@ -82,7 +83,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, tc_lean_smem, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, tc_lean_smem, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries)";
 }
 
@@ -103,6 +104,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
   wo_a_fp8_ = fast && o.wo_a_fp8;
+  group_rows_ = o.group_expert_rows;
   overlap_ = fast && o.overlap;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
