@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -291,6 +294,45 @@ TEST(RecordFile, CyclicRecordsThroughTheTiers) {
   std::vector<model::ExpertWeights> w;
   auto bad = write_record_file((t.p / "nodir/x.bin").string(), *lay, 1, [&](int) { return direct.expert(first, 0); });
   EXPECT_EQ(bad.code(), StatusCode::kIo);
+}
+
+// Reads started at routing time hide drive latency: a drive that serves one record per 20 ms,
+// four records of a layer. Prefetched, then 120 ms of "compute", the expert() calls wait for
+// (almost) nothing; read when asked, they wait about 4 x 20 ms. The exposed-wait counter tells.
+TEST(TieredExperts, PrefetchHidesASlowDrive) {
+  Tmp t;
+  const std::string dir = checkpoint(t);
+  auto snap = loader::Snapshot::open(dir);
+  ASSERT_TRUE(snap.ok());
+  const std::string a = (t.p / "a").string();
+  ASSERT_TRUE(write_expert_store(**snap, a, {}).ok());
+  const model::Config& c = (*snap)->config();
+  loader::SnapshotExperts direct(**snap);
+  int layer = -1;
+  for (int l = 0; l < c.n_total_layers() && layer < 0; ++l)
+    if (c.roles[size_t(l)].n_experts >= 4) layer = l;
+  ASSERT_GE(layer, 0);
+  const std::vector<int> four{0, 1, 2, 3};
+  double wait_ms[2] = {0, 0};
+  for (int arm = 0; arm < 2; ++arm) {
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = 8;
+    o.prefetch = arm == 0;
+    o.faults = {*parse_reader_fault("0@0:delay=20000")};
+    auto tiers = tiered_experts_for(**snap, {a}, o);
+    ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+    (*tiers)->prefetch(layer, four);
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    for (int e : four) ASSERT_TRUE(same((*tiers)->expert(layer, e), direct.expert(layer, e))) << "expert " << e << " arm " << arm;
+    const TierStats s = (*tiers)->stats();
+    EXPECT_EQ(s.drive_reads, 4u);
+    EXPECT_EQ(s.prefetch_reads, arm == 0 ? 4u : 0u);
+    wait_ms[arm] = double(s.drive_wait_ns) / 1e6;
+  }
+  std::fprintf(stderr, "exposed drive wait: %.1f ms prefetched, %.1f ms read when asked\n", wait_ms[0], wait_ms[1]);
+  EXPECT_GE(wait_ms[1], 60.0) << "read when asked: four reads of 20 ms";
+  EXPECT_LT(wait_ms[0], wait_ms[1] / 2) << "prefetched " << wait_ms[0] << " ms, asked " << wait_ms[1] << " ms";
 }
 
 }  // namespace

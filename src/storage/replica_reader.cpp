@@ -372,8 +372,9 @@ Status ReplicaReader::pump(int64_t timeout_us) {
     FB_CHECK(it != flights_.end()) << "completion for an unknown tag " << io.tag;
     Drive& d = drives_[size_t(it->second.drive)];
     if (d.fault.kind == ReaderFault::Kind::kDelay && d.n_completed >= d.fault.after) {
-      // A slow drive: it serves one read per delay_us, in order.
-      const uint64_t release = std::max(std::max(t, it->second.submit_ns), d.delay_free_ns) + uint64_t(d.fault.delay_us) * 1000;
+      // A slow drive: it serves one read per delay_us, in order from each read's submission
+      // (not from when we look: a read that landed while nobody waited costs nobody anything).
+      const uint64_t release = std::max(it->second.submit_ns, d.delay_free_ns) + uint64_t(d.fault.delay_us) * 1000;
       d.delay_free_ns = release;
       held_.push_back({release, io});
       continue;
