@@ -1,4 +1,4 @@
-// The map of the session format (cpu/session_layout.h) against the CPU executor's serializer, on
+// The map of the session format (model/session_layout.h) against the CPU executor's serializer, on
 // the official fixtures: layout + host fields + cache bytes + seal rebuild SessionCache::serialize's
 // bytes exactly (fresh, after a prefill, after decode and a rollback), and parse_session_layout
 // accepts and refuses exactly what SessionCache::restore does (damage, truncation, another model,
@@ -10,7 +10,7 @@
 #include <random>
 
 #include "base/crc32c.h"
-#include "cpu/session_layout.h"
+#include "model/session_layout.h"
 #include "fixture_util.h"
 
 namespace fb {
@@ -43,21 +43,21 @@ void decode(const cpu::CpuModel& m, cpu::SessionCache& s, int32_t token) {
 // The state's bytes written the way the CUDA executor writes them: fields through the layout,
 // each cache copied to its offset, then the seal.
 std::string rebuild(const cpu::CpuModel& m, const cpu::SessionCache& s) {
-  const cpu::SessionLayout l = cpu::session_layout(m.config(), s.next_pos);
+  const model::SessionLayout l = model::session_layout(m.config(), s.next_pos);
   std::string out(l.total_bytes, '\x5A');  // poison: every byte must be written
-  cpu::SessionFields f;
+  model::SessionFields f;
   f.tokens = s.tokens.data();
   f.image = s.image.data();
   for (const auto& r : s.rings) f.ring_pos.push_back(r.pos.data());
   for (const auto& c : s.comp) f.tail_pos.push_back(c.tail_pos.data());
   for (const auto& r : s.draft_rings) f.draft_pos.push_back(r.pos.data());
-  cpu::write_session_fields(l, m.model_id(), f, out.data());
+  model::write_session_fields(l, m.model_id(), f, out.data());
   for (size_t i = 0; i < l.rings.size(); ++i) {
     EXPECT_EQ(l.rings[i].data_bytes(), s.rings[i].data.size());
     std::memcpy(out.data() + l.rings[i].data_at, s.rings[i].data.data(), l.rings[i].data_bytes());
   }
   for (size_t i = 0; i < l.comp.size(); ++i) {
-    const cpu::CompLayout& c = l.comp[i];
+    const model::CompLayout& c = l.comp[i];
     EXPECT_EQ(c.kv_size(), s.comp[i].kv.size()) << "layer " << i;
     EXPECT_EQ(c.keys_size(), s.comp[i].keys.size()) << "layer " << i;
     EXPECT_EQ(c.tail_size(), s.comp[i].tail.size() * sizeof(float)) << "layer " << i;
@@ -67,7 +67,7 @@ std::string rebuild(const cpu::CpuModel& m, const cpu::SessionCache& s) {
   }
   for (size_t i = 0; i < l.draft_rings.size(); ++i)
     std::memcpy(out.data() + l.draft_rings[i].data_at, s.draft_rings[i].data.data(), l.draft_rings[i].data_bytes());
-  cpu::seal_session(out.data(), l.total_bytes);
+  model::seal_session(out.data(), l.total_bytes);
   return out;
 }
 
@@ -75,7 +75,7 @@ std::string rebuild(const cpu::CpuModel& m, const cpu::SessionCache& s) {
 void expect_same_verdict(const cpu::CpuModel& m, const std::string& b, const std::string& what) {
   cpu::SessionCache target(m.config());
   const Status restored = target.restore(b, m.model_id());
-  const auto parsed = cpu::parse_session_layout(m.config(), b, m.model_id());
+  const auto parsed = model::parse_session_layout(m.config(), b, m.model_id());
   EXPECT_EQ(parsed.ok(), restored.ok()) << what << ": restore says " << restored.to_string() << ", parse says "
                                         << (parsed.ok() ? std::string("ok") : parsed.status().to_string());
   if (!parsed.ok() && !restored.ok()) {
@@ -97,6 +97,8 @@ TEST_P(SessionLayoutTest, RebuildsTheSerializersBytes) {
   const cpu::CpuModel& m = *f.model;
   cpu::SessionCache s(m.config());
   EXPECT_EQ(rebuild(m, s), s.serialize(m.model_id())) << "fresh session";
+  // What a CUDA session that never ran writes (it has no caches to copy from).
+  EXPECT_EQ(model::fresh_session_bytes(m.config(), m.model_id()), s.serialize(m.model_id())) << "fresh session bytes";
   prefill(m, s, f.prompt, 7);
   EXPECT_EQ(rebuild(m, s), s.serialize(m.model_id())) << "after the prefill";
   for (int32_t t : {11, 12, 13, 14, 15}) decode(m, s, t);
@@ -104,9 +106,9 @@ TEST_P(SessionLayoutTest, RebuildsTheSerializersBytes) {
   const std::string bytes = s.serialize(m.model_id());
   EXPECT_EQ(rebuild(m, s), bytes) << "after decode and a rollback";
   // Parsing the serializer's bytes gives the layout of their position.
-  auto l = cpu::parse_session_layout(m.config(), bytes, m.model_id());
+  auto l = model::parse_session_layout(m.config(), bytes, m.model_id());
   ASSERT_TRUE(l.ok()) << l.status().to_string();
-  const cpu::SessionLayout want = cpu::session_layout(m.config(), s.next_pos);
+  const model::SessionLayout want = model::session_layout(m.config(), s.next_pos);
   EXPECT_EQ(l->next_pos, s.next_pos);
   EXPECT_EQ(l->total_bytes, bytes.size());
   ASSERT_EQ(l->comp.size(), want.comp.size());
@@ -128,18 +130,18 @@ TEST_P(SessionLayoutTest, ParseRefusesWhatRestoreRefuses) {
   prefill(m, s, f.prompt, 16);
   decode(m, s, 42);
   const std::string bytes = s.serialize(m.model_id());
-  const cpu::SessionLayout l = cpu::session_layout(c, s.next_pos);
+  const model::SessionLayout l = model::session_layout(c, s.next_pos);
   expect_same_verdict(m, bytes, "intact");
   std::string flipped = bytes;
   flipped[flipped.size() / 2] ^= 0x10;
   expect_same_verdict(m, flipped, "flipped byte");
-  EXPECT_EQ(cpu::parse_session_layout(c, flipped, m.model_id()).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(model::parse_session_layout(c, flipped, m.model_id()).status().code(), StatusCode::kCorrupt);
   for (size_t cut : {size_t(0), size_t(5), size_t(12), size_t(39), bytes.size() / 3, bytes.size() - 9, bytes.size() - 1}) {
     expect_same_verdict(m, bytes.substr(0, cut), "truncated to " + std::to_string(cut));
     expect_same_verdict(m, reseal(bytes.substr(0, cut + 4 <= bytes.size() ? cut + 4 : bytes.size())), "resealed cut " + std::to_string(cut));
   }
   expect_same_verdict(m, reseal(bytes + std::string(8, '\0')), "trailing bytes");
-  EXPECT_EQ(cpu::parse_session_layout(c, reseal(bytes + std::string(8, '\0')), m.model_id()).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(model::parse_session_layout(c, reseal(bytes + std::string(8, '\0')), m.model_id()).status().code(), StatusCode::kCorrupt);
   expect_same_verdict(m, "not a session at all", "garbage");
   // Another model identity, version, shape fields, counts, token ids and ring positions, each under
   // a recomputed checksum so the structural checks decide.
@@ -147,7 +149,7 @@ TEST_P(SessionLayoutTest, ParseRefusesWhatRestoreRefuses) {
     std::string b = bytes;
     std::memcpy(b.data() + at, &v, sizeof v);
     expect_same_verdict(m, reseal(b), what);
-    return cpu::parse_session_layout(c, reseal(b), m.model_id()).status().code();
+    return model::parse_session_layout(c, reseal(b), m.model_id()).status().code();
   };
   EXPECT_EQ(edit(16, uint64_t(m.model_id() + 1), "model id"), StatusCode::kInvalidArgument);
   EXPECT_EQ(edit(8, uint32_t(2), "version"), StatusCode::kUnsupported);

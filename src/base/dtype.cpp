@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "base/fmath.h"
 
 namespace fb {
 
@@ -110,20 +111,6 @@ float e2m1_to_f32(uint8_t code) {
   return (code & 8) ? -v : v;
 }
 
-uint8_t e2m1_from_f32(float v) {
-  const uint8_t sign = (bits_from_f32(v) >> 31) ? 8 : 0;
-  const float a = std::fabs(v);
-  uint8_t m;
-  // Thresholds of spec/11 §1.5: ties go to the even code.
-  if (a <= 0.25f) m = 0;
-  else if (a < 0.75f) m = 1;
-  else if (a <= 1.25f) m = 2;
-  else if (a < 1.75f) m = 3;
-  else if (a <= 2.5f) m = 4;
-  else if (a < 3.5f) m = 5;
-  else if (a <= 5.0f) m = 6;
-  else m = 7;
-  return uint8_t(sign | m);
-}
+uint8_t e2m1_from_f32(float v) { return fm::e2m1_code(v); }
 
 }  // namespace fb

@@ -63,6 +63,24 @@ FB_HD float from_bits(uint32_t u) {
   return f;
 }
 
+// FP4 e2m1 code of v (spec/11 §1.5): thresholds on |v|, ties to the even code, v's sign bit
+// copied (NaN -> magnitude 7). The one definition behind base/dtype.cpp's e2m1_from_f32 and the
+// CUDA quantisers.
+FB_HD uint8_t e2m1_code(float v) {
+  const uint8_t sign = (bits(v) >> 31) ? 8 : 0;
+  const float a = from_bits(bits(v) & 0x7FFFFFFFu);
+  uint8_t m;
+  if (a <= 0.25f) m = 0;
+  else if (a < 0.75f) m = 1;
+  else if (a <= 1.25f) m = 2;
+  else if (a < 1.75f) m = 3;
+  else if (a <= 2.5f) m = 4;
+  else if (a < 3.5f) m = 5;
+  else if (a <= 5.0f) m = 6;
+  else m = 7;
+  return uint8_t(sign | m);
+}
+
 // 2^n for integer n in [-149, 127], exact (subnormals built from two factors).
 FB_HD float pow2i(int n) {
   if (n >= -126) return from_bits(uint32_t(n + 127) << 23);

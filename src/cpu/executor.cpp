@@ -1,5 +1,6 @@
 #include "cpu/executor.h"
 #include "cpu/layer_ops.h"
+#include "model/fp8_weight.h"
 #include "model/timed_ops.h"
 
 namespace fb::cpu {
@@ -19,13 +20,13 @@ CpuModel::CpuModel(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> 
                                       c.engram_compressed_vocab);
     pad_class_ = token_map_.at(size_t(c.engram_pad_id));
   }
-  rope_plain_ = make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
-  rope_yarn_ = make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
+  rope_plain_ = model::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
+  rope_yarn_ = model::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
   // Model identity for serialized sessions (shared with the CUDA executor: states cross executors).
   model_id_ = loader::model_identity(*snap_);
   wo_a_bf16_.resize(size_t(c.n_total_layers()));
   for (int l = 0; l < c.n_total_layers(); ++l)
-    wo_a_bf16_[size_t(l)] = dequant_fp8_weight(w_.layers[size_t(l)].wo_a.w, w_.layers[size_t(l)].wo_a.scale);
+    wo_a_bf16_[size_t(l)] = model::dequant_fp8_weight(w_.layers[size_t(l)].wo_a.w, w_.layers[size_t(l)].wo_a.scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,7 +179,7 @@ class CpuStep : public CpuLayerOps {
     const auto& w = m_.w_.layers[size_t(l)];
     const int ratio = c_.roles[size_t(l)].ratio;
     const int64_t D = c_.dim, hd = c_.head_dim, ihd = c_.index_head_dim;
-    const RopeTable& rope = rope_for(l);
+    const model::RopeTable& rope = rope_for(l);
     // Per-row projections first (row-independent), then the sequential pooling per session.
     std::vector<float> kproj, gproj;
     std::vector<bf16_t> lat1;
@@ -243,7 +244,7 @@ class CpuStep : public CpuLayerOps {
     const LayerRole& r = c_.roles[size_t(l)];
     const int ratio = r.ratio, IH = c_.index_n_heads, ihd = c_.index_head_dim;
     const int64_t D = c_.dim;
-    const RopeTable& rope = rope_for(l);
+    const model::RopeTable& rope = rope_for(l);
     const float wscale = float(1.0 / std::sqrt(double(ihd)) / std::sqrt(double(IH)));
     auto& sel = selections_[l];
     sel.assign(size_t(T_), {});
@@ -295,7 +296,7 @@ class CpuStep : public CpuLayerOps {
         I[size_t(j)] = round_bf16(tot);
       }
       if (r.candidate_source) {
-        (*pool)[size_t(t)] = candidate_pool(I, n_vis);
+        (*pool)[size_t(t)] = candidate_pool(I, n_vis, c_.candidate_block_size, c_.candidate_topk_blocks);
         if (probe_) pool_margin_[size_t(t)] = model::pool_margin(I.data(), n_scored, n_vis, c_.candidate_block_size, c_.candidate_topk_blocks);
       }
       if (r.pool_restricted) {
@@ -421,30 +422,6 @@ class CpuStep : public CpuLayerOps {
   }
 
  private:
-  // spec/11 §4.9 candidate pool of one query: blocks of the scored slice, newest visible block
-  // pinned, top candidate_topk_blocks kept (pinned counts), -inf blocks dropped.
-  std::vector<uint8_t> candidate_pool(const std::vector<float>& I, int64_t n_vis) const {
-    const int64_t bs = c_.candidate_block_size, n = int64_t(I.size());
-    const int64_t nb = (n + bs - 1) / bs;
-    std::vector<float> score(static_cast<size_t>(nb), -INFINITY);
-    for (int64_t j = 0; j < n; ++j) score[size_t(j / bs)] = std::max(score[size_t(j / bs)], I[size_t(j)]);
-    if (n_vis > 0) score[size_t((n_vis - 1) / bs)] = INFINITY;
-    std::vector<int64_t> order(static_cast<size_t>(nb));
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t keep = std::min<int64_t>(c_.candidate_topk_blocks, nb);
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
-      if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
-      return a < b;
-    });
-    std::vector<uint8_t> mask(static_cast<size_t>(n), 0);
-    for (int64_t i = 0; i < keep; ++i) {
-      const int64_t b = order[size_t(i)];
-      if (score[size_t(b)] == -INFINITY) continue;
-      for (int64_t j = b * bs; j < std::min(n, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
-    }
-    return mask;
-  }
-
   const model::Step& step_;
   const std::vector<SessionCache*>& sessions_;
   Taps* taps_;
@@ -498,19 +475,8 @@ Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const s
   std::vector<int64_t> next(sessions.size());
   for (size_t s = 0; s < sessions.size(); ++s) next[s] = sessions[s]->next_pos;
   for (const Row& r : step.rows) {
-    if (r.session < 0 || size_t(r.session) >= sessions.size()) return FB_ERROR(kInvalidArgument) << "row names session " << r.session;
-    if (r.pos != next[size_t(r.session)])
-      return FB_ERROR(kInvalidArgument) << "row position " << r.pos << " but session " << r.session << " expects " << next[size_t(r.session)];
-    if (r.token < 0 || r.token >= cfg_.vocab_size) return FB_ERROR(kInvalidArgument) << "token id " << r.token << " outside the vocabulary";
-    if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
-      return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
-    if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
-    if (r.replay_start != 0) {
-      if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
-      if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
-      if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";
-      if (r.want_logits && r.pos < r.replay_start) return FB_ERROR(kInvalidArgument) << "row " << r.pos << " wants logits but ends at the encoder";
-    }
+    FB_RETURN_IF_ERROR(model::check_row(cfg_, step, r, next));
+    if (r.replay_start != 0) FB_RETURN_IF_ERROR(model::check_replay_row(cfg_, r));
     ++next[size_t(r.session)];
   }
   CpuStep ex(*this, step, sessions, taps);

@@ -96,7 +96,7 @@ class CpuModel final : public model::Executor {
   int32_t pad_class_ = 0;
   uint64_t model_id_ = 0;
   std::vector<model::EngramTableConstants> engram_;
-  RopeTable rope_plain_, rope_yarn_;
+  model::RopeTable rope_plain_, rope_yarn_;
   std::vector<std::vector<bf16_t>> wo_a_bf16_;  // per layer, dequantised once (the reference holds BF16)
   // forward()'s steps by op family: always on ([policy]: two clock reads per op, measured at
   // well under 1% of a tiny-model step, docs/serving.md); forward_cpu callers opt in.

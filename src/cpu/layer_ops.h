@@ -93,7 +93,7 @@ class CpuLayerOps {
       float m[16 * 24];
       hc_mixes_raw(stream(t), hc, c_.dim, f32p(fn), c_.norm_eps, m);
       (void)n_mix;
-      hc_split_sinkhorn(m, hc, f32p(scale), f32p(base), c_.hc_sinkhorn_iters, c_.hc_eps, &mix[size_t(t)]);
+      model::hc_split_sinkhorn(m, hc, f32p(scale), f32p(base), c_.hc_sinkhorn_iters, c_.hc_eps, &mix[size_t(t)]);
     });
     if (site == Site::kAttn) residual_ = X_;  // R of spec/11 §3
   }
@@ -116,7 +116,7 @@ class CpuLayerOps {
 
   void attn_q(int l) {
     const auto& w = m_.w_.layers[size_t(l)];
-    const RopeTable& rope = rope_for(l);
+    const model::RopeTable& rope = rope_for(l);
     const int64_t QR = c_.q_lora_rank, QD = c_.q_dim();
     for_rows([&](int64_t t) {
       std::vector<bf16_t> a(static_cast<size_t>(QR));
@@ -132,7 +132,7 @@ class CpuLayerOps {
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
   void attn_kv(int l) {
     const auto& w = m_.w_.layers[size_t(l)];
-    const RopeTable& rope = rope_for(l);
+    const model::RopeTable& rope = rope_for(l);
     const int64_t hd = c_.head_dim, rb = hd + hd / 32;
     for_rows([&](int64_t t) {
       std::vector<bf16_t> a(static_cast<size_t>(hd));
@@ -149,7 +149,7 @@ class CpuLayerOps {
   void attn_output(int l) {
     record(L(l, "attn_o"), o_);
     const auto& w = m_.w_.layers[size_t(l)];
-    const RopeTable& rope = rope_for(l);
+    const model::RopeTable& rope = rope_for(l);
     const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
     const std::vector<bf16_t>& wa = m_.wo_a_bf16_[size_t(l)];
     for_rows([&](int64_t t) {
@@ -238,7 +238,7 @@ class CpuLayerOps {
     parallel_for(0, int64_t(rows_.size()), [&](int64_t i) { fn(rows_[size_t(i)]); });
   }
   bf16_t* stream(int64_t t) { return &X_[size_t(t * c_.hc_mult * c_.dim)]; }
-  const RopeTable& rope_for(int l) const { return c_.roles[size_t(l)].yarn() ? m_.rope_yarn_ : m_.rope_plain_; }
+  const model::RopeTable& rope_for(int l) const { return c_.roles[size_t(l)].yarn() ? m_.rope_yarn_ : m_.rope_plain_; }
   void embed_rows(const std::vector<int32_t>& tokens, const std::vector<const bf16_t*>& given) {
     const int64_t D = c_.dim, hc = c_.hc_mult;
     for (int64_t t = 0; t < T_; ++t) {
@@ -272,7 +272,7 @@ class CpuLayerOps {
   std::vector<bf16_t> X_, residual_, u_, y_, qr_, q_, kv_, o_;
   std::vector<uint8_t> kv_codes_;
   std::vector<float> pre_;
-  std::vector<HcMix> mix_a_, mix_f_;
+  std::vector<model::HcMix> mix_a_, mix_f_;
   std::vector<int64_t> pos_;
   std::vector<uint8_t> image_;
   std::vector<int64_t> rows_;      // rows the ops run on, ascending (see CpuStep::leave_begin)

@@ -140,6 +140,27 @@ struct QuantRow {
   }
 };
 
+// y [M, N] = act_quant(x) . W for a block-scaled weight (spec/11 §1.3): `weight(n, k)` is the
+// exact f32 value of element (n, k) before its scale, `scale(n, b)` the e8m0 byte of row n's block
+// b; 32-term block dots in blocks16 order, one bf16 rounding.
+template <typename WeightAt, typename ScaleAt>
+void block_scaled_gemm(const bf16_t* x, int64_t M, int64_t N, int64_t K, WeightAt weight, ScaleAt scale, bf16_t* y) {
+  const int64_t KB = K / 32;
+  const Luts& L = luts();
+  QuantRow q(K);
+  const std::vector<float>& qv = q.values;
+  const std::vector<float>& qs = q.scales;
+  for (int64_t m = 0; m < M; ++m) {
+    q.set(x + m * K, L);
+    for (int64_t n = 0; n < N; ++n) {
+      const float acc = fm::blocks16_sum(
+          KB, [&](int64_t k) { return fm::mul(qv[size_t(k)], weight(n, k)); },
+          [&](int64_t b) { return fm::mul(qs[size_t(b)], e8m0_to_f32(scale(n, b))); });
+      y[m * N + n] = to_bf(acc);
+    }
+  }
+}
+
 }  // namespace
 
 void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
@@ -148,21 +169,10 @@ void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   FB_CHECK(K % 32 == 0 && w_scale.dim(0) == (N + 31) / 32 && w_scale.dim(1) == KB) << "fp8 gemm scale shape";
   const Luts& L = luts();
   const uint8_t* W = w.data;
-  const uint8_t* S = w_scale.data;
-  QuantRow q(K);
-  const std::vector<float>& qv = q.values;
-  const std::vector<float>& qs = q.scales;
-  for (int64_t m = 0; m < M; ++m) {
-    q.set(x + m * K, L);
-    for (int64_t n = 0; n < N; ++n) {
-      const uint8_t* wr = W + n * K;
-      const uint8_t* sr = S + (n / 32) * KB;
-      const float acc = fm::blocks16_sum(
-          KB, [&](int64_t k) { return fm::mul(qv[size_t(k)], L.e4m3[wr[k]]); },
-          [&](int64_t b) { return fm::mul(qs[size_t(b)], e8m0_to_f32(sr[b])); });
-      y[m * N + n] = to_bf(acc);
-    }
-  }
+  const uint8_t* S = w_scale.data;  // one scale per 32x32 block
+  block_scaled_gemm(
+      x, M, N, K, [&](int64_t n, int64_t k) { return L.e4m3[W[n * K + k]]; }, [&](int64_t n, int64_t b) { return S[(n / 32) * KB + b]; },
+      y);
 }
 
 void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
@@ -170,20 +180,11 @@ void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   const int64_t N = w.dim(0), K = w.dim(1) * 2, KB = K / 32;
   FB_CHECK(w_scale.dim(0) == N && w_scale.dim(1) == KB) << "fp4 gemm scale shape";
   const Luts& L = luts();
-  QuantRow q(K);
-  const std::vector<float>& qv = q.values;
-  const std::vector<float>& qs = q.scales;
-  for (int64_t m = 0; m < M; ++m) {
-    q.set(x + m * K, L);
-    for (int64_t n = 0; n < N; ++n) {
-      const uint8_t* wr = w.data + n * (K / 2);
-      const uint8_t* sr = w_scale.data + n * KB;
-      const float acc = fm::blocks16_sum(
-          KB, [&](int64_t k) { return fm::mul(qv[size_t(k)], L.e2m1[e2m1_code_at(wr, k)]); },
-          [&](int64_t b) { return fm::mul(qs[size_t(b)], e8m0_to_f32(sr[b])); });
-      y[m * N + n] = to_bf(acc);
-    }
-  }
+  const uint8_t* W = w.data;        // packed e2m1 [N, K/2]
+  const uint8_t* S = w_scale.data;  // one scale per row and 32 elements
+  block_scaled_gemm(
+      x, M, N, K, [&](int64_t n, int64_t k) { return L.e2m1[e2m1_code_at(W + n * (K / 2), k)]; },
+      [&](int64_t n, int64_t b) { return S[n * KB + b]; }, y);
 }
 
 void bf16_gemm(const bf16_t* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, bf16_t* y) {
@@ -203,16 +204,6 @@ void f32_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, f
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = fm::lanes32_sum(K, [&](int64_t k) { return fm::mul(x[m * K + k], w[n * K + k]); });
 }
 
-std::vector<bf16_t> dequant_fp8_weight(const TensorView& w, const TensorView& w_scale) {
-  const int64_t N = w.dim(0), K = w.dim(1), KB = w_scale.dim(1);
-  const Luts& L = luts();
-  std::vector<bf16_t> out(static_cast<size_t>(N * K));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k)
-      out[size_t(n * K + k)] = to_bf(L.e4m3[w.data[n * K + k]] * e8m0_to_f32(w_scale.data[(n / 32) * KB + k / 32]));
-  return out;
-}
-
 // ---- norms, RoPE --------------------------------------------------------------------------------
 
 void rms_norm(const bf16_t* x, int64_t n, const bf16_t* w, float eps, bf16_t* y) {
@@ -221,41 +212,7 @@ void rms_norm(const bf16_t* x, int64_t n, const bf16_t* w, float eps, bf16_t* y)
   for (int64_t i = 0; i < n; ++i) y[i] = to_bf(fm::mul(bf(w[i]), fm::mul(bf(x[i]), r)));
 }
 
-RopeTable make_rope_table(int rope_dim, double theta, bool yarn, double factor, int64_t original_seq_len, double beta_fast,
-                          double beta_slow) {
-  RopeTable t;
-  t.rope_dim = rope_dim;
-  const int half = rope_dim / 2;
-  t.freqs.resize(size_t(half));
-  for (int i = 0; i < half; ++i) {
-    const float e = float(2 * i) / float(rope_dim);
-    t.freqs[size_t(i)] = 1.0f / std::pow(float(theta), e);
-  }
-  if (yarn && original_seq_len > 0) {
-    auto cd = [&](double rot) { return rope_dim * std::log(double(original_seq_len) / (rot * 2.0 * M_PI)) / (2.0 * std::log(theta)); };
-    double lo = std::max(std::floor(cd(beta_fast)), 0.0);
-    double hi = std::min(std::ceil(cd(beta_slow)), double(rope_dim - 1));
-    if (lo == hi) hi += 0.001;
-    for (int i = 0; i < half; ++i) {
-      float ramp = (float(i) - float(lo)) / float(hi - lo);
-      ramp = std::min(std::max(ramp, 0.0f), 1.0f);
-      const float smooth = 1.0f - ramp;
-      const float f = t.freqs[size_t(i)];
-      t.freqs[size_t(i)] = f / float(factor) * (1.0f - smooth) + f * smooth;
-    }
-  }
-  return t;
-}
-
-void RopeTable::at(int64_t pos, float* c, float* s) const {
-  for (size_t i = 0; i < freqs.size(); ++i) {
-    const float ang = float(pos) * freqs[i];
-    c[i] = std::cos(ang);
-    s[i] = std::sin(ang);
-  }
-}
-
-void apply_rope(bf16_t* x, int64_t width, const RopeTable& t, int64_t pos, bool inverse) {
+void apply_rope(bf16_t* x, int64_t width, const model::RopeTable& t, int64_t pos, bool inverse) {
   const int half = t.rope_dim / 2;
   float c[256], s[256];
   FB_CHECK(half <= 256);
@@ -317,6 +274,30 @@ void sparse_attention(const bf16_t* q, int n_heads, int d, const std::vector<con
   }
 }
 
+// ---- candidate pool -----------------------------------------------------------------------------
+
+std::vector<uint8_t> candidate_pool(const std::vector<float>& I, int64_t n_vis, int64_t block_size, int64_t topk_blocks) {
+  const int64_t bs = block_size, n = int64_t(I.size());
+  const int64_t nb = (n + bs - 1) / bs;
+  std::vector<float> score(static_cast<size_t>(nb), -INFINITY);
+  for (int64_t j = 0; j < n; ++j) score[size_t(j / bs)] = std::max(score[size_t(j / bs)], I[size_t(j)]);
+  if (n_vis > 0) score[size_t((n_vis - 1) / bs)] = INFINITY;
+  std::vector<int64_t> order(static_cast<size_t>(nb));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t keep = std::min<int64_t>(topk_blocks, nb);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
+    if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
+    return a < b;
+  });
+  std::vector<uint8_t> mask(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < keep; ++i) {
+    const int64_t b = order[size_t(i)];
+    if (score[size_t(b)] == -INFINITY) continue;
+    for (int64_t j = b * bs; j < std::min(n, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
+  }
+  return mask;
+}
+
 // ---- mHC ----------------------------------------------------------------------------------------
 
 void hc_mixes_raw(const bf16_t* x, int hc, int64_t dim, const float* fn, float norm_eps, float* mixes) {
@@ -339,7 +320,7 @@ void hc_pre(const bf16_t* x, int hc, int64_t dim, const float* pre, bf16_t* y) {
   }
 }
 
-void hc_post(const bf16_t* y, const bf16_t* x, int hc, int64_t dim, const HcMix& mix, bf16_t* out) {
+void hc_post(const bf16_t* y, const bf16_t* x, int hc, int64_t dim, const model::HcMix& mix, bf16_t* out) {
   for (int b = 0; b < hc; ++b)
     for (int64_t d = 0; d < dim; ++d) {
       float s = 0.0f;

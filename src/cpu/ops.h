@@ -9,7 +9,8 @@
 
 #include "base/dtype.h"
 #include "base/tensor_view.h"
-#include "cpu/hc_sinkhorn.h"
+#include "model/hc_mix.h"
+#include "model/rope.h"
 
 namespace fb::cpu {
 
@@ -44,23 +45,14 @@ void bf16_gemm(const bf16_t* x, int64_t M, int64_t K, const bf16_t* w, int64_t N
 // f32 x (bf16 weight promoted exactly) -> f32.
 void f32_gemm_bf16w(const float* x, int64_t M, int64_t K, const bf16_t* w, int64_t N, float* y);
 void f32_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y);
-// FP8 weight dequantised to bf16 (exact): used for wo_a, which the reference holds as BF16.
-std::vector<bf16_t> dequant_fp8_weight(const TensorView& w, const TensorView& w_scale);
 
 // ---- norms, RoPE ------------------------------------------------------------------------------
 // y = bf16(w * (x * rsqrt(mean(x^2) + eps))), one rounding (spec/11 §1.1).
 void rms_norm(const bf16_t* x, int64_t n, const bf16_t* w, float eps, bf16_t* y);
 
-struct RopeTable {
-  int rope_dim = 0;
-  std::vector<float> freqs;  // [rope_dim / 2] (f'_i of spec/11 §1.6)
-  // cos/sin of f32(p) * freq_i, computed in f32.
-  void at(int64_t pos, float* cos_out, float* sin_out) const;
-};
-RopeTable make_rope_table(int rope_dim, double theta, bool yarn, double factor, int64_t original_seq_len, double beta_fast,
-                          double beta_slow);
-// Rotates the last rope_dim elements of x[width] at position p (inverse = conjugate).
-void apply_rope(bf16_t* x, int64_t width, const RopeTable& t, int64_t pos, bool inverse);
+// Rotates the last rope_dim elements of x[width] at position p with the shared table of
+// model/rope.h (inverse = conjugate).
+void apply_rope(bf16_t* x, int64_t width, const model::RopeTable& t, int64_t pos, bool inverse);
 
 // ---- sparse attention with sink (spec/11 §1.7) -------------------------------------------------
 // q: [n_heads, d] bf16 for one query; keys: list of row pointers (nullptr = empty entry, the
@@ -74,7 +66,14 @@ void hc_mixes_raw(const bf16_t* x_streams, int hc, int64_t dim, const float* fn,
 // y = bf16(sum_a pre[a] * X_a).
 void hc_pre(const bf16_t* x_streams, int hc, int64_t dim, const float* pre, bf16_t* y);
 // X'_b = bf16(post_b * y + sum_a comb[a][b] * X_a).
-void hc_post(const bf16_t* y, const bf16_t* x_streams, int hc, int64_t dim, const HcMix& mix, bf16_t* out_streams);
+void hc_post(const bf16_t* y, const bf16_t* x_streams, int hc, int64_t dim, const model::HcMix& mix, bf16_t* out_streams);
+
+// ---- candidate pool (spec/11 §4.9) -------------------------------------------------------------
+// One query's pool over its scored slice I [n] (index scores, -inf = not scored): blocks of
+// block_size scored by their max, the newest visible block (holding n_vis - 1) pinned, the top
+// topk_blocks kept (the pinned one counts, ties to the lower block), -inf blocks dropped.
+// Returns a mask [n], 1 = candidate.
+std::vector<uint8_t> candidate_pool(const std::vector<float>& I, int64_t n_vis, int64_t block_size, int64_t topk_blocks);
 
 // ---- MoE router (spec/11 §5 steps 1-4) ---------------------------------------------------------
 struct Routing {

@@ -47,37 +47,27 @@ TEST_F(OpVectors, ActQuant) {
   }
 }
 
-TEST_F(OpVectors, Fp4E8m0) {
-  auto x = load<uint16_t>("fp4_e8m0.x.bf16");
-  auto packed = load<uint8_t>("fp4_e8m0.packed.u8");
-  auto scale = load<uint8_t>("fp4_e8m0.scale.e8m0");
-  auto qdq = load<uint16_t>("fp4_e8m0.qdq.bf16");
-  const int K = 128;
-  std::vector<uint8_t> p(K / 2), s(K / 32);
-  std::vector<uint16_t> out(K);
+// One FP4 quantiser against its vectors: rows of K elements, packed codes, one scale byte per
+// `block` elements, the dequantised bf16 row (spec/11 §1.5a, §1.5b).
+template <typename Qdq>
+void expect_fp4_vectors(const std::string& name, const std::string& scale_file, int K, int block, Qdq qdq) {
+  auto x = load<uint16_t>(name + ".x.bf16");
+  auto packed = load<uint8_t>(name + ".packed.u8");
+  auto scale = load<uint8_t>(name + scale_file);
+  auto want = load<uint16_t>(name + ".qdq.bf16");
+  std::vector<uint8_t> p(size_t(K / 2)), s(size_t(K / block));
+  std::vector<uint16_t> out(static_cast<size_t>(K));
   for (int r = 0; r < 7; ++r) {
-    fp4_e8m0_qdq_row(&x[r * K], K, p.data(), s.data(), out.data());
-    for (int i = 0; i < K / 2; ++i) ASSERT_EQ(p[i], packed[r * K / 2 + i]) << r << "," << i;
-    for (int i = 0; i < K / 32; ++i) ASSERT_EQ(s[i], scale[r * K / 32 + i]);
-    for (int i = 0; i < K; ++i) ASSERT_EQ(out[i], qdq[r * K + i]);
+    qdq(&x[size_t(r * K)], K, p.data(), s.data(), out.data());
+    for (int i = 0; i < K / 2; ++i) ASSERT_EQ(p[size_t(i)], packed[size_t(r * K / 2 + i)]) << r << "," << i;
+    for (int i = 0; i < K / block; ++i) ASSERT_EQ(s[size_t(i)], scale[size_t(r * K / block + i)]);
+    for (int i = 0; i < K; ++i) ASSERT_EQ(out[size_t(i)], want[size_t(r * K + i)]);
   }
 }
 
-TEST_F(OpVectors, Fp4E4m3) {
-  auto x = load<uint16_t>("fp4_e4m3.x.bf16");
-  auto packed = load<uint8_t>("fp4_e4m3.packed.u8");
-  auto scale = load<uint8_t>("fp4_e4m3.scale.e4m3");
-  auto qdq = load<uint16_t>("fp4_e4m3.qdq.bf16");
-  const int K = 512;
-  std::vector<uint8_t> p(K / 2), s(K / 16);
-  std::vector<uint16_t> out(K);
-  for (int r = 0; r < 7; ++r) {
-    fp4_e4m3_qdq_row(&x[r * K], K, p.data(), s.data(), out.data());
-    for (int i = 0; i < K / 2; ++i) ASSERT_EQ(p[i], packed[r * K / 2 + i]) << r << "," << i;
-    for (int i = 0; i < K / 16; ++i) ASSERT_EQ(s[i], scale[r * K / 16 + i]);
-    for (int i = 0; i < K; ++i) ASSERT_EQ(out[i], qdq[r * K + i]);
-  }
-}
+TEST_F(OpVectors, Fp4E8m0) { expect_fp4_vectors("fp4_e8m0", ".scale.e8m0", 128, 32, fp4_e8m0_qdq_row); }
+
+TEST_F(OpVectors, Fp4E4m3) { expect_fp4_vectors("fp4_e4m3", ".scale.e4m3", 512, 16, fp4_e4m3_qdq_row); }
 
 // Max |a-b| in units of the bf16 ulp of the reference value.
 double bf16_ulps(uint16_t a, uint16_t b) {
@@ -88,14 +78,17 @@ double bf16_ulps(uint16_t a, uint16_t b) {
   return std::fabs(fa - fb) / std::ldexp(1.0, e - 8);
 }
 
-TEST_F(OpVectors, Fp8Gemm) {
-  auto x = load<uint16_t>("fp8_gemm.x.bf16");
-  auto w = load<uint8_t>("fp8_gemm.w.e4m3");
-  auto ws = load<uint8_t>("fp8_gemm.w_scale.e8m0");
-  auto y = load<uint16_t>("fp8_gemm.y.bf16");
-  TensorView W{DType::kF8E4M3, {96, 5120}, w.data()}, S{DType::kF8E8M0, {3, 160}, ws.data()};
-  std::vector<uint16_t> out(5 * 96);
-  fp8_gemm(x.data(), 5, W, S, out.data());
+// A GEMM of 5 rows against the reference's output: every element within one bf16 ulp.
+template <typename Gemm>
+int expect_gemm_vectors(const std::string& name, const std::string& w_file, DType w_dtype, std::vector<int64_t> w_shape,
+                        std::vector<int64_t> s_shape, int64_t N, Gemm gemm) {
+  auto x = load<uint16_t>(name + ".x.bf16");
+  auto w = load<uint8_t>(name + w_file);
+  auto ws = load<uint8_t>(name + ".w_scale.e8m0");
+  auto y = load<uint16_t>(name + ".y.bf16");
+  TensorView W{w_dtype, std::move(w_shape), w.data()}, S{DType::kF8E8M0, std::move(s_shape), ws.data()};
+  std::vector<uint16_t> out(size_t(5 * N));
+  gemm(x.data(), 5, W, S, out.data());
   double worst = 0;
   int exact = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -103,25 +96,15 @@ TEST_F(OpVectors, Fp8Gemm) {
     exact += out[i] == y[i];
   }
   EXPECT_LE(worst, 1.0) << "exact " << exact << "/" << out.size();
+  return exact;
+}
+
+TEST_F(OpVectors, Fp8Gemm) {
+  const int exact = expect_gemm_vectors("fp8_gemm", ".w.e4m3", DType::kF8E4M3, {96, 5120}, {3, 160}, 96, fp8_gemm);
   RecordProperty("fp8_gemm_exact", exact);
 }
 
-TEST_F(OpVectors, Fp4Gemm) {
-  auto x = load<uint16_t>("fp4_gemm.x.bf16");
-  auto w = load<uint8_t>("fp4_gemm.w.e2m1x2");
-  auto ws = load<uint8_t>("fp4_gemm.w_scale.e8m0");
-  auto y = load<uint16_t>("fp4_gemm.y.bf16");
-  TensorView W{DType::kI8, {64, 2560}, w.data()}, S{DType::kF8E8M0, {64, 160}, ws.data()};
-  std::vector<uint16_t> out(5 * 64);
-  fp4_gemm(x.data(), 5, W, S, out.data());
-  double worst = 0;
-  int exact = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    worst = std::max(worst, bf16_ulps(out[i], y[i]));
-    exact += out[i] == y[i];
-  }
-  EXPECT_LE(worst, 1.0) << "exact " << exact << "/" << out.size();
-}
+TEST_F(OpVectors, Fp4Gemm) { expect_gemm_vectors("fp4_gemm", ".w.e2m1x2", DType::kI8, {64, 2560}, {64, 160}, 64, fp4_gemm); }
 
 TEST_F(OpVectors, HcSinkhorn) {
   auto mixes = load<float>("hc_sinkhorn.mixes.f32");
@@ -131,8 +114,8 @@ TEST_F(OpVectors, HcSinkhorn) {
   auto post = load<float>("hc_sinkhorn.post.f32");
   auto comb = load<float>("hc_sinkhorn.comb.f32");
   for (int r = 0; r < 9; ++r) {
-    HcMix m;
-    hc_split_sinkhorn(&mixes[r * 24], 4, scale.data(), base.data(), 20, 1e-6f, &m);
+    model::HcMix m;
+    model::hc_split_sinkhorn(&mixes[r * 24], 4, scale.data(), base.data(), 20, 1e-6f, &m);
     for (int i = 0; i < 4; ++i) {
       EXPECT_NEAR(m.pre[i], pre[r * 4 + i], 2e-7f * std::fabs(pre[r * 4 + i]) + 1e-12f);
       EXPECT_NEAR(m.post[i], post[r * 4 + i], 2e-7f * std::fabs(post[r * 4 + i]) + 1e-12f);
@@ -147,8 +130,8 @@ TEST_F(OpVectors, Rope) {
   auto cs = load<float>("rope.compressed_sin.f32");
   auto wc = load<float>("rope.window_cos.f32");
   auto ws = load<float>("rope.window_sin.f32");
-  RopeTable comp = make_rope_table(64, 160000, true, 16, 65536, 32, 1);
-  RopeTable win = make_rope_table(64, 10000, false, 1, 0, 32, 1);
+  model::RopeTable comp = model::make_rope_table(64, 160000, true, 16, 65536, 32, 1);
+  model::RopeTable win = model::make_rope_table(64, 10000, false, 1, 0, 32, 1);
   double worst = 0;
   for (size_t r = 0; r < pos.size(); ++r) {
     float c[32], s[32];

@@ -4,13 +4,12 @@
 #include <cstring>
 
 #include "base/crc32c.h"
-#include "cpu/session_layout.h"
 
 namespace fb::cpu {
 
 void Ring::init(int n_slots, int head_dim) {
   slots = n_slots;
-  row_bytes = head_dim + head_dim / 32;
+  row_bytes = model::ring_row_bytes(head_dim);
   data.assign(size_t(slots) * size_t(row_bytes), 0);
   pos.assign(size_t(slots), -1);
 }
@@ -36,8 +35,8 @@ void SessionCache::reset() {
     if (!role.kv_source) continue;
     CompressedCache& cc = comp[size_t(l)];
     cc.ratio = role.ratio;
-    cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
-    cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
+    cc.kv_bytes = model::comp_kv_bytes(c);
+    cc.key_bytes = model::comp_key_bytes(c);
     if (role.ratio == 2) {
       cc.tail.assign(size_t(kTailSlots * 2 * c.head_dim), 0.0f);
       cc.tail_pos.assign(size_t(kTailSlots), -1);
@@ -76,8 +75,8 @@ Status SessionCache::rollback(int64_t p) {
 
 namespace {
 
-constexpr const char (&kMagic)[8] = kSessionMagic;  // cpu/session_layout.h
-constexpr uint32_t kVersion = kSessionVersion;
+constexpr const char (&kMagic)[8] = model::kSessionMagic;
+constexpr uint32_t kVersion = model::kSessionVersion;
 
 struct Writer {
   std::string b;

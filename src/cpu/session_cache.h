@@ -13,16 +13,14 @@
 #include "base/status.h"
 #include "model/config.h"
 #include "model/executor.h"
+#include "model/session_layout.h"
 
 namespace fb::cpu {
 
-// Rows a step may speculate past the committed position: rings hold window + this many slots so
-// rejected rows never overwrite a slot a later query still reads (spec/12 §1, spec/13 §6.5).
-constexpr int kRingHeadroom = 8;
-// Ratio-2 compressor tails kept per position (slot = pos % kTailSlots): pooling at odd p reads
-// p-1 and p, and rejected speculative rows (up to kRingHeadroom) must not overwrite p-1's slot.
-constexpr int kTailSlots = 16;
-static_assert(kTailSlots >= kRingHeadroom + 2);
+// The caches' geometry is the shared format's (model/session_layout.h): ring headroom past the
+// window, ratio-2 tail slots, row bytes.
+using model::kRingHeadroom;
+using model::kTailSlots;
 
 struct Ring {
   int slots = 0;

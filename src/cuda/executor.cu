@@ -234,10 +234,10 @@ class CudaStep : public CudaLayerOps {
       const int64_t p = row(t).pos;
       DevCompressed& cc = sessions_[size_t(s)]->comp[size_t(l)];
       if (ratio == 2) {
-        tail_writer[{s, p % cpu::kTailSlots}] = t;
+        tail_writer[{s, p % model::kTailSlots}] = t;
         if (p % 2 == 0) continue;
         const bool prev_here = t > 0 && row(t - 1).session == s && row(t - 1).pos == p - 1;
-        even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>() + ((p - 1) % cpu::kTailSlots) * 2 * hd));
+        even.push_back(prev_here ? addr(kg + (t - 1) * 2 * hd) : addr(cc.tail.get<float>() + ((p - 1) % model::kTailSlots) * 2 * hd));
         odd.push_back(addr(kg + t * 2 * hd));
       }
       const int64_t j = p / ratio;
@@ -295,7 +295,7 @@ class CudaStep : public CudaLayerOps {
       step(copy_rows(s_key_d, d_key_d, E, keyb, st_));
     }
     // Tails (ratio 2): every row's (k, g) into its position slot (newest row per slot), written
-    // after the pooling read them (cpu::CpuStep::compress, cpu::kTailSlots).
+    // after the pooling read them (cpu::CpuStep::compress, model::kTailSlots).
     if (ratio == 2) {
       for (const auto& [key, t] : tail_writer) {
         DevCompressed& tcc = sessions_[size_t(key.first)]->comp[size_t(l)];
@@ -792,20 +792,11 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   int64_t max_pos = 0;
   bool staying_seen = false;
   for (const Row& r : step.rows) {
-    if (r.session < 0 || size_t(r.session) >= ss.size()) return FB_ERROR(kInvalidArgument) << "row names session " << r.session;
-    if (r.pos != next[size_t(r.session)])
-      return FB_ERROR(kInvalidArgument) << "row position " << r.pos << " but session " << r.session << " expects " << next[size_t(r.session)];
-    if (r.token < 0 || r.token >= cfg_.vocab_size) return FB_ERROR(kInvalidArgument) << "token id " << r.token << " outside the vocabulary";
-    if (r.embed_row >= 0 && size_t(r.embed_row + 1) * size_t(cfg_.dim) > step.embeddings.size())
-      return FB_ERROR(kInvalidArgument) << "row embedding " << r.embed_row << " missing";
-    if (r.kind == RowKind::kPrefill && r.prefill_end <= r.pos) return FB_ERROR(kInvalidArgument) << "prefill row beyond its prefill_end";
+    FB_RETURN_IF_ERROR(model::check_row(cfg_, step, r, next));
     if (r.replay_start != 0) {
       if (!bounded_replay_enabled())
         return FB_ERROR(kUnsupported) << "bounded replay is turned off for this CUDA executor (run option bounded_replay=0)";
-      if (r.kind != RowKind::kPrefill || r.replay_start < 0) return FB_ERROR(kInvalidArgument) << "replay_start on a row that is not a prefill row";
-      if (cfg_.decoder_start < 0) return FB_ERROR(kUnsupported) << "bounded replay: the config has no decoder KV source to split at";
-      if (r.replay_start >= r.prefill_end) return FB_ERROR(kInvalidArgument) << "replay_start " << r.replay_start << " leaves no prompt row to replay";
-      if (r.want_logits && r.pos < r.replay_start) return FB_ERROR(kInvalidArgument) << "row " << r.pos << " wants logits but ends at the encoder";
+      FB_RETURN_IF_ERROR(model::check_replay_row(cfg_, r));
     }
     // Rows that leave at the decoder (CudaStep::leave_begin) are the step's first rows: the
     // decoder then runs on the rest of every row buffer.

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu/ops.h"
 #include "cuda/device.h"
 #include "cuda/expert_slots.h"
 #include "cuda/ops.h"
@@ -26,6 +25,8 @@
 #include "model/config.h"
 #include "model/engram_constants.h"
 #include "model/executor.h"
+#include "model/rope.h"
+#include "model/session_layout.h"
 #include "model/weights.h"
 
 namespace fb::cuda {
@@ -46,7 +47,7 @@ struct DevCompressed {
   int kv_bytes = 0, key_bytes = 0;
   int64_t n_entries = 0, capacity = 0;
   DeviceBuffer kv, keys;      // [capacity, kv_bytes], [capacity, key_bytes]
-  DeviceBuffer tail;          // ratio 2: f32 [cpu::kTailSlots (pos % slots)][k, g][head_dim]
+  DeviceBuffer tail;          // ratio 2: f32 [model::kTailSlots (pos % slots)][k, g][head_dim]
   std::vector<int64_t> tail_pos;  // ratio 2 (host): position held by each tail slot, -1 = none
 };
 
@@ -63,7 +64,7 @@ class CudaSession final : public model::SessionState {
   int64_t next_pos = 0;
   std::vector<int32_t> tokens;
   std::vector<uint8_t> image;
-  std::vector<DevRing> rings;          // per backbone layer, window + cpu::kRingHeadroom slots
+  std::vector<DevRing> rings;          // per backbone layer, window + model::kRingHeadroom slots
   std::vector<DevCompressed> comp;     // per backbone layer
   std::vector<DevRing> draft_rings;    // per draft stage, window slots
 
@@ -98,9 +99,9 @@ struct DevDraft {
   const uint16_t *main_norm = nullptr, *norm = nullptr, *markov_embed = nullptr, *markov_head = nullptr, *confidence = nullptr;
 };
 
-// cos/sin of cpu::RopeTable for positions [0, n_pos), grown on demand (host std::cos/sin).
+// cos/sin of model::RopeTable for positions [0, n_pos), grown on demand (host std::cos/sin).
 struct DevRope {
-  cpu::RopeTable table;
+  model::RopeTable table;
   int64_t n_pos = 0;
   DeviceBuffer cos, sin;  // f32 [capacity, rope_dim / 2]
   int64_t capacity = 0;

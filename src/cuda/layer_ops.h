@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "base/check.h"
-#include "cpu/session_cache.h"
+#include "model/session_layout.h"
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"

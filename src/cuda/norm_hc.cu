@@ -201,9 +201,9 @@ __global__ void rope_kernel(uint16_t* x, int64_t M, int heads, int64_t width, in
   }
 }
 
-// cpu::hc_split_sinkhorn (the shared FB_HD code), one thread per row.
+// model::hc_split_sinkhorn (the shared FB_HD code), one thread per row.
 __device__ void split_sinkhorn(const float* m, int hc, const float* sc, const float* base, int iters, float eps, HcMix* out) {
-  cpu::hc_split_sinkhorn(m, hc, sc, base, iters, eps, out);
+  model::hc_split_sinkhorn(m, hc, sc, base, iters, eps, out);
 }
 
 // Block per row, 8 warps: task 0 = sum of squares, task 1 + j = raw mix j (cpu::hc_mixes_raw).
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kHcDotThreads) hc_dots_kernel(const uint16_t* 
   }
 }
 
-// cpu::hc_split_sinkhorn on one warp per row, from the raw dots hc_dots_kernel left in out[t].
+// model::hc_split_sinkhorn on one warp per row, from the raw dots hc_dots_kernel left in out[t].
 // Every element of comb is owned by one lane; each lane recomputes the row/column sums and the
 // row max it needs in the CPU's order (same values as the serial loop), so no arithmetic moved.
 __global__ void hc_sinkhorn_kernel(HcMix* out, int hc, int64_t n, float norm_eps, const float* sc, const float* base, int iters, float eps) {

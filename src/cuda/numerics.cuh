@@ -84,21 +84,8 @@ __device__ __forceinline__ uint8_t e4m3_code(float f) {
   const int m = int(fm::mul(fm::add(fm::div(r, ldexpf(1.0f, re - 1)), -1.0f), 8.0f));
   return uint8_t(sign | (be << 3) | m);
 }
-// base/dtype.cpp e2m1_from_f32 (thresholds of spec/11 §1.5, sign copied).
-__device__ __forceinline__ uint8_t e2m1_code(float v) {
-  const uint8_t sign = (__float_as_uint(v) >> 31) ? 8 : 0;
-  const float a = fabsf(v);
-  uint8_t m;
-  if (a <= 0.25f) m = 0;
-  else if (a < 0.75f) m = 1;
-  else if (a <= 1.25f) m = 2;
-  else if (a < 1.75f) m = 3;
-  else if (a <= 2.5f) m = 4;
-  else if (a < 3.5f) m = 5;
-  else if (a <= 5.0f) m = 6;
-  else m = 7;
-  return uint8_t(sign | m);
-}
+// e2m1 code (spec/11 §1.5): the shared definition of base/fmath.h, as base/dtype.cpp uses.
+using fm::e2m1_code;
 // e8m0 byte of an exact power of two.
 __device__ __forceinline__ uint8_t e8m0_code(float pow2) {
   const uint32_t u = __float_as_uint(pow2);

@@ -11,11 +11,11 @@
 #include <cstdint>
 
 #include "base/status.h"
-#include "cpu/ops.h"
+#include "model/hc_mix.h"
 
 namespace fb::cuda {
 
-using HcMix = cpu::HcMix;  // POD: pre[16], post[16], comb[256]
+using HcMix = model::HcMix;  // POD: pre[16], post[16], comb[256]
 
 // FP8 e4m3 [N, K] + e8m0 [ceil(N/32), K/32] (32x32 blocks).
 struct Fp8W {
@@ -69,7 +69,7 @@ Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uin
 // y [M, n] = bf16(w * (x * rsqrt(mean(x^2) + eps))); rows optional (ptr to row indices of x).
 Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, cudaStream_t st);
 // In place on x [M, heads, width]: the last rope_dim of each head at pos[m] (cos/sin tables
-// [n_pos, rope_dim/2] computed on the host by cpu::RopeTable).
+// [n_pos, rope_dim/2] computed on the host by model::RopeTable).
 Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, const int64_t* pos, const float* cos_t, const float* sin_t,
             bool inverse, cudaStream_t st);
 

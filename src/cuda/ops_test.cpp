@@ -209,7 +209,7 @@ TEST(CudaOps, RmsNormAndRope) {
   const int rd = 64, half = rd / 2;
   for (bool yarn : {false, true})
     for (bool inverse : {false, true}) {
-      const cpu::RopeTable t = cpu::make_rope_table(rd, yarn ? 160000.0 : 10000.0, yarn, 16.0, 65536, 32.0, 1.0);
+      const model::RopeTable t = model::make_rope_table(rd, yarn ? 160000.0 : 10000.0, yarn, 16.0, 65536, 32.0, 1.0);
       std::vector<float> ct(static_cast<size_t>(M * half)), stt(static_cast<size_t>(M * half));
       std::vector<int64_t> idx(static_cast<size_t>(M));
       for (int64_t m = 0; m < M; ++m) {
@@ -493,26 +493,6 @@ struct IndexRef {
     }
     return I;
   }
-  static std::vector<uint8_t> pool(const std::vector<float>& I, int64_t n_vis, int64_t bs, int64_t keep_cfg) {
-    const int64_t n = int64_t(I.size()), nb = (n + bs - 1) / bs;
-    std::vector<float> score(static_cast<size_t>(nb), -INFINITY);
-    for (int64_t j = 0; j < n; ++j) score[size_t(j / bs)] = std::max(score[size_t(j / bs)], I[size_t(j)]);
-    if (n_vis > 0) score[size_t((n_vis - 1) / bs)] = INFINITY;
-    std::vector<int64_t> order(static_cast<size_t>(nb));
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t keep = std::min<int64_t>(keep_cfg, nb);
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
-      if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
-      return a < b;
-    });
-    std::vector<uint8_t> mask(static_cast<size_t>(n), 0);
-    for (int64_t i = 0; i < keep; ++i) {
-      const int64_t b = order[size_t(i)];
-      if (score[size_t(b)] == -INFINITY) continue;
-      for (int64_t j = b * bs; j < std::min(n, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
-    }
-    return mask;
-  }
   static std::vector<int32_t> topk(std::vector<float> I, const std::vector<uint8_t>* mask, int64_t n_vis, int64_t topk) {
     const int64_t n = int64_t(I.size());
     if (mask)
@@ -554,7 +534,7 @@ void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector
   for (int64_t t = 0; t < T; ++t) {
     auto I = IndexRef::scores(&iq[size_t(t * IH * ihd)], &wts[size_t(t * IH)], IH, ihd, key_val, n_vis[size_t(t)], n_scored[size_t(t)]);
     std::vector<uint8_t> mask;
-    if (with_pool) mask = IndexRef::pool(I, n_vis[size_t(t)], bs, keep);
+    if (with_pool) mask = cpu::candidate_pool(I, n_vis[size_t(t)], bs, keep);
     auto ids = IndexRef::topk(I, with_pool ? &mask : nullptr, n_vis[size_t(t)], topk);
     want_cnt[size_t(t)] = int32_t(ids.size());
     std::copy(ids.begin(), ids.end(), want_sel.begin() + t * topk);

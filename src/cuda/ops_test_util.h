@@ -116,7 +116,7 @@ struct HcCase {
     for (int64_t t = 0; t < T; ++t) {
       float m[n_mix];
       cpu::hc_mixes_raw(&x[size_t(t * n)], hc, D, fn.data(), 1e-6f, m);
-      cpu::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
+      model::hc_split_sinkhorn(m, hc, sc.data(), base.data(), 20, 1e-6f, &want[size_t(t)]);
     }
   }
 };

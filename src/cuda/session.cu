@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "base/check.h"
-#include "cpu/session_cache.h"
 #include "cuda/executor.h"
 #include "loader/bind.h"
 
@@ -27,19 +26,19 @@ Status CudaSession::ensure_allocated(cudaStream_t st) {
   if (allocated_) return Status();
   const Config& c = *config_;
   rings.resize(size_t(c.n_layers));
-  for (auto& r : rings) FB_RETURN_IF_ERROR(init_ring(r, c.window_size + cpu::kRingHeadroom, c.head_dim, st));
+  for (auto& r : rings) FB_RETURN_IF_ERROR(init_ring(r, c.window_size + model::kRingHeadroom, c.head_dim, st));
   comp.resize(size_t(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     const auto& role = c.roles[size_t(l)];
     if (!role.kv_source) continue;
     DevCompressed& cc = comp[size_t(l)];
     cc.ratio = role.ratio;
-    cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
-    cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
+    cc.kv_bytes = model::comp_kv_bytes(c);
+    cc.key_bytes = model::comp_key_bytes(c);
     if (role.ratio == 2) {
-      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(cpu::kTailSlots * 2 * c.head_dim) * sizeof(float)));
+      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(model::kTailSlots * 2 * c.head_dim) * sizeof(float)));
       FB_CUDA_TRY(cudaMemsetAsync(cc.tail.get(), 0, cc.tail.bytes(), st));
-      cc.tail_pos.assign(size_t(cpu::kTailSlots), -1);
+      cc.tail_pos.assign(size_t(model::kTailSlots), -1);
     }
   }
   draft_rings.resize(size_t(c.n_mtp_layers));
@@ -67,7 +66,7 @@ Status CudaSession::reserve_compressed(int layer, int64_t entries, cudaStream_t 
 }
 
 // Same rule as cpu::SessionCache::rollback (positions are host bookkeeping; ratio-2 tails live in
-// a position ring of cpu::kTailSlots, so re-running a position rewrites its slot and rejected
+// a position ring of model::kTailSlots, so re-running a position rewrites its slot and rejected
 // rows never overwrite the tail a kept odd position still needs).
 Status CudaSession::rollback(int64_t p) {
   if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
@@ -78,7 +77,7 @@ Status CudaSession::rollback(int64_t p) {
   for (const DevCompressed& cc : comp)
     if (cc.ratio == 2)
       for (int64_t q = p - p % cc.ratio; q < p; ++q)
-        if (cc.tail_pos.size() != size_t(cpu::kTailSlots) || cc.tail_pos[size_t(q % cpu::kTailSlots)] != q)
+        if (cc.tail_pos.size() != size_t(model::kTailSlots) || cc.tail_pos[size_t(q % model::kTailSlots)] != q)
           return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
   next_pos = p;
   tokens.resize(size_t(p));

@@ -1,6 +1,6 @@
 // CudaExecutor::save_session / restore_session (DESIGN-AHEAD item 4): a CudaSession as exactly
 // the bytes cpu::SessionCache::serialize writes (docs/formats.md "Session state"), placed through
-// cpu::SessionLayout. The device caches hold the CPU's compact rows byte for byte (window and
+// model::SessionLayout. The device caches hold the CPU's compact rows byte for byte (window and
 // draft rows: e4m3 codes then e8m0 scales; compressed KV and index keys: e2m1 pairs with the even
 // element in the low nibble, then the scales; slot = position % slots; ratio-2 tails f32
 // [kTailSlots][k, g][head_dim], slot = position % kTailSlots), so nothing is converted: only where
@@ -11,8 +11,7 @@
 // refused or failed restore leaves the session as it was.
 #include <cstring>
 
-#include "cpu/session_cache.h"
-#include "cpu/session_layout.h"
+#include "model/session_layout.h"
 #include "cuda/executor.h"
 
 namespace fb::cuda {
@@ -28,14 +27,14 @@ struct CacheCopy {
 
 // The cache ranges of session `s` laid out as `l` (rings, compressed KV, index keys, tails, draft
 // rings, in stream order); empty ranges left out.
-std::vector<CacheCopy> cache_copies(const cpu::SessionLayout& l, const CudaSession& s) {
+std::vector<CacheCopy> cache_copies(const model::SessionLayout& l, const CudaSession& s) {
   std::vector<CacheCopy> v;
   auto add = [&v](size_t at, size_t n, const DeviceBuffer& b) {
     if (n) v.push_back({at, n, b.get<uint8_t>()});
   };
   for (size_t i = 0; i < l.rings.size(); ++i) add(l.rings[i].data_at, l.rings[i].data_bytes(), s.rings[i].data);
   for (size_t i = 0; i < l.comp.size(); ++i) {
-    const cpu::CompLayout& c = l.comp[i];
+    const model::CompLayout& c = l.comp[i];
     add(c.kv_at, c.kv_size(), s.comp[i].kv);
     add(c.keys_at, c.keys_size(), s.comp[i].keys);
     add(c.tail_at, c.tail_size(), s.comp[i].tail);
@@ -46,20 +45,20 @@ std::vector<CacheCopy> cache_copies(const cpu::SessionLayout& l, const CudaSessi
 
 // The blob range [lo, hi) that holds every cache byte (from the first ring's rows to the trailer;
 // the small host fields inside it are copied along and overwritten).
-std::pair<size_t, size_t> cache_range(const cpu::SessionLayout& l) {
+std::pair<size_t, size_t> cache_range(const model::SessionLayout& l) {
   const size_t lo = l.rings.empty() ? l.image_at + size_t(l.next_pos) : l.rings.front().data_at;
   return {lo, l.total_bytes - 4};
 }
 
 // A session's buffers and bookkeeping must match the layout of its position (a mismatch is a bug
 // of the executor, reported rather than written as a state that would not restore).
-Status check_matches(const CudaSession& s, const cpu::SessionLayout& l) {
+Status check_matches(const CudaSession& s, const model::SessionLayout& l) {
   const int64_t P = l.next_pos;
   if (int64_t(s.tokens.size()) != P || int64_t(s.image.size()) != P || s.rings.size() != l.rings.size() ||
       s.comp.size() != l.comp.size() || s.draft_rings.size() != l.draft_rings.size())
     return FB_ERROR(kInternal) << "cuda session at position " << P << " holds " << s.tokens.size() << " tokens, " << s.rings.size()
                                << " rings, " << s.draft_rings.size() << " draft rings";
-  auto ring_ok = [](const DevRing& r, const cpu::RingLayout& rl) {
+  auto ring_ok = [](const DevRing& r, const model::RingLayout& rl) {
     return r.slots == rl.slots && r.row_bytes == rl.row_bytes && r.pos.size() == size_t(rl.slots) && r.data.bytes() >= rl.data_bytes();
   };
   for (size_t i = 0; i < l.rings.size(); ++i)
@@ -68,7 +67,7 @@ Status check_matches(const CudaSession& s, const cpu::SessionLayout& l) {
     if (!ring_ok(s.draft_rings[i], l.draft_rings[i])) return FB_ERROR(kInternal) << "cuda session: draft ring " << i << " does not have this model's layout";
   for (size_t i = 0; i < l.comp.size(); ++i) {
     const DevCompressed& cc = s.comp[i];
-    const cpu::CompLayout& cl = l.comp[i];
+    const model::CompLayout& cl = l.comp[i];
     if (cc.ratio != cl.ratio || cc.kv_bytes != cl.kv_bytes || cc.key_bytes != cl.key_bytes || (cl.ratio && cc.n_entries != cl.entries) ||
         cc.capacity < cc.n_entries || cc.tail_pos.size() != size_t(cl.tail_slots) || cc.tail.bytes() < cl.tail_size())
       return FB_ERROR(kInternal) << "cuda session: layer " << i << " holds " << cc.n_entries << " compressed entries (ratio " << cc.ratio
@@ -85,9 +84,9 @@ Result<std::string> CudaExecutor::save_session(const model::SessionState& st) co
   // no positions), which is what the CPU writes for a fresh session.
   if (!s.allocated()) {
     if (s.next_pos != 0) return FB_ERROR(kInternal) << "cuda session at position " << s.next_pos << " without caches";
-    return cpu::SessionCache(cfg_).serialize(model_id_);
+    return model::fresh_session_bytes(cfg_, model_id_);
   }
-  const cpu::SessionLayout l = cpu::session_layout(cfg_, s.next_pos);
+  const model::SessionLayout l = model::session_layout(cfg_, s.next_pos);
   FB_RETURN_IF_ERROR(check_matches(s, l));
   std::string out(l.total_bytes, '\0');
   const auto [lo, hi] = cache_range(l);
@@ -101,21 +100,21 @@ Result<std::string> CudaExecutor::save_session(const model::SessionState& st) co
     FB_CUDA_TRY(cudaMemcpyAsync(out.data() + lo, image.get(), hi - lo, cudaMemcpyDeviceToHost, stream_));
     FB_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  cpu::SessionFields f;
+  model::SessionFields f;
   f.tokens = s.tokens.data();
   f.image = s.image.data();
   for (const DevRing& r : s.rings) f.ring_pos.push_back(r.pos.data());
   for (const DevCompressed& cc : s.comp) f.tail_pos.push_back(cc.tail_pos.data());
   for (const DevRing& r : s.draft_rings) f.draft_pos.push_back(r.pos.data());
-  cpu::write_session_fields(l, model_id_, f, out.data());
-  cpu::seal_session(out.data(), l.total_bytes);
+  model::write_session_fields(l, model_id_, f, out.data());
+  model::seal_session(out.data(), l.total_bytes);
   return out;
 }
 
 Status CudaExecutor::restore_session(model::SessionState& st, std::string_view bytes) const {
   CudaSession& s = static_cast<CudaSession&>(st);
   // Everything is checked before anything is allocated or changed (cpu::SessionCache::restore's rules).
-  const cpu::SessionLayout l = FB_TRY(cpu::parse_session_layout(cfg_, bytes, model_id_));
+  const model::SessionLayout l = FB_TRY(model::parse_session_layout(cfg_, bytes, model_id_));
   const int64_t P = l.next_pos;
   // The new state is built aside: an allocation or copy failure leaves `s` as it was.
   CudaSession fresh(cfg_);
@@ -129,12 +128,12 @@ Status CudaExecutor::restore_session(model::SessionState& st, std::string_view b
     std::memcpy(fresh.tokens.data(), bytes.data() + l.tokens_at, size_t(P) * sizeof(int32_t));
     std::memcpy(fresh.image.data(), bytes.data() + l.image_at, size_t(P));
   }
-  auto ring_pos = [&bytes](DevRing& r, const cpu::RingLayout& rl) { std::memcpy(r.pos.data(), bytes.data() + rl.pos_at, size_t(rl.slots) * 8); };
+  auto ring_pos = [&bytes](DevRing& r, const model::RingLayout& rl) { std::memcpy(r.pos.data(), bytes.data() + rl.pos_at, size_t(rl.slots) * 8); };
   for (size_t i = 0; i < l.rings.size(); ++i) ring_pos(fresh.rings[i], l.rings[i]);
   for (size_t i = 0; i < l.draft_rings.size(); ++i) ring_pos(fresh.draft_rings[i], l.draft_rings[i]);
   for (size_t i = 0; i < l.comp.size(); ++i) {
     DevCompressed& cc = fresh.comp[i];
-    const cpu::CompLayout& cl = l.comp[i];
+    const model::CompLayout& cl = l.comp[i];
     cc.n_entries = cl.entries;
     if (cl.tail_slots) std::memcpy(cc.tail_pos.data(), bytes.data() + cl.tail_pos_at, size_t(cl.tail_slots) * 8);
   }

@@ -17,7 +17,7 @@
 #include "base/crc32c.h"
 #include "base/mapped_file.h"
 #include "cpu/executor.h"
-#include "cpu/session_layout.h"
+#include "model/session_layout.h"
 #include "cuda/executor.h"
 
 namespace fb::cuda {
@@ -76,7 +76,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Where byte `at` of a state of this layout lies, for failure messages.
-std::string section_of(const cpu::SessionLayout& l, size_t at) {
+std::string section_of(const model::SessionLayout& l, size_t at) {
   auto in = [at](size_t lo, size_t n) { return at >= lo && at < lo + n; };
   if (at < l.tokens_at) return "header";
   if (at < l.image_at) return "tokens";
@@ -85,7 +85,7 @@ std::string section_of(const cpu::SessionLayout& l, size_t at) {
     if (in(l.rings[i].at, l.rings[i].data_at + l.rings[i].data_bytes() - l.rings[i].at))
       return "window ring " + std::to_string(i) + (at < l.rings[i].data_at ? " positions" : " rows");
   for (size_t i = 0; i < l.comp.size(); ++i) {
-    const cpu::CompLayout& c = l.comp[i];
+    const model::CompLayout& c = l.comp[i];
     const std::string li = "layer " + std::to_string(i);
     if (in(c.kv_at, c.kv_size())) return li + " compressed KV entry " + std::to_string((at - c.kv_at) / size_t(c.kv_bytes));
     if (in(c.keys_at, c.keys_size())) return li + " index key " + std::to_string((at - c.keys_at) / size_t(c.key_bytes));
@@ -107,7 +107,7 @@ std::string section_of(const cpu::SessionLayout& l, size_t at) {
   int64_t P = 0;
   std::memcpy(&P, a.data() + 24, 8);
   return ::testing::AssertionFailure() << "first difference at byte " << i << " of " << a.size() << ": "
-                                       << section_of(cpu::session_layout(c, P), i);
+                                       << section_of(model::session_layout(c, P), i);
 }
 
 std::vector<uint16_t> ones_tap(const model::Config& c) {
@@ -136,7 +136,7 @@ TEST_P(CudaSessionIo, SaveRestoreContinuesBitForBit) {
     ASSERT_TRUE(a->rollback(a->n_pos() - 2).ok());
     auto bytes = ex->save_session(*a);
     ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
-    EXPECT_EQ(bytes->size(), cpu::session_layout(c, a->n_pos()).total_bytes);
+    EXPECT_EQ(bytes->size(), model::session_layout(c, a->n_pos()).total_bytes);
     auto b = ex->new_session();
     Status st = ex->restore_session(*b, *bytes);
     ASSERT_TRUE(st.ok()) << st.to_string();
@@ -242,7 +242,7 @@ TEST_P(CudaSessionIo, DamagedBytesAreRefusedAndLeaveTheSession) {
     std::memcpy(b.data() + b.size() - 4, &crc, 4);
     return b;
   };
-  const cpu::SessionLayout l = cpu::session_layout(c, a->n_pos());
+  const model::SessionLayout l = model::session_layout(c, a->n_pos());
   struct Bad {
     std::string what, bytes;
     StatusCode code;  // kOk: any refusal

@@ -6,7 +6,6 @@
 
 #include "base/check.h"
 #include "base/dtype.h"
-#include "cpu/session_cache.h"
 #include "cuda/executor.h"
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
@@ -14,6 +13,7 @@
 #include "cuda/tc_gemv.h"
 
 #include "loader/bind.h"
+#include "model/fp8_weight.h"
 #include "vision/tower.h"
 
 namespace fb::cuda {
@@ -123,9 +123,9 @@ CudaExecutor::CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<i
                                       c.engram_compressed_vocab);
     pad_class_ = token_map_.at(size_t(c.engram_pad_id));
   }
-  rope_plain_.table = cpu::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
+  rope_plain_.table = model::make_rope_table(c.rope_head_dim, c.rope_theta, false, 1.0, 0, c.beta_fast, c.beta_slow);
   rope_yarn_.table =
-      cpu::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
+      model::make_rope_table(c.rope_head_dim, c.compress_rope_theta, true, c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow);
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -253,7 +253,7 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     d.wo_b = FB_TRY(up8(w.wo_b));
     {
       // The reference dequantises wo_a to BF16 at load; so do we (exact).
-      std::vector<uint16_t> wa = cpu::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
+      std::vector<uint16_t> wa = model::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
       TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
       d.wo_a = FB_TRY(up<uint16_t>(v));
     }

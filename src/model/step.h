@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/status.h"
+#include "model/config.h"
+
 namespace fb::model {
 
 // The key-list layout of spec/11 §4.10 is a property of the row kind, so one step can carry
@@ -65,5 +68,15 @@ struct StepOutput {
   std::vector<uint16_t> taps;    // bf16 [rows - taps_first_row, n_taps * dim]: DSpark tap rows
   int64_t taps_first_row = 0;    // = the step's taps_from_row (clamped to the row count)
 };
+
+// A row's checks against its step before any work, the same for every executor: it names one of
+// the step's sessions (next.size() of them), sits at that session's next position (`next`, which
+// the caller advances per row), has a token of the vocabulary, its embedding row if it names one,
+// and a prefill row ends before its prefill_end. kInvalidArgument names the first failure.
+Status check_row(const Config& c, const Step& st, const Row& r, const std::vector<int64_t>& next);
+// The bounded-replay fields of a row with replay_start != 0 (spec/11 §8.4): a prefill row, a config
+// with a decoder KV source to split at (kUnsupported), a prompt row left to replay, and no logits
+// asked of a row that leaves at the encoder.
+Status check_replay_row(const Config& c, const Row& r);
 
 }  // namespace fb::model

@@ -1,11 +1,11 @@
-#include "cpu/session_layout.h"
+#include "model/session_layout.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/crc32c.h"
-#include "cpu/session_cache.h"
 
-namespace fb::cpu {
+namespace fb::model {
 
 namespace {
 
@@ -16,7 +16,7 @@ constexpr size_t kHeaderBytes = 40;
 RingLayout ring_at(size_t& at, int slots, int head_dim) {
   RingLayout r;
   r.slots = slots;
-  r.row_bytes = head_dim + head_dim / 32;
+  r.row_bytes = ring_row_bytes(head_dim);
   r.at = at;
   r.pos_at = at + 8;
   r.data_at = r.pos_at + size_t(slots) * sizeof(int64_t);
@@ -42,7 +42,7 @@ Status truncated(size_t at, const char* what) {
 
 }  // namespace
 
-SessionLayout session_layout(const model::Config& c, int64_t next_pos) {
+SessionLayout session_layout(const Config& c, int64_t next_pos) {
   SessionLayout l;
   l.next_pos = next_pos;
   size_t at = kHeaderBytes;
@@ -56,8 +56,8 @@ SessionLayout session_layout(const model::Config& c, int64_t next_pos) {
     CompLayout cc;
     if (role.kv_source) {
       cc.ratio = role.ratio;
-      cc.kv_bytes = c.head_dim / 2 + c.head_dim / 16;
-      cc.key_bytes = c.index_head_dim / 2 + c.index_head_dim / 32;
+      cc.kv_bytes = comp_kv_bytes(c);
+      cc.key_bytes = comp_key_bytes(c);
       cc.entries = next_pos / role.ratio;
       if (role.ratio == 2) {
         cc.tail_slots = kTailSlots;
@@ -113,7 +113,7 @@ void seal_session(char* out, size_t total_bytes) {
   std::memcpy(out + total_bytes - 4, &crc, 4);
 }
 
-Result<SessionLayout> parse_session_layout(const model::Config& c, std::string_view bytes, uint64_t model_id) {
+Result<SessionLayout> parse_session_layout(const Config& c, std::string_view bytes, uint64_t model_id) {
   if (bytes.size() < sizeof kSessionMagic + 4 || std::memcmp(bytes.data(), kSessionMagic, sizeof kSessionMagic) != 0)
     return FB_ERROR(kCorrupt) << "session state: not a flashbox session (bad magic)";
   const size_t body = bytes.size() - 4;
@@ -179,4 +179,22 @@ Result<SessionLayout> parse_session_layout(const model::Config& c, std::string_v
   return l;
 }
 
-}  // namespace fb::cpu
+std::string fresh_session_bytes(const Config& c, uint64_t model_id) {
+  const SessionLayout l = session_layout(c, 0);
+  std::string out(l.total_bytes, '\0');  // caches and tails: zero rows, as a fresh cache holds
+  // Every slot's position is -1 (never written); one run of -1 serves each array.
+  size_t longest = 0;
+  for (const RingLayout& r : l.rings) longest = std::max(longest, size_t(r.slots));
+  for (const RingLayout& r : l.draft_rings) longest = std::max(longest, size_t(r.slots));
+  for (const CompLayout& cc : l.comp) longest = std::max(longest, size_t(cc.tail_slots));
+  const std::vector<int64_t> never(longest, -1);
+  SessionFields f;
+  f.ring_pos.assign(l.rings.size(), never.data());
+  f.tail_pos.assign(l.comp.size(), never.data());
+  f.draft_pos.assign(l.draft_rings.size(), never.data());
+  write_session_fields(l, model_id, f, out.data());
+  seal_session(out.data(), l.total_bytes);
+  return out;
+}
+
+}  // namespace fb::model

@@ -4,7 +4,7 @@
 
 #include "base/fmath.h"
 
-namespace fb::cpu {
+namespace fb::model {
 
 struct HcMix {
   float pre[16];
@@ -53,4 +53,4 @@ FB_HD void hc_split_sinkhorn(const float* m, int hc, const float* sc, const floa
   }
 }
 
-}  // namespace fb::cpu
+}  // namespace fb::model
