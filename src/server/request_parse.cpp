@@ -721,7 +721,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
       msgs = FB_TRY(responses_messages(b));
     }
     if (msgs.empty()) return FB_ERROR(kInvalidArgument) << "no messages";
-    image_parts = collect_image_parts(msgs);
+    image_parts = engine::collect_image_parts(msgs);
     if (!image_parts.empty() && !ctx.images.vision)
       return FB_ERROR(kInvalidArgument) << "model has no vision tower: image input is not available";
     std::vector<tokenizer::Message> messages = FB_TRY(tokenizer::messages_from_json(msgs));
@@ -754,7 +754,7 @@ Result<ParsedRequest> parse_request(Endpoint ep, const ojson& b, const ParseCont
       return FB_ERROR(kInvalidArgument) << "found " << image_parts.size() << " images but the prompt has " << rendered.n_images << " placeholders";
     text = std::move(rendered.text);
     pr.req.prompt = ctx.tok->encode(text);
-    FB_RETURN_IF_ERROR(expand_images(image_parts, ctx.images, ctx.image_token_id, &pr.req));
+    FB_RETURN_IF_ERROR(engine::expand_images(image_parts, ctx.images, ctx.image_token_id, &pr.req));
     if (!ends_with_user) th.on = false;  // continuing an assistant turn: no reasoning header was opened
   }
   pr.prompt_text = std::move(text);

@@ -8,7 +8,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
-#include "server/image_input.h"
+#include "engine/image_input.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fb::grammar {
@@ -25,7 +25,7 @@ struct ParseContext {
   const tokenizer::Tokenizer* tok = nullptr;
   int64_t max_context = 0;
   std::string tools_template;  // official Tools-block text when the snapshot has it
-  ImagePolicy images;          // image content parts (vision null: the model has none)
+  engine::ImagePolicy images;  // image content parts (vision null: the model has none)
   int32_t image_token_id = 129264;
   // response_format json_object / json_schema (issue 27); null: this build has no grammar engine
   // (xgrammar not fetched) and such requests are refused.

@@ -1,9 +1,9 @@
-#include "server/image_input.h"
+#include "engine/image_input.h"
 
 #include "base/mapped_file.h"
 #include "vision/pipeline.h"
 
-namespace fb::server {
+namespace fb::engine {
 
 using ojson = nlohmann::ordered_json;
 
@@ -98,7 +98,7 @@ Result<std::string> image_part_bytes(const ojson& part, const ImagePolicy& polic
   return bytes;
 }
 
-Status expand_images(const std::vector<ojson>& parts, const ImagePolicy& policy, int32_t image_token_id, engine::Request* req) {
+Status expand_images(const std::vector<ojson>& parts, const ImagePolicy& policy, int32_t image_token_id, Request* req) {
   if (parts.empty()) return Status();
   if (!policy.vision) return FB_ERROR(kInvalidArgument) << "model has no vision tower: image input is not available";
   if (int64_t(parts.size()) > policy.max_images)
@@ -134,4 +134,4 @@ Status expand_images(const std::vector<ojson>& parts, const ImagePolicy& policy,
   return Status();
 }
 
-}  // namespace fb::server
+}  // namespace fb::engine

@@ -1,5 +1,6 @@
-// Image content parts of a request (issue 10, API half; spec/15 §6.3 step 1, spec/14 §6.1):
-// finds them in prompt order, turns each into bytes by the server's policy (base64 data URLs and
+// Image content parts of a request (issue 10, API half; spec/15 §6.3 step 1, spec/14 §6.1), the
+// engine-level API the server calls on its HTTP threads (never on the engine thread): finds them in
+// prompt order, turns each into bytes by the server's policy (base64 data URLs and
 // Anthropic base64 sources always; local files only with --allow-local-images; never the
 // network), decodes and preprocesses them into patches (vision::load_image), and expands every
 // placeholder id of the tokenized prompt into its span. The tower is NOT run here: the engine
@@ -16,7 +17,7 @@
 #include "model/config.h"
 #include "vision/image.h"
 
-namespace fb::server {
+namespace fb::engine {
 
 struct ImagePolicy {
   const model::Config* vision = nullptr;          // the model's config; null: it has no vision tower
@@ -36,6 +37,6 @@ Result<std::string> image_part_bytes(const nlohmann::ordered_json& part, const I
 // Replaces the i-th `image_token_id` of req->prompt with the span of image i and fills
 // req->images (patches, grid, content hash). The placeholder count must equal parts.size().
 Status expand_images(const std::vector<nlohmann::ordered_json>& parts, const ImagePolicy& policy, int32_t image_token_id,
-                     engine::Request* req);
+                     Request* req);
 
-}  // namespace fb::server
+}  // namespace fb::engine
