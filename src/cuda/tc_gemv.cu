@@ -227,9 +227,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
       }
     }
-    for (int i = tid; i < cnt * nb; i += kThreads) {
-      const int j = i / nb, b = i % nb;
-      const int64_t xm = (grouped ? int64_t(grp[2 + j]) : m) / x_div;
+    // activation row xm's codes of this chunk, block b, as staged row j: [even codes][odd codes]
+    const auto stage = [&](int j, int64_t xm, int b) {
       const uint4* src = reinterpret_cast<const uint4*>(xc + xm * K + k0 + b * 32);
       const uint4 lo = src[0], hi = src[1];
       const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -242,6 +241,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
       *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
       xsc[j * kb_max + b] = xs[xm * KB + k0 / 32 + b];
+    };
+    if (!grouped) {
+      const int64_t xm = m / x_div;
+      for (int b = tid; b < nb; b += kThreads) stage(0, xm, b);
+    } else {  // rows <= 64, so 32-bit divisions
+      for (int i = tid; i < cnt * nb; i += kThreads) {
+        const int j = i / nb;
+        stage(j, int64_t(grp[2 + j] / int(x_div)), i - j * nb);
+      }
     }
   } else if constexpr (BFX) {
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
