@@ -11,6 +11,7 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mapped_file.h"
+#include "engine/sampler.h"
 #include "model/selection.h"
 #include "vision/fixture_image.h"
 
@@ -28,13 +29,6 @@ Result<std::vector<T>> load_raw(const std::string& path) {
   std::vector<T> v(b.size() / sizeof(T));
   std::memcpy(v.data(), b.data(), b.size());
   return v;
-}
-
-int argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return int(best);
 }
 
 // Top-1 minus top-2 of a logits row.

@@ -8,18 +8,13 @@
 #include <memory>
 #include <sstream>
 
+#include "engine/sampler.h"
+
 namespace fb::engine {
 
 namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return int32_t(best);
-}
 
 double log_sum_exp(const float* x, int64_t n) {
   double m = -std::numeric_limits<double>::infinity();

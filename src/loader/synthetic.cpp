@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/progress.h"
+#include "loader/released_stats.h"
 #include "model/schema.h"
 
 namespace fb::loader {
@@ -26,24 +27,6 @@ float gauss(uint64_t key) {
   float s = 0;
   for (int i = 0; i < 4; ++i) s += float((r >> (16 * i)) & 0xFFFF) * (1.0f / 65535.0f);
   return (s - 2.0f) * 1.7320508f;  // var(sum of 4 U(0,1)) = 1/3
-}
-
-float norm_mean(const std::string& n) {
-  if (n.find("attn_norm") != std::string::npos) return 0.025f;
-  if (n.find("ffn_norm") != std::string::npos) return 0.2f;
-  if (n.find("q_norm") != std::string::npos) return 0.97f;
-  if (n.find("kv_norm") != std::string::npos) return 0.4f;
-  if (n.find("compressor.norm") != std::string::npos) return 0.6f;
-  if (n.find("k_norm") != std::string::npos) return 0.5f;
-  return 1.0f;
-}
-float gain(const std::string& n) {
-  static const std::pair<const char*, float> k[] = {{".wq_a.", 1.6f}, {".wq_b.", 0.95f}, {".wkv.", 1.8f}, {".wo_a.", 1.6f},
-                                                    {".wo_b.", 1.9f}, {".gate.", 2.9f},  {".w1.", 1.5f},  {".w3.", 1.5f},
-                                                    {".w2.", 1.05f}};
-  for (auto& [s, g] : k)
-    if (n.find(s) != std::string::npos) return g;
-  return 1.0f;
 }
 
 void parallel_fill(std::vector<uint8_t>& buf, const std::function<void(size_t, size_t)>& fill) {
@@ -118,7 +101,7 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
         fan_in = fp4 ? t.shape[1] * 2 : t.shape[1];
       }
       const bool table = n.find("engram.embed") != std::string::npos;
-      const double target = table ? 1.0 : gain(n) / std::sqrt(double(fan_in));
+      const double target = table ? 1.0 : released_gain(n) / std::sqrt(double(fan_in));
       const int e = int(std::lround(std::log2(target / (fp4 ? 3.2 : 2.2))));
       storage.emplace_back(size_t(s.nbytes()));
       auto& buf = storage.back();
@@ -133,10 +116,10 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
       if (n == "embed.weight" || n.find("markov_head.embed") != std::string::npos) {
         sd = 0.12f;
       } else if (is_norm) {
-        mean = norm_mean(n);
+        mean = released_norm_mean(n);
         sd = 0.1f * mean;
       } else if (s.shape.size() >= 2) {
-        sd = gain(n) / std::sqrt(float(s.shape.back()));
+        sd = released_gain(n) / std::sqrt(float(s.shape.back()));
       } else {
         sd = 0.5f;
       }

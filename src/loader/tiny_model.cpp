@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/mapped_file.h"
+#include "loader/released_stats.h"
 #include "loader/safetensors.h"
 #include "model/config.h"
 #include "model/engram_constants.h"
@@ -49,23 +50,6 @@ class Rng {
   double spare_ = 0;
   bool have_ = false;
 };
-
-// Released statistics (spec/10 §7.4): norm-weight means and projection gains by owner name.
-float norm_mean(const std::string& name) {
-  static const std::pair<const char*, float> kMeans[] = {{"attn_norm", 0.025f}, {"ffn_norm", 0.2f}, {"q_norm", 0.97f},
-                                                         {"kv_norm", 0.4f},     {"compressor.norm", 0.6f}, {"k_norm", 0.5f}};
-  for (auto& [k, v] : kMeans)
-    if (name.find(k) != std::string::npos) return v;
-  return 1.0f;
-}
-float gain(const std::string& name) {
-  static const std::pair<const char*, float> kGains[] = {{".wq_a.", 1.6f}, {".wq_b.", 0.95f}, {".wkv.", 1.8f}, {".wo_a.", 1.6f},
-                                                         {".wo_b.", 1.9f}, {".gate.", 2.9f},  {".w1.", 1.5f},  {".w3.", 1.5f},
-                                                         {".w2.", 1.05f}};
-  for (auto& [k, v] : kGains)
-    if (name.find(k) != std::string::npos) return v;
-  return 1.0f;
-}
 
 float pow2_ceil(float t) {
   int e;
@@ -302,7 +286,7 @@ Status write_tiny_model(const TinyModelOptions& o) {
       const int64_t rows = s.shape[0], cols = s.shape[1];
       std::vector<float> w(static_cast<size_t>(rows * cols));
       const bool table = nm.find("engram.embed") != std::string::npos;
-      const float sd = table ? 1.0f : float(std::pow(double(cols), -0.5)) * gain(nm);
+      const float sd = table ? 1.0f : float(std::pow(double(cols), -0.5)) * released_gain(nm);
       for (auto& v : w) v = rng.normal() * sd;
       std::vector<uint8_t> q, sc;
       if (table) {  // per-row groups of 32 (the Engram table format)
@@ -331,7 +315,7 @@ Status write_tiny_model(const TinyModelOptions& o) {
       const int64_t rows = s.shape[0], fan_in = s.shape[1] * 2;
       t.bytes.resize(size_t(n));
       for (auto& b : t.bytes) b = uint8_t(rng.next() & 0xFF);
-      const int e = int(std::lround(std::log2(std::pow(double(fan_in), -0.5) * gain(nm) / 3.2)));
+      const int e = int(std::lround(std::log2(std::pow(double(fan_in), -0.5) * released_gain(nm) / 3.2)));
       std::vector<uint8_t> sc(static_cast<size_t>(rows * (fan_in / 32)));
       for (auto& b : sc) b = uint8_t(127 + e + int(rng.next() % 3) - 1);
       const std::string scale_name = nm.substr(0, nm.size() - 6) + "scale";
@@ -345,10 +329,10 @@ Status write_tiny_model(const TinyModelOptions& o) {
     if (nm == "embed.weight" || nm.find("markov_head.embed") != std::string::npos) {
       for (auto& x : v) x = rng.normal() * 0.12f;
     } else if (is_norm) {
-      const float mean = norm_mean(nm);
+      const float mean = released_norm_mean(nm);
       for (auto& x : v) x = mean * (1.0f + 0.1f * rng.normal());
     } else if (s.shape.size() >= 2) {
-      const float sd = float(std::pow(double(s.shape.back()), -0.5)) * gain(nm);
+      const float sd = float(std::pow(double(s.shape.back()), -0.5)) * released_gain(nm);
       for (auto& x : v) x = rng.normal() * sd;
     } else {
       for (auto& x : v) x = 0.5f * rng.normal();

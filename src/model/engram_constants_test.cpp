@@ -53,23 +53,17 @@ TEST(EngramConstants, ReleasedConfig) {
   EXPECT_EQ(engram_multiplier_bound(99092), 46539438283891);
 }
 
+// fixtures/ops of the shared folder the build names (FB_SHARED_DIR, fb_add_test); empty when
+// `file` is not there.
+std::string ops_fixture_dir(const std::string& file) {
+  const std::string dir = std::string(FB_SHARED_DIR) + "/fixtures/ops";
+  return std::ifstream(dir + "/" + file).good() ? dir : std::string();
+}
+
 TEST(EngramConstants, OpsFixtureMultipliers) {
-  const char* env = std::getenv("FB_SHARED_DIR");
-  std::vector<std::string> candidates;
-  if (env != nullptr && env[0] != '\0') candidates.push_back(std::string(env) + "/fixtures/ops");
-  candidates.push_back(std::string(FB_SOURCE_DIR) + "/../shared/fixtures/ops");
-  candidates.push_back("/work/shared/fixtures/ops");
-  std::ifstream in;
-  std::string used;
-  for (const auto& dir : candidates) {
-    in.open(dir + "/engram_hash.multipliers.i64", std::ios::binary);
-    if (in.good()) {
-      used = dir;
-      break;
-    }
-    in.clear();
-  }
+  const std::string used = ops_fixture_dir("engram_hash.multipliers.i64");
   if (used.empty()) GTEST_SKIP() << "fixtures/ops/engram_hash.multipliers.i64 not found";
+  std::ifstream in(used + "/engram_hash.multipliers.i64", std::ios::binary);
   V fixture(8);
   in.read(reinterpret_cast<char*>(fixture.data()), 8 * sizeof(int64_t));
   ASSERT_EQ(in.gcount(), 64) << used;
@@ -83,17 +77,7 @@ TEST(EngramConstants, OpsFixtureMultipliers) {
 // the released constants: ops fixture engram_hash.rows (text from position 0) and rows_masked
 // (positions 20..26 an image span: DEAD history), [48 positions, 2 tables, 24 (order, head)].
 TEST(EngramConstants, RowIdsMatchTheOpsFixture) {
-  const char* env = std::getenv("FB_SHARED_DIR");
-  std::vector<std::string> candidates;
-  if (env != nullptr && env[0] != '\0') candidates.push_back(std::string(env) + "/fixtures/ops");
-  candidates.push_back(std::string(FB_SOURCE_DIR) + "/../shared/fixtures/ops");
-  candidates.push_back("/work/shared/fixtures/ops");
-  std::string dir;
-  for (const auto& d : candidates)
-    if (std::ifstream(d + "/engram_hash.rows.i64").good()) {
-      dir = d;
-      break;
-    }
+  const std::string dir = ops_fixture_dir("engram_hash.rows.i64");
   if (dir.empty()) GTEST_SKIP() << "fixtures/ops/engram_hash.rows.i64 not found";
   auto read = [&](const std::string& name, size_t bytes) {
     std::vector<char> b(bytes);

@@ -1,5 +1,7 @@
 #include "model/numpy_rng.h"
 
+#include <limits>
+
 #include "base/check.h"
 
 namespace fb::model {
@@ -73,34 +75,22 @@ std::array<uint32_t, kPoolSize> mixed_pool(uint64_t seed) {
   return pool;
 }
 
-// Lemire's method on 32 bits (buffered_bounded_lemire_uint32); rng < 0xFFFFFFFF.
-uint32_t bounded_lemire_u32(NumpyPcg64& gen, uint32_t rng) {
-  const uint32_t rng_excl = rng + 1u;
-  uint64_t m = static_cast<uint64_t>(gen.next_uint32()) * rng_excl;
-  uint32_t leftover = static_cast<uint32_t>(m);
+// Lemire's method as NumPy writes it twice: on 32 bits (buffered_bounded_lemire_uint32, U =
+// uint32_t, Wide = uint64_t, draws next_uint32) and on 64 bits (bounded_lemire_uint64, U =
+// uint64_t, Wide = u128, draws next_uint64); rng < the largest U.
+template <typename U, typename Wide, typename Draw>
+U bounded_lemire(Draw draw, U rng) {
+  const U rng_excl = rng + 1u;
+  Wide m = static_cast<Wide>(draw()) * rng_excl;
+  U leftover = static_cast<U>(m);
   if (leftover < rng_excl) {
-    const uint32_t threshold = (UINT32_MAX - rng) % rng_excl;
+    const U threshold = (std::numeric_limits<U>::max() - rng) % rng_excl;
     while (leftover < threshold) {
-      m = static_cast<uint64_t>(gen.next_uint32()) * rng_excl;
-      leftover = static_cast<uint32_t>(m);
+      m = static_cast<Wide>(draw()) * rng_excl;
+      leftover = static_cast<U>(m);
     }
   }
-  return static_cast<uint32_t>(m >> 32);
-}
-
-// Lemire's method on 64 bits (bounded_lemire_uint64); rng < 0xFFFFFFFFFFFFFFFF.
-uint64_t bounded_lemire_u64(NumpyPcg64& gen, uint64_t rng) {
-  const uint64_t rng_excl = rng + 1u;
-  u128 m = static_cast<u128>(gen.next_uint64()) * rng_excl;
-  uint64_t leftover = static_cast<uint64_t>(m);
-  if (leftover < rng_excl) {
-    const uint64_t threshold = (UINT64_MAX - rng) % rng_excl;
-    while (leftover < threshold) {
-      m = static_cast<u128>(gen.next_uint64()) * rng_excl;
-      leftover = static_cast<uint64_t>(m);
-    }
-  }
-  return static_cast<uint64_t>(m >> 64);
+  return static_cast<U>(m >> (8 * sizeof(U)));
 }
 
 }  // namespace
@@ -186,12 +176,12 @@ void numpy_bounded_uint64_fill(NumpyPcg64& gen, uint64_t off, uint64_t rng, int6
       for (int64_t i = 0; i < cnt; ++i) out[i] = off + gen.next_uint32();
     } else {
       const uint32_t r32 = static_cast<uint32_t>(rng);
-      for (int64_t i = 0; i < cnt; ++i) out[i] = off + bounded_lemire_u32(gen, r32);
+      for (int64_t i = 0; i < cnt; ++i) out[i] = off + bounded_lemire<uint32_t, uint64_t>([&] { return gen.next_uint32(); }, r32);
     }
   } else if (rng == UINT64_MAX) {
     for (int64_t i = 0; i < cnt; ++i) out[i] = off + gen.next_uint64();
   } else {
-    for (int64_t i = 0; i < cnt; ++i) out[i] = off + bounded_lemire_u64(gen, rng);
+    for (int64_t i = 0; i < cnt; ++i) out[i] = off + bounded_lemire<uint64_t, u128>([&] { return gen.next_uint64(); }, rng);
   }
 }
 

@@ -15,12 +15,7 @@
 namespace fb::model {
 namespace {
 
-std::string source_dir() {
-  if (const char* env = std::getenv("FB_SOURCE_DIR"); env != nullptr && env[0] != '\0') {
-    return env;
-  }
-  return FB_SOURCE_DIR;
-}
+std::string source_dir() { return FB_SOURCE_DIR; }  // the build's source tree (fb_add_test)
 
 // The Python int parser accepts the full int64 and uint64 ranges as text.
 uint64_t parse_u64(const std::string& s) { return std::stoull(s); }

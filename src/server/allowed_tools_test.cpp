@@ -7,6 +7,7 @@
 
 #include "server/http_status.h"
 #include "server/request_parse.h"
+#include "server/test_parse_context.h"
 #include "tokenizer/test_assets.h"
 #if FB_SERVER_HAS_GRAMMAR
 #include "grammar/compiler.h"
@@ -17,12 +18,8 @@ namespace {
 
 #if FB_SERVER_HAS_GRAMMAR
 ParseContext grammar_ctx() {
-  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
-  EXPECT_TRUE(gram.ok()) << gram.status().to_string();
-  ParseContext c;
-  c.tok = &tokenizer::v41_tokenizer();
-  c.max_context = 4096;
-  c.grammar = gram->get();
+  ParseContext c = test_grammar_parse_context();
+  EXPECT_NE(c.grammar, nullptr) << "the grammar engine over the V4.1 vocabulary";
   return c;
 }
 

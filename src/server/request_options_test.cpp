@@ -10,17 +10,13 @@
 #include "server/phrase_bias.h"
 #include "server/request_parse.h"
 #include "server/responder.h"
+#include "server/test_parse_context.h"
 #include "tokenizer/test_assets.h"
 
 namespace fb::server {
 namespace {
 
-ParseContext base_ctx() {
-  ParseContext c;
-  c.tok = &tokenizer::v41_tokenizer();
-  c.max_context = 4096;
-  return c;
-}
+ParseContext base_ctx() { return test_parse_context(); }
 
 std::vector<int32_t> ids(const std::string& text) { return tokenizer::v41_tokenizer().encode(text); }
 
@@ -135,10 +131,8 @@ TEST(Responder, ResponsesEchoTheRequestsOptions) {
 
 #if FB_SERVER_HAS_GRAMMAR
 TEST(RequestParse, ResponseFormatWithTools) {
-  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
-  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
-  ParseContext c = base_ctx();
-  c.grammar = gram->get();
+  const ParseContext c = test_grammar_parse_context();
+  ASSERT_NE(c.grammar, nullptr) << "the grammar engine over the V4.1 vocabulary";
   const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])";
   const std::string rf = R"("response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"temp":{"type":"integer"}},"required":["temp"]}}})";
   auto chat = [&](const std::string& extra) {
@@ -177,10 +171,8 @@ TEST(RequestParse, ResponseFormatWithTools) {
 // Responses text.format: the same formats with the json_schema fields flat; rendered into the
 // prompt, enforced, echoed; 400s name 'text.format'.
 TEST(RequestParse, ResponsesTextFormat) {
-  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
-  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
-  ParseContext c = base_ctx();
-  c.grammar = gram->get();
+  const ParseContext c = test_grammar_parse_context();
+  ASSERT_NE(c.grammar, nullptr) << "the grammar engine over the V4.1 vocabulary";
   auto resp = [&](const std::string& format) {
     return parse_request(Endpoint::kResponses, ojson::parse(R"({"input":"Temperature?","reasoning":{"effort":"none"},"text":{"format":)" + format + "}}"), c);
   };

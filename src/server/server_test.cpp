@@ -7,17 +7,13 @@
 #endif
 #include "server/http_status.h"
 #include "server/request_parse.h"
+#include "server/test_parse_context.h"
 #include "tokenizer/test_assets.h"
 
 namespace fb::server {
 namespace {
 
-ParseContext ctx() {
-  ParseContext c;
-  c.tok = &tokenizer::v41_tokenizer();
-  c.max_context = 4096;
-  return c;
-}
+ParseContext ctx() { return test_parse_context(); }
 Result<ParsedRequest> parse(Endpoint ep, const char* body) { return parse_request(ep, ojson::parse(body), ctx()); }
 
 TEST(HttpStatus, Table) {
@@ -96,10 +92,8 @@ TEST(RequestParse, MaxTokensBeyondContextAndBadValues) {
 // Issue 27: response_format becomes the request's token constraint (thinking: after </think>);
 // unsupported types, keywords and unsatisfiable schemas are 400s naming them.
 TEST(RequestParse, ResponseFormat) {
-  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
-  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
-  ParseContext c = ctx();
-  c.grammar = gram->get();
+  const ParseContext c = test_grammar_parse_context();
+  ASSERT_NE(c.grammar, nullptr) << "the grammar engine over the V4.1 vocabulary";
   auto p = [&](const std::string& rf, bool thinking = false) {
     const std::string body = std::string(R"({"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":")") +
                              (thinking ? "enabled" : "disabled") + R"("},"response_format":)" + rf + "}";
@@ -148,10 +142,8 @@ TEST(RequestParse, ResponseFormat) {
 // strict tools become a token constraint in the DSML syntax; a name not among the tools, forcing
 // without tools and unsupported forms are 400s naming them.
 TEST(RequestParse, ToolChoiceForcesACallInTheModelsSyntax) {
-  static const auto gram = grammar::Compiler::create(tokenizer::v41_tokenizer(), 129280, 1);
-  ASSERT_TRUE(gram.ok()) << gram.status().to_string();
-  ParseContext c = ctx();
-  c.grammar = gram->get();
+  const ParseContext c = test_grammar_parse_context();
+  ASSERT_NE(c.grammar, nullptr) << "the grammar engine over the V4.1 vocabulary";
   const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}},
     {"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{}}}}])";
   auto chat = [&](const std::string& extra, const std::string& t = "") {

@@ -131,6 +131,13 @@ void OutputParser::emit(std::vector<OutputEvent>* ev, OutputEvent::Kind kind, st
   ev->push_back(std::move(e));
 }
 
+void OutputParser::finish_at_eos(std::vector<OutputEvent>* ev, OutputEvent::Kind kind, size_t eos) {
+  emit(ev, kind, std::string_view(buf_).substr(0, eos));
+  saw_eos_ = true;
+  state_ = State::kDone;
+  buf_.clear();
+}
+
 std::vector<OutputEvent> OutputParser::feed(std::string_view text) {
   std::vector<OutputEvent> ev;
   if (state_ == State::kDone) return ev;
@@ -154,10 +161,7 @@ void OutputParser::step(std::vector<OutputEvent>* ev, bool at_end) {
       const size_t from = scan_ > 32 ? scan_ - 32 : 0;
       const size_t think = buf_.find(kThinkEnd, from), eos = buf_.find(kEos, from);
       if (eos != std::string::npos && (think == std::string::npos || eos < think)) {
-        emit(ev, OutputEvent::Kind::kReasoning, std::string_view(buf_).substr(0, eos));
-        saw_eos_ = true;
-        state_ = State::kDone;
-        buf_.clear();
+        finish_at_eos(ev, OutputEvent::Kind::kReasoning, eos);
         return;
       }
       if (think != std::string::npos) {
@@ -182,10 +186,7 @@ void OutputParser::step(std::vector<OutputEvent>* ev, bool at_end) {
       }
       const size_t eos = buf_.find(kEos, from);
       if (eos != std::string::npos && eos < best) {
-        emit(ev, OutputEvent::Kind::kText, std::string_view(buf_).substr(0, eos));
-        saw_eos_ = true;
-        state_ = State::kDone;
-        buf_.clear();
+        finish_at_eos(ev, OutputEvent::Kind::kText, eos);
         return;
       }
       if (best != std::string::npos) {

@@ -54,6 +54,8 @@ class OutputParser {
   void step(std::vector<OutputEvent>* ev, bool at_end);
   bool parse_calls(std::vector<OutputEvent>* ev, bool at_end);  // false: need more input
   void emit(std::vector<OutputEvent>* ev, OutputEvent::Kind kind, std::string_view text);
+  // Emits buf_[0, eos) as `kind` and ends the output at the EOS marker found at `eos`.
+  void finish_at_eos(std::vector<OutputEvent>* ev, OutputEvent::Kind kind, size_t eos);
 
   State state_;
   std::string buf_;     // text not yet turned into events
