@@ -132,14 +132,14 @@ Status fast_gemv_bench() {
   FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
   FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
   FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
-  const int64_t kMaxRows = 8, kMaxK = 8192;
+  const int64_t kMaxRows = 16, kMaxK = 8192;
   FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
   FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
   FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
   FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));  // 0x3C3C3C3C: a normal f32 (~0.0115)
   FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 16384 * 2));
   FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
-  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
   FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
   const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
   uint8_t* wp = pool.get<uint8_t>();
@@ -213,7 +213,7 @@ Status fast_gemv_bench() {
                       Fp8Case{"shared w1+w3", 2304, 2304, 5120}, Fp8Case{"shared w2", 5120, 0, 2304}}) {
       const int64_t K = c.K, KB = K / 32, ba = c.Na * K, bb = c.Nb * K, sa = ((c.Na + 31) / 32) * KB, sb = ((c.Nb + 31) / 32) * KB;
       const int64_t set = ba + bb, slices = int64_t(pool_bytes) / set;
-      for (int64_t M : {1, 6}) {
+      for (int64_t M : {1, 6, 16}) {  // 16: two row groups (sessions), grid rows-first
         double ms[2] = {0.0, 0.0};
         for (int tc = 0; tc < 2; ++tc) {
           set_fast_gemv_tc(tc == 1);

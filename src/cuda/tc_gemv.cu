@@ -126,7 +126,8 @@ __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + 
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
-                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped) {
+                                                         const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
+                                                         bool rows_x) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -144,9 +145,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max], widened at use
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  // FP8: x = tile (stripe * nk + chunk), y = row group. MXFP4: x = row, y = tile, so the rows of a
-  // tile are scheduled together and rows sharing an expert read its tile from L2.
-  const int64_t tile = FP4 ? int64_t(blockIdx.y) : int64_t(blockIdx.x), xa = pa.stripes * nk;
+  // rows_x (MXFP4 always; FP8 / bf16 of more than one row group): x = row (group), y = tile (stripe
+  // * nk + chunk), so the rows of a tile are scheduled together and read its tile from L2 (rows
+  // sharing an expert; FP8 row groups); otherwise x = tile, y = row group.
+  const int64_t tile = rows_x ? int64_t(blockIdx.y) : int64_t(blockIdx.x), xa = pa.stripes * nk;
   const bool second = tile >= xa;
   const int64_t bx = second ? tile - xa : tile;
   const int64_t N = second ? pb.N : pa.N, n0 = (bx / nk) * kStripe;
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   const uint8_t* W = second ? pb.W : pa.W;
   const uint8_t* S = second ? pb.S : pa.S;
   const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
-  const int64_t m = FP4 ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
+  const int64_t m = rows_x ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
 
   // MXFP4 rows: ungrouped, this CTA computes row m alone (B column 0). Grouped (M <= 64), the rows
   // that chose the same expert share its tile: row m leads a group when the number of earlier rows
@@ -443,7 +445,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
-  const int64_t gx = FP4 ? rows : tiles, gy = FP4 ? tiles : rows;
+  const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
+  const int64_t gx = rows_x ? rows : tiles, gy = rows_x ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
@@ -459,15 +462,15 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   }
   if (ch.nk > 1) {
     attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = FP4 ? 1u : unsigned(ch.nk);  // the nk chunks of a tile
-    attr[na].val.clusterDim.y = FP4 ? unsigned(ch.nk) : 1u;
+    attr[na].val.clusterDim.x = rows_x ? 1u : unsigned(ch.nk);  // the nk chunks of a tile
+    attr[na].val.clusterDim.y = rows_x ? unsigned(ch.nk) : 1u;
     attr[na].val.clusterDim.z = 1;
     ++na;
   }
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
