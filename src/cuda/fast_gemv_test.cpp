@@ -235,6 +235,23 @@ TEST(FastGemv, TcFp8PairEqualsTwoCalls) {
 
 // ---- MXFP4 experts ------------------------------------------------------------------------------
 
+// kRows expert rows over `experts` experts of two MXFP4 weights A, B ([N, K] each, random codes,
+// scales near 1): the (kRows - 1) / x_div + 1 tokens' activations act_quant'ed into q.
+struct Fp4Set {
+  int64_t N, K, KB, T;
+  Dev<uint8_t> qc, wa, sa, wb, sb;
+  Dev<float> qs;
+  QuantBuf q;
+  Fp4W A, B;
+  Fp4Set(Rng& rng, int64_t n, int64_t k, int64_t x_div, int experts)
+      : N(n), K(k), KB(k / 32), T((kRows - 1) / x_div + 1), qc(size_t(T * K)), wa(rng.bytes(N * K / 2 * experts)),
+        sa(rng.bytes(N * KB * experts, 118, 130)), wb(rng.bytes(N * K / 2 * experts)), sb(rng.bytes(N * KB * experts, 118, 130)),
+        qs(size_t(T * KB)), q{qc.p(), qs.p(), T * K}, A{wa.p(), sa.p(), N, K, N * K / 2, N * KB}, B{wb.p(), sb.p(), N, K, N * K / 2, N * KB} {
+    Dev<bf16_t> dx(rng.act(T * K));
+    EXPECT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+  }
+};
+
 void fp4_expert_cases() {
   Rng rng(12);
   struct Case { int64_t N, K, x_div; };
@@ -243,15 +260,12 @@ void fp4_expert_cases() {
   for (Case cs : {Case{2048, 4096, 8}, Case{4096, 2048, 1}, Case{3072, 5120, 8}, Case{5120, 3072, 1}, Case{77, 2080, 4}}) {
     SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) + " x_div=" + std::to_string(cs.x_div));
     constexpr int kExperts = 8;
-    const int64_t N = cs.N, K = cs.K, KB = K / 32, T = (kRows - 1) / cs.x_div + 1;
-    const int64_t wb = N * K / 2, sb = N * KB;
-    Dev<bf16_t> dx(rng.act(T * K));
-    Dev<uint8_t> dwa(rng.bytes(wb * kExperts)), dsa(rng.bytes(sb * kExperts, 118, 130));
-    Dev<uint8_t> dwb(rng.bytes(wb * kExperts)), dsb(rng.bytes(sb * kExperts, 118, 130));
-    Dev<uint8_t> qc(size_t(T * K));
-    Dev<float> qs(size_t(T * KB));
-    const QuantBuf q{qc.p(), qs.p(), T * K};
-    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+    const Fp4Set set(rng, cs.N, cs.K, cs.x_div, kExperts);
+    const int64_t N = cs.N, K = cs.K, KB = K / 32;
+    const QuantBuf& q = set.q;
+    const Fp4W &wa = set.A, &wbw = set.B;
+    const Dev<uint8_t>& qc = set.qc;
+    const Dev<float>& qs = set.qs;
     std::vector<int32_t> ex(kRows);
     for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);  // about 1 in 9 rows skipped
     ex[0] = 3;
@@ -259,7 +273,6 @@ void fp4_expert_cases() {
     std::vector<bool> keep(kRows);
     for (int64_t m = 0; m < kRows; ++m) keep[size_t(m)] = ex[size_t(m)] >= 0;
     Dev<int32_t> dex(ex);
-    const Fp4W wa{dwa.p(), dsa.p(), N, K, wb, sb}, wbw{dwb.p(), dsb.p(), N, K, wb, sb};
     Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
     // exact references (skipped rows stay poisoned in both)
     ASSERT_TRUE(fp4_gemm2_q(q, kRows, cs.x_div, wa, wbw, dex.p(), ya.p(), yb.p(), nullptr).ok());
@@ -333,19 +346,14 @@ TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
   struct Case { int64_t N, K, x_div; int experts; };
   for (Case c : {Case{2304, 5120, 6, 3}, Case{5120, 2304, 1, 2}, Case{200, 1024, 6, 16}, Case{77, 2080, 1, 5}}) {
     SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " x_div=" + std::to_string(c.x_div) + " experts=" + std::to_string(c.experts));
-    const int64_t N = c.N, K = c.K, KB = K / 32, T = (kRows - 1) / c.x_div + 1, eb = N * K / 2, esb = N * KB;
-    Dev<bf16_t> dx(rng.act(T * K));
-    Dev<uint8_t> qc(size_t(T * K));
-    Dev<float> qs(size_t(T * KB));
-    const QuantBuf q{qc.p(), qs.p(), T * K};
-    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
-    Dev<uint8_t> dwa(rng.bytes(eb * c.experts)), dsa(rng.bytes(esb * c.experts, 118, 130)), dwb(rng.bytes(eb * c.experts)),
-        dsb(rng.bytes(esb * c.experts, 118, 130));
+    const Fp4Set set(rng, c.N, c.K, c.x_div, c.experts);
+    const int64_t N = c.N;
+    const QuantBuf& q = set.q;
+    const Fp4W &A = set.A, &B = set.B;
     std::vector<int32_t> ex(kRows);
     for (auto& e : ex) e = rng.uniform(-1, c.experts - 1);
     ex[5] = -1;
     Dev<int32_t> dex(ex);
-    const Fp4W A{dwa.p(), dsa.p(), N, K, eb, esb}, B{dwb.p(), dsb.p(), N, K, eb, esb};
     Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
     for (int64_t M : {2, 7, 36, 64}) {
       SCOPED_TRACE("M=" + std::to_string(M));
@@ -499,19 +507,14 @@ TEST(FastGemv, TcAsyncScalesEqualPlainLoads) {
   for (Fp4Case c : {Fp4Case{2304, 5120, 6}, Fp4Case{5120, 2304, 1}, Fp4Case{200, 1024, 2}, Fp4Case{77, 2080, 4}}) {
     SCOPED_TRACE("fp4 N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
     constexpr int kExperts = 8;
-    const int64_t N = c.N, K = c.K, KB = K / 32, T = (kRows - 1) / c.x_div + 1, eb = N * K / 2, esb = N * KB;
-    Dev<bf16_t> dx(rng.act(T * K));
-    Dev<uint8_t> qc(size_t(T * K));
-    Dev<float> qs(size_t(T * KB));
-    const QuantBuf q{qc.p(), qs.p(), T * K};
-    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
-    Dev<uint8_t> dwa(rng.bytes(eb * kExperts)), dsa(rng.bytes(esb * kExperts, 118, 130)), dwb(rng.bytes(eb * kExperts)),
-        dsb(rng.bytes(esb * kExperts, 118, 130));
+    const Fp4Set set(rng, c.N, c.K, c.x_div, kExperts);
+    const int64_t N = c.N;
+    const QuantBuf& q = set.q;
+    const Fp4W &A = set.A, &B = set.B;
     std::vector<int32_t> ex(kRows);
     for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
     ex[1] = -1;
     Dev<int32_t> dex(ex);
-    const Fp4W A{dwa.p(), dsa.p(), N, K, eb, esb}, B{dwb.p(), dsb.p(), N, K, eb, esb};
     Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
     for (int64_t M : {1, 6, 64}) {
       SCOPED_TRACE("M=" + std::to_string(M));
