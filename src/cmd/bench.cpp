@@ -44,6 +44,7 @@
 #include "loader/bind.h"
 #include "cmd/commands.h"
 #include "cuda/executor.h"
+#include "cuda/host_memory.h"
 #include "engine/generator.h"
 #include "engine/session_rounds.h"
 #include "loader/synthetic.h"
@@ -430,12 +431,7 @@ int run(const Args& a) {
       // Issue 22: misses from the pinned pool while the slots settle, then through the drives.
       auto tiers = bench::make_drive_tiers(
           **snap, a.expert_drives, a.drive_records, a.host_experts,
-          [](void* p, size_t n) {
-            if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) (void)cudaGetLastError();
-          },
-          [](void* p, size_t) {
-            if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
-          });
+          [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); });
       if (!tiers.ok()) {
         std::fprintf(stderr, "bench: drive tier: %s\n", tiers.status().to_string().c_str());
         return 1;

@@ -13,6 +13,7 @@
 #include "storage/tiered_experts.h"
 #ifdef FB_HAVE_CUDA_EXECUTOR
 #include "cuda/executor.h"
+#include "cuda/host_memory.h"
 #endif
 
 namespace fb::engine {
@@ -34,12 +35,8 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
 #ifdef FB_HAVE_CUDA_EXECUTOR
     // Page-locked records copy at ~55 GB/s instead of the pageable rate; a failed registration
     // only costs speed.
-    to.on_host_alloc = [](void* p, size_t n) {
-      if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) (void)cudaGetLastError();
-    };
-    to.on_host_free = [](void* p, size_t) {
-      if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
-    };
+    to.on_host_alloc = [](void* p, size_t n) { cuda::pin_host_range(p, n); };
+    to.on_host_free = [](void* p, size_t) { cuda::unpin_host_range(p); };
 #endif
   } else {
     to.slots_per_layer = opt.expert_slots;
@@ -57,10 +54,7 @@ Result<ExecutorOptions> resolve_auto(const std::string& backend, const std::stri
   if (backend != "cuda") return opt;
 #ifdef FB_HAVE_CUDA_EXECUTOR
   size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return opt;  // no device: the loader reports it
-  }
+  if (!cuda::device_memory(&free_b, &total_b)) return opt;  // no device: the loader reports it
   struct sysinfo si {};
   sysinfo(&si);
   const double ram_total = double(si.totalram) * si.mem_unit, ram_free = double(si.freeram + si.bufferram) * si.mem_unit;
