@@ -1,0 +1,111 @@
+// flashbox bench (bench.cpp): the command's arguments, its CSV rows, the synthetic prefill steps, and
+// the expert-tier row runners that live in bench_tiers.cpp (issue 9 sweep, issue 26 cold prefill,
+// issue 22 drive tier). CUDA builds only; command-line code, no kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/drive_tier.h"
+#include "bench/limits.h"
+#include "cuda/executor.h"
+#include "model/config.h"
+#include "model/step.h"
+
+namespace fb::cmd {
+
+struct BenchArgs {
+  bool limits = false;
+  bool synthetic = false;
+  std::string model;
+  std::string csv;
+  int reps = 10;
+  int steps = 10;
+  int experts = 16;
+  int draft_experts = 16;
+  int64_t engram_vocab = 100000;
+  std::vector<int64_t> contexts = {4096, 32768, 131072};
+  int64_t prompt_len = 64;
+  int verify_rows = 6;
+  bool dspark_sweep = false;
+  bool sweep_schedule = false;
+  std::vector<int64_t> prefill;  // prompt lengths for --synthetic prefill rows
+  int64_t prefill_chunk = 2048;
+  std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
+  int64_t sweep_tokens = 24;
+  bool profile = false;
+  bool profile_kernels = false;
+  bool graph_step = false;
+  std::vector<int64_t> prefill_at;
+  std::vector<int64_t> prefill_gemms;
+  std::string ab_env;
+  std::string prefill_ab_env;
+  std::string numerics = "fast";
+  std::vector<std::string> cuda_opts;
+  int expert_slots = 0;
+  int expert_staging = 0;
+  int lfu_aging = 64;
+  std::vector<double> skews = {0.30, 0.45, 0.60};
+  int64_t tier_prefill_rows = 2048;
+  std::vector<int64_t> cold_prefill;  // issue 26: prompt lengths prefilled through the expert tiers
+  int64_t cold_prefill_chunk = 0;     // 0: the largest chunk the free HBM allows
+  bool cold_prefill_serial = true;    // also each prompt with expert_prefetch off
+  int tier_warm_steps = 512;
+  std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
+  int64_t host_experts = 64;               // ... its host cache records
+  int drive_records = 64;                  // ... expert records written per drive
+  int drive_warm_steps = 8;                // ... decode steps through the drives before each timed arm
+  std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
+  std::string kv_dir;               // their state files ("": the temp folder)
+  bool kv_restore_estimate = false;
+  std::vector<int> sessions;        // issue 20: session counts of the shared-step rows
+  int64_t sessions_context = 4096;
+  int session_rounds = 32;
+  bool sessions_dspark = false;
+  int64_t arrival_prompt = 0;
+  int arrival_streams = 7;
+  int64_t arrival_tail = 4096;
+  bool sessions_prefill = false;    // really prefill the sessions' contexts (default: fake-filled)
+  double mixed_step_factor = 2.0;
+};
+
+class Csv {
+ public:
+  Csv(FILE* f, const bench::DeviceInfo& d) : f_(f), d_(d) {
+    std::fprintf(f_, "commit,gpu,driver,runtime,sm_clock_mhz,mem_clock_mhz,row,context,value,unit,limit_share\n");
+  }
+  void row(const std::string& name, int64_t ctx, double v, const char* unit, double share = -1) {
+    std::fprintf(f_, "%s,%s,%d,%d,%d,%d,%s,%lld,%.4f,%s,", FB_GIT_COMMIT, d_.name.c_str(), d_.driver_version, d_.runtime_version,
+                 d_.sm_clock_mhz, d_.mem_clock_mhz, name.c_str(), (long long)ctx, v, unit);
+    if (share >= 0) std::fprintf(f_, "%.3f", share);
+    std::fprintf(f_, "\n");
+    std::fflush(f_);
+  }
+
+ private:
+  FILE* f_;
+  bench::DeviceInfo d_;
+};
+
+// Prefill rows [s0, s1) of an `end`-token prompt of synthetic token ids (p * 7919 + salt), the last
+// prompt row asking for logits, and the DSpark taps asked for as the engine's generator does.
+model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t end, int64_t salt);
+
+// issue 9: the expert-tier sweep on the synthetic model with HBM slots (bench/tier_sweep.h). The
+// host copy of the experts is page-locked first, so misses copy at the pinned rate, as from the
+// host tier of a real run.
+std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const BenchArgs& a, cuda::CudaExecutor& ex);
+
+// issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
+// copies vs experts streamed a layer ahead, with the chunk the free HBM allows.
+int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps, double bf16_tflops);
+
+// issue 22: the drive tier (bench/drive_tier.h) at the first --contexts value.
+int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src);
+
+int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps);
+
+}  // namespace fb::cmd

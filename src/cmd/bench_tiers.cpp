@@ -1,0 +1,192 @@
+// flashbox bench: the expert-tier rows (bench_rows.h): the issue 9 sweep, issue 26 cold prefill and
+// issue 22 drive tier on the synthetic model.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "bench/cold_prefill.h"
+#include "bench/decode_bench.h"
+#include "bench/fake_context.h"
+#include "bench/tier_sweep.h"
+#include "cmd/bench_rows.h"
+
+namespace fb::cmd {
+
+// issue 9: the expert-tier sweep on the synthetic model with HBM slots (bench/tier_sweep.h). The
+// host copy of the experts is page-locked first, so misses copy at the pinned rate, as from the
+// host tier of a real run.
+std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const BenchArgs& a, cuda::CudaExecutor& ex) {
+  auto slots = ex.expert_slots();
+  if (!slots) {
+    std::fprintf(stderr, "bench: --expert-slots %d holds every expert of a layer: nothing is tiered\n", a.expert_slots);
+    return nullptr;
+  }
+  size_t pinned = 0, failed = 0;
+  for (const auto& [p, n] : ex.snapshot().memory_blocks()) {
+    if (n < (size_t(1) << 20)) continue;  // small tensors: not expert payload
+    if (slots->pin_host(p, n).ok()) pinned += n;
+    else ++failed;
+  }
+  std::fprintf(stderr, "bench: page-locked %.2f GB of synthetic host tensors (%zu blocks failed); %d slots x %.1f MB per tiered layer\n",
+               double(pinned) / 1e9, failed, a.expert_slots, double(slots->slot_bytes()) / 1e6);
+  return slots;
+}
+
+// issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
+// copies vs experts streamed a layer ahead, with the chunk the free HBM allows.
+int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps, double bf16_tflops) {
+  if (!pin_synthetic_experts(a, ex)) return 1;
+  bench::ColdPrefillOptions o;
+  o.prompts = a.cold_prefill;
+  o.chunk = a.cold_prefill_chunk;
+  o.serial_baseline = a.cold_prefill_serial;
+  const model::Config& c = ex.config();
+  bench::ColdPrefillPlan plan;
+  auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
+  if (!runs.ok()) {
+    std::fprintf(stderr, "bench: cold prefill: %s\n", runs.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "bench: cold prefill: chunk %lld rows (%s), step budget %.1f GiB after %.1f GiB of prefetch staging\n",
+               (long long)plan.chunk, a.cold_prefill_chunk > 0 ? "--cold-prefill-chunk" : "largest that fits the free HBM",
+               double(plan.budget_bytes) / double(1ull << 30), double(plan.staging_bytes) / double(1ull << 30));
+  csv.row("cold_prefill_chunk_rows", 0, double(plan.chunk), "rows per chunk");
+  csv.row("cold_prefill_step_budget_gib", 0, double(plan.budget_bytes) / double(1ull << 30), "GiB of HBM for the step arena");
+  std::fprintf(stderr, "bench: cold prefill   prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)\n");
+  for (const bench::ColdPrefillRun& r : *runs) {
+    const std::string k = std::string("cold_prefill_") + (r.prefetch ? "stream" : "serial");
+    const double gflop_tok = bench::decode_step_cost(c, r.prompt / 2, true).flops / 1e9;  // mean context N/2
+    const double tflops = gflop_tok * double(r.prompt) / r.wall_s / 1e3;
+    const double pcie = r.copied_gb / r.wall_s;
+    std::fprintf(stderr, "bench: cold prefill %8lld %6lld  %-6s %9.1f %7.2f %9.1f %5.1f  %13.2f %7.2f %7llu  %llu(%llu)\n", (long long)r.prompt,
+                 (long long)r.chunk, r.prefetch ? "stream" : "serial", r.tok_s, r.wall_s, r.copied_gb, r.copy_gbps, r.layer_step_ms,
+                 r.layer_copy_ms, (unsigned long long)r.misses, (unsigned long long)r.prefetched, (unsigned long long)r.prefetch_used);
+    csv.row(k + "_tok_s", r.prompt, r.tok_s, "tok/s");
+    csv.row(k + "_s", r.prompt, r.wall_s, "s");
+    csv.row(k + "_tflops", r.prompt, tflops, "TFLOP/s (matmul + attention FLOPs)", bf16_tflops > 0 ? tflops / bf16_tflops : -1);
+    csv.row(k + "_pcie_gbps", r.prompt, pcie, "GB/s of expert copies over the wall time", h2d_peak_gbps > 0 ? pcie / h2d_peak_gbps : -1);
+    csv.row(k + "_copy_gb", r.prompt, r.copied_gb, "GB copied (slot misses + prefetch)");
+    csv.row(k + "_copy_gbps", r.prompt, r.copy_gbps, "GB/s: bytes / the copies' GPU time", h2d_peak_gbps > 0 ? r.copy_gbps / h2d_peak_gbps : -1);
+    csv.row(k + "_layer_step_ms", r.prompt, r.layer_step_ms, "ms per layer step: wall / (chunks x layers)");
+    csv.row(k + "_layer_copy_ms", r.prompt, r.layer_copy_ms, "ms of copy GPU time per tiered layer step");
+    csv.row(k + "_slot_misses", r.prompt, double(r.misses), "experts copied into slots");
+    csv.row(k + "_prefetched", r.prompt, double(r.prefetched), "experts copied into staging a layer ahead");
+    csv.row(k + "_prefetch_used", r.prompt, double(r.prefetch_used), "staged experts a MoE call read");
+  }
+  // Copy / compute per layer step: the serial run's wall minus its copies is the compute it
+  // serialised with; the streamed run shows how much of the copy time it hid.
+  for (const bench::ColdPrefillRun& s : *runs) {
+    if (s.prefetch) continue;
+    for (const bench::ColdPrefillRun& t : *runs) {
+      if (!t.prefetch || t.prompt != s.prompt) continue;
+      const double copy_s = (s.copy_ms + s.prefetch_ms) * 1e-3;
+      const double compute_s = std::max(0.0, s.wall_s - copy_s);
+      const double hidden = copy_s > 0 ? (s.wall_s - t.wall_s) / copy_s : 0;
+      const double layers = double(s.chunks * c.n_layers);
+      std::fprintf(stderr, "bench: cold prefill %lld: per layer step compute ~%.2f ms, copies %.2f ms; streamed %.2f ms vs serial %.2f ms: %.0f%% of the copy time hidden (%.2fx)\n",
+                   (long long)s.prompt, compute_s * 1e3 / layers, copy_s * 1e3 / layers, t.layer_step_ms, s.layer_step_ms, hidden * 100,
+                   s.wall_s / t.wall_s);
+      csv.row("cold_prefill_layer_compute_ms", s.prompt, compute_s * 1e3 / layers, "ms per layer step: serial wall minus its copies");
+      csv.row("cold_prefill_copy_hidden", s.prompt, hidden, "share of the serial copy time the streamed run hid");
+      csv.row("cold_prefill_speedup", s.prompt, s.wall_s / t.wall_s, "x serial");
+    }
+  }
+  if (!runs->empty()) {
+    const bench::ColdPrefillRun& r = runs->back();
+    std::fprintf(stderr, "bench: cold prefill: step arena high-water %.2f GiB (held %.2f GiB%s), counted (memory::prefill_step_bytes) %.2f GiB for the largest step\n",
+                 double(r.workspace_high) / double(1ull << 30), double(r.workspace_held) / double(1ull << 30),
+                 r.workspace_held < r.workspace_high ? ": it could not grow, steps allocated per op" : "", double(r.predicted_bytes) / double(1ull << 30));
+    csv.row("cold_prefill_arena_high_gib", r.prompt, double(r.workspace_high) / double(1ull << 30), "GiB, measured (largest step)");
+    csv.row("cold_prefill_arena_predicted_gib", r.prompt, double(r.predicted_bytes) / double(1ull << 30), "GiB, memory::prefill_step_bytes");
+  }
+  return 0;
+}
+
+// issue 22: the drive tier (bench/drive_tier.h) at the first --contexts value.
+int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src) {
+  auto slots = pin_synthetic_experts(a, ex);  // the pool the slots settle from
+  if (!slots) return 1;
+  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
+  auto s = ex.new_session();
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
+    return 1;
+  }
+  bench::DriveTierOptions o;
+  o.skews = a.skews;
+  o.steps = a.steps;
+  o.pool_warm_steps = a.tier_warm_steps;
+  o.drive_warm_steps = a.drive_warm_steps;
+  auto pts = bench::run_drive_tier(ex, *s, src, o);
+  if (!pts.ok()) {
+    std::fprintf(stderr, "bench: drive tier: %s\n", pts.status().to_string().c_str());
+    return 1;
+  }
+  csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+  csv.row("drive_tier_host_experts", L, double(a.host_experts), "host cache records (page-locked)");
+  csv.row("drive_tier_records", L, double(a.drive_records), "expert records per drive file");
+  csv.row("drive_tier_drives", L, double(a.expert_drives.size()), "replica dirs");
+  for (const bench::DriveTierPoint& p : *pts) {
+    char k[64];
+    std::snprintf(k, sizeof k, "drive_tier_s%02d", int(p.top10_share * 100 + 0.5));
+    const std::string key(k);
+    csv.row(key + "_hbm_hit", L, p.hbm_hit, "HBM slot hit rate");
+    const char* arm[2] = {"_routed", "_asked"};
+    for (int i = 0; i < 2; ++i) {
+      csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");
+      csv.row(key + arm[i] + "_wait_ms_token", L, p.wait_ms_token[i], "exposed drive wait, ms per token");
+      csv.row(key + arm[i] + "_host_hits_token", L, p.host_hits_token[i], "host cache hits per token");
+      csv.row(key + arm[i] + "_drive_reads_token", L, p.drive_reads_token[i], "drive reads per token");
+      csv.row(key + arm[i] + "_drive_gbps", L, p.drive_gbps[i], "GB/s read from the drives (wall)");
+    }
+  }
+  return 0;
+}
+
+int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
+  auto slots = pin_synthetic_experts(a, ex);
+  if (!slots) return 1;
+  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
+  auto s = ex.new_session();
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
+    return 1;
+  }
+  bench::TierSweepOptions o;
+  o.skews = a.skews;
+  o.steps = a.steps;
+  o.warm_steps = a.tier_warm_steps;
+  o.prefill_rows = a.tier_prefill_rows;
+  const model::Config& c = ex.config();
+  auto pts = bench::run_tier_sweep(ex, *s, o, h2d_peak_gbps,
+                                   [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
+  if (!pts.ok()) {
+    std::fprintf(stderr, "bench: tier sweep: %s\n", pts.status().to_string().c_str());
+    return 1;
+  }
+  csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+  csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
+  csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
+  csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
+  csv.row("tier_expert_mb", L, double(slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
+  for (const bench::TierPoint& p : *pts) {
+    const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
+    csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
+    csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
+    csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
+    csv.row(k + "_misses_per_token", L, p.misses_per_token, "expert copies per token");
+    csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
+    csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
+    csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");
+    csv.row(k + "_plan_ms", L, p.plan_ms, "ms/token, plan: all-hit step + static-placement misses at the pinned peak", p.ms_token / p.plan_ms);
+    if (p.prefill_s > 0) {
+      csv.row(k + "_prefill_chunk_s", a.tier_prefill_rows, p.prefill_s, "s per prefill chunk (expert sweep included)");
+      csv.row(k + "_prefill_hbm_hit", a.tier_prefill_rows, p.prefill_hit_rate, "HBM slot hit rate in the chunk");
+      csv.row(k + "_prefill_misses", a.tier_prefill_rows, p.prefill_misses, "expert copies in the chunk");
+      csv.row(k + "_prefill_copy_gbps", a.tier_prefill_rows, p.prefill_copy_gbps, "GB/s H2D", h2d_peak_gbps > 0 ? p.prefill_copy_gbps / h2d_peak_gbps : -1);
+    }
+  }
+  return 0;
+}
+
+}  // namespace fb::cmd
