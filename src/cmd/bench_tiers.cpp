@@ -32,6 +32,28 @@ std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const BenchArgs& a, 
   return slots;
 }
 
+// The start of the drive-tier and tier-sweep rows: the synthetic experts page-locked (the pool the
+// slots settle from) and one session holding a fake context of the first --contexts value (4096
+// when none). No session when either fails (said on stderr).
+struct TierStart {
+  std::shared_ptr<cuda::DevExpertSlots> slots;
+  std::unique_ptr<model::SessionState> session;
+  int64_t context = 0;
+};
+TierStart start_tier_bench(const BenchArgs& a, cuda::CudaExecutor& ex) {
+  TierStart t;
+  t.slots = pin_synthetic_experts(a, ex);
+  if (!t.slots) return t;
+  t.context = a.contexts.empty() ? 4096 : a.contexts.front();
+  auto s = ex.new_session();
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), t.context, uint64_t(t.context)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)t.context, st.to_string().c_str());
+    return t;
+  }
+  t.session = std::move(s);
+  return t;
+}
+
 // issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
 // copies vs experts streamed a layer ahead, with the chunk the free HBM allows.
 int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps, double bf16_tflops) {
@@ -104,14 +126,10 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
 
 // issue 22: the drive tier (bench/drive_tier.h) at the first --contexts value.
 int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src) {
-  auto slots = pin_synthetic_experts(a, ex);  // the pool the slots settle from
-  if (!slots) return 1;
-  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
-  auto s = ex.new_session();
-  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
-    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
-    return 1;
-  }
+  TierStart start = start_tier_bench(a, ex);
+  if (!start.session) return 1;
+  const int64_t L = start.context;
+  auto& s = start.session;
   bench::DriveTierOptions o;
   o.skews = a.skews;
   o.steps = a.steps;
@@ -144,14 +162,10 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
 }
 
 int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
-  auto slots = pin_synthetic_experts(a, ex);
-  if (!slots) return 1;
-  const int64_t L = a.contexts.empty() ? 4096 : a.contexts.front();
-  auto s = ex.new_session();
-  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L)); !st.ok()) {
-    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
-    return 1;
-  }
+  TierStart start = start_tier_bench(a, ex);
+  if (!start.session) return 1;
+  const int64_t L = start.context;
+  auto& s = start.session;
   bench::TierSweepOptions o;
   o.skews = a.skews;
   o.steps = a.steps;
@@ -168,7 +182,7 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
   csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
   csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
   csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
-  csv.row("tier_expert_mb", L, double(slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
+  csv.row("tier_expert_mb", L, double(start.slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
   for (const bench::TierPoint& p : *pts) {
     const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
     csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");

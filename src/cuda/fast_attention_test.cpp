@@ -42,20 +42,15 @@ struct Case {
   int64_t n_comp;
 
   Case(Rng& rng, int heads, int dim, std::vector<RowKeys> r, float q_scale) : H(heads), d(dim), T(int64_t(r.size())), rows(std::move(r)) {
-    const int64_t rb8 = d + d / 32, rb4 = d / 2 + d / 16;
     int total_win = 0;
     for (const auto& k : rows) total_win += k.n_win;
     n_comp = 700;
-    win_rows.resize(size_t(total_win) * size_t(rb8));
-    win_val.resize(size_t(total_win) * size_t(d));
-    comp.resize(size_t(n_comp * rb4));
-    comp_val.resize(size_t(n_comp * d));
-    auto lat = rng.act(int64_t(total_win) * d, 2.0f);
-    for (int i = 0; i < total_win; ++i)
-      cpu::fp8_qdq_row(&lat[size_t(i) * d], d, &win_rows[size_t(i) * size_t(rb8)], &win_rows[size_t(i) * size_t(rb8) + d], &win_val[size_t(i) * d]);
-    auto clat = rng.act(n_comp * d, 2.0f);
-    for (int64_t i = 0; i < n_comp; ++i)
-      cpu::fp4_e4m3_qdq_row(&clat[size_t(i * d)], d, &comp[size_t(i * rb4)], &comp[size_t(i * rb4 + d / 2)], &comp_val[size_t(i * d)]);
+    QdqRows win = fp8_window_rows(rng, total_win, d);
+    QdqRows cmp = fp4_comp_rows(rng, n_comp, d);
+    win_rows = std::move(win.rows);
+    win_val = std::move(win.values);
+    comp = std::move(cmp.rows);
+    comp_val = std::move(cmp.values);
     q = rng.act(T * H * d, q_scale);
     sinks = rng.f32(H, 1.0f);
     int w0 = 0;

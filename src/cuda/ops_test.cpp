@@ -305,17 +305,15 @@ TEST(CudaOps, HcPreNormQuantFused) {
 // Key lists per row: window FP8 rows (some empty), then selected FP4 entries (some -1).
 void attention_case(Rng& rng, const std::vector<int>& n_win, const std::vector<int>& n_sel, int64_t n_comp) {
   const int H = 64, d = 512;
-  const int64_t T = int64_t(n_win.size()), rb8 = d + d / 32, rb4 = d / 2 + d / 16;
+  const int64_t T = int64_t(n_win.size()), rb8 = d + d / 32;
   const int total_win = std::accumulate(n_win.begin(), n_win.end(), 0);
   // FP8 rows from real QDQ of random latents; FP4 rows likewise.
-  std::vector<uint8_t> win_rows(static_cast<size_t>(total_win) * size_t(rb8)), comp(static_cast<size_t>(n_comp * rb4));
-  std::vector<bf16_t> win_val(static_cast<size_t>(total_win) * d), comp_val(static_cast<size_t>(n_comp * d));
-  auto lat = rng.act(int64_t(total_win) * d, 2.0f);
-  for (int i = 0; i < total_win; ++i)
-    cpu::fp8_qdq_row(&lat[size_t(i) * d], d, &win_rows[size_t(i) * size_t(rb8)], &win_rows[size_t(i) * size_t(rb8) + d], &win_val[size_t(i) * d]);
-  auto clat = rng.act(n_comp * d, 2.0f);
-  for (int64_t i = 0; i < n_comp; ++i)
-    cpu::fp4_e4m3_qdq_row(&clat[size_t(i * d)], d, &comp[size_t(i * rb4)], &comp[size_t(i * rb4 + d / 2)], &comp_val[size_t(i * d)]);
+  QdqRows win = fp8_window_rows(rng, total_win, d);
+  QdqRows cmp = fp4_comp_rows(rng, n_comp, d);
+  const std::vector<uint8_t>& win_rows = win.rows;
+  const std::vector<uint8_t>& comp = cmp.rows;
+  const std::vector<bf16_t>& win_val = win.values;
+  const std::vector<bf16_t>& comp_val = cmp.values;
   auto q = rng.act(T * H * d, 1.0f);
   auto sinks = rng.f32(H, 1.0f);
   const int64_t sel_ld = *std::max_element(n_sel.begin(), n_sel.end()) + 1;

@@ -86,6 +86,30 @@ struct Rng {
   }
 };
 
+// Compact cache rows made by the CPU's QDQ of `n` random latents (Rng::act, scale 2), with their
+// exact bf16 values [n, d]: FP8 window rows (d e4m3 codes + d/32 e8m0 scales each) or FP4
+// compressed entries (d/2 packed e2m1 + d/16 e4m3 scales each).
+struct QdqRows {
+  std::vector<uint8_t> rows;
+  std::vector<bf16_t> values;
+};
+inline QdqRows fp8_window_rows(Rng& rng, int64_t n, int d) {
+  const int64_t rb = d + d / 32;
+  QdqRows r{std::vector<uint8_t>(static_cast<size_t>(n * rb)), std::vector<bf16_t>(static_cast<size_t>(n * d))};
+  auto lat = rng.act(n * d, 2.0f);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::fp8_qdq_row(&lat[size_t(i * d)], d, &r.rows[size_t(i * rb)], &r.rows[size_t(i * rb + d)], &r.values[size_t(i * d)]);
+  return r;
+}
+inline QdqRows fp4_comp_rows(Rng& rng, int64_t n, int d) {
+  const int64_t rb = d / 2 + d / 16;
+  QdqRows r{std::vector<uint8_t>(static_cast<size_t>(n * rb)), std::vector<bf16_t>(static_cast<size_t>(n * d))};
+  auto lat = rng.act(n * d, 2.0f);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::fp4_e4m3_qdq_row(&lat[size_t(i * d)], d, &r.rows[size_t(i * rb)], &r.rows[size_t(i * rb + d / 2)], &r.values[size_t(i * d)]);
+  return r;
+}
+
 inline TensorView view(DType t, std::vector<int64_t> shape, const void* p) { return TensorView{t, std::move(shape), static_cast<const uint8_t*>(p)}; }
 
 // grouped wo_a: 64 heads x 512 = 32768 wide o, 16 groups of 2048 -> 1024 each; M rows of o, the
