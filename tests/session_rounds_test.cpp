@@ -29,20 +29,28 @@ const std::string& model_dir() {
   return dir;
 }
 
-class SessionRounds : public ::testing::TestWithParam<bool> {};
+class SessionRounds : public ::testing::TestWithParam<bool> {
+ protected:
+  // 1 and 3 sessions at context 40 for 5 rounds (DSpark per the parameter), then a 100-token
+  // prompt arriving beside 2 streams after 3 rounds.
+  SessionRoundsOptions small_options() const {
+    SessionRoundsOptions o;
+    o.sessions = {1, 3};
+    o.context = 40;
+    o.rounds = 5;
+    o.dspark = GetParam();
+    o.prefill_chunk = 32;
+    o.arrival_prompt = 100;
+    o.arrival_streams = 2;
+    o.arrival_before = 3;
+    return o;
+  }
+};
 
 TEST_P(SessionRounds, CountsGapsAndTokens) {
   auto ex = make_executor("cpu", model_dir());
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
-  SessionRoundsOptions o;
-  o.sessions = {1, 3};
-  o.context = 40;
-  o.rounds = 5;
-  o.dspark = GetParam();
-  o.prefill_chunk = 32;
-  o.arrival_prompt = 100;
-  o.arrival_streams = 2;
-  o.arrival_before = 3;
+  SessionRoundsOptions o = small_options();
   auto r = run_session_rounds(**ex, o);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->rows.size(), 2u);
@@ -139,16 +147,8 @@ TEST_P(SessionRounds, AdoptedContextContinuesAsAfterPrefill) {
 TEST_P(SessionRounds, FilledContextsLogEveryPhase) {
   auto ex = make_executor("cpu", model_dir());
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
-  SessionRoundsOptions o;
-  o.sessions = {1, 3};
-  o.context = 40;
-  o.rounds = 5;
-  o.dspark = GetParam();
-  o.prefill_chunk = 32;
-  o.arrival_prompt = 100;
+  SessionRoundsOptions o = small_options();
   o.arrival_tail = 30;
-  o.arrival_streams = 2;
-  o.arrival_before = 3;
   o.log_every_rounds = 2;
   std::vector<int64_t> filled;
   o.fill_context = [&](model::SessionState& s, std::span<const int32_t> toks) {
