@@ -36,46 +36,44 @@ const std::string& smooth_model() {
   return dir;
 }
 
-class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, cuda::Numerics>> {};
+class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, cuda::Numerics>> {
+ protected:
+  // The parameter's model (the smooth tiny model, or a fixture's checkpoint) on the CUDA executor
+  // in the parameter's numerics class; empty with `why` set when the fixture is absent.
+  Result<std::unique_ptr<cuda::CudaExecutor>> load(std::string* why) {
+    const std::string model = std::get<0>(GetParam());
+    std::string dir;
+    if (model == "smooth") {
+      dir = smooth_model();
+    } else {
+      const std::string f = cuda::test_util::runnable_fixture(model, why);
+      if (f.empty()) return std::unique_ptr<cuda::CudaExecutor>();
+      dir = f + "/checkpoint";
+    }
+    cuda::CudaLoadOptions lo;
+    lo.run.numerics = std::get<1>(GetParam());
+    return cuda::CudaExecutor::load(dir, {}, lo);
+  }
+};
 
 TEST_P(RowInvariance, DecodeRowsAloneEqualBesideOthers) {
   FB_NEED_GPU();
-  const std::string model = std::get<0>(GetParam());
-  std::string dir;
-  if (model == "smooth") {
-    dir = smooth_model();
-  } else {
-    std::string why;
-    const std::string f = cuda::test_util::runnable_fixture(model, &why);
-    if (f.empty()) GTEST_SKIP() << why;
-    dir = f + "/checkpoint";
-  }
-  cuda::CudaLoadOptions lo;
-  lo.run.numerics = std::get<1>(GetParam());
-  auto ex = cuda::CudaExecutor::load(dir, {}, lo);
+  std::string why;
+  auto ex = load(&why);
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  if (!*ex) GTEST_SKIP() << why;
   for (const row_invariance::Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    check_case(**ex, c, cuda::numerics_name(lo.run.numerics));
+    check_case(**ex, c, cuda::numerics_name(std::get<1>(GetParam())));
   }
 }
 
 TEST_P(RowInvariance, DraftManyEqualsDraftAlone) {
   FB_NEED_GPU();
-  const std::string model = std::get<0>(GetParam());
-  std::string dir;
-  if (model == "smooth") {
-    dir = smooth_model();
-  } else {
-    std::string why;
-    const std::string f = cuda::test_util::runnable_fixture(model, &why);
-    if (f.empty()) GTEST_SKIP() << why;
-    dir = f + "/checkpoint";
-  }
-  cuda::CudaLoadOptions lo;
-  lo.run.numerics = std::get<1>(GetParam());
-  auto ex = cuda::CudaExecutor::load(dir, {}, lo);
+  std::string why;
+  auto ex = load(&why);
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  if (!*ex) GTEST_SKIP() << why;
   check_draft_many(**ex, true);
 }
 

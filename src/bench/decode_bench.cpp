@@ -78,7 +78,7 @@ model::Step decode_row_step(const model::Config& c, int64_t L, int k) {
   return st;
 }
 
-Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows) {
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows, std::vector<double>* ms) {
   std::vector<model::SessionState*> ss{&s};
   const int64_t L = s.n_pos();
   for (int k = 0; k < steps; ++k) {
@@ -87,7 +87,9 @@ Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, 
       model::Step one = decode_row_step(ex.config(), L + r, k);
       st.rows.push_back(one.rows[0]);
     }
+    const double t0 = now_ms();
     FB_TRY(ex.forward(st, ss));
+    if (ms) ms->push_back(now_ms() - t0);
     FB_RETURN_IF_ERROR(s.rollback(L));
   }
   return Status();

@@ -60,17 +60,7 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
   if (n_exp == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
   ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
-  std::vector<model::SessionState*> ss{&s};
-  const int64_t L = s.n_pos();
-  auto decode_steps = [&](int n, std::vector<double>* ms) -> Status {
-    for (int i = 0; i < n; ++i) {
-      const double t0 = now_ms();
-      FB_TRY(ex.forward(decode_row_step(c, L, i), ss));
-      if (ms) ms->push_back(now_ms() - t0);
-      FB_RETURN_IF_ERROR(s.rollback(L));
-    }
-    return Status();
-  };
+  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms); };
   storage::TieredExperts& tiers = src.drives();
   std::vector<DriveTierPoint> out;
   Status st;

@@ -38,17 +38,7 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
   ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
 
-  std::vector<model::SessionState*> ss{&s};
-  const int64_t L = s.n_pos();
-  auto decode_steps = [&](int n, std::vector<double>* ms) -> Status {
-    for (int i = 0; i < n; ++i) {
-      const double t0 = now_ms();
-      FB_TRY(ex.forward(decode_row_step(c, L, i), ss));
-      if (ms) ms->push_back(now_ms() - t0);
-      FB_RETURN_IF_ERROR(s.rollback(L));
-    }
-    return Status();
-  };
+  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms); };
   const double expert_bytes = double(slots->slot_bytes());
   const double peak = h2d_peak_gbps * 1e9;
   std::vector<TierPoint> out;
