@@ -43,7 +43,8 @@ if [ $bt -eq 0 ]; then
   for t in $(grep -oE '\[  FAILED  \] [A-Za-z0-9_./]+' "$LOG/ctest.log" | awk '{print $4}' | sort -u); do row "  FAILED" "$t"; done
   grep -oE '\[ tc \].*' "$LOG/ctest.log" | sed 's/^/  /' >>"$LOG/table.txt"
 fi
-if [ $bc -eq 0 ]; then
+# FB_SKIP_FIXTURE_CLI=1: skip the check-fixture command lines (a short speed call; FixtureGates runs them in ctest).
+if [ $bc -eq 0 ] && [ "${FB_SKIP_FIXTURE_CLI:-0}" != 1 ]; then
   # The fixture gates (CLARIFICATIONS "Fixture gates") on both numerics classes: exact must also be
   # bit-identical to the CPU in lockstep (--compare-cpu); fast must PASS the gates.
   for c in tiny-s0 tiny-s1-long tiny-smooth tiny-vision; do
