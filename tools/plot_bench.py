@@ -22,15 +22,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# Session -> the file holding its final decode numbers (docs/results.md, "Decode").
+# Session -> the file holding its final decode numbers (docs/results.md and docs/history.md, "Decode").
 DECODE_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                 ("session 4", "h200-synthetic-s4-fbc2be4.csv"),
                 ("session 5", "h200-synthetic-s5-2048c9b.csv"),
                 ("session 6", "h200-synthetic-s6-final-1611053.csv"),
-                ("session 7", "h200-dspark-s7-6d85e0b.csv")]
-VERIFY_FILE = "h200-dspark-s7-6d85e0b.csv"
-DSPARK_FILE = "h200-dspark-s7-6d85e0b.csv"
-TIERS_FILE = "h200-tiers-fast-s6-1611053.csv"
+                ("session 7", "h200-dspark-s7-6d85e0b.csv"),
+                ("session 8", "h200-synthetic-s8-final-2c458d3.csv"),
+                ("session 9", "h200-synthetic-s9-354c406.csv"),
+                ("session 10", "h200-synthetic-s10-f6a0e60.csv"),
+                ("session 11", "h200-synthetic-s11-c7cd4b1.csv")]
+# The files docs/results.md names as the current figures of each kind.
+VERIFY_FILE = "h200-synthetic-s11-c7cd4b1.csv"
+DSPARK_FILE = "h200-synthetic-s11-b9542c3-dspark.csv"
+TIERS_FILE = "h200-tiers-fast-s8-3fbac47.csv"
 PREFILL_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                  ("session 4", "h200-synthetic-s4-fbc2be4.csv")]
 
@@ -78,7 +83,7 @@ def log2_context_axis(ax, contexts):
 
 
 def plot_decode(load, out):
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
     used, all_ctx = [], set()
     for label, name in DECODE_FILES:
         b = load(name)
@@ -96,7 +101,7 @@ def plot_decode(load, out):
     ax.set_ylim(bottom=0)
     ax.set_title(f"Decode, batch 1, synthetic model at the released dimensions ({last.gpu})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: nine sessions
     source_note(ax, used)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(os.path.join(out, "decode_ms_vs_context.png"), dpi=120)
@@ -141,7 +146,7 @@ def plot_dspark(load, out):
         plain += [b.value(f"{prefix}_p{p:.2f}_plain_tok_s", ctx) for p in ps]
     ax.axhline(sum(plain) / len(plain), color="k", ls="--", label=f"plain decoding ({sum(plain) / len(plain):.1f} tok/s)")
     ax.set_xlabel("forced acceptance probability p per drafted token")
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel("decode (tokens/s)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"DSpark end to end, context {ctx_label(ctx)} ({b.gpu}, {b.commit})")
     ax.grid(alpha=0.3)
