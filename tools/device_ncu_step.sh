@@ -5,6 +5,7 @@
 # kernels are the first launches whose names match the step's kernels (the bench's fill and
 # limit kernels do not match). tools/ncu_table.py turns the CSV into the per-kernel table.
 # Usage: tools/device_ncu_step.sh [LAUNCHES]   (default 1400: a whole 4K decode step)
+# FB_NCU_BENCH_ARGS: extra bench arguments (e.g. --cuda-opt NAME=VALUE).
 set -u
 N=${1:-1400}
 LOG=${OUT:-/tmp/fb_out}
@@ -17,6 +18,6 @@ RE='(tc_gemv|fast_|attn|rope|rms_norm|qdq|route|moe_|index_|topk|candidate|copy_
 t0=$(date +%s)
 timeout 420 "$NCU" --clock-control none -k "regex:$RE" --launch-count "$N" --csv --page raw \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
-  build/device/flashbox bench --synthetic --experts 16 --contexts 4096 --steps 1 --verify-rows 1 --reps 1 >"$LOG/ncu_step.csv" 2>"$LOG/ncu_step.err"
+  build/device/flashbox bench --synthetic --experts 16 --contexts 4096 --steps 1 --verify-rows 1 --reps 1 ${FB_NCU_BENCH_ARGS:-} >"$LOG/ncu_step.csv" 2>"$LOG/ncu_step.err"
 echo "ncu rc=$? $(($(date +%s) - t0))s, $(grep -c '^"' "$LOG/ncu_step.csv") csv lines"
 tail -3 "$LOG/ncu_step.err"

@@ -163,6 +163,7 @@ struct CudaRunOptions {
   bool tc_gemv = true;                // ... FP8 / MXFP4 ones on the tensor-core kernels of tc_gemv.h (other bits, same guarantees; A/B in docs/results.md)
   bool tc_async_scales = true;        // ... their scales staged by cp.async beside the tile (same bits)
   bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
+  bool tc_global_fold = false;       // ... split-K chunks folded by the last CTA through a per-stream workspace, not a cluster (same bits)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
@@ -185,7 +186,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, group_expert_rows, attn_split, attn_predequant, bounded_replay,
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch (booleans 0/1), expert_prefetch_min_rows (>= 1), expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -316,6 +317,14 @@ class CudaExecutor final : public model::Executor {
   // (the bench sets the prefill chunk from free HBM and checks memory::prefill_step_bytes).
   uint64_t workspace_bytes() const { return ws_.dev.bytes(); }
   uint64_t workspace_high_bytes() const { return ws_.dev_high; }
+  // Issue 26 (bench --cold-prefill): the arena made exactly `bytes` long before a step whose
+  // buffers were counted (memory::prefill_step_bytes(...).arena()), with its high-water mark
+  // restarted, so the step neither allocates per op nor grows the arena by 25% afterwards; a
+  // failure is a Status (the CUDA error cleared), not an error of the next launch.
+  Status reserve_workspace(uint64_t bytes);
+  // Frees the arena and tc_gemm's scratch slots (both grow again on the next step).
+  void release_step_memory();
+  uint64_t tc_scratch_bytes() const;
 
  private:
   friend class CudaLayerOps;

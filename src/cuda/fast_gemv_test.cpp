@@ -532,6 +532,104 @@ TEST(FastGemv, TcAsyncScalesEqualPlainLoads) {
   }
 }
 
+// ---- split K folded through global memory against the cluster fold -----------------------------
+
+// set_tc_global_fold for a scope (the previous value restored).
+struct GlobalFoldAs {
+  bool was;
+  explicit GlobalFoldAs(bool on) : was(tc_global_fold()) { set_tc_global_fold(on); }
+  ~GlobalFoldAs() { set_tc_global_fold(was); }
+};
+
+// The last-arriving CTA's fold through the per-stream workspace adds the same partials in the same
+// order as the cluster's: the same bits for FP8 pairs, MXFP4 experts (skipped rows, rows grouped
+// by expert or not) and the FP8 x bf16 kernel, at 2 to 4 K chunks and 1 to 64 rows; run twice, so
+// a counter left non-zero by the first launch would break the second; and the launches did fold
+// through the workspace (tc_global_fold_launches).
+TEST(FastGemv, TcGlobalFoldEqualsCluster) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(29);
+  const int64_t launches0 = tc_global_fold_launches();
+  auto same = [](const char* what, auto call) {
+    std::vector<bf16_t> out[3];
+    for (int v = 0; v < 3; ++v) {
+      GlobalFoldAs g(v >= 1);
+      out[v] = call();
+    }
+    EXPECT_FALSE(out[0].empty());
+    EXPECT_TRUE(out[1] == out[0]) << what << ": global fold != cluster fold";
+    EXPECT_TRUE(out[2] == out[0]) << what << ": a second global fold differs (a counter left behind?)";
+  };
+  struct Fp8Case { int64_t Na, Nb, K; };
+  for (Fp8Case c : {Fp8Case{5120, 0, 8192}, Fp8Case{1280, 512, 5120}, Fp8Case{96, 0, 2080}}) {
+    SCOPED_TRACE("fp8 Na=" + std::to_string(c.Na) + " Nb=" + std::to_string(c.Nb) + " K=" + std::to_string(c.K));
+    ASSERT_GT(tc_chunks(c.K, false).nk, 1);
+    const int64_t K = c.K, KB = K / 32;
+    Dev<bf16_t> dx(rng.act(kRows * K));
+    Dev<uint8_t> qc(size_t(kRows * K));
+    Dev<float> qs(size_t(kRows * KB));
+    const QuantBuf q{qc.p(), qs.p(), kRows * K};
+    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+    Dev<uint8_t> wa(rng.e4m3(c.Na * K)), sa(rng.bytes(((c.Na + 31) / 32) * KB, 118, 132));
+    Dev<uint8_t> wb(rng.e4m3(std::max<int64_t>(c.Nb, 1) * K)), sb(rng.bytes(std::max<int64_t>((c.Nb + 31) / 32, 1) * KB, 118, 132));
+    const Fp8W A{wa.p(), sa.p(), c.Na, K}, B{wb.p(), sb.p(), c.Nb, K};
+    Dev<bf16_t> ya(size_t(kRows * c.Na)), yb(size_t(kRows * std::max<int64_t>(c.Nb, 1)));
+    for (int64_t M : {1, 9, 64}) {
+      SCOPED_TRACE("M=" + std::to_string(M));
+      same("fp8", [&] {
+        ya.poison();
+        yb.poison();
+        EXPECT_TRUE((c.Nb ? tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr) : tc_fp8_gemv(q, M, A, ya.p(), nullptr, nullptr, nullptr)).ok());
+        auto v = ya.get();
+        const auto vb = yb.get();
+        v.insert(v.end(), vb.begin(), vb.end());
+        return v;
+      });
+    }
+  }
+  struct Fp4Case { int64_t N, K, x_div; };
+  for (Fp4Case c : {Fp4Case{2304, 5120, 6}, Fp4Case{77, 8320, 4}}) {
+    SCOPED_TRACE("fp4 N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
+    ASSERT_GT(tc_chunks(c.K, true).nk, 1);
+    constexpr int kExperts = 8;
+    const Fp4Set set(rng, c.N, c.K, c.x_div, kExperts);
+    std::vector<int32_t> ex(kRows);
+    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
+    ex[1] = -1;
+    Dev<int32_t> dex(ex);
+    Dev<bf16_t> ya(size_t(kRows * c.N)), yb(size_t(kRows * c.N));
+    for (int64_t M : {1, 6, 64})
+      for (bool grouped : {false, true}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + (grouped ? " grouped" : ""));
+        same("fp4", [&] {
+          ya.poison();
+          yb.poison();
+          EXPECT_TRUE(tc_fp4_gemv(set.q, M, c.x_div, set.A, ya.p(), &set.B, yb.p(), dex.p(), nullptr, grouped).ok());
+          auto v = ya.get();
+          const auto vb = yb.get();
+          v.insert(v.end(), vb.begin(), vb.end());
+          return v;
+        });
+      }
+  }
+  {  // FP8 x bf16 (grouped wo_a at the released dims: 8 x (4096 -> 1024), 2 K chunks)
+    const int64_t G = 8, K = 4096, N = 1024, ldx = G * K, NT = G * N;
+    ASSERT_GT(tc_chunks(K, false).nk, 1);
+    Dev<bf16_t> dx(rng.act(kRows * ldx, 0.5f)), y(size_t(kRows * NT));
+    Dev<uint8_t> dc(rng.e4m3(NT * K)), ds(rng.bytes((NT / 32) * (K / 32), 118, 124));
+    for (int64_t M : {1, 6}) {
+      SCOPED_TRACE("bf16x M=" + std::to_string(M));
+      same("fp8 x bf16", [&] {
+        y.poison();
+        EXPECT_TRUE(tc_fp8_bf16x_gemv(dx.p(), M, ldx, N, K, Fp8W{dc.p(), ds.p(), NT, K}, y.p(), nullptr).ok());
+        return y.get();
+      });
+    }
+  }
+  EXPECT_GT(tc_global_fold_launches(), launches0) << "no launch folded through the workspace";
+}
+
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 
 #include "base/check.h"
 #include "cuda/device.h"
@@ -120,6 +121,15 @@ struct BfxArgs {
 
 constexpr int kModeFp8 = 0, kModeFp4 = 1, kModeBf16x = 2;
 
+// The split-K fold through global memory (tc_global_fold): one 32 x float4 partial per (row or
+// row group, stripe, chunk) and one arrival counter per (row or row group, stripe). The CTA that
+// arrives last sums the partials in rank order (the cluster fold's order: the same bits) and
+// returns the counter to zero for the next launch on the stream. parts == nullptr: the cluster fold.
+struct FoldWs {
+  float4* parts = nullptr;
+  unsigned* counters = nullptr;
+};
+
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
 
@@ -127,7 +137,7 @@ template <int MODE>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
-                                                         bool rows_x) {
+                                                         bool rows_x, FoldWs fold) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -382,7 +392,31 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   }
   bool writer = warp == 0;
   cg::cluster_group cluster = cg::this_cluster();
-  if (nk > 1) {
+  if (nk > 1 && fold.parts) {
+    // no cluster: publish this chunk's partial, count arrivals; the last CTA of the stripe folds
+    if (warp == 0) {
+      const int64_t id = m * (pa.stripes + pb.stripes) + tile / nk;  // (row [group], stripe)
+      const int rank = int(tile % nk);
+      __stcg(fold.parts + (id * nk + rank) * 32 + lane, reinterpret_cast<const float4*>(part)[lane]);
+      __threadfence();
+      __syncwarp();
+      unsigned old = 0;
+      if (lane == 0) old = atomicAdd(fold.counters + id, 1u);
+      old = __shfl_sync(~0u, old, 0);
+      writer = old == unsigned(nk - 1);
+      if (writer) {
+        __threadfence();
+        const float4* pp = fold.parts + id * nk * 32 + lane;
+        float4 v = __ldcg(pp);
+        for (int rk = 1; rk < nk; ++rk) {
+          const float4 o = __ldcg(pp + rk * 32);
+          v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
+        }
+        reinterpret_cast<float4*>(part)[lane] = v;
+        if (lane == 0) fold.counters[id] = 0u;
+      }
+    }
+  } else if (nk > 1) {
     cluster.sync();
     writer = writer && cluster.block_rank() == 0;
     if (writer) {
@@ -416,11 +450,75 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       if (nb8 < N && c1 < M) y[c1 * N + nb8] = to_bf(v.w);
     }
   }
-  if (nk > 1) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+  if (nk > 1 && !fold.parts) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
 }
 
 std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
+std::atomic<bool> g_global_fold{false};
+std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
+
+// Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
+// fold runs after griddepcontrol.wait, so after the previous launch has finished). Grown outside
+// graph capture; a capture that needs more than the stream has folds through the cluster instead.
+// At most kMaxFoldStreams streams keep one; the next evicts the oldest after a device sync.
+struct FoldSlot {
+  cudaStream_t stream = nullptr;
+  FoldWs ws;
+  int64_t ids = 0;    // counters
+  int64_t parts = 0;  // float4 x 32 partials
+  uint64_t used = 0;
+};
+constexpr int kMaxFoldStreams = 8;
+std::mutex g_fold_mu;
+FoldSlot g_fold[kMaxFoldStreams];
+uint64_t g_fold_clock = 0;
+
+void free_slot(FoldSlot& f) {
+  cudaFree(f.ws.parts);
+  cudaFree(f.ws.counters);
+  f = FoldSlot{};
+}
+
+// The workspace for ids (row [group], stripe) pairs of nk partials each on stream st, or an
+// empty one (the cluster fold) when it cannot be had now.
+FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
+  std::lock_guard<std::mutex> lock(g_fold_mu);
+  const int64_t parts = ids * nk;
+  FoldSlot* slot = nullptr;
+  for (FoldSlot& f : g_fold)
+    if (f.used && f.stream == st) slot = &f;
+  if (slot && slot->ids >= ids && slot->parts >= parts) {
+    slot->used = ++g_fold_clock;
+    return slot->ws;
+  }
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return FoldWs{};
+  if (!slot) {
+    slot = &g_fold[0];
+    for (FoldSlot& f : g_fold)
+      if (f.used < slot->used) slot = &f;
+  }
+  if (slot->used) {
+    if (cudaDeviceSynchronize() != cudaSuccess) return FoldWs{};
+    free_slot(*slot);
+  }
+  const int64_t want_ids = std::max<int64_t>(ids, 4096), want_parts = std::max<int64_t>(parts, 16384);
+  FoldSlot f;
+  f.stream = st;
+  f.ids = want_ids;
+  f.parts = want_parts;
+  if (cudaMalloc(&f.ws.parts, size_t(want_parts) * 32 * sizeof(float4)) != cudaSuccess ||
+      cudaMalloc(&f.ws.counters, size_t(want_ids) * sizeof(unsigned)) != cudaSuccess ||
+      cudaMemset(f.ws.counters, 0, size_t(want_ids) * sizeof(unsigned)) != cudaSuccess) {
+    free_slot(f);
+    cudaGetLastError();
+    return FoldWs{};
+  }
+  f.used = ++g_fold_clock;
+  *slot = f;
+  return slot->ws;
+}
 
 size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
@@ -451,6 +549,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
   const int64_t gx = rows_x ? rows : tiles, gy = rows_x ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
+  // split K folds through global memory (no cluster) when on and a workspace is at hand
+  const FoldWs fold = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) ? fold_workspace(st, rows * (pa.stripes + pb.stripes), ch.nk) : FoldWs{};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
   cfg.blockDim = dim3(kThreads);
@@ -463,7 +563,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
     attr[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;
   }
-  if (ch.nk > 1) {
+  if (fold.parts) g_global_folds.fetch_add(1, std::memory_order_relaxed);
+  if (ch.nk > 1 && !fold.parts) {
     attr[na].id = cudaLaunchAttributeClusterDimension;
     attr[na].val.clusterDim.x = rows_x ? 1u : unsigned(ch.nk);  // the nk chunks of a tile
     attr[na].val.clusterDim.y = rows_x ? unsigned(ch.nk) : 1u;
@@ -473,7 +574,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -487,6 +588,9 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 }  // namespace
 
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
+void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
+bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
+int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }
 
 void set_tc_async_scales(bool on) { g_async_scales.store(on, std::memory_order_relaxed); }
 bool tc_async_scales() { return g_async_scales.load(std::memory_order_relaxed); }

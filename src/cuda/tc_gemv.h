@@ -73,4 +73,14 @@ void set_tc_lean_smem(bool on);
 
 bool tc_async_scales();
 
+// How the nk chunks of a split K add up: off, through the distributed shared memory of a thread
+// block cluster of nk CTAs (co-scheduled, two cluster barriers); on, through a per-stream global
+// workspace where the last CTA of a stripe to arrive (an atomic counter) adds the partials in rank
+// order. The same sums in the same order either way: the same bits. A graph capture that would
+// need a larger workspace than its stream has folds through the cluster. Process-wide, set from
+// CudaRunOptions::tc_global_fold.
+void set_tc_global_fold(bool on);
+bool tc_global_fold();
+int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
+
 }  // namespace fb::cuda
