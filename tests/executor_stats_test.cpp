@@ -121,6 +121,56 @@ TEST(ExecutorStats, TieredExpertsCountEachLookupAtOneTier) {
   EXPECT_EQ(s.ops.steps, 8u);
 }
 
+// Engram rows (MISSION item 7): every step reads orders x heads table rows per row and Engram
+// layer; the CPU executor fetches them in a task started when the ids are hashed, so a row is
+// either hidden (staged before its layer asked) or exposed (its layer waited). With the prefetch
+// off every row is exposed; the logits are the same bits either way.
+TEST(ExecutorStats, EngramRowsHiddenOrExposed) {
+  auto a = engine::make_executor("cpu", model_dir());
+  auto b = engine::make_executor("cpu", model_dir());
+  ASSERT_TRUE(a.ok() && b.ok());
+  const model::Config& c = (*a)->config();
+  ASSERT_FALSE(c.engram_layer_ids.empty()) << "the tiny model has Engram layers";
+  auto& off = static_cast<cpu::CpuModel&>(**b);
+  off.set_engram_prefetch(false);
+  EXPECT_TRUE((*a)->stats().has_engram);
+  EXPECT_EQ((*a)->stats().engram.rows, 0u);
+
+  auto sa = (*a)->new_session();
+  auto sb = off.new_session();
+  std::vector<model::SessionState*> va{sa.get()}, vb{sb.get()};
+  int64_t n_rows = 0;
+  std::vector<model::Step> steps{rows(0, 16, 24, false), rows(16, 8, 24, false)};
+  for (int k = 0; k < 4; ++k) steps.push_back(rows(24 + k, 1, 0, true));
+  for (const model::Step& st : steps) {
+    auto oa = (*a)->forward(st, va);
+    auto ob = off.forward(st, vb);
+    ASSERT_TRUE(oa.ok() && ob.ok());
+    EXPECT_EQ(oa->logits, ob->logits) << "the prefetch changed the logits at row " << st.rows[0].pos;
+    EXPECT_EQ(oa->taps, ob->taps);
+    n_rows += int64_t(st.rows.size());
+  }
+  const uint64_t cols = uint64_t(c.engram_max_ngram - 1) * uint64_t(c.engram_n_heads);
+  const uint64_t want = uint64_t(n_rows) * uint64_t(c.engram_layer_ids.size()) * cols;
+  const uint64_t row_bytes = uint64_t(c.engram_head_dim + c.engram_head_dim / 32);
+  for (const model::Executor* ex : {a->get(), b->get()}) {
+    const model::EngramRows e = ex->stats().engram;
+    EXPECT_EQ(e.rows, want);
+    EXPECT_EQ(e.bytes, want * row_bytes);
+    EXPECT_EQ(e.hidden + e.exposed, e.rows) << "the CPU fetches every row, none is read in place";
+    EXPECT_EQ(e.in_place(), 0u);
+  }
+  const model::EngramRows on = (*a)->stats().engram, no = off.stats().engram;
+  EXPECT_EQ(no.hidden, 0u);
+  EXPECT_EQ(no.exposed, want);
+  EXPECT_GT(no.exposed_s, 0.0);
+  // Layer 0 runs while the task copies: over six steps some rows arrive before their layer.
+  EXPECT_GT(on.hidden, 0u) << "no Engram row was fetched ahead of its layer";
+  std::printf("engram rows: %llu, prefetch on: hidden %llu, exposed %llu (%.3f ms waited); off: exposed %llu (%.3f ms)\n",
+              (unsigned long long)want, (unsigned long long)on.hidden, (unsigned long long)on.exposed, on.exposed_s * 1e3,
+              (unsigned long long)no.exposed, no.exposed_s * 1e3);
+}
+
 // The engine publishes its own steps' share: add_delta adds after - before, flags from after.
 TEST(ExecutorStats, AddDelta) {
   model::ExecutorStats acc, before, after;
@@ -136,7 +186,16 @@ TEST(ExecutorStats, AddDelta) {
   after.ops.s[size_t(model::OpFamily::kMoe)] = 1.5;
   after.ops.calls[size_t(model::OpFamily::kMoe)] = 4;
   after.ops.steps = 6;
+  after.has_engram = true;
+  after.engram = {100, 3300, 70, 30, 0.25};
+  before.engram = {40, 1320, 30, 10, 0.05};
   model::add_delta(acc, before, after);
+  EXPECT_TRUE(acc.has_engram);
+  EXPECT_EQ(acc.engram.rows, 60u);
+  EXPECT_EQ(acc.engram.bytes, 1980u);
+  EXPECT_EQ(acc.engram.hidden, 40u);
+  EXPECT_EQ(acc.engram.exposed, 20u);
+  EXPECT_DOUBLE_EQ(acc.engram.exposed_s, 0.2);
   EXPECT_TRUE(acc.has_expert_traffic && acc.has_op_times);
   EXPECT_EQ(acc.experts.hbm.lookups, 3u);
   EXPECT_EQ(acc.experts.hbm.bytes, 300u);

@@ -70,11 +70,16 @@ class CpuModel final : public model::Executor {
 
   // Runs the backbone over `step.rows`; sessions[i] is the state of row.session == i. Appends
   // the rows to their sessions (positions advance). Validates row/session consistency.
-  // `op_times` (optional) receives each op's wall time by family (model/timed_ops.h).
+  // `op_times` (optional) receives each op's wall time by family (model/timed_ops.h),
+  // `engram_rows` (optional) the Engram rows read, hidden or exposed (model/executor_stats.h).
   Result<model::StepOutput> forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps = nullptr,
-                                        model::OpTimes* op_times = nullptr) const;
-  // Expert traffic of a tiered source (set_expert_source) and the op times of forward() steps.
+                                        model::OpTimes* op_times = nullptr, model::EngramRows* engram_rows = nullptr) const;
+  // Expert traffic of a tiered source (set_expert_source), the op times and Engram rows of
+  // forward() steps.
   model::ExecutorStats stats() const override;
+  // Engram rows fetched ahead of their layer by a task started at the step's hashing (default
+  // on); off: each Engram op fetches its own rows (the same bytes; every row exposed).
+  void set_engram_prefetch(bool on) { engram_prefetch_ = on; }
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
@@ -101,6 +106,8 @@ class CpuModel final : public model::Executor {
   // forward()'s steps by op family: always on ([policy]: two clock reads per op, measured at
   // well under 1% of a tiny-model step, docs/serving.md); forward_cpu callers opt in.
   model::OpTimes op_times_;
+  model::EngramRows engram_rows_;  // forward()'s steps
+  bool engram_prefetch_ = true;
 };
 
 }  // namespace fb::cpu

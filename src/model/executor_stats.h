@@ -57,11 +57,28 @@ struct OpTimes {
   }
 };
 
+// Engram table rows the steps read (spec/11 §6.4: per row and Engram layer, orders x heads rows of
+// codes + scales), by how their fetch met the step (MISSION item 7: the rows are known from token
+// ids alone, so they can be fetched before their layer runs). `hidden`: fetched from the tables
+// (mapped host memory, or the drive behind it) before the layer needed them; `exposed`: fetched
+// while the layer waited for them, `exposed_s` the wait; the rest (rows - hidden - exposed) were
+// read in place by the op from the memory it runs on (tables resident in HBM on CUDA).
+struct EngramRows {
+  uint64_t rows = 0;
+  uint64_t bytes = 0;  // codes + scales of those rows
+  uint64_t hidden = 0;
+  uint64_t exposed = 0;
+  double exposed_s = 0;
+  uint64_t in_place() const { return rows - hidden - exposed; }
+};
+
 struct ExecutorStats {
   bool has_expert_traffic = false;  // routed experts go through tiers (else every expert is resident)
   ExpertTraffic experts;
   bool has_op_times = false;        // the executor times its ops in production
   OpTimes ops;
+  bool has_engram = false;          // the model has Engram layers and the executor counts their rows
+  EngramRows engram;
 };
 
 // acc += after - before, counter by counter, flags from `after`: what one span of work (the
@@ -82,6 +99,12 @@ inline void add_delta(ExecutorStats& acc, const ExecutorStats& before, const Exe
     acc.ops.calls[f] += after.ops.calls[f] - before.ops.calls[f];
   }
   acc.ops.steps += after.ops.steps - before.ops.steps;
+  acc.has_engram = after.has_engram;
+  acc.engram.rows += after.engram.rows - before.engram.rows;
+  acc.engram.bytes += after.engram.bytes - before.engram.bytes;
+  acc.engram.hidden += after.engram.hidden - before.engram.hidden;
+  acc.engram.exposed += after.engram.exposed - before.engram.exposed;
+  acc.engram.exposed_s += after.engram.exposed_s - before.engram.exposed_s;
 }
 
 }  // namespace fb::model

@@ -238,7 +238,8 @@ TEST(MetricsText, FormatAndCounters) {
   EXPECT_EQ(e.value("flashbox_kv_cache_hits_total"), "9007199254740993") << "integers exact past 2^53";
   // Without expert tiers, op times or a KV ledger those families are absent, not zero.
   for (const char* f : {"flashbox_expert_lookups_total", "flashbox_expert_bytes_total", "flashbox_expert_slot_hits_total",
-                        "flashbox_op_seconds_total", "flashbox_op_steps_total", "flashbox_ledger_bytes"})
+                        "flashbox_op_seconds_total", "flashbox_op_steps_total", "flashbox_ledger_bytes", "flashbox_engram_rows_total",
+                        "flashbox_engram_bytes_total", "flashbox_engram_exposed_seconds_total"})
     EXPECT_FALSE(e.has_family(f)) << f;
 }
 
@@ -254,6 +255,8 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
     s.executor.ops.s[size_t(f)] = 0.5 * (f + 1);
     s.executor.ops.calls[size_t(f)] = uint64_t(100 + f);
   }
+  s.executor.has_engram = true;
+  s.executor.engram = {4800, 4800 * 264, 4000, 600, 0.125};
   s.has_expert_tiers = true;
   s.expert_tiers.slot_hits = 900;
   s.expert_tiers.slot_misses = 100;
@@ -302,6 +305,12 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   int families = 0;
   for (const auto& smp : e.samples) families += smp.name == "flashbox_op_seconds_total";
   EXPECT_EQ(families, model::kOpFamilyCount);
+  EXPECT_EQ(e.type.at("flashbox_engram_rows_total"), "counter");
+  EXPECT_EQ(e.value("flashbox_engram_rows_total", {{"fetch", "hidden"}}), "4000");
+  EXPECT_EQ(e.value("flashbox_engram_rows_total", {{"fetch", "exposed"}}), "600");
+  EXPECT_EQ(e.value("flashbox_engram_rows_total", {{"fetch", "in_place"}}), "200");
+  EXPECT_EQ(e.value("flashbox_engram_bytes_total"), "1267200");
+  EXPECT_EQ(e.value("flashbox_engram_exposed_seconds_total"), "0.125");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "target"}}), "1073741824");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "mandatory"}}), "1048576");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "elastic"}}), "0");

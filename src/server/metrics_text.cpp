@@ -242,6 +242,16 @@ std::string metrics_text(const engine::EngineStats& s, const StatsSource& src) {
     w.family("flashbox_expert_bytes_total", "counter", "routed-expert bytes by the tier that supplied them (hbm, host, drive)");
     for (const auto& [name, t] : tiers) w.sample("flashbox_expert_bytes_total", {{"tier", name}}, t->bytes);
   }
+  if (ex.has_engram) {
+    const model::EngramRows& eg = ex.engram;
+    w.family("flashbox_engram_rows_total", "counter",
+             "Engram table rows the steps read, by fetch: hidden (fetched before their layer), exposed (the layer waited), in_place (read where the op runs)");
+    w.sample("flashbox_engram_rows_total", {{"fetch", "hidden"}}, eg.hidden);
+    w.sample("flashbox_engram_rows_total", {{"fetch", "exposed"}}, eg.exposed);
+    w.sample("flashbox_engram_rows_total", {{"fetch", "in_place"}}, eg.in_place());
+    w.one("flashbox_engram_bytes_total", "counter", "bytes of the Engram rows read (codes and scales)", eg.bytes);
+    w.one("flashbox_engram_exposed_seconds_total", "counter", "time steps waited for exposed Engram rows", eg.exposed_s);
+  }
   if (ex.has_op_times) {
     w.one("flashbox_op_steps_total", "counter", "forward steps whose ops were timed", ex.ops.steps);
     w.family("flashbox_op_seconds_total", "counter", "time in the forward pass's ops by family (host clock around each op)");

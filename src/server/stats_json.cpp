@@ -111,6 +111,11 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
   } else {
     j["op_time"] = nullptr;
   }
+  // Engram table rows the steps read, by how their fetch met the step (model::EngramRows).
+  const model::EngramRows& eg = ex.engram;
+  j["engram"] = ex.has_engram ? json{{"rows", eg.rows},         {"bytes", eg.bytes},         {"hidden", eg.hidden},
+                                     {"exposed", eg.exposed},   {"in_place", eg.in_place()}, {"exposed_s", eg.exposed_s}}
+                              : json(nullptr);
   // Lifetime averages (the page takes "now" rates from the difference of two polls).
   json dv;
   // Tokens of decode rounds: everything emitted except each request's first token (sampled from
@@ -139,6 +144,12 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
                                                        : json(nullptr);
   dv["expert_hbm_hit_rate"] = ex.has_expert_traffic ? ratio(double(et.hbm.lookups), double(et.lookups())) : json(nullptr);
   dv["expert_host_tier_hit_rate"] = ex.has_expert_traffic ? ratio(double(et.host.lookups), double(et.host.lookups + et.drive.lookups)) : json(nullptr);
+  // Engram: rows per token (over the steps' rows), the shares hidden / exposed of the rows read,
+  // and the time steps waited for exposed rows, per step.
+  dv["engram_rows_per_token"] = ex.has_engram ? ratio(double(eg.rows), rows) : json(nullptr);
+  dv["engram_hidden_share"] = ex.has_engram ? ratio(double(eg.hidden), double(eg.rows)) : json(nullptr);
+  dv["engram_exposed_share"] = ex.has_engram ? ratio(double(eg.exposed), double(eg.rows)) : json(nullptr);
+  dv["engram_exposed_ms_per_step"] = ex.has_engram ? ratio(eg.exposed_s, double(s.steps), 1e3) : json(nullptr);
   if (ex.has_op_times) {
     json ms = json::object();
     for (int f = 0; f < model::kOpFamilyCount; ++f)

@@ -78,6 +78,7 @@ def main():
         model = os.path.join(tmp, "tiny")
         r = subprocess.run([a.bin, "make-tiny", "--out", model], capture_output=True, text=True)
         check(r.returncode == 0, "make-tiny failed: " + r.stderr)
+    a.model_dir = model
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([a.bin, "serve", "--model", model, "--port", str(port), "--api-key", KEY,
@@ -154,6 +155,20 @@ def run(a, base, tmp):
     check(ot["seconds"]["moe"] > 0 and ot["seconds"]["attention"] > 0, "op times by family: " + str(ot["seconds"]))
     check(sum(ot["seconds"].values()) <= s1["steps"]["seconds"] * 1.01 + 1e-3,
           f"op times {sum(ot['seconds'].values())} s exceed the step time {s1['steps']['seconds']} s")
+    # Engram rows: per row of every step, orders x heads rows per Engram layer (the model's config);
+    # the CPU fetches every one, hidden (staged before its layer) or exposed.
+    with open(os.path.join(a.model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)  # the released layout nests the text model's keys
+    rows_per_token = len(cfg["engram_layer_ids"]) * (cfg["engram_max_ngram_size"] - 1) * cfg["engram_n_heads"]
+    eg = s1["engram"]
+    check(eg is not None and eg["rows"] == s1["steps"]["rows"] * rows_per_token,
+          f"Engram rows {eg and eg['rows']} for {s1['steps']['rows']} rows x {rows_per_token}")
+    check(eg["bytes"] == eg["rows"] * (cfg["engram_head_dim"] + cfg["engram_head_dim"] // 32), "Engram bytes: " + str(eg))
+    check(eg["hidden"] + eg["exposed"] == eg["rows"] and eg["in_place"] == 0, "Engram rows hidden + exposed: " + str(eg))
+    check(eg["hidden"] > 0, "no Engram row was fetched ahead of its layer: " + str(eg))
+    check(abs(s1["derived"]["engram_hidden_share"] - eg["hidden"] / eg["rows"]) < 1e-12, "Engram hidden share")
+    check(abs(s1["derived"]["engram_rows_per_token"] - rows_per_token) < 1e-9, "Engram rows per token: " + str(s1["derived"]["engram_rows_per_token"]))
     check(s1["ledger"]["host"] is not None and s1["ledger"]["host"]["target_bytes"] == 4000000000, "host ledger: " + str(s1["ledger"]))
     check(s1["ledger"]["HBM"] is None, "the CPU executor has no HBM ledger")
     check(s1["dspark"] is not None and s1["dspark"]["rounds"] + s1["dspark"]["backoff_steps"] > 0, "DSpark counters: " + str(s1["dspark"]))
@@ -203,6 +218,10 @@ def run(a, base, tmp):
     check(dom_text(dom, "op_attention_2").endswith("%"), "attention share: " + dom_text(dom, "op_attention_2"))
     for stack in ("op_stack", "tier_stack"):
         check(re.search(r'id="' + stack + r'"><div [^>]*width: [\d.]+%', dom) is not None, "no stacked bar segments in #" + stack)
+    check(dom_text(dom, "v_engram_hidden").endswith("%") and dom_text(dom, "v_engram_exposed").endswith("%"),
+          "Engram hidden / exposed on the page: " + dom_text(dom, "v_engram_hidden") + " / " + dom_text(dom, "v_engram_exposed"))
+    check(float(dom_text(dom, "v_engram_rows_tok")) == rows_per_token, "Engram rows per token on the page: " + dom_text(dom, "v_engram_rows_tok"))
+    check(re.fullmatch(r"[\d.,]+", dom_text(dom, "v_engram_wait_ms")) is not None, "Engram wait on the page: " + dom_text(dom, "v_engram_wait_ms"))
     check(dom_text(dom, "charts_by") != "-", "the charts were not set up")
     print(f"dom: ok ({updates} polls, {emitted} tokens, step {dom_text(dom, 'v_step_ms')} ms, MoE {moe_ms} ms/step, "
           f"expert bytes/token {dom_text(dom, 'v_bpt_total')}, charts: {dom_text(dom, 'charts_by')})")

@@ -172,6 +172,17 @@ def main():
             got = v(s1, "flashbox_op_seconds_total", family=fam)
             check(got is not None and abs(got - sec) <= 1e-12 * max(1.0, sec), f"op {fam}: {got} s as /v1/stats {sec}")
         check(d("flashbox_op_steps_total") > 0, "op steps moved")
+        # Engram rows by fetch (hidden, exposed, in place), bytes and the exposed wait, as /v1/stats.
+        eg = js["engram"]
+        check(eg is not None and types1.get("flashbox_engram_rows_total") == "counter", "Engram families present")
+        for fetch in ("hidden", "exposed", "in_place"):
+            check(v(s1, "flashbox_engram_rows_total", fetch=fetch) == eg[fetch],
+                  f"Engram {fetch} rows {v(s1, 'flashbox_engram_rows_total', fetch=fetch)} as /v1/stats {eg[fetch]}")
+        check(v(s1, "flashbox_engram_bytes_total") == eg["bytes"] and
+              abs(v(s1, "flashbox_engram_exposed_seconds_total") - eg["exposed_s"]) <= 1e-12 * max(1.0, eg["exposed_s"]),
+              "Engram bytes and exposed seconds as /v1/stats")
+        check(sum(v(s1, "flashbox_engram_rows_total", fetch=f) - (v(s0, "flashbox_engram_rows_total", fetch=f) or 0)
+                  for f in ("hidden", "exposed", "in_place")) > 0, "Engram rows moved")
         # The KV ledger of --kv-budget-bytes.
         tier = next((t for t, u in js["ledger"].items() if u), None)
         check(tier is not None and v(s1, "flashbox_ledger_bytes", tier=tier, kind="target") == BUDGET,

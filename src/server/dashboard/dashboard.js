@@ -200,6 +200,27 @@ function renderTiers(s) {
   })) : [], 5);
 }
 
+// Engram rows: the shares hidden (fetched before their layer), exposed (the layer waited) and
+// read in place, rows per token and the wait per step, over the last poll interval when steps
+// read rows in it, else since start.
+function renderEngram(s) {
+  const e = s.engram;
+  const ids = ['v_engram_hidden', 'v_engram_exposed', 'v_engram_in_place', 'v_engram_rows_tok', 'v_engram_wait_ms'];
+  if (!e) { ids.forEach((id) => set(id, NA)); return; }
+  let cur = e, rows = s.steps.rows, steps = s.steps.count;
+  if (prev && prev.engram && e.rows > prev.engram.rows && s.steps.rows > prev.steps.rows) {
+    const p = prev.engram;
+    cur = Object.fromEntries(['rows', 'hidden', 'exposed', 'in_place', 'exposed_s'].map((k) => [k, e[k] - p[k]]));
+    rows = s.steps.rows - prev.steps.rows;
+    steps = s.steps.count - prev.steps.count;
+  }
+  set('v_engram_hidden', pct(ratio(cur.hidden, cur.rows)));
+  set('v_engram_exposed', pct(ratio(cur.exposed, cur.rows)));
+  set('v_engram_in_place', pct(ratio(cur.in_place, cur.rows)));
+  set('v_engram_rows_tok', num(ratio(cur.rows, rows)));
+  set('v_engram_wait_ms', num(ratio(1e3 * cur.exposed_s, steps), 3));
+}
+
 // ---- polling ----
 const hist = { t: [], decode: [], prefill: [], step: [], rows: [], active: [], queued: [] };
 let prev = null, updates = 0;
@@ -238,6 +259,7 @@ function render(s) {
   set('v_drive_bytes', x ? bytes(x.drive.bytes) : NA);
   renderOps(s);
   renderTiers(s);
+  renderEngram(s);
   const led = (t) => (t ? bytes(t.mandatory_bytes + t.elastic_bytes) + ' / ' + bytes(t.target_bytes) : NA);
   set('v_ledger_host', led(s.ledger.host)); set('v_ledger_hbm', led(s.ledger.HBM));
 
