@@ -230,7 +230,8 @@ template <int HC>
 __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t dim, int64_t chunks, float norm_eps, const float* __restrict__ sc,
                                                                      const float* __restrict__ base, int iters, float hc_eps,
                                                                      const uint16_t* __restrict__ norm_w, const float* partials,
-                                                                     const uint16_t* hbuf, HcMix* mix, uint16_t* u, uint8_t* codes, float* scales) {
+                                                                     const uint16_t* hbuf, HcMix* mix, uint16_t* u, uint8_t* codes, float* scales,
+                                                                     float* tot_out) {
   constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2, HH = HC * HC, NW = kFinishThreads / 32;
   pdl_trigger();
   pdl_wait();
@@ -263,7 +264,10 @@ __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t 
     tot[tid] = s;
   }
   __syncthreads();
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && tot_out) {
+    // deferred: the row's sums for fast_hc_sinkhorn (a kernel off this stream's critical path)
+    if (tid < NV) tot_out[t * kSiteNV + tid] = tot[tid];
+  } else if (blockIdx.x == 0) {
     if (tid == 0) {
       const float rho = rsqrtf(__fadd_rn(__fdiv_rn(tot[0], float(n)), norm_eps));
       float m[NMIX];
@@ -302,6 +306,29 @@ __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t 
     }
     quant8(y, on, c, codes + t * dim, scales + t * (dim / 32));
   }
+}
+
+// The deferred half of a site (fast_hc_site with scratch.tot): thread t computes row t's mixes
+// from the sums the finish kernel left in tot, exactly as the finish kernel's CTA 0 does (the same
+// operations in the same order: the same bits).
+template <int HC>
+__global__ void fast_hc_sinkhorn_kernel(int64_t T, int64_t dim, float norm_eps, const float* __restrict__ sc, const float* __restrict__ base,
+                                        int iters, float hc_eps, const float* __restrict__ tot, HcMix* mix) {
+  constexpr int NMIX = (2 + HC) * HC, HH = HC * HC;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const float* tt = tot + t * kSiteNV;
+  const float rho = rsqrtf(__fadd_rn(__fdiv_rn(tt[0], float(HC * dim)), norm_eps));
+  float m[NMIX], pre[HC], post[HC], comb[HH];
+#pragma unroll
+  for (int j = 0; j < NMIX; ++j) m[j] = __fmul_rn(tt[1 + j], rho);
+  sinkhorn_thread<HC>(m, sc, base, iters, hc_eps, pre, post, comb);
+  HcMix* o = mix + t;
+  for (int i = 0; i < 16; ++i) {
+    o->pre[i] = i < HC ? pre[i] : 0.0f;
+    o->post[i] = i < HC ? post[i] : 0.0f;
+  }
+  for (int e = 0; e < 256; ++e) o->comb[e] = e < HH ? comb[e] : 0.0f;
 }
 
 // ---- hc_post in place ---------------------------------------------------------------------------
@@ -448,7 +475,7 @@ bool fast_pdl() { return g_pdl.load(std::memory_order_relaxed); }
 
 size_t FastHcScratch::bytes(int64_t dim) {
   const int64_t chunks = (dim + kPartDims - 1) / kPartDims;
-  return size_t(kFastSmallMaxRows * chunks * kSiteNV * 4) + size_t(kFastSmallMaxRows * dim * 2);
+  return size_t(kFastSmallMaxRows * chunks * kSiteNV * 4) + size_t(kFastSmallMaxRows * dim * 2) + size_t(kFastSmallMaxRows * kSiteNV * 4);
 }
 
 FastHcScratch FastHcScratch::at(void* mem, int64_t dim) {
@@ -456,6 +483,7 @@ FastHcScratch FastHcScratch::at(void* mem, int64_t dim) {
   const int64_t chunks = (dim + kPartDims - 1) / kPartDims;
   s.partials = static_cast<float*>(mem);
   s.h = reinterpret_cast<uint16_t*>(static_cast<char*>(mem) + kFastSmallMaxRows * chunks * kSiteNV * 4);
+  s.tot = reinterpret_cast<float*>(static_cast<char*>(mem) + kFastSmallMaxRows * chunks * kSiteNV * 4 + kFastSmallMaxRows * dim * 2);
   s.dim = dim;
   return s;
 }
@@ -464,7 +492,7 @@ bool fast_hc_site_ok(int hc, int64_t dim, int64_t T) { return hc >= 1 && hc <= 4
 
 Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                     int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
-                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st) {
+                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn) {
   FB_CHECK(fast_hc_site_ok(hc, dim, T) && scratch.dim == dim && T * dim <= q.capacity) << "fast_hc_site hc=" << hc << " dim=" << dim << " T=" << T;
   FB_CHECK(aligned16(u) && aligned16(norm_w) && aligned16(scratch.h) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0 &&
            (reinterpret_cast<uintptr_t>(fn) & 15) == 0)
@@ -478,7 +506,7 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
     e1 = launch_pdl(pdl, partial, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h);
     if (e1 == cudaSuccess)
       e2 = launch_pdl(pdl, finish, fgrid, dim3(kFinishThreads), 0, st, dim, chunks, norm_eps, scale, base, iters, hc_eps, norm_w, scratch.partials, scratch.h, mix,
-                      u, q.codes, q.scales);
+                      u, q.codes, q.scales, defer_sinkhorn ? scratch.tot : nullptr);
   };
   switch (hc) {
     case 1: go(fast_hc_partial_kernel<1>, fast_hc_finish_kernel<1>); break;
@@ -490,6 +518,21 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
   FB_CUDA_LAUNCHED("fast_hc_partial_kernel");
   FB_CUDA_TRY(e2);
   FB_CUDA_LAUNCHED("fast_hc_finish_kernel");
+  return Status();
+}
+
+Status fast_hc_sinkhorn(const FastHcScratch& scratch, int64_t T, int hc, float norm_eps, const float* scale, const float* base, int iters,
+                        float hc_eps, HcMix* mix, cudaStream_t st) {
+  FB_CHECK(fast_hc_site_ok(hc, scratch.dim, T)) << "fast_hc_sinkhorn hc=" << hc << " T=" << T;
+  if (T == 0) return Status();
+  const dim3 grid(blocks(T, 64)), block(64);
+  switch (hc) {
+    case 1: fast_hc_sinkhorn_kernel<1><<<grid, block, 0, st>>>(T, scratch.dim, norm_eps, scale, base, iters, hc_eps, scratch.tot, mix); break;
+    case 2: fast_hc_sinkhorn_kernel<2><<<grid, block, 0, st>>>(T, scratch.dim, norm_eps, scale, base, iters, hc_eps, scratch.tot, mix); break;
+    case 3: fast_hc_sinkhorn_kernel<3><<<grid, block, 0, st>>>(T, scratch.dim, norm_eps, scale, base, iters, hc_eps, scratch.tot, mix); break;
+    default: fast_hc_sinkhorn_kernel<4><<<grid, block, 0, st>>>(T, scratch.dim, norm_eps, scale, base, iters, hc_eps, scratch.tot, mix); break;
+  }
+  FB_CUDA_LAUNCHED("fast_hc_sinkhorn_kernel");
   return Status();
 }
 

@@ -36,6 +36,7 @@ constexpr int64_t kFastSmallMaxRows = 64;
 struct FastHcScratch {
   float* partials = nullptr;
   uint16_t* h = nullptr;
+  float* tot = nullptr;  // a deferred site's row sums, read by fast_hc_sinkhorn
   int64_t dim = 0;
   static size_t bytes(int64_t dim);
   // Carves the arrays out of `mem` (bytes(dim) bytes, 16-byte aligned).
@@ -51,7 +52,13 @@ bool fast_hc_site_ok(int hc, int64_t dim, int64_t T);
 // weight, independent of this site's mixes (single-pass mHC). X is only read.
 Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                     int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
-                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st);
+                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn = false);
+// defer_sinkhorn: the site's kernels leave mix untouched and its row sums in scratch.tot, and
+// fast_hc_sinkhorn (on any stream ordered after the site, before the next site on this scratch)
+// writes mix, the same bits. u and q (what the sublayer's next kernels read) no longer wait for the
+// Sinkhorn's long single-thread chain (CudaRunOptions::defer_sinkhorn puts it on a side stream).
+Status fast_hc_sinkhorn(const FastHcScratch& scratch, int64_t T, int hc, float norm_eps, const float* scale, const float* base, int iters,
+                        float hc_eps, HcMix* mix, cudaStream_t st);
 
 // hc_post in place: X[t, b] = bf16(post[b] y[t] + sum_a comb[a, b] X[t, a]) (X as the site read
 // it), and pre_out[t, :] = mix[t].pre when pre_out != nullptr (the FFN site's hc_take_pre).

@@ -145,6 +145,15 @@ struct SiteRunner {
   const SiteData& d;
   Dev<uint16_t> X, norm_w, u{size_t(kMaxRows * kDim)}, tmp{size_t(kMaxRows * kDim)};
   Dev<float> fn, scale, base, pre;
+    if (defer) {
+      cudaEvent_t ev;
+      EXPECT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+      EXPECT_EQ(cudaEventRecord(ev, nullptr), cudaSuccess);
+      EXPECT_EQ(cudaStreamWaitEvent(side, ev, 0), cudaSuccess);
+      EXPECT_TRUE(fast_hc_sinkhorn(scratch, T, kHc, kEps, scale.p(), base.p(), kIters, kHcEps, mix.p(), side).ok());
+      EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+      EXPECT_EQ(cudaEventDestroy(ev), cudaSuccess);
+    }
   Dev<HcMix> mix{size_t(kMaxRows)};
   DeviceBuffer scratch_mem;
   FastHcScratch scratch;
@@ -155,12 +164,13 @@ struct SiteRunner {
     scratch = FastHcScratch::at(scratch_mem.get(), kDim);
   }
   // Rows [r0, r0 + T) of the data as rows [0, T) of a call.
-  void fast(int64_t r0, int64_t T, SiteOut& o) {
+  // defer: the Sinkhorn by fast_hc_sinkhorn on stream `side` after the site (an event between).
+  void fast(int64_t r0, int64_t T, SiteOut& o, bool defer = false, cudaStream_t side = nullptr) {
     mix.poison();
     u.poison();
     o.q.codes.poison();
     EXPECT_TRUE(fast_hc_site(X.p() + r0 * kHc * kDim, T, kHc, kDim, fn.p(), kEps, scale.p(), base.p(), kIters, kHcEps, pre.p() + r0 * kHc, kHc,
-                             norm_w.p(), scratch, mix.p(), u.p(), o.q.q, nullptr)
+                             norm_w.p(), scratch, mix.p(), u.p(), o.q.q, nullptr, defer)
                     .ok());
     o.mix = first(mix.get(), size_t(T));
     o.u = first(u.get(), size_t(T * kDim));
@@ -203,6 +213,66 @@ TEST(FastSmall, HcSiteRowInvariantDeterministicAndPdl) {
     set_fast_pdl(pdl);
     SiteOut all, again;
     run.fast(0, kMaxRows, all);
+// The site with its Sinkhorn deferred to fast_hc_sinkhorn on another stream: the same mixes, u
+// and codes, bit for bit, as the one-kernel site (the same operations on the same sums).
+TEST(FastSmall, HcSiteDeferredSinkhornSameBits) {
+  FB_NEED_GPU();
+  const SiteData d(13);
+  SiteRunner run(d);
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  for (bool pdl : {false, true}) {
+    set_fast_pdl(pdl);
+    for (int64_t T : {int64_t(1), int64_t(7), kMaxRows}) {
+      SiteOut one, deferred;
+      run.fast(0, T, one);
+      run.fast(0, T, deferred, true, side);
+      const std::string tag = "T=" + std::to_string(T) + " pdl " + std::to_string(pdl);
+      EXPECT_EQ(std::memcmp(one.mix.data(), deferred.mix.data(), size_t(T) * sizeof(HcMix)), 0) << tag << " mixes";
+      EXPECT_EQ(std::memcmp(one.u.data(), deferred.u.data(), one.u.size() * 2), 0) << tag << " u";
+      expect_same_quant(one.q, deferred.q, T, kDim, tag.c_str());
+    }
+  }
+  set_fast_pdl(false);
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+// Micro-bench (prints, asserts nothing of speed): one decode row's site at the released width,
+// 200 launches back to back with PDL: whole, with the Sinkhorn deferred (the two site kernels
+// only), and the Sinkhorn kernel alone.
+TEST(FastSmall, BenchSite) {
+  FB_NEED_GPU();
+  const SiteData d(14);
+  SiteRunner run(d);
+  Quant q{kMaxRows * kDim};
+  set_fast_pdl(true);
+  cudaEvent_t a, b;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  auto time_us = [&](auto call) {
+    for (int i = 0; i < 20; ++i) call();
+    EXPECT_EQ(cudaEventRecord(a, nullptr), cudaSuccess);
+    for (int i = 0; i < 200; ++i) call();
+    EXPECT_EQ(cudaEventRecord(b, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(b), cudaSuccess);
+    float ms = 0;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+    return ms * 1e3 / 200;
+  };
+  auto site = [&](bool defer) {
+    return fast_hc_site(run.X.p(), 1, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, run.pre.p(), kHc, run.norm_w.p(),
+                        run.scratch, run.mix.p(), run.u.p(), q.q, nullptr, defer);
+  };
+  const double whole = time_us([&] { EXPECT_TRUE(site(false).ok()); });
+  const double split = time_us([&] { EXPECT_TRUE(site(true).ok()); });
+  const double sk = time_us([&] { EXPECT_TRUE(fast_hc_sinkhorn(run.scratch, 1, kHc, kEps, run.scale.p(), run.base.p(), kIters, kHcEps, run.mix.p(), nullptr).ok()); });
+  std::printf("[ bench ] hc site, 1 row, dim %lld: whole %.2f us, Sinkhorn deferred %.2f us, Sinkhorn kernel alone %.2f us\n", (long long)kDim, whole,
+              split, sk);
+  set_fast_pdl(false);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
     run.fast(0, kMaxRows, again);
     EXPECT_EQ(std::memcmp(all.u.data(), again.u.data(), all.u.size() * 2), 0) << "determinism, pdl " << pdl;
     expect_same_quant(all.q, again.q, kMaxRows, kDim, "determinism");

@@ -250,17 +250,30 @@ class CudaLayerOps {
     if (fast_small()) {
       // [fast] the whole site in one launch: mixes, and u = RMSNorm(collapse(X, carried pre)) with
       // its codes (hc_collapse_norm then has nothing left to do); X stays as it is, so hc_expand
-      // updates it in place and no residual copy is made.
+      // updates it in place and no residual copy is made. defer_sinkhorn: the mixes' Sinkhorn
+      // runs on mix_side_ (forked here, joined by hc_expand before hc_post reads the mixes).
       const auto [pre, stride] = collapse_pre(site);
-      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
-                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, pre, stride, a ? w.attn_norm : w.ffn_norm,
-                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_));
+      const bool defer = m_.defer_sinkhorn_ && side_ok();
+      const FastHcScratch scratch = hc_scratch();
+      const float* sc = a ? w.hc_attn_scale : w.hc_ffn_scale;
+      const float* base = a ? w.hc_attn_base : w.hc_ffn_base;
+      HcMix* mix = a ? mix_a_ : mix_f_;
+      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, sc, base, c_.hc_sinkhorn_iters, c_.hc_eps, pre,
+                        stride, a ? w.attn_norm : w.ffn_norm, scratch, mix, u_, uq_, st_, defer));
+      if (defer && ok()) {
+        step(cuda_status(cudaEventRecord(m_.mix_fork_, st_), "mix fork"));
+        step(cuda_status(cudaStreamWaitEvent(m_.mix_side_, m_.mix_fork_, 0), "mix fork"));
+        step(fast_hc_sinkhorn(scratch, T_, c_.hc_mult, c_.norm_eps, sc, base, c_.hc_sinkhorn_iters, c_.hc_eps, mix, m_.mix_side_));
+        step(cuda_status(cudaEventRecord(m_.mix_join_, m_.mix_side_), "mix join"));
+        mix_pending_ = true;
+      }
       fused_site_[a ? 0 : 1] = true;
       return;
     }
     fused_site_[a ? 0 : 1] = false;
     if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
       step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+    join_mix();
                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
     else
       step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
@@ -289,6 +302,7 @@ class CudaLayerOps {
     if (site == Site::kAttn) return {pre_, c_.hc_mult};
     return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
   }
+    join_mix();
   // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
   // not a tensor-core prefill step, a shape the kernels take.
   bool fast_small() const {
@@ -390,8 +404,17 @@ class CudaLayerOps {
   // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
   void moe(int l) {
     ProfScope prof_scope_(this, "moe");
+  // A deferred Sinkhorn's mixes: the main stream waits for them (before anything reads a mix, and
+  // before the step ends: a graph capture must join every stream it forked).
+  void join_mix() {
+    if (!mix_pending_) return;
+    mix_pending_ = false;
+    step(cuda_status(cudaStreamWaitEvent(st_, m_.mix_join_, 0), "mix join"));
+  }
+
     Frame frame_(this);
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    join_mix();
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
@@ -846,6 +869,7 @@ class CudaLayerOps {
   Status status_;
   Arena arena_;
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
+    join_mix();
            *o_ = nullptr;
   uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows
   float* pre_ = nullptr;
@@ -869,5 +893,6 @@ class CudaLayerOps {
   cudaEvent_t prof_begin_ = nullptr;
   std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
 };
+  bool mix_pending_ = false;  // a deferred Sinkhorn on mix_side_ not yet joined (join_mix)
 
 }  // namespace fb::cuda
