@@ -382,6 +382,11 @@ class CudaExecutor final : public model::Executor {
   bool overlap_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  // Decode rows' mHC Sinkhorn (the site's mixes, read first by the site's hc_post) on a stream of
+  // its own, so the sublayer's GEMVs do not wait for its single-thread chain (defer_sinkhorn).
+  bool defer_sinkhorn_ = false;
+  cudaStream_t mix_side_ = nullptr;
+  cudaEvent_t mix_fork_ = nullptr, mix_join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
   // [reference-defining]): +17-20% prefill tok/s on the H200, docs/history.md.
   bool tc_hc_mixes_ = true;
@@ -389,11 +394,6 @@ class CudaExecutor final : public model::Executor {
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
   // Expert tier (CudaLoadOptions::expert_slots > 0): layers with fewer slots than experts read
-  // Decode rows' mHC Sinkhorn (the site's mixes, read first by the site's hc_post) on a stream of
-  // its own, so the sublayer's GEMVs do not wait for its single-thread chain (defer_sinkhorn).
-  bool defer_sinkhorn_ = false;
-  cudaStream_t mix_side_ = nullptr;
-  cudaEvent_t mix_fork_ = nullptr, mix_join_ = nullptr;
   // their routed experts through it.
   std::shared_ptr<DevExpertSlots> slots_;
   RouteOverride route_override_;

@@ -145,15 +145,6 @@ struct SiteRunner {
   const SiteData& d;
   Dev<uint16_t> X, norm_w, u{size_t(kMaxRows * kDim)}, tmp{size_t(kMaxRows * kDim)};
   Dev<float> fn, scale, base, pre;
-    if (defer) {
-      cudaEvent_t ev;
-      EXPECT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-      EXPECT_EQ(cudaEventRecord(ev, nullptr), cudaSuccess);
-      EXPECT_EQ(cudaStreamWaitEvent(side, ev, 0), cudaSuccess);
-      EXPECT_TRUE(fast_hc_sinkhorn(scratch, T, kHc, kEps, scale.p(), base.p(), kIters, kHcEps, mix.p(), side).ok());
-      EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
-      EXPECT_EQ(cudaEventDestroy(ev), cudaSuccess);
-    }
   Dev<HcMix> mix{size_t(kMaxRows)};
   DeviceBuffer scratch_mem;
   FastHcScratch scratch;
@@ -172,6 +163,15 @@ struct SiteRunner {
     EXPECT_TRUE(fast_hc_site(X.p() + r0 * kHc * kDim, T, kHc, kDim, fn.p(), kEps, scale.p(), base.p(), kIters, kHcEps, pre.p() + r0 * kHc, kHc,
                              norm_w.p(), scratch, mix.p(), u.p(), o.q.q, nullptr, defer)
                     .ok());
+    if (defer) {
+      cudaEvent_t ev;
+      EXPECT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+      EXPECT_EQ(cudaEventRecord(ev, nullptr), cudaSuccess);
+      EXPECT_EQ(cudaStreamWaitEvent(side, ev, 0), cudaSuccess);
+      EXPECT_TRUE(fast_hc_sinkhorn(scratch, T, kHc, kEps, scale.p(), base.p(), kIters, kHcEps, mix.p(), side).ok());
+      EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+      EXPECT_EQ(cudaEventDestroy(ev), cudaSuccess);
+    }
     o.mix = first(mix.get(), size_t(T));
     o.u = first(u.get(), size_t(T * kDim));
   }
@@ -213,6 +213,24 @@ TEST(FastSmall, HcSiteRowInvariantDeterministicAndPdl) {
     set_fast_pdl(pdl);
     SiteOut all, again;
     run.fast(0, kMaxRows, all);
+    run.fast(0, kMaxRows, again);
+    EXPECT_EQ(std::memcmp(all.u.data(), again.u.data(), all.u.size() * 2), 0) << "determinism, pdl " << pdl;
+    expect_same_quant(all.q, again.q, kMaxRows, kDim, "determinism");
+    for (int64_t r0 : {int64_t(0), int64_t(5), int64_t(63)}) {
+      for (int64_t T : {int64_t(1), int64_t(7)}) {
+        if (r0 + T > kMaxRows) continue;
+        SiteOut part;
+        run.fast(r0, T, part);
+        EXPECT_EQ(std::memcmp(part.u.data(), all.u.data() + r0 * kDim, size_t(T * kDim) * 2), 0) << "u rows " << r0 << "+" << T;
+        EXPECT_EQ(std::memcmp(part.mix.data(), all.mix.data() + r0, size_t(T) * sizeof(HcMix)), 0) << "mix rows " << r0 << "+" << T;
+        const auto pc = part.q.codes.get(), ac = all.q.codes.get();
+        EXPECT_EQ(std::memcmp(pc.data(), ac.data() + r0 * kDim, size_t(T * kDim)), 0) << "codes rows " << r0 << "+" << T;
+      }
+    }
+  }
+  set_fast_pdl(false);
+}
+
 // The site with its Sinkhorn deferred to fast_hc_sinkhorn on another stream: the same mixes, u
 // and codes, bit for bit, as the one-kernel site (the same operations on the same sums).
 TEST(FastSmall, HcSiteDeferredSinkhornSameBits) {
@@ -271,24 +289,6 @@ TEST(FastSmall, BenchSite) {
   set_fast_pdl(false);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-}
-
-    run.fast(0, kMaxRows, again);
-    EXPECT_EQ(std::memcmp(all.u.data(), again.u.data(), all.u.size() * 2), 0) << "determinism, pdl " << pdl;
-    expect_same_quant(all.q, again.q, kMaxRows, kDim, "determinism");
-    for (int64_t r0 : {int64_t(0), int64_t(5), int64_t(63)}) {
-      for (int64_t T : {int64_t(1), int64_t(7)}) {
-        if (r0 + T > kMaxRows) continue;
-        SiteOut part;
-        run.fast(r0, T, part);
-        EXPECT_EQ(std::memcmp(part.u.data(), all.u.data() + r0 * kDim, size_t(T * kDim) * 2), 0) << "u rows " << r0 << "+" << T;
-        EXPECT_EQ(std::memcmp(part.mix.data(), all.mix.data() + r0, size_t(T) * sizeof(HcMix)), 0) << "mix rows " << r0 << "+" << T;
-        const auto pc = part.q.codes.get(), ac = all.q.codes.get();
-        EXPECT_EQ(std::memcmp(pc.data(), ac.data() + r0 * kDim, size_t(T * kDim)), 0) << "codes rows " << r0 << "+" << T;
-      }
-    }
-  }
-  set_fast_pdl(false);
 }
 
 TEST(FastSmall, HcPostInPlace) {

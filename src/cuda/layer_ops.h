@@ -244,6 +244,7 @@ class CudaLayerOps {
 
   void hc_mixes(int l, Site site) {
     ProfScope prof_scope_(this, "hc_mixes");
+    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
@@ -273,7 +274,6 @@ class CudaLayerOps {
     fused_site_[a ? 0 : 1] = false;
     if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
       step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
-    join_mix();
                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, a ? mix_a_ : mix_f_, st_));
     else
       step(cuda::hc_mixes(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
@@ -285,6 +285,7 @@ class CudaLayerOps {
   // FFN site with the attention site's pre.
   void hc_collapse_norm(int l, Site site) {
     ProfScope prof_scope_(this, "hc_collapse_norm");
+    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
     const DevLayer& w = m_.layers_[size_t(l)];
@@ -302,7 +303,6 @@ class CudaLayerOps {
     if (site == Site::kAttn) return {pre_, c_.hc_mult};
     return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
   }
-    join_mix();
   // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
   // not a tensor-core prefill step, a shape the kernels take.
   bool fast_small() const {
@@ -387,8 +387,17 @@ class CudaLayerOps {
     gemm_x(z, T_, w.wo_b, y_);
   }
 
+  // A deferred Sinkhorn's mixes: the main stream waits for them (before anything reads a mix, and
+  // before the step ends: a graph capture must join every stream it forked).
+  void join_mix() {
+    if (!mix_pending_) return;
+    mix_pending_ = false;
+    step(cuda_status(cudaStreamWaitEvent(st_, m_.mix_join_, 0), "mix join"));
+  }
+
   void hc_expand(int l, Site site) {
     ProfScope prof_scope_(this, "hc_expand");
+    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
     if (fused) {  // X is still the site's input: update in place
@@ -404,17 +413,8 @@ class CudaLayerOps {
   // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
   void moe(int l) {
     ProfScope prof_scope_(this, "moe");
-  // A deferred Sinkhorn's mixes: the main stream waits for them (before anything reads a mix, and
-  // before the step ends: a graph capture must join every stream it forked).
-  void join_mix() {
-    if (!mix_pending_) return;
-    mix_pending_ = false;
-    step(cuda_status(cudaStreamWaitEvent(st_, m_.mix_join_, 0), "mix join"));
-  }
-
     Frame frame_(this);
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
-    join_mix();
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
@@ -852,6 +852,7 @@ class CudaLayerOps {
   }
   // logits (f32) = f32(RMSNorm(hc_pre(X, pre), norm_w)) . f32(head)^T for the listed rows.
   void head_rows(const std::vector<int32_t>& rows, const uint16_t* norm_w, float* logits, uint16_t* collapsed) {
+    join_mix();
     const int64_t n = int64_t(rows.size()), D = c_.dim;
     if (!ok() || n == 0) return;
     uint16_t* hrows = collapsed ? collapsed : alloc<uint16_t>(n * D);
@@ -869,13 +870,13 @@ class CudaLayerOps {
   Status status_;
   Arena arena_;
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
-    join_mix();
            *o_ = nullptr;
   uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows
   float* pre_ = nullptr;
   HcMix *mix_a_ = nullptr, *mix_f_ = nullptr;
   // Per site (attention, FFN) of the current layer: hc_mixes ran the fused fast site kernel.
   bool fused_site_[2] = {false, false};
+  bool mix_pending_ = false;  // a deferred Sinkhorn on mix_side_ not yet joined (join_mix)
   // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
   uint16_t* kv_raw_ = nullptr;
   bool kv_raw_ready_ = false, kv_on_side_ = false;
@@ -893,6 +894,5 @@ class CudaLayerOps {
   cudaEvent_t prof_begin_ = nullptr;
   std::chrono::steady_clock::time_point t_begin_ = std::chrono::steady_clock::now();
 };
-  bool mix_pending_ = false;  // a deferred Sinkhorn on mix_side_ not yet joined (join_mix)
 
 }  // namespace fb::cuda

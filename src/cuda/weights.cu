@@ -61,8 +61,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
-  if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "defer_sinkhorn") return flag(o.defer_sinkhorn);
+  if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") {
     char* end = nullptr;
     const long v = std::strtol(value.c_str(), &end, 10);
@@ -109,8 +109,8 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   wo_a_fp8_ = fast && o.wo_a_fp8;
   group_rows_ = o.group_expert_rows;
   overlap_ = fast && o.overlap;
-  set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
   defer_sinkhorn_ = fast && o.defer_sinkhorn;
+  set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
 // ---- loading -------------------------------------------------------------------------------------
@@ -141,15 +141,15 @@ CudaExecutor::~CudaExecutor() {
     cudaStreamSynchronize(side_);
     cudaStreamDestroy(side_);
   }
-  if (fork_) cudaEventDestroy(fork_);
   if (mix_side_) {
     cudaStreamSynchronize(mix_side_);
     cudaStreamDestroy(mix_side_);
   }
+  if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
-}
   if (mix_fork_) cudaEventDestroy(mix_fork_);
   if (mix_join_) cudaEventDestroy(mix_join_);
+}
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map, CudaLoadOptions opt) {
   auto snap = FB_TRY(loader::Snapshot::open(dir));
@@ -167,10 +167,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->side_, cudaStreamNonBlocking));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->fork_, cudaEventDisableTiming));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->join_, cudaEventDisableTiming));
-  ex->set_run_options(opt.run);
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->mix_side_, cudaStreamNonBlocking));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->mix_fork_, cudaEventDisableTiming));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->mix_join_, cudaEventDisableTiming));
+  ex->set_run_options(opt.run);
   FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
 }
