@@ -1,52 +1,83 @@
 #!/usr/bin/env bash
-# One device call for issue 26 (cold prefill with the experts streamed a layer ahead): builds the
-# parity gtest and flashbox into build/device (device preset), runs cuda_fixture_parity_test
-# ExpertPrefetchBitForBit (expert_prefetch on vs off, bit for bit, both prefill paths) and
-# `flashbox bench --synthetic --experts 384 --expert-slots 128 --cold-prefill PROMPTS` (serial vs
-# streamed; CSV in $OUT/cold_prefill.csv), and prints a short table LAST. Capped at about 4
-# minutes: build 110 s, gtest 35 s, bench 90 s, the plan's prediction (probe) for the same budget.
-# Usage on the GPU machine, in the repo root, with .fixtures carried (tiny-s0/, tiny-s1-long/):
-#   tools/device_cold_prefill.sh [PROMPTS]      (default 8192,32768)
+# One device call for issue 26 (cold prefill with the experts streamed a layer ahead): builds
+# flashbox into build/device (device preset) and runs
+#   flashbox bench --synthetic --experts 384 --expert-slots 128 --cold-prefill PROMPTS
+# at released dimensions: per prompt, the chunk is the largest whose counted step
+# (memory::prefill_step_bytes: arena, tc scratch, session) fits the free HBM minus a margin, the
+# arena is reserved at that count and a warm-up chunk checks it; then serial copies (prompts up to
+# SERIAL_UPTO tokens) and streamed copies, with a deadline so a long prompt is skipped rather than
+# cut off. Then `flashbox probe`'s cold-prefill prediction for each prompt at the bench's budget
+# and measured H2D rate. Prints a short table LAST: tok/s, copy/compute per layer step, the
+# share of the PCIe (and bf16 GEMM) limits. $OUT gets cold_prefill.csv, probe.csv and
+# cold_prefill_logs.tar.gz (every log and the table).
+# Usage on the GPU machine, in the repo root:
+#   tools/device_cold_prefill.sh [PROMPTS] [SERIAL_UPTO]     (default 8192,32768,131072 and 32768)
+# Env: FB_BENCH_DEADLINE (s of cold-prefill runs after the model is up, default 100),
+#      FB_GTEST=1 also builds and runs cuda_fixture_parity_test *ExpertPrefetch* (needs .fixtures).
 set -u
-PROMPTS=${1:-8192,32768}
+PROMPTS=${1:-8192,32768,131072}
+SERIAL_UPTO=${2:-32768}
+DEADLINE=${FB_BENCH_DEADLINE:-100}
 LOG=${OUT:-/tmp/fb_out}
 mkdir -p "$LOG"
 T="$LOG/table.txt"
 : >"$T"
 row() { printf '%-24s %s\n' "$1" "$2" >>"$T"; }
 t0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader >"$LOG/gpu.txt" 2>&1
 cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB_GIT_COMMIT=$FB_GIT_COMMIT} >"$LOG/configure.log" 2>&1 ||
   row configure "FAILED (configure.log)"
-timeout 110 cmake --build build/device -j16 --target cuda_fixture_parity_test flashbox >"$LOG/build.log" 2>&1
+TARGETS=flashbox
+[ "${FB_GTEST:-0}" = 1 ] && TARGETS="flashbox cuda_fixture_parity_test"
+timeout ${FB_BUILD_TIMEOUT:-420} cmake --build build/device -j16 --target $TARGETS >"$LOG/build.log" 2>&1
 rc=$?
-row build "rc=$rc $(($(date +%s) - t0))s"
+row build "rc=$rc $(($(date +%s) - t0))s ($TARGETS)"
 [ $rc -ne 0 ] && grep -m8 -E "error|Error" "$LOG/build.log" | cut -c1-200 >>"$T"
-if [ -x build/device/src/cuda/cuda_fixture_parity_test ]; then
-  # FB_GTEST_FILTER widens it (e.g. '*ExpertPrefetch*:*ExpertSlots*:*TensorCorePrefill*', a longer call).
+if [ "${FB_GTEST:-0}" = 1 ] && [ -x build/device/src/cuda/cuda_fixture_parity_test ]; then
   FB_FIXTURES_DIR="$PWD/.fixtures" timeout ${FB_GTEST_TIMEOUT:-35} build/device/src/cuda/cuda_fixture_parity_test \
     --gtest_filter="${FB_GTEST_FILTER:-*ExpertPrefetch*}" >"$LOG/gtest.log" 2>&1
   rc=$?
-  row "gtest ${FB_GTEST_FILTER:-ExpertPrefetch}" "rc=$rc ok=$(grep -c '^\[       OK \]' "$LOG/gtest.log") skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log")"
-  grep -oE '\[ tc \].*' "$LOG/gtest.log" | cut -c1-200 | sed 's/^/  /' >>"$T"
-  grep -E "Failure|Expected|Which is|Value of|SKIPPED \]" "$LOG/gtest.log" | head -8 | cut -c1-200 | sed 's/^/  /' >>"$T"
+  row "gtest ${FB_GTEST_FILTER:-ExpertPrefetch}" "rc=$rc ok=$(grep -c '^\[       OK \]' "$LOG/gtest.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log")"
 fi
 if [ -x build/device/flashbox ]; then
   s=$(date +%s)
-  timeout 90 build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
-    --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+  timeout $((DEADLINE + 120)) build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
+    --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
-  row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS"
-  grep -E "^bench: (synthetic|page-locked|cold prefill)|^cuda: " "$LOG/bench.err" | cut -c1-200 | sed 's/^/  /' >>"$T"
-  [ $rc -ne 0 ] && tail -3 "$LOG/bench.err" | cut -c1-200 | sed 's/^/  /' >>"$T"
-  # The plan's prediction for the same chunk budget (issue 26: within 10% of the measured rate).
-  B=$(grep -oE 'step budget [0-9.]+ GiB' "$LOG/bench.err" | grep -oE '[0-9.]+' | head -1)
-  if [ -n "$B" ]; then
-    for N in ${PROMPTS//,/ }; do
-      timeout 15 build/device/flashbox probe --no-sim --seconds 0.2 --file-mib 16 --expert-slots 128 --context "$N" --prefill-budget-gib "$B" \
-        2>/dev/null | grep -E "prompt cold in" | sed 's/^ */  probe: /' >>"$T"
-    done
-  fi
+  row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s)"
+  grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
+  grep -E "^bench: cold prefill: [0-9]+ tokens: chunk" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill: /  sizing: /' >>"$T"
+  grep -E "skipped|warning|^cuda: " "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
+  [ $rc -ne 0 ] && tail -3 "$LOG/bench.err" | cut -c1-300 | sed 's/^/  /' >>"$T"
+  # The plan's prediction (issue 26: within 10% of the measured rate) at each prompt's own budget
+  # and the H2D rate the bench measured.
+  H2D=$(grep -E ',h2d_pinned,' "$LOG/cold_prefill.csv" 2>/dev/null | head -1 | cut -d, -f9)
+  : >"$LOG/probe.txt"
+  echo "prompt,chunk_rows,budget_gib,probe_serial_tok_s,probe_stream_tok_s" >"$LOG/probe.csv"
+  grep -E "^bench: cold prefill: [0-9]+ tokens: chunk" "$LOG/bench.err" | while read -r line; do
+    N=$(echo "$line" | sed -E 's/^bench: cold prefill: ([0-9]+) tokens.*/\1/')
+    B=$(echo "$line" | sed -E 's/.*step budget ([0-9.]+) GiB.*/\1/')
+    timeout 20 build/device/flashbox probe --no-sim --seconds 0.2 --file-mib 16 --expert-slots 128 --context "$N" --prefill-budget-gib "$B" \
+      ${H2D:+--h2d-gbps $H2D} >"$LOG/probe_$N.txt" 2>&1
+    P=$(grep -E "prompt cold in" "$LOG/probe_$N.txt" | head -1)
+    echo "  $N: $P" >>"$LOG/probe.txt"
+    C=$(echo "$P" | sed -nE 's/.*chunk\(s\) of ([0-9]+) rows.*/\1/p')
+    S1=$(echo "$P" | sed -nE 's/.*serial ([0-9]+) tok\/s.*/\1/p')
+    S2=$(echo "$P" | sed -nE 's/.*streamed ([0-9]+) tok\/s.*/\1/p')
+    echo "$N,$C,$B,$S1,$S2" >>"$LOG/probe.csv"
+  done
+  row probe "flashbox probe --prefill-budget-gib (bench's budget) --h2d-gbps ${H2D:-?}"
+  sed -E 's/ +a ([0-9]+)-token prompt cold in/ cold in/' "$LOG/probe.txt" | cut -c1-200 >>"$T"
+  # LAST (after the total): the measured rates, copy/compute per layer step, the limits' shares.
+  {
+    printf '%-24s %s\n' "cold prefill" "prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)"
+    grep -E "^bench: cold prefill +[0-9]+ +[0-9]+ +(serial|stream)" "$LOG/bench.err" | sed 's/^bench: cold prefill */  /'
+    grep -E "^bench: cold prefill [0-9]+: per layer step" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  overlap /'
+    grep -E "^bench: cold prefill [0-9]+ (serial|stream): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
+  } >"$LOG/results.txt"
 fi
 row total "$(($(date +%s) - t0))s"
+[ -f "$LOG/results.txt" ] && cat "$LOG/results.txt" >>"$T"
+tar czf "$LOG/cold_prefill_logs.tar.gz" -C "$LOG" --exclude=cold_prefill_logs.tar.gz $(cd "$LOG" && ls) 2>/dev/null
 echo "==================== device_cold_prefill summary ===================="
 cat "$T"

@@ -26,6 +26,20 @@ Status run_prompt(cuda::CudaExecutor& ex, int64_t N, int64_t C, const std::funct
   return Status();
 }
 
+constexpr double kGiB = double(1ull << 30);
+
+// Free and total HBM now (after the stream drained).
+Status free_hbm(uint64_t* free_b, uint64_t* total_b) {
+  size_t f = 0, t = 0;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    cudaGetLastError();
+    return FB_ERROR(kInternal) << "cudaMemGetInfo failed";
+  }
+  *free_b = f;
+  *total_b = t;
+  return Status();
+}
+
 }  // namespace
 
 Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, const ColdPrefillOptions& opt, ColdPrefillPlan* plan,
@@ -35,74 +49,134 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
   if (opt.prompts.empty()) return FB_ERROR(kInvalidArgument) << "cold prefill: no prompt lengths";
   const model::Config& c = ex.config();
   int n_tiered = 0, entries = ex.run_options().expert_prefetch_entries;
-  bool derive = entries <= 0;
+  const bool derive = entries <= 0;
   for (int l = 0; l < c.n_layers; ++l)
     if (slots->slots(l) > 0) {
       ++n_tiered;
       if (derive) entries = std::max(entries, c.roles[size_t(l)].n_experts - slots->slots(l));
     }
   if (n_tiered == 0) return FB_ERROR(kInvalidArgument) << "cold prefill: no layer has more experts than slots";
-  const int64_t n_max = *std::max_element(opt.prompts.begin(), opt.prompts.end());
 
-  // The chunk: the largest whose step fits what HBM has left once the staging buffers exist.
+  // The staging buffers first, so the free HBM the chunks are sized from is what a step can use
+  // (reserved here, the executor's own check of the source is skipped: CudaExecutor::prefetch_step).
+  model::ExpertTraffic traffic;
+  if (slots->source().traffic(&traffic))
+    return FB_ERROR(kInvalidArgument) << "cold prefill: the expert source's views expire between layers (host tiers): no prefetch";
   ColdPrefillPlan p;
-  p.staging_bytes = slots->prefetch_entries() > 0 ? 0 : 2ull * uint64_t(entries) * slots->slot_bytes();
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return FB_ERROR(kInternal) << "cudaMemGetInfo failed";
-  const uint64_t avail = uint64_t(free_b) + ex.workspace_bytes();
-  p.budget_bytes = avail > p.staging_bytes + opt.reserve_bytes ? avail - p.staging_bytes - opt.reserve_bytes : 0;
-  p.chunk = opt.chunk > 0 ? opt.chunk : memory::prefill_chunk_rows(c, p.budget_bytes, n_max);
-  if (p.chunk <= 0)
-    return FB_ERROR(kResourceExhausted) << "cold prefill: " << double(p.budget_bytes) / double(1ull << 30)
-                                        << " GiB of HBM left for the step: not even a 2,048-row chunk fits";
+  if (slots->prefetch_entries() == 0) {
+    Status st = slots->reserve_prefetch(entries);
+    if (!st.ok()) {
+      cudaGetLastError();
+      return FB_ERROR(kResourceExhausted) << "cold prefill: the prefetch staging buffers (2 x " << entries << " experts, "
+                                          << 2.0 * double(entries) * double(slots->slot_bytes()) / kGiB
+                                          << " GiB) do not fit next to the model and slots: " << st.to_string();
+    }
+  }
+  p.staging_bytes = 2ull * uint64_t(slots->prefetch_entries()) * slots->slot_bytes();
   if (plan) *plan = p;
 
   const cuda::CudaRunOptions before = ex.run_options();
-  auto with_prefetch = [&](bool on) {
+  auto with_prefetch = [&](bool on, int64_t chunk) {
     cuda::CudaRunOptions o = before;
     o.expert_prefetch = on;
-    o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, p.chunk);
+    o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, chunk);
     ex.set_run_options(o);
   };
-  // Warm-up: the largest chunk at the longest prompt's end (after a fake-filled context), so the
-  // step arena has grown and the staging buffers exist before anything is timed.
-  {
-    with_prefetch(true);
-    const int64_t C = std::min(p.chunk, n_max);
-    auto s = ex.new_session();
-    FB_RETURN_IF_ERROR(fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), n_max - C, uint64_t(n_max) + 29));
-    std::vector<model::SessionState*> ss{s.get()};
-    auto o = ex.forward(prefill_step(n_max - C, n_max, n_max), ss);
-    if (!o.ok()) {
-      ex.set_run_options(before);
-      return o.status();
-    }
-    if (slots->prefetch_entries() == 0) {  // the executor said why on stderr ("cuda: expert prefetch off: ...")
-      ex.set_run_options(before);
-      return FB_ERROR(kResourceExhausted) << "cold prefill: the prefetch staging buffers were not reserved, so a streamed run would be serial";
-    }
-  }
+  auto fail = [&](Status st) {
+    ex.set_run_options(before);
+    return st;
+  };
 
   std::vector<ColdPrefillRun> runs;
+  const auto t_start = std::chrono::steady_clock::now();
+  double last_tok_s = 0;  // the last streamed run's rate (the deadline's prediction)
   for (int64_t N : opt.prompts) {
+    const bool serial = N <= opt.serial_upto;
+    if (opt.deadline_s > 0 && last_tok_s > 0) {
+      const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double need = double(N) / last_tok_s * (serial ? 2.5 : 1.2);  // serial runs are slower than streamed ones
+      if (used + need > opt.deadline_s) {
+        std::fprintf(stderr, "bench: cold prefill: %lld tokens skipped: about %.0f s at %.0f tok/s would end past the %.0f s deadline (%.0f s used)\n",
+                     (long long)N, need, last_tok_s, opt.deadline_s, used);
+        continue;
+      }
+    }
+    // Size this prompt's chunk from what HBM has once the previous prompt's step memory is freed.
+    ex.release_step_memory();
+    uint64_t free_b = 0, total_b = 0;
+    if (Status st = free_hbm(&free_b, &total_b); !st.ok()) return fail(st);
+    const uint64_t budget = memory::prefill_budget_from_free(free_b, total_b, opt.margin_bytes, opt.margin_frac);
+    int64_t C = opt.chunk > 0 ? opt.chunk : memory::prefill_chunk_rows(c, budget, N);
+    if (C <= 0)
+      return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens: " << double(free_b) / kGiB << " GiB of HBM free, "
+                                               << double(budget) / kGiB << " GiB after the margin: not even a 2,048-row step fits (it needs "
+                                               << double(memory::prefill_step_bytes(c, 2048, std::max<int64_t>(N, 2048)).total()) / kGiB
+                                               << " GiB by count)");
+    const int64_t C_max = C;
+    C = opt.chunk > 0 ? std::min(C, N) : memory::prefill_balanced_chunk(C, N);  // the fewest chunks, of equal size
+    const memory::PrefillStepBytes counted = memory::prefill_step_bytes(c, C, N);
+    if (counted.total() > budget)  // only with --cold-prefill-chunk
+      return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens: a " << C << "-row step needs " << double(counted.total()) / kGiB
+                                               << " GiB by count (arena " << double(counted.arena()) / kGiB << ", tc scratch "
+                                               << double(counted.tc) / kGiB << ", session " << double(counted.session) / kGiB << "), "
+                                               << double(budget) / kGiB << " GiB are free after the margin");
+    std::fprintf(stderr,
+                 "bench: cold prefill: %lld tokens: chunk %lld rows (%s %lld), step budget %.2f GiB of %.2f GiB free (margin %.2f GiB); counted "
+                 "%.2f GiB: arena %.2f, tc scratch %.2f, session %.2f\n",
+                 (long long)N, (long long)C, opt.chunk > 0 ? "--cold-prefill-chunk" : "balanced; the largest that fits:", (long long)C_max, double(budget) / kGiB,
+                 double(free_b) / kGiB, double(free_b - budget) / kGiB, double(counted.total()) / kGiB, double(counted.arena()) / kGiB,
+                 double(counted.tc) / kGiB, double(counted.session) / kGiB);
+    if (Status st = ex.reserve_workspace(counted.arena()); !st.ok())
+      return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens: the " << double(counted.arena()) / kGiB
+                                               << " GiB step arena could not be reserved with " << double(free_b) / kGiB
+                                               << " GiB free: " << st.to_string());
+    // Warm-up: the prompt's last chunk after a fake-filled context (tc scratch, cuBLASLt plans,
+    // the staging's first use), then the count is checked against what the step used.
+    {
+      with_prefetch(true, C);
+      auto s = ex.new_session();
+      Status st = fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), N - C, uint64_t(N) + 29);
+      std::vector<model::SessionState*> ss{s.get()};
+      if (st.ok()) {
+        auto o = ex.forward(prefill_step(N - C, N, N), ss);
+        if (!o.ok()) st = o.status();
+      }
+      if (!st.ok())
+        return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens: the warm-up step of " << C << " rows failed ("
+                                                 << st.to_string() << ") with the arena reserved at " << double(counted.arena()) / kGiB
+                                                 << " GiB and " << double(budget - counted.total()) / kGiB
+                                                 << " GiB counted spare before the margin; the count (memory::prefill_step_bytes) or the margin is short");
+      // A step past the count still ran (its overflow allocated per op, then the arena grew or
+      // stayed): the runs go on, but the count is wrong and says so.
+      if (ex.workspace_high_bytes() > counted.arena())
+        std::fprintf(stderr, "bench: cold prefill: warning: %lld tokens: the %lld-row step's arena reached %.3f GiB, the count says %.3f GiB: a "
+                     "buffer is missing from memory::prefill_step_bytes\n",
+                     (long long)N, (long long)C, double(ex.workspace_high_bytes()) / kGiB, double(counted.arena()) / kGiB);
+      if (ex.tc_scratch_bytes() > counted.tc)
+        std::fprintf(stderr, "bench: cold prefill: warning: tc scratch %.2f GiB, counted %.2f GiB\n", double(ex.tc_scratch_bytes()) / kGiB,
+                     double(counted.tc) / kGiB);
+      if (slots->prefetch_entries() == 0)
+        return fail(FB_ERROR(kResourceExhausted) << "cold prefill: the prefetch staging buffers were not reserved, so a streamed run would be serial");
+    }
     std::vector<bool> modes;
-    if (opt.serial_baseline) modes.push_back(false);
+    if (serial) modes.push_back(false);
     modes.push_back(true);
     for (bool on : modes) {
-      with_prefetch(on);
+      with_prefetch(on, C);
       slots->reset_stats();
       const auto t0 = std::chrono::steady_clock::now();
-      const Status st = run_prompt(ex, N, p.chunk, prefill_step);
+      const Status st = run_prompt(ex, N, C, prefill_step);
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!st.ok()) {
-        ex.set_run_options(before);
-        return st;
-      }
+      if (!st.ok())
+        return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens in " << C << "-row chunks, " << (on ? "streamed" : "serial")
+                                                 << " run failed after the warm-up step of the same size passed (" << st.to_string()
+                                                 << "); arena reserved " << double(counted.arena()) / kGiB << " GiB, "
+                                                 << double(free_b) / kGiB << " GiB were free before the prompt");
       const cuda::ExpertSlotStats x = slots->stats();
       ColdPrefillRun r;
       r.prompt = N;
-      r.chunk = std::min(p.chunk, N);
-      r.chunks = (N + p.chunk - 1) / p.chunk;
+      r.chunk = C;
+      r.chunks = (N + C - 1) / C;
       r.prefetch = on;
       r.wall_s = sec;
       r.tok_s = double(N) / sec;
@@ -118,11 +192,17 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       r.layer_copy_ms = (x.copy_ms + x.prefetch_ms) / double(r.chunks * n_tiered);
       r.workspace_high = ex.workspace_high_bytes();
       r.workspace_held = ex.workspace_bytes();
-      r.predicted_bytes = memory::prefill_step_bytes(c, std::min(p.chunk, n_max), n_max).arena();  // the warm-up's step: the largest
+      r.predicted_bytes = counted.arena();
+      r.tc_bytes = ex.tc_scratch_bytes();
+      r.predicted_tc = counted.tc;
+      r.budget_bytes = budget;
+      r.free_bytes = free_b;
+      if (on) last_tok_s = r.tok_s;
       // One line per run as it ends (a run cut short by a timeout keeps the ones before it).
       std::fprintf(stderr, "bench: cold prefill run: %lld tokens in %lld chunk(s) of %lld, %s: %.2f s, %.0f tok/s\n", (long long)N,
                    (long long)r.chunks, (long long)r.chunk, on ? "streamed" : "serial", sec, r.tok_s);
       runs.push_back(r);
+      if (opt.on_run) opt.on_run(r);
     }
   }
   ex.set_run_options(before);

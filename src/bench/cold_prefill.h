@@ -7,6 +7,7 @@
 // synthetic model's outputs are noise; traffic and time are what is measured.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -16,11 +17,16 @@
 
 namespace fb::bench {
 
+struct ColdPrefillRun;
+
 struct ColdPrefillOptions {
   std::vector<int64_t> prompts;          // prompt lengths (tokens)
-  int64_t chunk = 0;                     // rows per chunk; 0: the largest the free HBM allows
-  uint64_t reserve_bytes = 3ull << 30;   // HBM left unplanned (allocator slack, cuBLASLt, the count's misses)
-  bool serial_baseline = true;           // also run each prompt with expert_prefetch off
+  int64_t chunk = 0;                     // rows per chunk; 0: per prompt, the largest whose counted step fits the free HBM
+  uint64_t margin_bytes = 2ull << 30;    // HBM left unplanned beside the count (memory::prefill_budget_from_free) ...
+  double margin_frac = 0.02;             // ... plus this share of the device (allocator, cuBLASLt, what the count misses)
+  int64_t serial_upto = INT64_MAX;       // also run prompts of at most this many tokens with expert_prefetch off (0: none)
+  double deadline_s = 0;                 // > 0: skip a prompt whose predicted time (from the last streamed rate) would end past this
+  std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
 };
 
 struct ColdPrefillRun {
@@ -34,16 +40,20 @@ struct ColdPrefillRun {
   double layer_copy_ms = 0;   // copy GPU time / (chunks x tiered layers)
   uint64_t workspace_held = 0;  // the arena's buffer after the run (below workspace_high: it could not grow, steps fell back to cudaMalloc)
   uint64_t workspace_high = 0, predicted_bytes = 0;  // the step arena's high-water mark vs memory::prefill_step_bytes(...).arena()
+  uint64_t tc_bytes = 0, predicted_tc = 0;            // tc_gemm's scratch held vs counted
+  uint64_t budget_bytes = 0, free_bytes = 0;          // the prompt's sizing: free HBM and the budget after the margin
 };
 
 struct ColdPrefillPlan {
-  int64_t chunk = 0;
-  uint64_t budget_bytes = 0;   // free HBM (+ the arena, - staging, - reserve) the chunk was sized from
-  uint64_t staging_bytes = 0;  // the two prefetch staging buffers
+  uint64_t staging_bytes = 0;  // the two prefetch staging buffers (reserved before any sizing)
 };
 
 // `ex` must have tiered layers. `prefill_step(s0, s1, end)` builds rows [s0, s1) of an `end`-row
-// prompt. One warm-up chunk (the largest, at the longest prompt) grows the step arena first.
+// prompt. Per prompt: the arena and tc scratch are freed, the chunk is sized from free HBM by
+// memory::prefill_step_bytes (staging already reserved), the arena reserved at the counted size,
+// and one warm-up chunk at the prompt's end is checked against the count (a warning on stderr
+// when its arena went past it) before anything is timed. HBM that runs out is kResourceExhausted
+// with the sizes (free, budget, counted), never a bare CUDA error.
 Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, const ColdPrefillOptions& opt, ColdPrefillPlan* plan,
                                                      const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step);
 

@@ -55,27 +55,19 @@ TierStart start_tier_bench(const BenchArgs& a, cuda::CudaExecutor& ex) {
 }
 
 // issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
-// copies vs experts streamed a layer ahead, with the chunk the free HBM allows.
+// copies vs experts streamed a layer ahead, each prompt in the largest chunk its counted step
+// fits in the free HBM. CSV rows are written (and flushed) as each run ends.
 int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps, double bf16_tflops) {
   if (!pin_synthetic_experts(a, ex)) return 1;
+  const model::Config& c = ex.config();
   bench::ColdPrefillOptions o;
   o.prompts = a.cold_prefill;
   o.chunk = a.cold_prefill_chunk;
-  o.serial_baseline = a.cold_prefill_serial;
-  const model::Config& c = ex.config();
-  bench::ColdPrefillPlan plan;
-  auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
-  if (!runs.ok()) {
-    std::fprintf(stderr, "bench: cold prefill: %s\n", runs.status().to_string().c_str());
-    return 1;
-  }
-  std::fprintf(stderr, "bench: cold prefill: chunk %lld rows (%s), step budget %.1f GiB after %.1f GiB of prefetch staging\n",
-               (long long)plan.chunk, a.cold_prefill_chunk > 0 ? "--cold-prefill-chunk" : "largest that fits the free HBM",
-               double(plan.budget_bytes) / double(1ull << 30), double(plan.staging_bytes) / double(1ull << 30));
-  csv.row("cold_prefill_chunk_rows", 0, double(plan.chunk), "rows per chunk");
-  csv.row("cold_prefill_step_budget_gib", 0, double(plan.budget_bytes) / double(1ull << 30), "GiB of HBM for the step arena");
-  std::fprintf(stderr, "bench: cold prefill   prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)\n");
-  for (const bench::ColdPrefillRun& r : *runs) {
+  o.serial_upto = a.cold_prefill_serial == 1 ? INT64_MAX : a.cold_prefill_serial;
+  o.deadline_s = a.cold_prefill_deadline;
+  constexpr double kGiB = double(1ull << 30);
+  std::vector<bench::ColdPrefillRun> done;
+  o.on_run = [&](const bench::ColdPrefillRun& r) {
     const std::string k = std::string("cold_prefill_") + (r.prefetch ? "stream" : "serial");
     const double gflop_tok = bench::decode_step_cost(c, r.prompt / 2, true).flops / 1e9;  // mean context N/2
     const double tflops = gflop_tok * double(r.prompt) / r.wall_s / 1e3;
@@ -83,8 +75,14 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     std::fprintf(stderr, "bench: cold prefill %8lld %6lld  %-6s %9.1f %7.2f %9.1f %5.1f  %13.2f %7.2f %7llu  %llu(%llu)\n", (long long)r.prompt,
                  (long long)r.chunk, r.prefetch ? "stream" : "serial", r.tok_s, r.wall_s, r.copied_gb, r.copy_gbps, r.layer_step_ms,
                  r.layer_copy_ms, (unsigned long long)r.misses, (unsigned long long)r.prefetched, (unsigned long long)r.prefetch_used);
+    std::fprintf(stderr, "bench: cold prefill %lld %s: PCIe %.1f GB/s over the wall = %.0f%% of the %.1f GB/s pinned peak (copies alone %.1f GB/s = %.0f%%); "
+                 "%.0f TFLOP/s = %.0f%% of the %.0f TFLOP/s bf16 GEMM\n",
+                 (long long)r.prompt, r.prefetch ? "stream" : "serial", pcie, h2d_peak_gbps > 0 ? 100 * pcie / h2d_peak_gbps : -1, h2d_peak_gbps,
+                 r.copy_gbps, h2d_peak_gbps > 0 ? 100 * r.copy_gbps / h2d_peak_gbps : -1, tflops, bf16_tflops > 0 ? 100 * tflops / bf16_tflops : -1,
+                 bf16_tflops);
     csv.row(k + "_tok_s", r.prompt, r.tok_s, "tok/s");
     csv.row(k + "_s", r.prompt, r.wall_s, "s");
+    csv.row(k + "_chunk_rows", r.prompt, double(r.chunk), "rows per chunk");
     csv.row(k + "_tflops", r.prompt, tflops, "TFLOP/s (matmul + attention FLOPs)", bf16_tflops > 0 ? tflops / bf16_tflops : -1);
     csv.row(k + "_pcie_gbps", r.prompt, pcie, "GB/s of expert copies over the wall time", h2d_peak_gbps > 0 ? pcie / h2d_peak_gbps : -1);
     csv.row(k + "_copy_gb", r.prompt, r.copied_gb, "GB copied (slot misses + prefetch)");
@@ -94,32 +92,36 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     csv.row(k + "_slot_misses", r.prompt, double(r.misses), "experts copied into slots");
     csv.row(k + "_prefetched", r.prompt, double(r.prefetched), "experts copied into staging a layer ahead");
     csv.row(k + "_prefetch_used", r.prompt, double(r.prefetch_used), "staged experts a MoE call read");
-  }
-  // Copy / compute per layer step: the serial run's wall minus its copies is the compute it
-  // serialised with; the streamed run shows how much of the copy time it hid.
-  for (const bench::ColdPrefillRun& s : *runs) {
-    if (s.prefetch) continue;
-    for (const bench::ColdPrefillRun& t : *runs) {
-      if (!t.prefetch || t.prompt != s.prompt) continue;
+    csv.row(k + "_budget_gib", r.prompt, double(r.budget_bytes) / kGiB, "GiB the chunk was sized from (free HBM minus the margin)");
+    csv.row(k + "_free_gib", r.prompt, double(r.free_bytes) / kGiB, "GiB of HBM free before the step");
+    csv.row(k + "_arena_high_gib", r.prompt, double(r.workspace_high) / kGiB, "GiB measured step arena");
+    csv.row(k + "_arena_counted_gib", r.prompt, double(r.predicted_bytes) / kGiB, "GiB counted arena (memory::prefill_step_bytes)");
+    csv.row(k + "_tc_scratch_gib", r.prompt, double(r.tc_bytes) / kGiB, "GiB measured tc_gemm scratch");
+    csv.row(k + "_tc_counted_gib", r.prompt, double(r.predicted_tc) / kGiB, "GiB counted tc scratch (memory::prefill_step_bytes)");
+    // Copy / compute per layer step: the serial run's wall minus its copies is the compute it
+    // serialised with; the streamed run shows how much of the copy time it hid.
+    for (const bench::ColdPrefillRun& s : done) {
+      if (s.prefetch || !r.prefetch || s.prompt != r.prompt) continue;
       const double copy_s = (s.copy_ms + s.prefetch_ms) * 1e-3;
       const double compute_s = std::max(0.0, s.wall_s - copy_s);
-      const double hidden = copy_s > 0 ? (s.wall_s - t.wall_s) / copy_s : 0;
+      const double hidden = copy_s > 0 ? (s.wall_s - r.wall_s) / copy_s : 0;
       const double layers = double(s.chunks * c.n_layers);
       std::fprintf(stderr, "bench: cold prefill %lld: per layer step compute ~%.2f ms, copies %.2f ms; streamed %.2f ms vs serial %.2f ms: %.0f%% of the copy time hidden (%.2fx)\n",
-                   (long long)s.prompt, compute_s * 1e3 / layers, copy_s * 1e3 / layers, t.layer_step_ms, s.layer_step_ms, hidden * 100,
-                   s.wall_s / t.wall_s);
+                   (long long)s.prompt, compute_s * 1e3 / layers, copy_s * 1e3 / layers, r.layer_step_ms, s.layer_step_ms, hidden * 100,
+                   s.wall_s / r.wall_s);
       csv.row("cold_prefill_layer_compute_ms", s.prompt, compute_s * 1e3 / layers, "ms per layer step: serial wall minus its copies");
       csv.row("cold_prefill_copy_hidden", s.prompt, hidden, "share of the serial copy time the streamed run hid");
-      csv.row("cold_prefill_speedup", s.prompt, s.wall_s / t.wall_s, "x serial");
+      csv.row("cold_prefill_speedup", s.prompt, s.wall_s / r.wall_s, "x serial");
     }
-  }
-  if (!runs->empty()) {
-    const bench::ColdPrefillRun& r = runs->back();
-    std::fprintf(stderr, "bench: cold prefill: step arena high-water %.2f GiB (held %.2f GiB%s), counted (memory::prefill_step_bytes) %.2f GiB for the largest step\n",
-                 double(r.workspace_high) / double(1ull << 30), double(r.workspace_held) / double(1ull << 30),
-                 r.workspace_held < r.workspace_high ? ": it could not grow, steps allocated per op" : "", double(r.predicted_bytes) / double(1ull << 30));
-    csv.row("cold_prefill_arena_high_gib", r.prompt, double(r.workspace_high) / double(1ull << 30), "GiB, measured (largest step)");
-    csv.row("cold_prefill_arena_predicted_gib", r.prompt, double(r.predicted_bytes) / double(1ull << 30), "GiB, memory::prefill_step_bytes");
+    done.push_back(r);
+  };
+  std::fprintf(stderr, "bench: cold prefill   prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)\n");
+  bench::ColdPrefillPlan plan;
+  auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
+  std::fprintf(stderr, "bench: cold prefill: %.1f GiB of prefetch staging\n", double(plan.staging_bytes) / kGiB);
+  if (!runs.ok()) {
+    std::fprintf(stderr, "bench: cold prefill: %s\n", runs.status().to_string().c_str());
+    return 1;
   }
   return 0;
 }

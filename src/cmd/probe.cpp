@@ -196,17 +196,19 @@ int run_probe(const ProbeArgs& a) {
                     double(r) / (compute_s + copy_s), double(r) / std::max(compute_s, copy_s), compute_s, copy_s);
       }
       if (rows > 0) {
-        // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in chunks of
-        // the size above (the last one shorter), each chunk copying every non-resident expert.
+        // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in the
+        // fewest chunks the size above allows, of equal size (memory::prefill_balanced_chunk, as
+        // the bench), each chunk copying every non-resident expert.
+        const int64_t chunk = memory::prefill_balanced_chunk(rows, ctx);
         double serial_s = 0, streamed_s = 0;
         int64_t chunks = 0;
-        for (int64_t s0 = 0; s0 < ctx; s0 += rows, ++chunks) {
-          const double compute_s = double(std::min(rows, ctx - s0)) / resident_tok_s;
+        for (int64_t s0 = 0; s0 < ctx; s0 += chunk, ++chunks) {
+          const double compute_s = double(std::min(chunk, ctx - s0)) / resident_tok_s;
           serial_s += compute_s + copy_s;
           streamed_s += std::max(compute_s, copy_s);
         }
         std::printf("  a %lld-token prompt cold in %lld chunk(s) of %lld rows: serial %.0f tok/s (%.1f s), streamed %.0f tok/s (%.1f s)\n",
-                    (long long)ctx, (long long)chunks, (long long)rows, double(ctx) / serial_s, serial_s, double(ctx) / streamed_s, streamed_s);
+                    (long long)ctx, (long long)chunks, (long long)chunk, double(ctx) / serial_s, serial_s, double(ctx) / streamed_s, streamed_s);
       }
     }
   }

@@ -62,8 +62,22 @@ class Arena {
     ws_->dev_high = std::max(ws_->dev_high, dev_peak_);
     ws_->pin_high = std::max(ws_->pin_high, pin_need_);
     if (ws_->dev_high > ws_->dev.bytes()) {
+      // This step's fallback buffers go first (the stream is drained): the grown workspace
+      // replaces them, and holding both could need 2.25x the step. Then 1.25x the mark, else the
+      // mark itself; a failure is cleared (cudaMalloc's error would otherwise be reported by the
+      // next kernel launch: issue 26's "embed_rows_kernel: out of memory") and later steps of
+      // this size allocate per op.
+      bufs_.clear();
       ws_->dev.reset();
-      if (!ws_->dev.alloc(ws_->dev_high + ws_->dev_high / 4).ok()) ws_->dev.reset();
+      bool grown = ws_->dev.alloc(ws_->dev_high + ws_->dev_high / 4).ok();
+      if (!grown) {
+        cudaGetLastError();
+        grown = ws_->dev.alloc(ws_->dev_high).ok();
+      }
+      if (!grown) {
+        ws_->dev.reset();
+        cudaGetLastError();
+      }
     }
     constexpr size_t kPinMax = size_t(256) << 20;
     if (ws_->pin_high > ws_->pin_cap && ws_->pin_high <= kPinMax) {
@@ -72,7 +86,7 @@ class Arena {
       ws_->pin_cap = 0;
       const size_t want = std::max<size_t>(ws_->pin_high + ws_->pin_high / 4, size_t(1) << 20);
       if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
-      else ws_->pinned = nullptr;
+      else ws_->pinned = nullptr, cudaGetLastError();
     }
     ws_->busy = false;
   }
@@ -203,8 +217,7 @@ class CudaLayerOps {
     ProfScope(CudaLayerOps* ops, const char* name) : o(ops), i(ops->prof_open(name)) {}
     ~ProfScope() { o->prof_close(i); }
   };
-  // After the stream was synchronised: op times into the executor's profile; a backbone step's
-  // also into the executor's op times by family (Executor::stats).
+  // After the stream was synchronised: op times into the executor's profile.
   size_t prof_open(const char* name) {
     kprof_set_op(name);
     if (!m_.profile_) return ~size_t(0);
@@ -215,7 +228,7 @@ class CudaLayerOps {
     kprof_set_op("-");
     if (i != ~size_t(0)) prof_[i].b = event();
   }
-  void flush_profile(bool backbone = false) {
+  void flush_profile() {
     if (kprof_on())
       kprof_end(
           [](void* ctx, const std::string& name, double ms) {
@@ -232,11 +245,9 @@ class CudaLayerOps {
         OpProfile& p = m_.prof_[e.name];
         p.ms += ms;
         ++p.calls;
-        if (backbone) m_.op_times_.add(e.name, ms * 1e-3);
       }
       if (e.b) last = e.b;
     }
-    if (backbone) ++m_.op_times_.steps;
     float total = 0;
     if (last != prof_begin_ && cudaEventElapsedTime(&total, prof_begin_, last) == cudaSuccess) {
       OpProfile& p = m_.prof_["step.gpu"];

@@ -50,6 +50,16 @@ class TcGemm {
   static constexpr int kSlots = 8;
   Result<uint16_t*> scratch(int slot, int64_t elems, cudaStream_t st);
   Result<void*> scratch_bytes(int slot, size_t bytes, cudaStream_t st);
+  // Device bytes the scratch slots hold now (memory::prefill_step_bytes counts them as `tc`), and
+  // freeing them (the next use grows them again), for a caller that sizes its steps from free HBM.
+  size_t scratch_held() const {
+    size_t n = 0;
+    for (const DeviceBuffer& b : scratch_) n += b.bytes();
+    return n;
+  }
+  void release_scratch() {
+    for (DeviceBuffer& b : scratch_) b.reset();
+  }
 
  private:
   TcGemm() = default;

@@ -1,32 +1,61 @@
-// The prefill chunk size from the HBM budget (issue 26): bytes one tensor-core prefill step of
-// `rows` rows holds on the GPU at the released dimensions (the CUDA step's arena, counted from the
-// buffers CudaLayerOps and its largest op, the grouped MoE, allocate), and the largest chunk
-// whose step fits a budget. Pure arithmetic by count; `flashbox bench --cold-prefill` prints the
-// measured high-water mark of the same step beside it.
+// The prefill chunk size from the HBM budget (issue 26): every byte one tensor-core prefill step of
+// `rows` rows allocates on the GPU at a config's dimensions, and the largest chunk whose step fits
+// a budget. The step arena is replayed buffer by buffer in the backbone's op order with the
+// CUDA Arena's rules (cuda/layer_ops.h: 256-byte rounding, frames that hand an op's temporaries
+// to the next op), so its peak is the count of what CudaLayerOps, CudaStep and the grouped MoE
+// allocate, not an estimate per row. tc_gemm's scratch slots (cuda/tc_gemm.cu, grown by 1/8 past
+// the largest request), the session caches and RoPE tables the prompt grows are counted beside it.
+// Pure arithmetic; `flashbox bench --cold-prefill` reserves the arena at the counted size and
+// fails with a message naming the difference when the measured step goes past it.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "model/config.h"
 
 namespace fb::memory {
 
-struct PrefillStepBytes {
-  uint64_t step = 0;       // buffers that live for the whole step (mHC streams, q/o, quant scratch, taps)
-  uint64_t moe = 0;        // the MoE op's temporaries (tensor-core grouping: gathered rows, w1/w3/w2 outputs)
-  uint64_t attention = 0;  // the attention/indexer op's temporaries that grow with the context
-  uint64_t tc = 0;         // outside the arena: tc_gemm's scratch (expanded activations of the widest
-                           // FP8 GEMM input, index dots up to 1 GiB, expanded weights)
-  uint64_t arena() const { return step + moe + attention; }
-  uint64_t total() const { return arena() + tc; }
+// One buffer of the count. Arena buffers held for the whole step (`held`) are summed over the
+// layers that allocate them; an op's temporaries (`held` false) are its largest call's.
+struct PrefillBuffer {
+  std::string name;  // "op.buffer", e.g. "moe.xp", "step.X", "tc.slot3", "session.rope"
+  uint64_t bytes = 0;
+  bool held = false;
 };
 
-// `rows` prefill rows whose last position is `context` (the longest key list).
+struct PrefillStepBytes {
+  uint64_t step = 0;       // arena bytes held until the step ends (activations, selections, compressor outputs, uploads)
+  uint64_t moe = 0;        // the MoE op's temporaries (its largest call)
+  uint64_t attention = 0;  // the indexer's and attention's temporaries (their largest call)
+  uint64_t arena_peak = 0; // the arena's high-water mark: the replay's largest held + open frame
+  uint64_t tc = 0;         // outside the arena: tc_gemm's 8 scratch slots (+1/8 growth each) and cuBLASLt's workspace
+  uint64_t session = 0;    // outside the arena: compressed caches (with a reallocation's old copy), rings, RoPE tables for `context`
+  std::vector<PrefillBuffer> buffers;  // every buffer above, by name
+  uint64_t arena() const { return arena_peak; }
+  uint64_t total() const { return arena_peak + tc + session; }
+};
+
+// `rows` prefill rows of one session ending at position `context` (the prompt's length: the
+// indexers score up to it from the first chunk on), rows starting at an even position.
 PrefillStepBytes prefill_step_bytes(const model::Config& c, int64_t rows, int64_t context);
 
-// The largest multiple of `quantum` rows (at most max_rows, at least quantum) whose step fits
-// `budget_bytes` with the arena's 25% growth slack (cuda/layer_ops.h Arena) on arena(); 0 when not even
-// `quantum` rows fit. Prompts shorter than the result run in one chunk.
+// The largest multiple of `quantum` rows (at most max_rows) whose step's total() fits
+// `budget_bytes`; 0 when not even `quantum` rows fit. The arena is reserved at arena() before the
+// first step (no growth slack: CudaExecutor::reserve_workspace), so nothing else is added here;
+// the caller's budget already leaves its margin.
 int64_t prefill_chunk_rows(const model::Config& c, uint64_t budget_bytes, int64_t context, int64_t max_rows = 65536, int64_t quantum = 2048);
+
+// A `prompt`-token prompt in chunks of at most `max_rows`: the fewest chunks, of equal size rounded
+// up to `quantum` (the last one shorter), e.g. 32,768 tokens with 26,624 rows at most: 2 x 16,384
+// rather than 26,624 + 6,144 (each chunk copies every non-resident expert once, whatever its rows).
+// 0 when max_rows is 0; the prompt itself when it fits in one chunk.
+int64_t prefill_balanced_chunk(int64_t max_rows, int64_t prompt, int64_t quantum = 2048);
+
+// The budget the bench sizes a chunk from: free HBM once the model, slots and prefetch staging
+// exist, minus a margin of `margin_bytes` + `margin_frac` of the device's total (allocator
+// granularity, cuBLASLt's own buffers, what the count does not see); 0 when the margin takes it all.
+uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uint64_t margin_bytes = 2ull << 30, double margin_frac = 0.02);
 
 }  // namespace fb::memory
