@@ -171,6 +171,37 @@ TEST(ExecutorStats, EngramRowsHiddenOrExposed) {
               (unsigned long long)no.exposed, no.exposed_s * 1e3);
 }
 
+// One table names the forward pass's ops for the CPU's clocks and the CUDA executor's device times
+// (its profile entries carry the same names): every run_backbone op has a family, other names
+// (draft-only ops, whole-step entries, per-kernel entries) none, and OpTimes::add files by name.
+TEST(ExecutorStats, OpNamesAndFamilies) {
+  EXPECT_EQ(model::op_family_index("embed"), int(model::OpFamily::kEmbed));
+  EXPECT_EQ(model::op_family_index("engram_hash"), int(model::OpFamily::kEngram));
+  EXPECT_EQ(model::op_family_index("engram"), int(model::OpFamily::kEngram));
+  EXPECT_EQ(model::op_family_index("dspark_tap"), int(model::OpFamily::kMhc));
+  EXPECT_EQ(model::op_family_index("hc_collapse_norm"), int(model::OpFamily::kMhc));
+  EXPECT_EQ(model::op_family_index("attn_kv"), int(model::OpFamily::kAttnProj));
+  EXPECT_EQ(model::op_family_index("index_select"), int(model::OpFamily::kIndex));
+  EXPECT_EQ(model::op_family_index("attention"), int(model::OpFamily::kAttention));
+  EXPECT_EQ(model::op_family_index("moe"), int(model::OpFamily::kMoe));
+  EXPECT_EQ(model::op_family_index("head"), int(model::OpFamily::kHead));
+  EXPECT_EQ(model::op_family_index("end_layer"), int(model::OpFamily::kOther));
+  for (const char* other : {"markov_chain", "step.gpu", "step.wall", "step.enqueue", "k:moe/tc_gemv", "", "Moe"})
+    EXPECT_EQ(model::op_family_index(other), -1) << other;
+  std::array<int, model::kOpFamilyCount> per_family{};
+  for (const model::OpName& o : model::kOpNames) ++per_family[size_t(o.family)];
+  for (int f = 0; f < model::kOpFamilyCount; ++f) EXPECT_GT(per_family[size_t(f)], 0) << model::op_family_name(model::OpFamily(f));
+  model::OpTimes t;
+  EXPECT_TRUE(t.add("moe", 0.25));
+  EXPECT_TRUE(t.add("moe", 0.5));
+  EXPECT_TRUE(t.add("hc_mixes", 0.125));
+  EXPECT_FALSE(t.add("markov_chain", 9.0));
+  EXPECT_DOUBLE_EQ(t.s[size_t(model::OpFamily::kMoe)], 0.75);
+  EXPECT_EQ(t.calls[size_t(model::OpFamily::kMoe)], 2u);
+  EXPECT_EQ(t.calls[size_t(model::OpFamily::kMhc)], 1u);
+  EXPECT_DOUBLE_EQ(t.total_s(), 0.875);
+}
+
 // The engine publishes its own steps' share: add_delta adds after - before, flags from after.
 TEST(ExecutorStats, AddDelta) {
   model::ExecutorStats acc, before, after;

@@ -323,7 +323,10 @@ int run(const BenchArgs& a) {
       csv.row("prefill_s", N, sec, "s");
       csv.row("prefill_tflops", N, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
     }
+    Progress prefill_at_progress("bench prefill-at", int64_t(a.prefill_at.size()), "contexts");  // on a terminal only
+    int64_t n_at = 0;
     for (int64_t L : a.prefill_at) {
+      prefill_at_progress.update(n_at++);  // drawn while this context's chunk runs; hidden before its lines
       // Prefill throughput at a context frontier: one chunk of --prefill-chunk rows ending at L,
       // after a fake-filled context of L - chunk (the chunk reads what a real prompt's last chunk
       // reads: every earlier window row, compressed entry and index key). A warm-up session first
@@ -362,6 +365,7 @@ int run(const BenchArgs& a) {
         std::vector<std::pair<double, std::string>> rows;
         for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms, name});
         std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+        prefill_at_progress.hide();
         std::fprintf(stderr, "bench: profile of the %lld-row prefill chunk ending at %lld (ms, summed over layers; wall %.1f ms):\n",
                      (long long)C, (long long)L, t * 1e3);
         for (const auto& [ms, name] : rows) {
@@ -382,6 +386,7 @@ int run(const BenchArgs& a) {
           if (!(*ex)->forward(prefill_step((*ex)->config(), L - C, L, L, 5), ss).ok()) return;
           tv[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         });
+        prefill_at_progress.hide();
         for (auto& [v, x] : tv) {
           std::sort(x.begin(), x.end());
           const double med = x[x.size() / 2];
@@ -398,12 +403,15 @@ int run(const BenchArgs& a) {
       const double bytes_tok = cost.weight_bytes / double(C) + cost.cache_bytes;
       csv.row("prefill_frontier_bytes", L, bytes_tok / 1e6, "MB/token (active weights once per step + the row's cache reads)",
               lim->d2d_gbps > 0 ? bytes_tok * double(C) / sec / 1e9 / lim->d2d_gbps : -1);
+      prefill_at_progress.hide();
       std::fprintf(stderr, "bench: prefill chunk of %lld rows ending at %lld: %.2f s, %.1f tok/s\n", (long long)C, (long long)L, sec,
                    double(C) / sec);
       const std::string unit = "tok/s of one " + std::to_string(C) + "-row chunk ending at this context";
       csv.row("prefill_frontier_tok_s", L, double(C) / sec, unit.c_str());
       csv.row("prefill_frontier_tflops", L, tflops, "TFLOP/s (matmul + attention FLOPs)", lim->fp8_tflops > 0 ? tflops / lim->fp8_tflops : -1);
     }
+    prefill_at_progress.update(n_at);
+    prefill_at_progress.finish();
     for (int64_t M : a.prefill_gemms) {
       // The GEMM work of a prefill chunk of M rows on the tensor-core path, one middle layer's
       // weights, each GEMM alone (median of 3), against the measured tensor-core rates.

@@ -33,6 +33,9 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--numerics", tiers.numerics,
                  "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));
+  app.add_flag("--op-times", tiers.op_times,
+               "CUDA: time each op of the forward pass on the device (CUDA events) for the dashboard's and /metrics' step time by "
+               "op family (the CPU executor always times its ops)");
   app.add_option("--kv-cache", kv_cache,
                  "disk KV cache folder: prompts that start with a stored prompt restore its state instead of prefilling it "
                  "(across requests and restarts; CPU executor for now)");

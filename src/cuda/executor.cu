@@ -54,7 +54,7 @@ class CudaStep : public CudaLayerOps {
       ++p.calls;
     }
     sync();
-    flush_profile();
+    flush_profile(true);
     return std::move(out_);
   }
 
@@ -166,7 +166,14 @@ class CudaStep : public CudaLayerOps {
     uint16_t* E = alloc<uint16_t>(T_ * n_cols * hd);
     uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
     if (!ok()) return;
+    // Executor::stats: rows read; with the tables on the host they are fetched here, on the
+    // step's issue path after the layer was reached (exposed, the host time of the gather and
+    // uploads as the wait; whether the GPU idled meanwhile is not measured), else read in place.
+    const uint64_t n_rows = uint64_t(T_) * uint64_t(n_cols);
+    m_.engram_rows_.rows += n_rows;
+    m_.engram_rows_.bytes += n_rows * uint64_t(hd + hd / 32);
     if (m_.engram_host_) {
+      const auto fetch0 = std::chrono::steady_clock::now();
       // Tables on the host: copy this step's rows (codes and scales, unchanged) from the mapped
       // snapshot into a compact [T, n_cols] table, then the same gather over identity ids.
       const model::LayerWeights& hw = m_.w_.layers[size_t(l)];
@@ -186,6 +193,8 @@ class CudaStep : public CudaLayerOps {
           ident[size_t(i)] = i;
         }
       step(engram_gather(upload(codes), upload(scales), upload(ident), n_cols, T_, n_cols, hd, E, st_));
+      m_.engram_rows_.exposed += n_rows;
+      m_.engram_rows_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - fetch0).count();
     } else {
       step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E,
                          st_));

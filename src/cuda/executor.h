@@ -292,9 +292,16 @@ class CudaExecutor final : public model::Executor {
   std::shared_ptr<DevExpertSlots> expert_slots() const { return slots_; }
   // Expert traffic by tier (issue 24) from the host-side counters: HBM slot hits, then each miss
   // at the tier its copy came from (the host tiers' counters when the source keeps them, else
-  // host memory). No op times: ops only enqueue here (--profile has the GPU times).
+  // host memory). Op times by family only while profiling (set_profile: CUDA events around each
+  // backbone op, summed on the device clock after each step; ops only enqueue, so a host clock
+  // would time launches). Engram rows: gathered on the host and uploaded inside the step when the
+  // tables stay on the host (exposed), read in place by the gather kernel when they are in HBM.
   model::ExecutorStats stats() const override {
     model::ExecutorStats st;
+    st.has_op_times = profile_;
+    if (profile_) st.ops = op_times_;
+    st.has_engram = !engram_.empty();
+    st.engram = engram_rows_;
     if (!slots_) return st;
     const ExpertSlotStats d = slots_->stats();
     st.has_expert_traffic = true;
@@ -393,6 +400,9 @@ class CudaExecutor final : public model::Executor {
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;
+  // Executor::stats: the backbone steps' op times by family (while profiling) and Engram rows.
+  mutable model::OpTimes op_times_;
+  mutable model::EngramRows engram_rows_;
   // Expert tier (CudaLoadOptions::expert_slots > 0): layers with fewer slots than experts read
   // their routed experts through it.
   std::shared_ptr<DevExpertSlots> slots_;

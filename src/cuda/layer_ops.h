@@ -217,7 +217,8 @@ class CudaLayerOps {
     ProfScope(CudaLayerOps* ops, const char* name) : o(ops), i(ops->prof_open(name)) {}
     ~ProfScope() { o->prof_close(i); }
   };
-  // After the stream was synchronised: op times into the executor's profile.
+  // After the stream was synchronised: op times into the executor's profile; a backbone step's
+  // also into the executor's op times by family (Executor::stats).
   size_t prof_open(const char* name) {
     kprof_set_op(name);
     if (!m_.profile_) return ~size_t(0);
@@ -228,7 +229,7 @@ class CudaLayerOps {
     kprof_set_op("-");
     if (i != ~size_t(0)) prof_[i].b = event();
   }
-  void flush_profile() {
+  void flush_profile(bool backbone = false) {
     if (kprof_on())
       kprof_end(
           [](void* ctx, const std::string& name, double ms) {
@@ -245,9 +246,11 @@ class CudaLayerOps {
         OpProfile& p = m_.prof_[e.name];
         p.ms += ms;
         ++p.calls;
+        if (backbone) m_.op_times_.add(e.name, ms * 1e-3);
       }
       if (e.b) last = e.b;
     }
+    if (backbone) ++m_.op_times_.steps;
     float total = 0;
     if (last != prof_begin_ && cudaEventElapsedTime(&total, prof_begin_, last) == cudaSuccess) {
       OpProfile& p = m_.prof_["step.gpu"];

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/dtype.h"
+#include "base/progress.h"
 #include "cuda/executor.h"
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
@@ -242,11 +243,15 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
     slots_ = FB_TRY(DevExpertSlots::create(cfg_, std::move(src), opt.expert_slots, opt.policy, opt.expert_staging, opt.lfu_aging));
   }
+  // Progress on a terminal (issue 24): the host-to-device copies and the expert packing, by layer
+  // (the drive reads before them have their own line, "load weights", engine/executor_factory.cpp).
+  Progress progress("upload weights", cfg_.n_total_layers(), "layers");
   embed_ = FB_TRY(up<uint16_t>(w_.embed));
   norm_ = FB_TRY(up<uint16_t>(w_.norm));
   head_ = FB_TRY(up<uint16_t>(w_.head));
   layers_.resize(size_t(cfg_.n_total_layers()));
   for (int l = 0; l < cfg_.n_total_layers(); ++l) {
+    progress.update(l);
     const model::LayerWeights& w = w_.layers[size_t(l)];
     DevLayer& d = layers_[size_t(l)];
     d.hc_attn_fn = FB_TRY(up<float>(w.hc_attn_fn));
@@ -309,7 +314,9 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     draft_.markov_head = FB_TRY(up<uint16_t>(w_.draft.markov_head));
     draft_.confidence = FB_TRY(up<uint16_t>(w_.draft.confidence));
   }
+  progress.update(cfg_.n_total_layers());
   if (cfg_.has_vision()) FB_RETURN_IF_ERROR(upload_vision());
+  progress.finish();
   return Status();
 }
 

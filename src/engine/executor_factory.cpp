@@ -138,6 +138,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
                                                               "(flashbox probe --model DIR prints the plan)");
       return m.status();
     }
+    if (opt.op_times) m.value()->set_profile(true);
     return std::unique_ptr<model::Executor>(std::move(m).value());
 #else
     return FB_ERROR(kUnsupported) << "this build has no CUDA executor (configure with the cuda preset on a machine with the "

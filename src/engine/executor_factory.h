@@ -30,6 +30,10 @@ struct ExecutorOptions {
   // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
   // executor is the reference and accepts both names.
   std::string numerics = "fast";
+  // CUDA: time each backbone op on the device (CUDA events around the ops, summed after each
+  // step) for Executor::stats' step time by op family (the dashboard, /metrics). Off by default:
+  // two events per op. The CPU executor times its ops always.
+  bool op_times = false;
 };
 
 // `tiers_out` (optional) receives the routed experts' host tiers when the executor reads through

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string_view>
 
 namespace fb::model {
 
@@ -44,6 +45,33 @@ inline const char* op_family_name(OpFamily f) {
   return kNames[int(f)];
 }
 
+// The forward pass's op names (run_backbone's calls; the CUDA executor's profile names its ops
+// the same) and their families: one table for the CPU's TimedOps and the CUDA device times.
+struct OpName {
+  std::string_view name;
+  OpFamily family;
+};
+inline constexpr OpName kOpNames[] = {
+    {"embed", OpFamily::kEmbed},        {"engram_hash", OpFamily::kEngram},      {"engram", OpFamily::kEngram},
+    {"dspark_tap", OpFamily::kMhc},     {"hc_mixes", OpFamily::kMhc},            {"hc_collapse_norm", OpFamily::kMhc},
+    {"hc_expand", OpFamily::kMhc},      {"attn_q", OpFamily::kAttnProj},         {"attn_kv", OpFamily::kAttnProj},
+    {"attn_output", OpFamily::kAttnProj}, {"compress", OpFamily::kIndex},        {"index_select", OpFamily::kIndex},
+    {"attention", OpFamily::kAttention}, {"moe", OpFamily::kMoe},                {"head", OpFamily::kHead},
+    {"leave_begin", OpFamily::kOther},  {"leave_end", OpFamily::kOther},         {"end_layer", OpFamily::kOther},
+};
+// The family of a forward-pass op, -1 for any other name (draft-only ops, whole-step entries).
+constexpr int op_family_index(std::string_view op) {
+  for (const OpName& o : kOpNames)
+    if (o.name == op) return int(o.family);
+  return -1;
+}
+// At compile time: a name that is not in the table does not compile.
+consteval OpFamily op_family(std::string_view op) {
+  const int f = op_family_index(op);
+  if (f < 0) throw "not a forward-pass op";
+  return OpFamily(f);
+}
+
 // Wall time of forward() steps split by op family (host clock around each op; on the CPU the op's
 // whole cost).
 struct OpTimes {
@@ -54,6 +82,15 @@ struct OpTimes {
     double t = 0;
     for (double v : s) t += v;
     return t;
+  }
+  // One call of the op named `op` took `seconds` (device times by name, e.g. CUDA events);
+  // false, nothing added, when the name is not a forward-pass op.
+  bool add(std::string_view op, double seconds) {
+    const int f = op_family_index(op);
+    if (f < 0) return false;
+    s[size_t(f)] += seconds;
+    ++calls[size_t(f)];
+    return true;
   }
 };
 

@@ -18,32 +18,32 @@ class TimedOps {
  public:
   TimedOps(Ex& ex, OpTimes& t) : ex_(ex), t_(t) {}
 
-  void embed() { time(OpFamily::kEmbed, [&] { ex_.embed(); }); }
-  void engram_hash() { time(OpFamily::kEngram, [&] { ex_.engram_hash(); }); }
-  void engram(int l) { time(OpFamily::kEngram, [&] { ex_.engram(l); }); }
-  void dspark_tap(int i) { time(OpFamily::kMhc, [&] { ex_.dspark_tap(i); }); }
+  void embed() { time<op_family("embed")>([&] { ex_.embed(); }); }
+  void engram_hash() { time<op_family("engram_hash")>([&] { ex_.engram_hash(); }); }
+  void engram(int l) { time<op_family("engram")>([&] { ex_.engram(l); }); }
+  void dspark_tap(int i) { time<op_family("dspark_tap")>([&] { ex_.dspark_tap(i); }); }
   bool leave_begin(int l) {
     bool r = false;
-    time(OpFamily::kOther, [&] { r = ex_.leave_begin(l); });
+    time<op_family("leave_begin")>([&] { r = ex_.leave_begin(l); });
     return r;
   }
-  void leave_end(int l) { time(OpFamily::kOther, [&] { ex_.leave_end(l); }); }
-  void hc_mixes(int l, Site s) { time(OpFamily::kMhc, [&] { ex_.hc_mixes(l, s); }); }
-  void hc_collapse_norm(int l, Site s) { time(OpFamily::kMhc, [&] { ex_.hc_collapse_norm(l, s); }); }
-  void hc_expand(int l, Site s) { time(OpFamily::kMhc, [&] { ex_.hc_expand(l, s); }); }
-  void attn_q(int l) { time(OpFamily::kAttnProj, [&] { ex_.attn_q(l); }); }
-  void attn_kv(int l) { time(OpFamily::kAttnProj, [&] { ex_.attn_kv(l); }); }
-  void attn_output(int l) { time(OpFamily::kAttnProj, [&] { ex_.attn_output(l); }); }
-  void compress(int l) { time(OpFamily::kIndex, [&] { ex_.compress(l); }); }
-  void index_select(int l) { time(OpFamily::kIndex, [&] { ex_.index_select(l); }); }
-  void attention(int l) { time(OpFamily::kAttention, [&] { ex_.attention(l); }); }
-  void moe(int l) { time(OpFamily::kMoe, [&] { ex_.moe(l); }); }
-  void end_layer(int l) { time(OpFamily::kOther, [&] { ex_.end_layer(l); }); }
-  void head() { time(OpFamily::kHead, [&] { ex_.head(); }); }
+  void leave_end(int l) { time<op_family("leave_end")>([&] { ex_.leave_end(l); }); }
+  void hc_mixes(int l, Site s) { time<op_family("hc_mixes")>([&] { ex_.hc_mixes(l, s); }); }
+  void hc_collapse_norm(int l, Site s) { time<op_family("hc_collapse_norm")>([&] { ex_.hc_collapse_norm(l, s); }); }
+  void hc_expand(int l, Site s) { time<op_family("hc_expand")>([&] { ex_.hc_expand(l, s); }); }
+  void attn_q(int l) { time<op_family("attn_q")>([&] { ex_.attn_q(l); }); }
+  void attn_kv(int l) { time<op_family("attn_kv")>([&] { ex_.attn_kv(l); }); }
+  void attn_output(int l) { time<op_family("attn_output")>([&] { ex_.attn_output(l); }); }
+  void compress(int l) { time<op_family("compress")>([&] { ex_.compress(l); }); }
+  void index_select(int l) { time<op_family("index_select")>([&] { ex_.index_select(l); }); }
+  void attention(int l) { time<op_family("attention")>([&] { ex_.attention(l); }); }
+  void moe(int l) { time<op_family("moe")>([&] { ex_.moe(l); }); }
+  void end_layer(int l) { time<op_family("end_layer")>([&] { ex_.end_layer(l); }); }
+  void head() { time<op_family("head")>([&] { ex_.head(); }); }
 
  private:
-  template <class F>
-  void time(OpFamily f, F&& op) {
+  template <OpFamily f, class F>
+  void time(F&& op) {
     const auto t0 = std::chrono::steady_clock::now();
     op();
     t_.s[size_t(f)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
