@@ -13,7 +13,8 @@
 # Usage on the GPU machine, in the repo root:
 #   tools/device_cold_prefill.sh [PROMPTS] [SERIAL_UPTO]     (default 8192,32768,131072 and 32768)
 # Env: FB_BENCH_DEADLINE (s of cold-prefill runs after the model is up, default 100),
-#      FB_GTEST=1 also builds and runs cuda_fixture_parity_test *ExpertPrefetch* (needs .fixtures).
+#      FB_GTEST=1 also builds and runs cuda_fixture_parity_test *ExpertPrefetch* (needs .fixtures)
+#      and cuda_ops_test *TensorCoreScratch* (the scratch growth the count assumes).
 set -u
 PROMPTS=${1:-8192,32768,131072}
 SERIAL_UPTO=${2:-32768}
@@ -28,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader >"$LO
 cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB_GIT_COMMIT=$FB_GIT_COMMIT} >"$LOG/configure.log" 2>&1 ||
   row configure "FAILED (configure.log)"
 TARGETS=flashbox
-[ "${FB_GTEST:-0}" = 1 ] && TARGETS="flashbox cuda_fixture_parity_test"
+[ "${FB_GTEST:-0}" = 1 ] && TARGETS="flashbox cuda_fixture_parity_test cuda_ops_test"
 timeout ${FB_BUILD_TIMEOUT:-420} cmake --build build/device -j16 --target $TARGETS >"$LOG/build.log" 2>&1
 rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s ($TARGETS)"
@@ -38,6 +39,8 @@ if [ "${FB_GTEST:-0}" = 1 ] && [ -x build/device/src/cuda/cuda_fixture_parity_te
     --gtest_filter="${FB_GTEST_FILTER:-*ExpertPrefetch*}" >"$LOG/gtest.log" 2>&1
   rc=$?
   row "gtest ${FB_GTEST_FILTER:-ExpertPrefetch}" "rc=$rc ok=$(grep -c '^\[       OK \]' "$LOG/gtest.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest.log")"
+  timeout 30 build/device/src/cuda/cuda_ops_test --gtest_filter='*TensorCoreScratch*' >"$LOG/gtest_ops.log" 2>&1
+  row "gtest TensorCoreScratch" "rc=$? ok=$(grep -c '^\[       OK \]' "$LOG/gtest_ops.log")"
 fi
 if [ -x build/device/flashbox ]; then
   s=$(date +%s)

@@ -274,5 +274,31 @@ TEST(CudaOps, TensorCoreHcMixes) {
   std::printf("[ tc ] hc mixes T=%lld: worst |tc - cpu| = %.3g (tolerance 1e-3)\n", (long long)T, worst);
 }
 
+// Issue 26: memory::prefill_step_bytes counts each scratch slot at 9/8 of its largest request
+// (TcGemm::scratch_bytes' growth); scratch_held reports that, release_scratch frees every slot and
+// a later request grows the slot again.
+TEST(CudaOps, TensorCoreScratchHeldAndReleased) {
+  NEED_GPU();
+  auto tc = make_tc();
+  ASSERT_TRUE(tc);
+  cudaStream_t st = nullptr;
+  EXPECT_EQ(tc->scratch_held(), 0u);
+  ASSERT_TRUE(tc->scratch(3, 1000, st).ok());  // 2,000 bytes
+  EXPECT_EQ(tc->scratch_held(), 2000u + 250u);
+  ASSERT_TRUE(tc->scratch_bytes(5, 4096, st).ok());
+  EXPECT_EQ(tc->scratch_held(), 2250u + 4096u + 512u);
+  ASSERT_TRUE(tc->scratch(3, 1100, st).ok());  // within 9/8 of the first request: no growth
+  EXPECT_EQ(tc->scratch_held(), 2250u + 4608u);
+  ASSERT_TRUE(tc->scratch(3, 2000, st).ok());  // grows to 9/8 of this one, the old buffer freed first
+  EXPECT_EQ(tc->scratch_held(), 4500u + 4608u);
+  tc->release_scratch();
+  EXPECT_EQ(tc->scratch_held(), 0u);
+  auto p = tc->scratch(0, 64, st);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NE(*p, nullptr);
+  EXPECT_EQ(tc->scratch_held(), 128u + 16u);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace fb::cuda
