@@ -12,7 +12,8 @@
 # cold_prefill_logs.tar.gz (every log and the table).
 # Usage on the GPU machine, in the repo root:
 #   tools/device_cold_prefill.sh [PROMPTS] [SERIAL_UPTO]     (default 8192,32768,131072 and 32768)
-# Env: FB_BENCH_DEADLINE (s of cold-prefill runs after the model is up, default 100),
+# Env: FB_BENCH_DEADLINE (s of cold-prefill runs after the model is up, default 100), FB_TOTAL_S
+#      (the call's whole budget, default 540 s: a cold build leaves the bench less), FB_BUILD_TIMEOUT (420 s),
 #      FB_GTEST=1 also builds and runs cuda_fixture_parity_test *ExpertPrefetch* (needs .fixtures)
 #      and cuda_ops_test *TensorCoreScratch* (the scratch growth the count assumes).
 set -u
@@ -44,10 +45,17 @@ if [ "${FB_GTEST:-0}" = 1 ] && [ -x build/device/src/cuda/cuda_fixture_parity_te
 fi
 if [ -x build/device/flashbox ]; then
   s=$(date +%s)
-  timeout $((DEADLINE + 120)) build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
+  # The whole call stays under FB_TOTAL_S (default 540 s; a device command may run 600 s): after a
+  # slow (cold) build the bench gets what is left, its deadline shrinking with it (the model takes
+  # ~45 s to generate and load, the first prompt always runs).
+  BT=$((${FB_TOTAL_S:-540} - (s - t0) - 25))
+  [ $BT -gt $((DEADLINE + 120)) ] && BT=$((DEADLINE + 120))
+  [ $((BT - 100)) -lt $DEADLINE ] && DEADLINE=$((BT - 100))
+  [ $DEADLINE -lt 20 ] && DEADLINE=20
+  timeout $BT build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
     --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
-  row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s)"
+  row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s, timeout ${BT}s)"
   grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
   grep -E "^bench: cold prefill: [0-9]+ tokens: chunk" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill: /  sizing: /' >>"$T"
   grep -E "skipped|warning|^cuda: " "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
