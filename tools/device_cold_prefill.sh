@@ -89,6 +89,9 @@ if [ -x build/device/flashbox ]; then
 fi
 row total "$(($(date +%s) - t0))s"
 [ -f "$LOG/results.txt" ] && cat "$LOG/results.txt" >>"$T"
-tar czf "$LOG/cold_prefill_logs.tar.gz" -C "$LOG" --exclude=cold_prefill_logs.tar.gz $(cd "$LOG" && ls) 2>/dev/null
+# $OUT keeps one archive (every log and the table) plus the CSVs.
+if tar czf "$LOG/cold_prefill_logs.tar.gz" -C "$LOG" --exclude=cold_prefill_logs.tar.gz $(cd "$LOG" && ls) 2>/dev/null; then
+  (cd "$LOG" && for f in *; do case "$f" in *.csv | cold_prefill_logs.tar.gz) ;; *) rm -f -- "$f" ;; esac; done)
+fi
 echo "==================== device_cold_prefill summary ===================="
-cat "$T"
+tar xzf "$LOG/cold_prefill_logs.tar.gz" -O table.txt 2>/dev/null || cat "$T" 2>/dev/null
