@@ -164,7 +164,6 @@ struct CudaRunOptions {
   bool tc_async_scales = true;        // ... their scales staged by cp.async beside the tile (same bits)
   bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
   bool tc_global_fold = true;        // ... split-K chunks folded by the last CTA through a per-stream workspace, not a cluster (same bits)
-  bool defer_sinkhorn = false;       // kFast decode rows: the mHC site's Sinkhorn on its own stream, joined before hc_post (same bits)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
   bool pdl = true;                    // kFast: programmatic dependent launch of the fast kernels (pdl.cuh)
@@ -187,7 +186,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, defer_sinkhorn, group_expert_rows, attn_split, attn_predequant, bounded_replay,
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch (booleans 0/1), expert_prefetch_min_rows (>= 1), expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -389,11 +388,6 @@ class CudaExecutor final : public model::Executor {
   bool overlap_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  // Decode rows' mHC Sinkhorn (the site's mixes, read first by the site's hc_post) on a stream of
-  // its own, so the sublayer's GEMVs do not wait for its single-thread chain (defer_sinkhorn).
-  bool defer_sinkhorn_ = false;
-  cudaStream_t mix_side_ = nullptr;
-  cudaEvent_t mix_fork_ = nullptr, mix_join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
   // [reference-defining]): +17-20% prefill tok/s on the H200, docs/history.md.
   bool tc_hc_mixes_ = true;

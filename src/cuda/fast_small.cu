@@ -226,6 +226,53 @@ __device__ __forceinline__ void sinkhorn_thread(const float* m, const float* sc,
   for (int e = 0; e < HH; ++e) comb[e] = C[e];
 }
 
+// The same Sinkhorn on the lanes of one warp (every lane calls it): lane l < HC * HC holds comb
+// entry (a, b) = (l / HC, l % HC); a row or column sum gathers its HC entries by shuffles and adds
+// them in the single-thread order (from 0, a or b ascending), so every value, every sum and every
+// reciprocal is the one sinkhorn_thread computes: the same bits (test HcSiteWarpSinkhornSameBits),
+// with a dependent chain ~HC times shorter. m(j) returns mix j (any lane, any j).
+template <int HC, typename MixF>
+__device__ __forceinline__ void sinkhorn_warp(MixF m, const float* sc, const float* base, int iters, float eps, float* pre, float* post,
+                                              float* comb) {
+  constexpr int HH = HC * HC;
+  const int lane = int(threadIdx.x & 31), a = lane / HC, b = lane % HC;
+  const bool on = lane < HH;
+  if (lane < HC) {
+    pre[lane] = __fadd_rn(__frcp_rn(__fadd_rn(1.0f, expf(-__fmaf_rn(m(lane), sc[0], base[lane])))), eps);
+    post[lane] = __fmul_rn(2.0f, __frcp_rn(__fadd_rn(1.0f, expf(-__fmaf_rn(m(HC + lane), sc[1], base[HC + lane])))));
+  }
+  float c = on ? __fmaf_rn(m(2 * HC + lane), sc[2], base[2 * HC + lane]) : 0.0f;
+  float v[HC];
+  const auto row = [&](float x) {
+#pragma unroll
+    for (int k = 0; k < HC; ++k) v[k] = __shfl_sync(kFull, x, (a * HC + k) & 31);
+  };
+  const auto col = [&](float x) {
+#pragma unroll
+    for (int k = 0; k < HC; ++k) v[k] = __shfl_sync(kFull, x, (k * HC + b) & 31);
+  };
+  const auto sum = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) s = __fadd_rn(s, v[k]);
+    return s;
+  };
+  row(c);
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < HC; ++k) mx = fmaxf(mx, v[k]);
+  c = expf(__fsub_rn(c, mx));
+  row(c);
+  c = __fmaf_rn(c, __frcp_rn(sum()), eps);
+  const int n_norm = iters > 1 ? 2 * iters - 1 : 1;  // col, then (row, col) x (iters - 1)
+  for (int it = 0; it < n_norm; ++it) {
+    if ((it & 1) == 0) col(c);
+    else row(c);
+    c = __fmul_rn(c, __frcp_rn(__fadd_rn(sum(), eps)));
+  }
+  if (on) comb[lane] = c;
+}
+
 template <int HC>
 __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t dim, int64_t chunks, float norm_eps, const float* __restrict__ sc,
                                                                      const float* __restrict__ base, int iters, float hc_eps,
@@ -268,12 +315,9 @@ __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t 
     // deferred: the row's sums for fast_hc_sinkhorn (a kernel off this stream's critical path)
     if (tid < NV) tot_out[t * kSiteNV + tid] = tot[tid];
   } else if (blockIdx.x == 0) {
-    if (tid == 0) {
+    if (warp == 0) {
       const float rho = rsqrtf(__fadd_rn(__fdiv_rn(tot[0], float(n)), norm_eps));
-      float m[NMIX];
-#pragma unroll
-      for (int j = 0; j < NMIX; ++j) m[j] = __fmul_rn(tot[1 + j], rho);
-      sinkhorn_thread<HC>(m, sc, base, iters, hc_eps, s_pre, s_post, s_comb);
+      sinkhorn_warp<HC>([&](int j) { return __fmul_rn(tot[1 + j], rho); }, sc, base, iters, hc_eps, s_pre, s_post, s_comb);
     }
     __syncthreads();
     HcMix* o = mix + t;
@@ -309,8 +353,10 @@ __global__ void __launch_bounds__(kFinishThreads) fast_hc_finish_kernel(int64_t 
 }
 
 // The deferred half of a site (fast_hc_site with scratch.tot): thread t computes row t's mixes
-// from the sums the finish kernel left in tot, exactly as the finish kernel's CTA 0 does (the same
-// operations in the same order: the same bits).
+// from the sums the finish kernel left in tot with sinkhorn_thread, the one-thread form the finish
+// kernel's warp form is tested against (the same bits). A Sinkhorn kernel on a side stream lost
+// its A/B (4K decode 11.41 -> 12.21 ms/token: the cross-stream joins cost more than the 12 us
+// one-thread chain per site they hid); the warp form shortened the chain instead.
 template <int HC>
 __global__ void fast_hc_sinkhorn_kernel(int64_t T, int64_t dim, float norm_eps, const float* __restrict__ sc, const float* __restrict__ base,
                                         int iters, float hc_eps, const float* __restrict__ tot, HcMix* mix) {

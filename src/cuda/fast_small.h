@@ -53,10 +53,10 @@ bool fast_hc_site_ok(int hc, int64_t dim, int64_t T);
 Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                     int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
                     HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn = false);
-// defer_sinkhorn: the site's kernels leave mix untouched and its row sums in scratch.tot, and
-// fast_hc_sinkhorn (on any stream ordered after the site, before the next site on this scratch)
-// writes mix, the same bits. u and q (what the sublayer's next kernels read) no longer wait for the
-// Sinkhorn's long single-thread chain (CudaRunOptions::defer_sinkhorn puts it on a side stream).
+// defer_sinkhorn (tests): the site's kernels leave mix untouched and its row sums in scratch.tot,
+// and fast_hc_sinkhorn (on any stream ordered after the site, before the next site on this
+// scratch) writes mix with the one-thread Sinkhorn: the reference the site's warp Sinkhorn must
+// equal bit for bit (cuda_fast_small_test).
 Status fast_hc_sinkhorn(const FastHcScratch& scratch, int64_t T, int hc, float norm_eps, const float* scale, const float* base, int iters,
                         float hc_eps, HcMix* mix, cudaStream_t st);
 

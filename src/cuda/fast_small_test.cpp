@@ -231,9 +231,10 @@ TEST(FastSmall, HcSiteRowInvariantDeterministicAndPdl) {
   set_fast_pdl(false);
 }
 
-// The site with its Sinkhorn deferred to fast_hc_sinkhorn on another stream: the same mixes, u
-// and codes, bit for bit, as the one-kernel site (the same operations on the same sums).
-TEST(FastSmall, HcSiteDeferredSinkhornSameBits) {
+// The site's warp Sinkhorn against the one-thread form (the site with its Sinkhorn deferred to
+// fast_hc_sinkhorn, on another stream): the same mixes, u and codes, bit for bit (the same
+// operations on the same sums in the same order).
+TEST(FastSmall, HcSiteWarpSinkhornSameBits) {
   FB_NEED_GPU();
   const SiteData d(13);
   SiteRunner run(d);
@@ -256,8 +257,8 @@ TEST(FastSmall, HcSiteDeferredSinkhornSameBits) {
 }
 
 // Micro-bench (prints, asserts nothing of speed): one decode row's site at the released width,
-// 200 launches back to back with PDL: whole, with the Sinkhorn deferred (the two site kernels
-// only), and the Sinkhorn kernel alone.
+// 200 launches back to back with PDL: whole (warp Sinkhorn), with the Sinkhorn deferred (the two
+// site kernels without it), and the one-thread Sinkhorn kernel alone.
 TEST(FastSmall, BenchSite) {
   FB_NEED_GPU();
   const SiteData d(14);
@@ -284,7 +285,7 @@ TEST(FastSmall, BenchSite) {
   const double whole = time_us([&] { EXPECT_TRUE(site(false).ok()); });
   const double split = time_us([&] { EXPECT_TRUE(site(true).ok()); });
   const double sk = time_us([&] { EXPECT_TRUE(fast_hc_sinkhorn(run.scratch, 1, kHc, kEps, run.scale.p(), run.base.p(), kIters, kHcEps, run.mix.p(), nullptr).ok()); });
-  std::printf("[ bench ] hc site, 1 row, dim %lld: whole %.2f us, Sinkhorn deferred %.2f us, Sinkhorn kernel alone %.2f us\n", (long long)kDim, whole,
+  std::printf("[ bench ] hc site, 1 row, dim %lld: whole (warp Sinkhorn) %.2f us, Sinkhorn deferred %.2f us, one-thread Sinkhorn kernel %.2f us\n", (long long)kDim, whole,
               split, sk);
   set_fast_pdl(false);
   cudaEventDestroy(a);

@@ -26,21 +26,56 @@ __device__ __forceinline__ uint32_t fkey(float f) {
 }
 
 // Block-wide exact top-k under (key desc, index asc) over entries [0, n) of key(j) (k <= n):
-// emit(j, selected, pos) for every j in index order, pos = the rank of j among the selected
-// entries by index (valid when selected). Every thread of the block must call it.
+// emit(j, selected, pos) once for every j, pos = the rank of j among the selected entries by
+// index (valid when selected). Every thread of the block must call it.
+//  1. MSB-first radix select of the k-th key tau, 8 bits a pass: per-warp aggregated shared
+//     atomics (lanes with the same digit add once: the top digits of similar scores are few, and
+//     per-lane atomics on them serialised), then warp 0 finds the digit in parallel (each lane 8
+//     bins, suffix sums by shuffles) instead of one thread walking 256 bins.
+//  2. Emission over contiguous ranges per thread: count (> tau, == tau) in its range, block scans
+//     of those counts give each thread its first tie rank and first output position, and a second
+//     walk of the range emits in index order (two reads of each key instead of a block-wide
+//     ballot/scan round with four barriers per blockDim entries).
+// The selected set and positions are those of the definition, whatever the decomposition.
+__device__ __forceinline__ uint32_t warp_incl_scan(uint32_t v, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t o = __shfl_up_sync(kFull, v, off);
+    if (lane >= off) v += o;
+  }
+  return v;
+}
+
+// Exclusive prefix over the block of one uint32 per thread (every thread calls it); total out.
+__device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* warp_tot, uint32_t* total) {
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, nw = int(blockDim.x) >> 5;
+  const uint32_t incl = warp_incl_scan(v, lane);
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t c = lane < nw ? warp_tot[lane] : 0u;
+    const uint32_t wi = warp_incl_scan(c, lane);
+    if (lane < nw) warp_tot[lane] = wi - c;
+    if (lane == 31) warp_tot[32] = wi;
+  }
+  __syncthreads();
+  const uint32_t r = warp_tot[warp] + incl - v;
+  *total = warp_tot[32];
+  __syncthreads();  // warp_tot is reused by the next scan
+  return r;
+}
+
 template <typename KeyF, typename EmitF>
 __device__ void block_select(int64_t n, int64_t k, KeyF key, EmitF emit) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_mask;
-  __shared__ int64_t s_k, s_eq_base, s_out_base;
-  __shared__ uint32_t w_eq[kSelThreads / 32], w_sel[kSelThreads / 32];
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, nw = int(blockDim.x) >> 5;
+  __shared__ int64_t s_k;
+  __shared__ uint32_t warp_tot[33];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
     s_prefix = 0;
     s_mask = 0;
     s_k = k;
-    s_eq_base = 0;
-    s_out_base = 0;
   }
   __syncthreads();
   if (k > 0) {
@@ -48,72 +83,91 @@ __device__ void block_select(int64_t n, int64_t k, KeyF key, EmitF emit) {
       for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
       __syncthreads();
       const uint32_t pre = s_prefix, msk = s_mask;
-      for (int64_t j = tid; j < n; j += blockDim.x) {
-        const uint32_t u = key(j);
-        if ((u & msk) == pre) atomicAdd(&hist[(u >> shift) & 0xFFu], 1u);
+      // whole warps iterate together (the match below needs every lane)
+      for (int64_t j0 = int64_t(warp) * 32; j0 < n; j0 += blockDim.x) {
+        const int64_t j = j0 + lane;
+        uint32_t digit = 256u;  // not a candidate
+        if (j < n) {
+          const uint32_t u = key(j);
+          if ((u & msk) == pre) digit = (u >> shift) & 0xFFu;
+        }
+        const unsigned same = __match_any_sync(kFull, digit);
+        if (digit < 256u && lane == __ffs(same) - 1) atomicAdd(&hist[digit], uint32_t(__popc(same)));
       }
       __syncthreads();
-      if (tid == 0) {
-        const int64_t kk = s_k;
-        int64_t above = 0;
-        int d = 255;
-        for (; d > 0; --d) {
-          if (above + int64_t(hist[d]) >= kk) break;
-          above += hist[d];
+      if (warp == 0) {
+        // lane l: bins 8l .. 8l + 7; above = the count of candidates in higher bins
+        uint32_t h[8], tot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          h[i] = hist[8 * lane + i];
+          tot += h[i];
         }
-        s_k = kk - above;
-        s_prefix = pre | (uint32_t(d) << shift);
-        s_mask = msk | (0xFFu << shift);
+        uint32_t suf = tot;  // sum over lanes >= this one
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const uint32_t o = __shfl_down_sync(kFull, suf, off);
+          if (lane + off < 32) suf += o;
+        }
+        const int64_t kk = s_k;
+        int64_t above = int64_t(suf - tot);
+        int found_d = -1;
+        int64_t found_above = 0;
+#pragma unroll
+        for (int i = 7; i >= 0; --i) {
+          const int d = 8 * lane + i;
+          if (found_d < 0 && d >= 1 && above + int64_t(h[i]) >= kk) {
+            found_d = d;
+            found_above = above;
+          }
+          above += h[i];
+        }
+        const unsigned any = __ballot_sync(kFull, found_d >= 0);
+        // the highest digit whose inclusive count from the top reaches kk; none: digit 0 with
+        // every candidate of digits 1..255 above it (the sequential walk's result)
+        const int src = any ? 31 - __clz(any) : 0;
+        int d = __shfl_sync(kFull, found_d, src);
+        int64_t ab = __shfl_sync(kFull, found_above, src);
+        const uint32_t h0 = __shfl_sync(kFull, h[0], 0), all = __shfl_sync(kFull, suf, 0);
+        if (!any) {
+          d = 0;
+          ab = int64_t(all - h0);
+        }
+        if (lane == 0) {
+          s_k = kk - ab;
+          s_prefix = pre | (uint32_t(d) << shift);
+          s_mask = msk | (0xFFu << shift);
+        }
       }
       __syncthreads();
     }
   }
   const uint32_t tau = s_prefix;
   const int64_t take_eq = k > 0 ? s_k : 0;  // entries equal to tau to take, lowest index first
-  const unsigned lt = (1u << lane) - 1u;
-  for (int64_t base = 0; base < n; base += blockDim.x) {
-    const int64_t j = base + tid;
-    const uint32_t u = j < n ? key(j) : 0u;
-    const bool in = j < n && k > 0;
-    const bool gt = in && u > tau, eq = in && u == tau;
-    const unsigned beq = __ballot_sync(kFull, eq);
-    if (lane == 0) w_eq[warp] = __popc(beq);
-    __syncthreads();
-    if (warp == 0) {  // exclusive scan of the warp counts
-      const uint32_t c = lane < nw ? w_eq[lane] : 0u;
-      uint32_t incl = c;
-      for (int off = 1; off < 32; off <<= 1) {
-        const uint32_t o = __shfl_up_sync(kFull, incl, off);
-        if (lane >= off) incl += o;
-      }
-      if (lane < nw) w_eq[lane] = incl - c;
+  const int64_t per = (n + int64_t(blockDim.x) - 1) / int64_t(blockDim.x);
+  const int64_t j_lo = int64_t(tid) * per < n ? int64_t(tid) * per : n, j_hi = j_lo + per < n ? j_lo + per : n;
+  uint32_t n_gt = 0, n_eq = 0;
+  if (k > 0)
+    for (int64_t j = j_lo; j < j_hi; ++j) {
+      const uint32_t u = key(j);
+      n_gt += u > tau;
+      n_eq += u == tau;
     }
-    __syncthreads();
-    const int64_t eq_rank = s_eq_base + w_eq[warp] + __popc(beq & lt);
-    const bool sel = gt || (eq && eq_rank < take_eq);
-    const unsigned bsel = __ballot_sync(kFull, sel);
-    if (lane == 0) w_sel[warp] = __popc(bsel);
-    __syncthreads();
-    uint32_t eq_total = 0, sel_total = 0;
-    if (warp == 0) {
-      const uint32_t c = lane < nw ? w_sel[lane] : 0u;
-      uint32_t incl = c;
-      for (int off = 1; off < 32; off <<= 1) {
-        const uint32_t o = __shfl_up_sync(kFull, incl, off);
-        if (lane >= off) incl += o;
-      }
-      if (lane < nw) w_sel[lane] = incl - c;
-      sel_total = __shfl_sync(kFull, incl, 31);
+  uint32_t total = 0;
+  const int64_t eq_base = block_excl_scan(n_eq, warp_tot, &total);
+  const int64_t want_eq = take_eq - eq_base, eq_take = want_eq <= 0 ? 0 : want_eq < int64_t(n_eq) ? want_eq : int64_t(n_eq);
+  const int64_t out_base = block_excl_scan(uint32_t(n_gt + eq_take), warp_tot, &total);
+  int64_t eq_rank = eq_base, pos = out_base;
+  for (int64_t j = j_lo; j < j_hi; ++j) {
+    bool sel = false;
+    if (k > 0) {
+      const uint32_t u = key(j);
+      const bool eq = u == tau;
+      sel = u > tau || (eq && eq_rank < take_eq);
+      eq_rank += eq;
     }
-    if (tid == 0) eq_total = w_eq[nw - 1];  // exclusive prefix of the last warp ...
-    __syncthreads();
-    const int64_t pos = s_out_base + w_sel[warp] + __popc(bsel & lt);
-    if (j < n) emit(j, sel, pos);
-    if (tid == nw * 32 - 1) eq_total = w_eq[warp] + __popc(beq);  // ... plus its own count
-    __syncthreads();
-    if (tid == nw * 32 - 1) s_eq_base += eq_total;
-    if (tid == 0) s_out_base += sel_total;
-    __syncthreads();
+    emit(j, sel, pos);
+    pos += sel;
   }
 }
 

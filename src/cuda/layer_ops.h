@@ -261,30 +261,17 @@ class CudaLayerOps {
 
   void hc_mixes(int l, Site site) {
     ProfScope prof_scope_(this, "hc_mixes");
-    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
     if (fast_small()) {
       // [fast] the whole site in one launch: mixes, and u = RMSNorm(collapse(X, carried pre)) with
       // its codes (hc_collapse_norm then has nothing left to do); X stays as it is, so hc_expand
-      // updates it in place and no residual copy is made. defer_sinkhorn: the mixes' Sinkhorn
-      // runs on mix_side_ (forked here, joined by hc_expand before hc_post reads the mixes).
+      // updates it in place and no residual copy is made.
       const auto [pre, stride] = collapse_pre(site);
-      const bool defer = m_.defer_sinkhorn_ && side_ok();
-      const FastHcScratch scratch = hc_scratch();
-      const float* sc = a ? w.hc_attn_scale : w.hc_ffn_scale;
-      const float* base = a ? w.hc_attn_base : w.hc_ffn_base;
-      HcMix* mix = a ? mix_a_ : mix_f_;
-      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, sc, base, c_.hc_sinkhorn_iters, c_.hc_eps, pre,
-                        stride, a ? w.attn_norm : w.ffn_norm, scratch, mix, u_, uq_, st_, defer));
-      if (defer && ok()) {
-        step(cuda_status(cudaEventRecord(m_.mix_fork_, st_), "mix fork"));
-        step(cuda_status(cudaStreamWaitEvent(m_.mix_side_, m_.mix_fork_, 0), "mix fork"));
-        step(fast_hc_sinkhorn(scratch, T_, c_.hc_mult, c_.norm_eps, sc, base, c_.hc_sinkhorn_iters, c_.hc_eps, mix, m_.mix_side_));
-        step(cuda_status(cudaEventRecord(m_.mix_join_, m_.mix_side_), "mix join"));
-        mix_pending_ = true;
-      }
+      step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
+                        a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, pre, stride, a ? w.attn_norm : w.ffn_norm,
+                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_));
       fused_site_[a ? 0 : 1] = true;
       return;
     }
@@ -302,7 +289,6 @@ class CudaLayerOps {
   // FFN site with the attention site's pre.
   void hc_collapse_norm(int l, Site site) {
     ProfScope prof_scope_(this, "hc_collapse_norm");
-    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
     const DevLayer& w = m_.layers_[size_t(l)];
@@ -404,17 +390,8 @@ class CudaLayerOps {
     gemm_x(z, T_, w.wo_b, y_);
   }
 
-  // A deferred Sinkhorn's mixes: the main stream waits for them (before anything reads a mix, and
-  // before the step ends: a graph capture must join every stream it forked).
-  void join_mix() {
-    if (!mix_pending_) return;
-    mix_pending_ = false;
-    step(cuda_status(cudaStreamWaitEvent(st_, m_.mix_join_, 0), "mix join"));
-  }
-
   void hc_expand(int l, Site site) {
     ProfScope prof_scope_(this, "hc_expand");
-    join_mix();
     if (!ok() || T_ == 0) return;  // every row left (bounded replay)
     bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
     if (fused) {  // X is still the site's input: update in place
@@ -869,7 +846,6 @@ class CudaLayerOps {
   }
   // logits (f32) = f32(RMSNorm(hc_pre(X, pre), norm_w)) . f32(head)^T for the listed rows.
   void head_rows(const std::vector<int32_t>& rows, const uint16_t* norm_w, float* logits, uint16_t* collapsed) {
-    join_mix();
     const int64_t n = int64_t(rows.size()), D = c_.dim;
     if (!ok() || n == 0) return;
     uint16_t* hrows = collapsed ? collapsed : alloc<uint16_t>(n * D);
@@ -893,7 +869,6 @@ class CudaLayerOps {
   HcMix *mix_a_ = nullptr, *mix_f_ = nullptr;
   // Per site (attention, FFN) of the current layer: hc_mixes ran the fused fast site kernel.
   bool fused_site_[2] = {false, false};
-  bool mix_pending_ = false;  // a deferred Sinkhorn on mix_side_ not yet joined (join_mix)
   // wkv's output [T, head_dim] before kv_norm, and whether attn_q already computed it (gemm_q2).
   uint16_t* kv_raw_ = nullptr;
   bool kv_raw_ready_ = false, kv_on_side_ = false;

@@ -62,7 +62,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
-  if (name == "defer_sinkhorn") return flag(o.defer_sinkhorn);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") {
     char* end = nullptr;
@@ -86,7 +85,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, defer_sinkhorn, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries)";
 }
 
@@ -110,7 +109,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   wo_a_fp8_ = fast && o.wo_a_fp8;
   group_rows_ = o.group_expert_rows;
   overlap_ = fast && o.overlap;
-  defer_sinkhorn_ = fast && o.defer_sinkhorn;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
@@ -142,14 +140,8 @@ CudaExecutor::~CudaExecutor() {
     cudaStreamSynchronize(side_);
     cudaStreamDestroy(side_);
   }
-  if (mix_side_) {
-    cudaStreamSynchronize(mix_side_);
-    cudaStreamDestroy(mix_side_);
-  }
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
-  if (mix_fork_) cudaEventDestroy(mix_fork_);
-  if (mix_join_) cudaEventDestroy(mix_join_);
 }
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::load(const std::string& dir, std::vector<int32_t> token_map, CudaLoadOptions opt) {
@@ -168,9 +160,6 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->side_, cudaStreamNonBlocking));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->fork_, cudaEventDisableTiming));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->join_, cudaEventDisableTiming));
-  FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->mix_side_, cudaStreamNonBlocking));
-  FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->mix_fork_, cudaEventDisableTiming));
-  FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->mix_join_, cudaEventDisableTiming));
   ex->set_run_options(opt.run);
   FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
