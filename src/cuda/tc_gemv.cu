@@ -305,24 +305,11 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   }
   cp_async_wait_all();
   __syncthreads();
-  // MXFP4, one row per CTA, lean: each (tile row, block)'s factor weight scale x activation scale
-  // x 2^6 once per CTA (cmb [16][kb_max]) instead of in every warp's loop: fma(d, (ws sx) 2^6, acc)
-  // is fma(d 2^6, ws sx, acc) exactly (scaling by 2^6 never rounds), so the same bits as the inline
-  // form the other settings keep (test TcAsyncScalesEqualPlainLoads compares them)
-  float* cmb = reinterpret_cast<float*>(grp + 10);
-  const bool fp4_cmb = FP4 && async_scales && lean && !grouped;
   if constexpr (FP4) {
     if (async_scales && !lean) {  // CudaRunOptions::tc_lean_smem off: the raw scales to f32 here (same values)
       for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
         wsc[r * kb_max + b] = dev::e8m0_val(wsr[r * kb_max + b]);
-      }
-      __syncthreads();
-    }
-    if (fp4_cmb) {
-      for (int i = tid; i < kStripe * nb; i += kThreads) {
-        const int r = i / nb, b = i % nb;
-        cmb[r * kb_max + b] = __fmul_rn(__fmul_rn(dev::e8m0_val(wsr[r * kb_max + b]), xsc[b]), 64.0f);
       }
       __syncthreads();
     }
@@ -349,11 +336,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         }
         float d[4];
         mma_e4m3(a, b0, b1, d);
-        if (fp4_cmb) {  // column 0 only (the other columns' B are zeros and are never stored)
-          acc[0] = __fmaf_rn(d[0], cmb[g * kb_max + b], acc[0]);
-          acc[2] = __fmaf_rn(d[2], cmb[(g + 8) * kb_max + b], acc[2]);
-          continue;
-        }
         // D columns 2t, 2t + 1 = the group's rows 2t, 2t + 1 (ungrouped: column 0 only)
         const float sx = 2 * t < cnt ? xsc[(2 * t) * kb_max + b] : 0.0f, sx1 = 2 * t + 1 < cnt ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
         const bool raw = async_scales && lean;
@@ -544,9 +526,7 @@ size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales) {
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
   const size_t x = fp4 ? size_t(xr) * kc_max : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
-  // + FP4 raw scales, grouping, and for one lean row per CTA the combined factors
-  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0) +
-         (fp4 && raw_scales && xr == 1 ? size_t(kStripe) * kb * 4 : 0);
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
 }
 
 template <int MODE>
