@@ -369,6 +369,9 @@ class CudaStep : public CudaLayerOps {
     if (tc_)  // prefill rows: the dots on tensor cores (tc_gemm.h), the head chain as the CPU
       step(tc_index_scores(*tc_, iq, wts, T_, IH, ihd, keys_base, n_vis, n_scored, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_,
                            skip_unpooled ? pool_mask_ : nullptr, pool_ld_, pool_len_));
+    else if (m_.fast_index_ && fast_index_scores_ok(T_, IH, ihd, int64_t(ihd / 2 + ihd / 32), keys_base))  // [fast] dots on tensor cores
+      step(fast_index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
+                             pool_ld_, pool_len_));
     else
       step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
                         pool_ld_, pool_len_));

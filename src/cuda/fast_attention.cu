@@ -349,3 +349,141 @@ Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, c
 }
 
 }  // namespace fb::cuda
+
+// ---- the indexer's scores on tensor cores (fast_index_scores) -----------------------------------
+namespace fb::cuda {
+
+using namespace dev;
+
+namespace {
+
+constexpr int kIdxEnt = 64;       // entries per CTA
+constexpr int kIdxThreads = 128;  // 4 warps: 16 heads each
+
+__device__ __forceinline__ void idx_mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// CTA (64 entries, row t): the row's IH x ihd query and the entries' keys (dequantised to the
+// exact bf16 values) in shared memory (rows padded by 8 elements: conflict-free fragment loads),
+// warp w the dots of heads 16w..16w+15 with all 64 entries (mma.m16n8k16, f32), then per (head,
+// entry) the reference's chain from the bf16 dot on, and thread e the head sum of entry e in head
+// order. Only a row's own q, weights and keys enter its scores.
+__global__ void __launch_bounds__(kIdxThreads) fast_index_scores_kernel(const uint16_t* __restrict__ iq, const uint16_t* __restrict__ wts, int IH,
+                                                                       int ihd, const uint64_t* __restrict__ keys_base, int64_t key_bytes,
+                                                                       const int64_t* __restrict__ n_vis, const int64_t* __restrict__ n_scored,
+                                                                       float* __restrict__ I, int64_t ld, const uint8_t* __restrict__ mask,
+                                                                       int64_t mask_ld, const int64_t* __restrict__ mask_len) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float wv[64];
+  __shared__ uint8_t on_s[kIdxEnt];
+  pdl_trigger();
+  pdl_wait();
+  const int64_t t = blockIdx.y, j0 = int64_t(blockIdx.x) * kIdxEnt, ns = n_scored[t], nv = n_vis[t];
+  if (j0 >= ns) return;
+  const int rs = ihd + 8;  // row stride, elements
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [IH][rs]
+  uint16_t* ks = qs + IH * rs;                        // [kIdxEnt][rs]
+  float* prod = reinterpret_cast<float*>(smem);       // [IH][kIdxEnt + 1], after the dots
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int cpr = ihd / 8;  // 16-byte chunks per row
+  const uint16_t* qr = iq + t * int64_t(IH) * ihd;
+  for (int u = tid; u < IH * cpr; u += kIdxThreads) {
+    const int h = u / cpr, c = u % cpr;
+    *reinterpret_cast<uint4*>(qs + h * rs + c * 8) = *reinterpret_cast<const uint4*>(qr + int64_t(h) * ihd + c * 8);
+  }
+  if (tid < IH) wv[tid] = bf(wts[t * IH + tid]);
+  if (tid < kIdxEnt) {
+    const int64_t j = j0 + tid;
+    on_s[tid] = j < ns && j < nv && (!mask || (j < mask_len[t] && mask[t * mask_ld + j]));
+  }
+  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(keys_base[t]);
+  for (int u = tid; u < kIdxEnt * cpr; u += kIdxThreads) {
+    const int e = u / cpr, c = u % cpr;
+    const int64_t j = j0 + e;
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (j < nv) {
+      const uint8_t* kb = kbase + j * key_bytes;
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(kb + c * 4);  // elements 8c .. 8c + 7, one nibble each
+      const float sc = e8m0_val(kb[ihd / 2 + (c * 8) / 32]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t lo = to_bf(fm::mul(e2m1_val(uint8_t((codes >> (8 * q)) & 0xFu)), sc));
+        const uint32_t hi = to_bf(fm::mul(e2m1_val(uint8_t((codes >> (8 * q + 4)) & 0xFu)), sc));
+        w[q] = lo | hi << 16;
+      }
+    }
+    *reinterpret_cast<uint4*>(ks + e * rs + c * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  __syncthreads();
+  float acc[kIdxEnt / 8][4];
+#pragma unroll
+  for (int n = 0; n < kIdxEnt / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  const bool heads = warp * 16 < IH;
+  if (heads) {
+    const uint16_t* qa = qs + (warp * 16 + g) * rs + 2 * tq;
+    for (int k0 = 0; k0 < ihd; k0 += 16) {
+      const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(qa + k0), *reinterpret_cast<const uint32_t*>(qa + 8 * rs + k0),
+                             *reinterpret_cast<const uint32_t*>(qa + k0 + 8), *reinterpret_cast<const uint32_t*>(qa + 8 * rs + k0 + 8)};
+#pragma unroll
+      for (int n = 0; n < kIdxEnt / 8; ++n) {
+        const uint16_t* kp = ks + (8 * n + g) * rs + k0 + 2 * tq;
+        idx_mma_bf16(a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8), acc[n]);
+      }
+    }
+  }
+  __syncthreads();  // the tiles are read; prod takes their place
+  if (heads) {
+#pragma unroll
+    for (int n = 0; n < kIdxEnt / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = warp * 16 + g + (i >= 2 ? 8 : 0), e = 8 * n + 2 * tq + (i & 1);
+        const float db = smax(round_bf16(acc[n][i]), 0.0f);
+        prod[h * (kIdxEnt + 1) + e] = round_bf16(fm::mul(db, wv[h]));
+      }
+  }
+  __syncthreads();
+  if (tid < kIdxEnt && j0 + tid < ns) {
+    float score = -INFINITY;
+    if (on_s[tid]) {
+      float tot = 0.0f;
+      for (int h = 0; h < IH; ++h) tot = fm::add(tot, prod[h * (kIdxEnt + 1) + tid]);
+      score = round_bf16(tot);
+    }
+    I[t * ld + j0 + tid] = score;
+  }
+}
+
+size_t fast_index_smem(int IH, int ihd) {
+  const size_t tiles = size_t(IH + kIdxEnt) * size_t(ihd + 8) * 2, prods = size_t(IH) * (kIdxEnt + 1) * 4;
+  return tiles > prods ? tiles : prods;
+}
+
+}  // namespace
+
+bool fast_index_scores_ok(int64_t T, int IH, int ihd, int64_t key_bytes, const std::vector<uint64_t>& keys_base) {
+  if (T < 1 || T > kFastAttnMaxRows || IH < 16 || IH > 64 || IH % 16 != 0 || ihd < 32 || ihd > 128 || ihd % 32 != 0 || key_bytes % 4 != 0) return false;
+  for (uint64_t b : keys_base)
+    if (b % 4 != 0) return false;
+  return fast_index_smem(IH, ihd) <= 48 * 1024;
+}
+
+Status fast_index_scores(const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, int ihd, const uint64_t* keys_base, int64_t key_bytes,
+                         const int64_t* n_vis, const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask, int64_t mask_ld,
+                         const int64_t* mask_len) {
+  FB_CHECK(T <= kFastAttnMaxRows && IH % 16 == 0 && IH <= 64 && ihd % 32 == 0 && ihd <= 128 && key_bytes % 4 == 0 &&
+           (reinterpret_cast<uintptr_t>(iq) & 15) == 0)
+      << "fast_index_scores IH=" << IH << " ihd=" << ihd;
+  if (T == 0 || ld == 0) return Status();
+  const dim3 grid(unsigned((ld + kIdxEnt - 1) / kIdxEnt), unsigned(T));
+  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_index_scores_kernel, grid, dim3(kIdxThreads), fast_index_smem(IH, ihd), st, iq, wts, IH, ihd, keys_base,
+                         key_bytes, n_vis, n_scored, I, ld, mask, mask_ld, mask_len));
+  FB_CUDA_LAUNCHED("fast_index_scores_kernel");
+  return Status();
+}
+
+}  // namespace fb::cuda

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "base/status.h"
 #include "cuda/ops.h"
@@ -46,5 +47,17 @@ void fast_attention_set_heads_per_cta(int heads);
 // otherwise: a row is never cut short); keys.split / predequant are not used.
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
                              uint16_t* out, cudaStream_t st);
+
+// [fast] the indexer's scores (ops.h index_scores' contract) with the q.k dots on tensor cores
+// (mma.m16n8k16 bf16, f32 sums in the tensor cores' order, rounded to bf16 as the reference rounds
+// each dot), the rest of the reference's chain (relu, x weight, bf16, head sum in head order,
+// bf16) as the exact kernel. Row-invariant (a CTA reads one row's q, weights and keys) and
+// deterministic; an entry differs from the exact score only where a dot's f32 sum rounds to the
+// other neighbouring bf16. Shapes: up to kFastAttnMaxRows rows, IH a multiple of 16 up to 64, ihd a
+// multiple of 32 up to 128, 4-byte aligned key rows (fast_index_scores_ok; the released 32 x 128).
+bool fast_index_scores_ok(int64_t T, int IH, int ihd, int64_t key_bytes, const std::vector<uint64_t>& keys_base);
+Status fast_index_scores(const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, int ihd, const uint64_t* keys_base, int64_t key_bytes,
+                         const int64_t* n_vis, const int64_t* n_scored, float* I, int64_t ld, cudaStream_t st, const uint8_t* mask = nullptr,
+                         int64_t mask_ld = 0, const int64_t* mask_len = nullptr);
 
 }  // namespace fb::cuda

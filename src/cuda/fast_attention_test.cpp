@@ -16,6 +16,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu/ops.h"
 #include "cuda/fast_attention.h"
 #include "cuda/fast_small.h"
 #include "cuda/ops_test_util.h"
@@ -200,6 +201,87 @@ TEST(FastAttention, RowInvariantDeterministicAndPdl) {
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + t * W)) << "row " << t << " alone vs among 7";
     const auto three = c.run_fast({(t + 1) % c.T, t, (t + 3) % c.T}, false);
     EXPECT_TRUE(std::equal(three.begin() + W, three.begin() + 2 * W, all.begin() + t * W)) << "row " << t << " among 3";
+  }
+}
+
+// ---- the indexer's scores on tensor cores ---------------------------------------------------------
+
+// fast_index_scores against the exact kernel (the CPU's bits, ops_test.cpp) at the released shape
+// (32 heads x 128), rows of 1, 700 and 5,000 visible entries with scoring past n_vis, with and
+// without a pool mask: the same -inf entries; finite entries NMSE <= 1e-5, at least half of them
+// bit-identical (a score moves only where a dot's f32 sum rounds to the other neighbouring bf16);
+// each row alone equals its bits among three (row invariance); two runs and PDL on/off equal.
+TEST(FastAttention, IndexScoresAgainstExact) {
+  FB_NEED_GPU();
+  Rng rng(17);
+  const int IH = 32, ihd = 128;
+  const int64_t kb = ihd / 2 + ihd / 32;
+  const std::vector<int64_t> n_vis = {1, 700, 5000}, n_scored = {1, 760, 5000};
+  const int64_t T = 3, ld = 5000, n_keys = 5000;
+  std::vector<uint8_t> keys(size_t(n_keys * kb));
+  auto raw = rng.act(n_keys * ihd);
+  std::vector<bf16_t> kv(static_cast<size_t>(ihd));
+  for (int64_t j = 0; j < n_keys; ++j) cpu::fp4_e8m0_qdq_row(&raw[size_t(j * ihd)], ihd, &keys[size_t(j * kb)], &keys[size_t(j * kb + ihd / 2)], kv.data());
+  auto iq = rng.act(T * IH * ihd);
+  for (int64_t r = 0; r < T * IH; ++r) {  // the queries are FP4-QDQ'd too
+    std::vector<uint8_t> pk(ihd / 2), ps(ihd / 32);
+    cpu::fp4_e8m0_qdq_row(&iq[size_t(r * ihd)], ihd, pk.data(), ps.data(), &iq[size_t(r * ihd)]);
+  }
+  const auto wts = rng.act(T * IH, 0.3f);
+  std::vector<uint8_t> mask(size_t(T * ld));
+  for (auto& m : mask) m = uint8_t(rng.uniform(0, 3) != 0);
+  Dev<uint8_t> dkeys(keys), dmask(mask);
+  const std::vector<uint64_t> base(size_t(T), reinterpret_cast<uint64_t>(dkeys.p()));
+  ASSERT_TRUE(fast_index_scores_ok(T, IH, ihd, kb, base));
+  Dev<uint64_t> dbase(base);
+  Dev<bf16_t> diq(iq), dwts(wts);
+  Dev<int64_t> dnv(n_vis), dns(n_scored), dmlen(std::vector<int64_t>(size_t(T), ld));
+  for (bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "pool mask" : "no mask");
+    const uint8_t* mk = masked ? dmask.p() : nullptr;
+    const int64_t* ml = masked ? dmlen.p() : nullptr;
+    Dev<float> exact(size_t(T * ld)), fast(size_t(T * ld));
+    ASSERT_TRUE(index_scores(diq.p(), dwts.p(), T, IH, ihd, dbase.p(), kb, dnv.p(), dns.p(), exact.p(), ld, nullptr, mk, ld, ml).ok());
+    ASSERT_TRUE(fast_index_scores(diq.p(), dwts.p(), T, IH, ihd, dbase.p(), kb, dnv.p(), dns.p(), fast.p(), ld, nullptr, mk, ld, ml).ok());
+    const auto e = exact.get(), f = fast.get();
+    double se = 0, sd = 0;
+    size_t finite = 0, same = 0, inf_diff = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < n_scored[size_t(t)]; ++j) {
+        const float a = f[size_t(t * ld + j)], b = e[size_t(t * ld + j)];
+        if (std::isinf(a) || std::isinf(b)) {
+          inf_diff += a != b;
+          continue;
+        }
+        ++finite;
+        same += a == b;
+        se += double(b) * b;
+        sd += (double(a) - b) * (double(a) - b);
+      }
+    EXPECT_EQ(inf_diff, 0u) << "-inf entries differ";
+    EXPECT_GT(finite, 1000u);
+    EXPECT_LE(sd / std::max(se, 1e-30), 1e-5) << "NMSE";
+    EXPECT_GE(double(same), 0.5 * double(finite)) << same << " of " << finite << " bit-identical";
+    std::printf("[ fast ] index scores%s: %zu of %zu finite entries bit-identical to exact, NMSE %.3g\n", masked ? " (pool)" : "", same, finite,
+                sd / std::max(se, 1e-30));
+    // row invariance: row 2 alone (its own n_vis / n_scored) equals its bits among three
+    Dev<float> one(static_cast<size_t>(ld));
+    Dev<int64_t> nv2(std::vector<int64_t>{n_vis[2]}), ns2(std::vector<int64_t>{n_scored[2]}), ml2(std::vector<int64_t>{ld});
+    ASSERT_TRUE(fast_index_scores(diq.p() + 2 * IH * ihd, dwts.p() + 2 * IH, 1, IH, ihd, dbase.p(), kb, nv2.p(), ns2.p(), one.p(), ld, nullptr,
+                                  masked ? dmask.p() + 2 * ld : nullptr, ld, masked ? ml2.p() : nullptr)
+                    .ok());
+    const auto o = one.get();
+    EXPECT_TRUE(std::equal(o.begin(), o.begin() + n_scored[2], f.begin() + 2 * ld)) << "row 2 alone vs among three";
+    // determinism and PDL
+    for (bool pdl : {false, true}) {
+      set_fast_pdl(pdl);
+      Dev<float> again(size_t(T * ld));
+      ASSERT_TRUE(fast_index_scores(diq.p(), dwts.p(), T, IH, ihd, dbase.p(), kb, dnv.p(), dns.p(), again.p(), ld, nullptr, mk, ld, ml).ok());
+      const auto g = again.get();
+      for (int64_t t = 0; t < T; ++t)
+        EXPECT_TRUE(std::equal(g.begin() + t * ld, g.begin() + t * ld + n_scored[size_t(t)], f.begin() + t * ld)) << "row " << t << " pdl " << pdl;
+    }
+    set_fast_pdl(false);
   }
 }
 
