@@ -240,5 +240,37 @@ TEST(StatsJson, SessionsDraftsPolicyAndGaps) {
   EXPECT_DOUBLE_EQ(j["steps"]["policy_decode_step_s"].get<double>(), 0.013);
 }
 
+// Engram rows (issue 24): null for a model without Engram layers; the counts and the derived
+// shares and per-token / per-step figures otherwise; the page has the card.
+TEST(StatsJson, EngramRows) {
+  engine::EngineStats s;
+  StatsSource src;
+  auto j = stats_json(s, src);
+  EXPECT_TRUE(j["engram"].is_null());
+  EXPECT_TRUE(j["derived"]["engram_hidden_share"].is_null());
+  s.executor.has_engram = true;
+  j = stats_json(s, src);
+  EXPECT_EQ(j["engram"]["rows"], 0);
+  EXPECT_TRUE(j["derived"]["engram_hidden_share"].is_null()) << "no rows yet: null, not 0";
+  s.steps = 5;
+  s.step_rows = 20;
+  s.executor.engram = {160, 160 * 33, 120, 30, 0.004};
+  j = stats_json(s, src);
+  EXPECT_EQ(j["engram"]["hidden"], 120);
+  EXPECT_EQ(j["engram"]["exposed"], 30);
+  EXPECT_EQ(j["engram"]["in_place"], 10);
+  EXPECT_EQ(j["engram"]["bytes"], 5280);
+  const auto& d = j["derived"];
+  EXPECT_DOUBLE_EQ(d["engram_rows_per_token"].get<double>(), 8.0);
+  EXPECT_DOUBLE_EQ(d["engram_hidden_share"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(d["engram_exposed_share"].get<double>(), 0.1875);
+  EXPECT_DOUBLE_EQ(d["engram_exposed_ms_per_step"].get<double>(), 0.8);
+  const EmbeddedFile* page = find("/");
+  ASSERT_NE(page, nullptr);
+  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
+  for (const char* id : {"v_engram_hidden", "v_engram_exposed", "v_engram_in_place", "v_engram_rows_tok", "v_engram_wait_ms"})
+    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+}
+
 }  // namespace
 }  // namespace fb::server
