@@ -165,22 +165,18 @@ FB_HD float rsqrt(float x) { return div(1.0f, sqrt_rn(x)); }
 FB_HD float softplus(float z) { return z > 20.0f ? z : log1p(exp(z)); }
 
 // ---- canonical reductions (host side; the device mirrors them with warp shuffles) ----------
-FB_HD float butterfly32(float* v) {
-  for (int off = 16; off >= 1; off >>= 1) {
-    float t[32];
-    for (int i = 0; i < 32; ++i) t[i] = add(v[i], v[i ^ off]);
-    for (int i = 0; i < 32; ++i) v[i] = t[i];
+// Xor-butterfly sum of N lanes in place (the order of a warp's shuffle reduction over N lanes).
+template <int N>
+FB_HD float butterfly(float* v) {
+  for (int off = N / 2; off >= 1; off >>= 1) {
+    float t[N];
+    for (int i = 0; i < N; ++i) t[i] = add(v[i], v[i ^ off]);
+    for (int i = 0; i < N; ++i) v[i] = t[i];
   }
   return v[0];
 }
-FB_HD float butterfly16(float* v) {
-  for (int off = 8; off >= 1; off >>= 1) {
-    float t[16];
-    for (int i = 0; i < 16; ++i) t[i] = add(v[i], v[i ^ off]);
-    for (int i = 0; i < 16; ++i) v[i] = t[i];
-  }
-  return v[0];
-}
+FB_HD float butterfly32(float* v) { return butterfly<32>(v); }
+FB_HD float butterfly16(float* v) { return butterfly<16>(v); }
 
 // lanes32 order over n terms; term(k) must itself be computed without FMA.
 template <typename F>

@@ -21,17 +21,20 @@ struct Harness {
     o.clock = [this] { return t; };
     return o;
   }
+  // dt seconds pass, then p is updated (Progress::update's arguments).
+  void update_after(double dt, Progress& p, int64_t done, int64_t items_done = -1) {
+    t += dt;
+    p.update(done, items_done);
+  }
 };
 
 TEST(Progress, CountLinesWithRateEtaAndFinalLine) {
   Harness h;
   Progress p("make-tiny", 40, "tensors", h.opts());
-  h.t += 2.0;
-  p.update(10);
+  h.update_after(2.0, p, 10);
   ASSERT_EQ(h.writes.size(), 1u);
   EXPECT_EQ(h.writes[0], "\rmake-tiny: 10/40 tensors (25%), 5.00 tensors/s, ETA 6 s\033[K");
-  h.t += 4.0;
-  p.update(40);
+  h.update_after(4.0, p, 40);
   ASSERT_EQ(h.writes.size(), 2u);
   EXPECT_EQ(h.writes[1], "\rmake-tiny: 40/40 tensors (100%), 6.67 tensors/s\033[K");  // no ETA when done
   p.finish();
@@ -46,12 +49,10 @@ TEST(Progress, BytesInGigabytesWithASecondCounter) {
   Harness h;
   Progress p("load weights", int64_t(4'000'000'000), ProgressUnit::kBytes, h.opts());
   p.set_items_total(1400, "tensors");
-  h.t += 1.0;
-  p.update(1'500'000'000, 300);
+  h.update_after(1.0, p, 1'500'000'000, 300);
   ASSERT_EQ(h.writes.size(), 1u);
   EXPECT_EQ(h.writes[0], "\rload weights: 1.50/4.00 GB (38%), 1.50 GB/s, ETA 2 s, 300/1400 tensors\033[K");
-  h.t += 2.0;
-  p.update(4'000'000'000, 1400);
+  h.update_after(2.0, p, 4'000'000'000, 1400);
   p.finish();
   EXPECT_EQ(h.writes.back(), "\rload weights: 4.00 GB in 3.0 s (1.33 GB/s), 1400 tensors\033[K\n");
 }
@@ -59,8 +60,7 @@ TEST(Progress, BytesInGigabytesWithASecondCounter) {
 TEST(Progress, SmallByteTotalsInMegabytes) {
   Harness h;
   Progress p("load weights", 156'000'000, ProgressUnit::kBytes, h.opts());
-  h.t += 0.5;
-  p.update(78'000'000);
+  h.update_after(0.5, p, 78'000'000);
   ASSERT_EQ(h.writes.size(), 1u);
   EXPECT_EQ(h.writes[0], "\rload weights: 78.0/156.0 MB (50%), 156.0 MB/s, ETA 1 s\033[K");
 }
@@ -70,10 +70,7 @@ TEST(Progress, RateLimitedToTheMinimumInterval) {
   Progress p("bench decode", 1000, "steps", h.opts());
   // 1,000 updates 1 ms apart over one second: the first draw comes 0.1 s after the start, then
   // at most one per 0.1 s.
-  for (int i = 1; i <= 1000; ++i) {
-    h.t += 0.001;
-    p.update(i);
-  }
+  for (int i = 1; i <= 1000; ++i) h.update_after(0.001, p, i);
   EXPECT_GE(h.writes.size(), 9u);
   EXPECT_LE(h.writes.size(), 10u);
   p.finish();
@@ -83,10 +80,7 @@ TEST(Progress, RateLimitedToTheMinimumInterval) {
 TEST(Progress, ShortPhaseDrawsOnlyTheFinalLine) {
   Harness h;
   Progress p("load weights", 10, "tensors", h.opts());
-  for (int i = 1; i <= 10; ++i) {
-    h.t += 0.005;
-    p.update(i);
-  }
+  for (int i = 1; i <= 10; ++i) h.update_after(0.005, p, i);
   EXPECT_TRUE(h.writes.empty());
   p.finish();
   ASSERT_EQ(h.writes.size(), 1u);
@@ -110,8 +104,7 @@ TEST(Progress, OffWritesNothing) {
   {
     Progress p("load weights", 10, "tensors", h.opts(ProgressOptions::Mode::kOff));
     EXPECT_FALSE(p.enabled());
-    h.t += 5;
-    p.update(5);
+    h.update_after(5, p, 5);
     p.finish();
   }
   EXPECT_TRUE(h.writes.empty());
@@ -131,8 +124,7 @@ TEST(Progress, UnfinishedLineIsErasedAndClearWritesNoFinalLine) {
   Harness h;
   {
     Progress p("convert", 8, "experts", h.opts());
-    h.t += 1;
-    p.update(3);
+    h.update_after(1, p, 3);
     ASSERT_EQ(h.writes.size(), 1u);
   }  // an error path: destroyed unfinished
   EXPECT_EQ(h.writes.back(), "\r\033[K");
@@ -148,14 +140,12 @@ TEST(Progress, HideErasesTheLineAndTheNextDueUpdateRedraws) {
   Progress p("bench decode", 3, "contexts", h.opts());
   p.hide();  // nothing open: nothing written
   EXPECT_TRUE(h.writes.empty());
-  h.t += 1;
-  p.update(1);
+  h.update_after(1, p, 1);
   ASSERT_EQ(h.writes.size(), 1u);
   p.hide();
   ASSERT_EQ(h.writes.size(), 2u);
   EXPECT_EQ(h.writes[1], "\r\033[K");
-  h.t += 1;
-  p.update(2);
+  h.update_after(1, p, 2);
   ASSERT_EQ(h.writes.size(), 3u);
   EXPECT_EQ(h.writes[2], "\rbench decode: 2/3 contexts (67%), 1.00 contexts/s, ETA 1 s\033[K");
 }

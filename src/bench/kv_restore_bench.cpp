@@ -33,21 +33,30 @@ Status io_error(const std::string& what, const std::string& path) {
   return FB_ERROR(kIo) << what << " " << path << ": " << std::strerror(errno);
 }
 
+// All n bytes at p through `op` (::read or ::write on fd), restarting after EINTR. Returns the bytes
+// moved: fewer than n after an error (errno says which) or at the end of the file (errno 0).
+template <typename Op, typename Byte>
+size_t transfer_all(int fd, Op op, Byte* p, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t k = op(fd, p + done, n - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) errno = 0;
+    if (k <= 0) break;
+    done += size_t(k);
+  }
+  return done;
+}
+
 // Writes `b` to `path` and makes it durable (fsync), then asks the kernel to drop its pages from
 // the page cache (clean after the fsync, so DONTNEED can drop them).
 Status write_durable(const std::string& path, const std::string& b) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return io_error("cannot create", path);
-  size_t done = 0;
-  while (done < b.size()) {
-    const ssize_t n = ::write(fd, b.data() + done, b.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Status st = io_error("cannot write", path);
-      ::close(fd);
-      return st;
-    }
-    done += size_t(n);
+  if (transfer_all(fd, ::write, b.data(), b.size()) < b.size()) {
+    Status st = io_error("cannot write", path);
+    ::close(fd);
+    return st;
   }
   if (::fsync(fd) != 0) {
     Status st = io_error("cannot fsync", path);
@@ -89,17 +98,13 @@ double resident_share(const std::string& path, size_t size) {
 Status read_all(const std::string& path, std::string& b) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return io_error("cannot open", path);
-  size_t done = 0;
-  while (done < b.size()) {
-    const ssize_t n = ::read(fd, b.data() + done, b.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Status st = io_error("cannot read", path);
-      if (n == 0) st = FB_ERROR(kIo) << "short read of " << path << " (" << done << " of " << b.size() << " bytes)";
-      ::close(fd);
-      return st;
-    }
-    done += size_t(n);
+  const size_t done = transfer_all(fd, ::read, b.data(), b.size());
+  if (done < b.size()) {
+    const bool at_end = errno == 0;
+    Status st = io_error("cannot read", path);
+    if (at_end) st = FB_ERROR(kIo) << "short read of " << path << " (" << done << " of " << b.size() << " bytes)";
+    ::close(fd);
+    return st;
   }
   ::close(fd);
   return Status();

@@ -57,8 +57,6 @@ std::vector<int32_t> run(model::Executor& ex, const std::vector<int32_t>& prompt
   return out;
 }
 
-class GeneratorFixture : public ::testing::TestWithParam<const char*> {};
-
 // The fixture's CPU model, or nullptr when the fixture is absent (the caller skips); a fixture that
 // is present but does not load fails the test.
 std::unique_ptr<cpu::CpuModel> fixture_model(const std::string& dir) {
@@ -71,11 +69,21 @@ std::unique_ptr<cpu::CpuModel> fixture_model(const std::string& dir) {
   return std::move(ex.value());
 }
 
+// Every case runs on one fixture's CPU model and prompt; skipped when the fixture is absent.
+class GeneratorFixture : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir = fixture(GetParam());
+    ex = fixture_model(dir);
+    if (!ex) GTEST_SKIP() << "no fixture at " << dir;
+    prompt = load_prompt(dir);
+  }
+  std::string dir;
+  std::unique_ptr<cpu::CpuModel> ex;
+  std::vector<int32_t> prompt;
+};
+
 TEST_P(GeneratorFixture, DsparkGreedyEqualsPlainGreedy) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const int n = 48, B = ex->config().dspark_block_size;
   GeneratorOptions off;
   off.dspark = false;
@@ -109,10 +117,6 @@ TEST_P(GeneratorFixture, DsparkGreedyEqualsPlainGreedy) {
 }
 
 TEST_P(GeneratorFixture, PrefixReuseEqualsFreshSession) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   GeneratorOptions on;
   Generator g(*ex, on);
   const auto first = run(*ex, prompt, 10, on, nullptr, &g);
@@ -231,10 +235,6 @@ class PrefersSevenRows final : public Forwarding {
 };
 
 TEST_P(GeneratorFixture, DefaultPrefillStepIsTheExecutors) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   PrefersSevenRows seven(*ex);
   GeneratorOptions opt;  // prefill_chunk = 0
   EXPECT_EQ(run(seven, prompt, 4, opt), plain_greedy(*ex, prompt, 4));
@@ -243,10 +243,6 @@ TEST_P(GeneratorFixture, DefaultPrefillStepIsTheExecutors) {
 }
 
 TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const auto plain = plain_greedy(*ex, prompt, 20);
   TapPoison tp(*ex);
   GeneratorOptions on;
@@ -258,10 +254,6 @@ TEST_P(GeneratorFixture, DraftReadsOnlyRequestedTaps) {
 }
 
 TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const auto plain = plain_greedy(*ex, prompt, 44);
   std::vector<int32_t> full = prompt;
   full.insert(full.end(), plain.begin(), plain.end());
@@ -282,10 +274,6 @@ TEST_P(GeneratorFixture, OracleDraftsAcceptAndStayExact) {
 // rejects 2..5 rows in most rounds, at every position parity and ring slot; the output must
 // still equal plain greedy decoding.
 TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   GeneratorOptions opt;
   opt.dspark_verify = ex->config().dspark_block_size;
   const std::vector<double> ps = {0.3, 0.7};
@@ -322,10 +310,6 @@ std::vector<int32_t> generate_n(model::Executor& ex, const std::vector<int32_t>&
 // output with DSpark equals plain greedy output under them, a +100 bias forces its token, and the
 // penalties change the output (they are applied) without breaking that identity.
 TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   auto gen = [&](bool dspark, const SamplingParams& sp, int n) { return generate_n(*ex, prompt, dspark, sp, n, 7); };
   SamplingParams greedy;
   greedy.temperature = 0;
@@ -364,10 +348,6 @@ TEST_P(GeneratorFixture, BiasAndPenaltiesKeepDsparkExact) {
 // continuation forces it; greedy DSpark equals plain greedy under phrase bias (verify rows count
 // the accepted drafts as generated); sampled, a banned phrase never completes and a seed reproduces.
 TEST_P(GeneratorFixture, PhraseBiasKeepsDsparkExact) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   auto gen = [&](bool dspark, const SamplingParams& sp, int n) { return generate_n(*ex, prompt, dspark, sp, n, 11); };
   SamplingParams greedy;
   greedy.temperature = 0;
@@ -410,10 +390,6 @@ TEST_P(GeneratorFixture, PhraseBiasKeepsDsparkExact) {
 // (another session, as after a restart) for a prompt that extends it; the continuation is bit for
 // bit a cold run's, with and without DSpark, and the restored positions count as reused.
 TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const std::string kv = (fs::temp_directory_path() / ("fb_gen_kv_" + std::string(GetParam()) + "_" + std::to_string(getpid()))).string();
   fs::remove_all(kv);
   for (bool dspark : {false, true}) {
@@ -447,10 +423,6 @@ TEST_P(GeneratorFixture, DiskKvCacheRestoreEqualsColdPrefill) {
 // the store writes no more than whole checkpoints (tiny-s0: about half) and every turn's output
 // is the cold run's, with deltas and without.
 TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const int64_t L = int64_t(prompt.size());
   uint64_t written[2] = {0, 0};
   std::vector<std::vector<int32_t>> outs[2];
@@ -489,10 +461,6 @@ TEST_P(GeneratorFixture, DiskKvCacheGrowingConversationWritesDeltas) {
 // run's. With DSpark the answer may be cut inside a round; then the checkpoint is skipped or
 // still a prefix, and the output is the cold run's either way.
 TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   const size_t half = prompt.size() / 2;
   const std::vector<int32_t> first(prompt.begin(), prompt.begin() + int64_t(half));
   for (bool dspark : {false, true}) {
@@ -526,10 +494,6 @@ TEST_P(GeneratorFixture, DiskKvCacheConversationCheckpointServesTheNextTurn) {
 // Sampled requests run the DSpark loop with rejection sampling on the real draft (sampled
 // Markov chain of the CPU executor); a seed reproduces its transcript.
 TEST_P(GeneratorFixture, SampledDsparkRunsAndReproduces) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto prompt = load_prompt(dir);
   auto gen = [&](uint64_t seed, DsparkCounters* cnt) {
     GeneratorOptions opt;
     opt.dspark_verify_sps = {1.0, 1.0, 1.0, 1.0, 1.0, 1.0};
@@ -653,10 +617,7 @@ std::vector<int32_t> greedy_with_images(Generator& g, const std::vector<int32_t>
 // generator must give the tokens a fresh generator gives for B (DSpark on and off). This failed
 // before rollback checked the ratio-2 compressor tails (a reused tail slot was read silently).
 TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto base = load_prompt(dir);
+  const std::vector<int32_t>& base = prompt;
   const auto& c = ex->config();
   const int64_t D = c.dim;
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
@@ -681,10 +642,7 @@ TEST_P(GeneratorFixture, ReuseAfterAnImagePromptEqualsFresh) {
 // The same image prompt restores whole in a fresh generator and gives the same tokens; the same
 // text with a different image restores at most the text before it and equals a cold run.
 TEST_P(GeneratorFixture, DiskKvCacheMatchesImagesByContent) {
-  const std::string dir = fixture(GetParam());
-  auto ex = fixture_model(dir);
-  if (!ex) GTEST_SKIP() << "no fixture at " << dir;
-  const auto base = load_prompt(dir);
+  const std::vector<int32_t>& base = prompt;
   const auto& c = ex->config();
   const int32_t img = int32_t(std::min<int64_t>(c.image_token_id, c.vocab_size - 1));
   std::vector<int32_t> pa, pb;

@@ -9,6 +9,7 @@
 #include "base/dtype.h"
 #include "base/progress.h"
 #include "loader/released_stats.h"
+#include "loader/tiny_model.h"
 #include "model/schema.h"
 
 namespace fb::loader {
@@ -145,8 +146,7 @@ Result<std::unique_ptr<Snapshot>> synthetic_snapshot(const std::string& config_j
   }
   prog.finish();
   // Engram token map: every class used (vocab >= classes).
-  std::vector<int32_t> map(size_t(c.vocab_size));
-  for (size_t t = 0; t < map.size(); ++t) map[t] = int32_t(t % size_t(std::max<int64_t>(1, c.engram_compressed_vocab)));
+  std::vector<int32_t> map = modular_engram_map(c.vocab_size, c.engram_compressed_vocab);
   return Snapshot::in_memory(std::move(c), std::move(views), std::move(storage), std::move(map));
 }
 

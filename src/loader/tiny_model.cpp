@@ -88,20 +88,58 @@ std::vector<uint8_t> to_bytes_f32(const std::vector<float>& v) {
   return b;
 }
 
+// The text_config keys the tiny model shares with the release: the architecture's constants
+// (one KV head, three MTP/DSpark stages, rope bases and YaRN, routing, mHC, norms, the Engram pad,
+// the DSpark block). Each config adds its sizes; the YaRN original context is the caller's.
+// (nlohmann::json keeps keys sorted, so the written file does not depend on the order they are set.)
+json shared_text_config(int64_t rope_original_positions) {
+  json t;
+  t["model_type"] = "deepseek_v41_text";
+  t["num_nextn_predict_layers"] = 3;
+  t["num_key_value_heads"] = 1;
+  t["rope_theta"] = 10000;
+  t["compress_rope_theta"] = 160000;
+  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1},
+                       {"original_max_position_embeddings", rope_original_positions}};
+  t["n_shared_experts"] = 1;
+  t["scoring_func"] = "sqrtsoftplus";
+  t["topk_method"] = "noaux_tc";
+  t["norm_topk_prob"] = true;
+  t["routed_scaling_factor"] = 1.5;
+  t["swiglu_limit"] = 10.0;
+  t["hc_mult"] = 4;
+  t["hc_sinkhorn_iters"] = 20;
+  t["hc_eps"] = 1e-6;
+  t["rms_norm_eps"] = 1e-20;
+  t["engram_pad_token_id"] = 2;
+  t["dspark_block_size"] = 5;
+  return t;
+}
+
+// The top-level config.json around a text_config: architecture, image token and the release's
+// quantization (FP8 e4m3 with UE8M0 32x32 blocks, FP4 experts).
+json model_config(const json& text_config, int64_t image_token_id) {
+  json c;
+  c["architectures"] = {"DeepseekV41ForCausalLM"};
+  c["model_type"] = "deepseek_v41";
+  c["image_token_id"] = image_token_id;
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {32, 32}},
+                              {"scale_fmt", "ue8m0"}, {"expert_dtype", "fp4"}};
+  c["text_config"] = text_config;
+  return c;
+}
+
 }  // namespace
 
 std::string tiny_config_json(const TinyModelOptions& o) {
   // 8 backbone layers: window-only (0, 1), ratio-2 KV+index source (2) and Reuse (3), ratio-1
   // KV+index+candidate source (4), Reuse (5), Reindex restricted to the pool (6), Reuse (7);
   // Engram on 1 and 3; three DSpark stages tapping layers 5-7.
-  json t;
-  t["model_type"] = "deepseek_v41_text";
+  json t = shared_text_config(1024);
   t["vocab_size"] = o.vocab_size;
   t["hidden_size"] = 256;
   t["num_hidden_layers"] = 8;
-  t["num_nextn_predict_layers"] = 3;
   t["num_attention_heads"] = 4;
-  t["num_key_value_heads"] = 1;
   t["head_dim"] = 64;
   t["qk_rope_head_dim"] = 16;
   t["q_lora_rank"] = 64;
@@ -117,35 +155,20 @@ std::string tiny_config_json(const TinyModelOptions& o) {
   t["index_n_heads"] = 4;
   t["index_head_dim"] = 64;
   t["index_topk"] = 16;
-  t["rope_theta"] = 10000;
-  t["compress_rope_theta"] = 160000;
-  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1}, {"original_max_position_embeddings", 1024}};
   t["max_position_embeddings"] = 16384;
   t["moe_intermediate_size"] = 128;
   t["n_routed_experts"] = 8;
-  t["n_shared_experts"] = 1;
   t["num_experts_per_tok"] = 2;
-  t["scoring_func"] = "sqrtsoftplus";
-  t["topk_method"] = "noaux_tc";
-  t["norm_topk_prob"] = true;
-  t["routed_scaling_factor"] = 1.5;
-  t["swiglu_limit"] = 10.0;
   t["hidden_act"] = "silu";
-  t["hc_mult"] = 4;
-  t["hc_sinkhorn_iters"] = 20;
-  t["hc_eps"] = 1e-6;
-  t["rms_norm_eps"] = 1e-20;
   t["attention_bias"] = false;
   t["engram_layer_ids"] = {1, 3};
   t["engram_max_ngram_size"] = 3;
   t["engram_vocab_size"] = 1000;
   t["engram_n_heads"] = 2;
   t["engram_head_dim"] = 32;
-  t["engram_pad_token_id"] = 2;
   t["engram_compressed_vocab_size"] = o.engram_compressed_vocab;
   auto k = model::engram_constants({1, 3}, 1000, 3, 2, o.engram_compressed_vocab);
   t["engram_num_embeddings"] = {k[0].rows, k[1].rows};
-  t["dspark_block_size"] = 5;
   t["dspark_noise_token_id"] = o.vocab_size == 129280 ? 128799 : o.vocab_size - 1;
   t["dspark_target_layer_ids"] = {5, 6, 7};
   t["dspark_markov_rank"] = 32;
@@ -159,18 +182,12 @@ std::string tiny_config_json(const TinyModelOptions& o) {
     t["index_topk"] = 4096;  // >= entries of any context up to 4,096 (ratio 1)
     t["candidate_topk_blocks"] = 1024;  // >= blocks of 4 entries up to 4,096 entries
   }
-  json c;
-  c["architectures"] = {"DeepseekV41ForCausalLM"};
-  c["model_type"] = "deepseek_v41";
+  json c = model_config(t, o.vocab_size == 129280 ? 129264 : o.vocab_size - 2);
   c["dtype"] = "bfloat16";
   c["bos_token_id"] = 0;
   c["eos_token_id"] = 1;
   c["pad_token_id"] = 2;
-  c["image_token_id"] = o.vocab_size == 129280 ? 129264 : o.vocab_size - 2;
   c["tie_word_embeddings"] = false;
-  c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {32, 32}},
-                              {"scale_fmt", "ue8m0"}, {"expert_dtype", "fp4"}};
-  c["text_config"] = t;
   if (o.vision) {
     c["vision_config"] = {{"model_type", "deepseek_v41_vision"}, {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
                           {"num_attention_heads", 4}, {"patch_size", 14}, {"downsample_ratio", 3}, {"rope_theta", 10000},
@@ -180,14 +197,11 @@ std::string tiny_config_json(const TinyModelOptions& o) {
 }
 
 std::string released_synthetic_config_json(int n_routed_experts, int draft_experts, int64_t engram_vocab_size) {
-  json t;
-  t["model_type"] = "deepseek_v41_text";
+  json t = shared_text_config(65536);
   t["vocab_size"] = 129280;
   t["hidden_size"] = 5120;
   t["num_hidden_layers"] = 40;
-  t["num_nextn_predict_layers"] = 3;
   t["num_attention_heads"] = 64;
-  t["num_key_value_heads"] = 1;
   t["head_dim"] = 512;
   t["qk_rope_head_dim"] = 64;
   t["q_lora_rank"] = 1280;
@@ -207,46 +221,30 @@ std::string released_synthetic_config_json(int n_routed_experts, int draft_exper
   t["index_n_heads"] = 32;
   t["index_head_dim"] = 128;
   t["index_topk"] = 512;
-  t["rope_theta"] = 10000;
-  t["compress_rope_theta"] = 160000;
-  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1}, {"original_max_position_embeddings", 65536}};
   t["max_position_embeddings"] = 1048576;
   t["moe_intermediate_size"] = 2304;
   t["n_routed_experts"] = n_routed_experts;
-  t["n_shared_experts"] = 1;
   t["num_experts_per_tok"] = 6;
-  t["scoring_func"] = "sqrtsoftplus";
-  t["topk_method"] = "noaux_tc";
-  t["norm_topk_prob"] = true;
-  t["routed_scaling_factor"] = 1.5;
-  t["swiglu_limit"] = 10.0;
-  t["hc_mult"] = 4;
-  t["hc_sinkhorn_iters"] = 20;
-  t["hc_eps"] = 1e-6;
-  t["rms_norm_eps"] = 1e-20;
   t["engram_layer_ids"] = {1, 14};
   t["engram_max_ngram_size"] = 4;
   t["engram_vocab_size"] = engram_vocab_size;
   t["engram_n_heads"] = 8;
   t["engram_head_dim"] = 256;
-  t["engram_pad_token_id"] = 2;
   t["engram_compressed_vocab_size"] = 99092;
   auto k = model::engram_constants({1, 14}, engram_vocab_size, 4, 8, 99092);
   t["engram_num_embeddings"] = {k[0].rows, k[1].rows};
-  t["dspark_block_size"] = 5;
   t["dspark_noise_token_id"] = 128799;
   t["dspark_target_layer_ids"] = {37, 38, 39};
   t["dspark_markov_rank"] = 256;
   t["dspark_n_routed_experts"] = draft_experts;
   t["dspark_num_experts_per_tok"] = 3;
-  json c;
-  c["architectures"] = {"DeepseekV41ForCausalLM"};
-  c["model_type"] = "deepseek_v41";
-  c["image_token_id"] = 129264;
-  c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {32, 32}},
-                              {"scale_fmt", "ue8m0"}, {"expert_dtype", "fp4"}};
-  c["text_config"] = t;
-  return c.dump(1);
+  return model_config(t, 129264).dump(1);
+}
+
+std::vector<int32_t> modular_engram_map(int64_t vocab_size, int64_t n_classes) {
+  std::vector<int32_t> map(static_cast<size_t>(vocab_size));
+  for (size_t t = 0; t < map.size(); ++t) map[t] = int32_t(t % size_t(std::max<int64_t>(1, n_classes)));
+  return map;
 }
 
 Status write_tiny_model(const TinyModelOptions& o) {

@@ -6,7 +6,9 @@
 // gains, embedding RMS 0.12; spec/10 §7.4).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/progress.h"
 #include "base/status.h"
@@ -41,5 +43,9 @@ std::string released_synthetic_config_json(int n_routed_experts, int draft_exper
 
 // Writes config.json, model.safetensors.index.json and the shards into o.out_dir (created).
 Status write_tiny_model(const TinyModelOptions& o);
+
+// A stand-in Engram token map for a model run without its tokenizer-derived map (the synthetic
+// model, tests): token id mod the class count, so every class is used when vocab >= classes.
+std::vector<int32_t> modular_engram_map(int64_t vocab_size, int64_t n_classes);
 
 }  // namespace fb::loader

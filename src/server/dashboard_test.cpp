@@ -8,6 +8,7 @@
 #include "server/dashboard_files.h"
 #include "server/http_status.h"
 #include "server/stats_json.h"
+#include "server/test_engine_stats.h"
 
 namespace fb::server {
 namespace {
@@ -206,17 +207,7 @@ TEST(StatsJson, NoDsparkHead) {
 // Issue 20's counters: shared draft calls, the prefill policy, and the inter-token gap histogram
 // as cumulative buckets with their bounds.
 TEST(StatsJson, SessionsDraftsPolicyAndGaps) {
-  engine::EngineStats s;
-  s.draft_calls = 4;
-  s.draft_blocks = 11;
-  s.mixed_prefill_rows = 23;
-  s.reference_steps = 2;
-  s.gap_hist[0] = 3;   // <= 5 ms
-  s.gap_hist[3] = 2;   // (25, 50] ms
-  s.gap_hist[10] = 1;  // above 5 s
-  s.gaps = 6;
-  s.gap_s = 7.5;
-  s.gap_max_s = 7.0;
+  engine::EngineStats s = sessions_and_gaps_stats();
   StatsSource src;
   auto j = stats_json(s, src);
   EXPECT_EQ(j["steps"]["draft_calls"], 4);

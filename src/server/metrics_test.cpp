@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/metrics_text.h"
+#include "server/test_engine_stats.h"
 
 namespace fb::server {
 namespace {
@@ -319,19 +320,8 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
 // Issue 20's families: shared draft calls, the prefill policy, and the inter-token gap histogram
 // (cumulative buckets, +Inf equal to the count).
 TEST(MetricsText, SessionsDraftsPolicyAndGaps) {
-  engine::EngineStats s;
-  s.draft_calls = 4;
-  s.draft_blocks = 11;
-  s.packed_prompt_steps = 5;
-  s.mixed_prefill_rows = 23;
+  engine::EngineStats s = sessions_and_gaps_stats();
   s.policy_decode_step_s = 0.013;
-  s.reference_steps = 2;
-  s.gap_hist[0] = 3;
-  s.gap_hist[3] = 2;
-  s.gap_hist[10] = 1;
-  s.gaps = 6;
-  s.gap_s = 7.5;
-  s.gap_max_s = 7.0;
   const Exposition e = read_exposition(metrics_text(s, StatsSource{}));
   for (const auto& m : e.errors) ADD_FAILURE() << m;
   EXPECT_EQ(e.value("flashbox_draft_calls_total"), "4");

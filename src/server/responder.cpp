@@ -89,29 +89,37 @@ ojson Responder::logprobs_json() const {
   return {{"content", content}};
 }
 
-std::string Responder::anthropic_close() {
+// Streaming Anthropic content blocks and Responses output items share one index sequence and one
+// open block at a time; the endpoint decides which events open and close one.
+std::string Responder::close_block() {
   if (open_block_.empty()) return "";
-  std::string s;
-  if (open_block_ == "thinking")
-    s += sse({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}},
-             "content_block_delta");
-  s += sse({{"type", "content_block_stop"}, {"index", block_index_}}, "content_block_stop");
+  std::string s = pr_.endpoint == Endpoint::kMessages ? anthropic_block_stop() : responses_item_done();
   open_block_.clear();
   return s;
 }
 
-std::string Responder::anthropic_block(const char* type) {
+std::string Responder::open_block(const char* type) {
   if (open_block_ == type) return "";
-  std::string s = anthropic_close();
+  std::string s = close_block();
   ++block_index_;
   open_block_ = type;
-  ojson cb = open_block_ == "thinking" ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}} : ojson{{"type", "text"}, {"text", ""}};
-  s += sse({{"type", "content_block_start"}, {"index", block_index_}, {"content_block", cb}}, "content_block_start");
-  return s;
+  return s + (pr_.endpoint == Endpoint::kMessages ? anthropic_block_start() : responses_item_added());
 }
 
-std::string Responder::responses_close() {
-  if (open_block_.empty()) return "";
+std::string Responder::anthropic_block_stop() {
+  std::string s;
+  if (open_block_ == "thinking")
+    s += sse({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}},
+             "content_block_delta");
+  return s + sse({{"type", "content_block_stop"}, {"index", block_index_}}, "content_block_stop");
+}
+
+std::string Responder::anthropic_block_start() {
+  ojson cb = open_block_ == "thinking" ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}} : ojson{{"type", "text"}, {"text", ""}};
+  return sse({{"type", "content_block_start"}, {"index", block_index_}, {"content_block", cb}}, "content_block_start");
+}
+
+std::string Responder::responses_item_done() {
   std::string s;
   const std::string item_id = id_ + "_" + std::to_string(block_index_);
   ojson item;
@@ -126,23 +134,17 @@ std::string Responder::responses_close() {
     item = {{"type", "message"}, {"id", item_id}, {"role", "assistant"}, {"status", "completed"},
             {"content", ojson::array({{{"type", "output_text"}, {"text", text_}, {"annotations", ojson::array()}}})}};
   }
-  s += sse({{"type", "response.output_item.done"}, {"output_index", block_index_}, {"item", item}, {"sequence_number", seq_++}},
-           "response.output_item.done");
-  open_block_.clear();
-  return s;
+  return s + sse({{"type", "response.output_item.done"}, {"output_index", block_index_}, {"item", item}, {"sequence_number", seq_++}},
+                 "response.output_item.done");
 }
 
-std::string Responder::responses_item(const char* type) {
-  if (open_block_ == type) return "";
-  std::string s = responses_close();
-  ++block_index_;
-  open_block_ = type;
+std::string Responder::responses_item_added() {
   const std::string item_id = id_ + "_" + std::to_string(block_index_);
   ojson item = open_block_ == "reasoning"
                    ? ojson{{"type", "reasoning"}, {"id", item_id}, {"summary", ojson::array()}}
                    : ojson{{"type", "message"}, {"id", item_id}, {"role", "assistant"}, {"status", "in_progress"}, {"content", ojson::array()}};
-  s += sse({{"type", "response.output_item.added"}, {"output_index", block_index_}, {"item", item}, {"sequence_number", seq_++}},
-           "response.output_item.added");
+  std::string s = sse({{"type", "response.output_item.added"}, {"output_index", block_index_}, {"item", item}, {"sequence_number", seq_++}},
+                      "response.output_item.added");
   if (open_block_ == "message")
     s += sse({{"type", "response.content_part.added"}, {"item_id", item_id}, {"output_index", block_index_}, {"content_index", 0},
               {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}}}, {"sequence_number", seq_++}},
@@ -212,15 +214,15 @@ std::string Responder::on_event(const engine::Event& e) {
     }
     case Endpoint::kMessages: {
       if (e.kind == K::kReasoning) {
-        s += anthropic_block("thinking");
+        s += open_block("thinking");
         s += sse({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", {{"type", "thinking_delta"}, {"thinking", e.text}}}},
                  "content_block_delta");
       } else if (e.kind == K::kText) {
-        s += anthropic_block("text");
+        s += open_block("text");
         s += sse({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", {{"type", "text_delta"}, {"text", e.text}}}},
                  "content_block_delta");
       } else if (e.kind == K::kToolCall) {
-        s += anthropic_close();
+        s += close_block();
         ++block_index_;
         s += sse({{"type", "content_block_start"}, {"index", block_index_},
                   {"content_block", {{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", ojson::object()}}}},
@@ -233,15 +235,15 @@ std::string Responder::on_event(const engine::Event& e) {
     }
     case Endpoint::kResponses: {
       if (e.kind == K::kReasoning) {
-        s += responses_item("reasoning");
+        s += open_block("reasoning");
         s += sse({{"type", "response.reasoning_text.delta"}, {"item_id", id_ + "_" + std::to_string(block_index_)}, {"output_index", block_index_},
                   {"content_index", 0}, {"delta", e.text}, {"sequence_number", seq_++}}, "response.reasoning_text.delta");
       } else if (e.kind == K::kText) {
-        s += responses_item("message");
+        s += open_block("message");
         s += sse({{"type", "response.output_text.delta"}, {"item_id", id_ + "_" + std::to_string(block_index_)}, {"output_index", block_index_},
                   {"content_index", 0}, {"delta", e.text}, {"logprobs", ojson::array()}, {"sequence_number", seq_++}}, "response.output_text.delta");
       } else if (e.kind == K::kToolCall) {
-        s += responses_close();
+        s += close_block();
         ++block_index_;
         const std::string item_id = id_ + "_" + std::to_string(block_index_);
         ojson item = {{"type", "function_call"}, {"id", item_id}, {"call_id", call.id}, {"name", call.name}, {"arguments", ""}, {"status", "in_progress"}};
@@ -276,7 +278,7 @@ std::string Responder::stream_end(const engine::Event& done) {
       return s + "data: [DONE]\n\n";
     }
     case Endpoint::kMessages: {
-      std::string s = anthropic_close();
+      std::string s = close_block();
       s += sse({{"type", "message_delta"},
                 {"delta", {{"stop_reason", finish_name(done.finish)}, {"stop_sequence", done.stop_matched.empty() ? ojson(nullptr) : ojson(done.stop_matched)}}},
                 {"usage", {{"input_tokens", done.usage.prompt_tokens}, {"output_tokens", done.usage.completion_tokens}}}},
@@ -284,7 +286,7 @@ std::string Responder::stream_end(const engine::Event& done) {
       return s + sse({{"type", "message_stop"}}, "message_stop");
     }
     case Endpoint::kResponses: {
-      std::string s = responses_close();
+      std::string s = close_block();
       ojson r = ojson::parse(body(done));
       const char* ev = r["status"] == "completed" ? "response.completed" : "response.incomplete";
       return s + sse({{"type", ev}, {"response", r}, {"sequence_number", seq_++}}, ev);

@@ -24,10 +24,12 @@ class Responder {
     std::string id, name, arguments;
   };
   std::string sse(const ojson& j, const char* event = nullptr);
-  std::string anthropic_block(const char* type);     // opens a block of `type`, closing the previous
-  std::string anthropic_close();
-  std::string responses_item(const char* type);
-  std::string responses_close();
+  std::string open_block(const char* type);  // opens a block / item of `type`, closing the open one
+  std::string close_block();
+  std::string anthropic_block_start();
+  std::string anthropic_block_stop();
+  std::string responses_item_added();
+  std::string responses_item_done();
   ojson usage_json(const engine::Usage& u) const;
   const char* finish_name(engine::FinishReason r) const;
   ojson logprobs_json() const;

@@ -38,6 +38,23 @@ std::string checkpoint(const Tmp& t) {
   return (t.p / "snap").string();
 }
 
+// Every case starts from the tiny checkpoint copied into a temporary folder and opened.
+class OpenCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = checkpoint(t);
+    auto s = loader::Snapshot::open(dir);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    snap = std::move(*s);
+  }
+  Tmp t;
+  std::string dir;
+  std::unique_ptr<loader::Snapshot> snap;
+};
+using ExpertStoreTest = OpenCheckpoint;
+using TieredExpertsTest = OpenCheckpoint;
+using RecordFileTest = OpenCheckpoint;
+
 bool same(const model::ExpertWeights& a, const model::ExpertWeights& b) {
   auto eq = [](const TensorView& x, const TensorView& y) {
     return x.dtype == y.dtype && x.shape == y.shape && std::memcmp(x.data, y.data, x.nbytes()) == 0;
@@ -46,13 +63,9 @@ bool same(const model::ExpertWeights& a, const model::ExpertWeights& b) {
          eq(a.w3.scale, b.w3.scale);
 }
 
-TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
-  Tmp t;
-  const std::string dir = checkpoint(t);
-  auto snap = loader::Snapshot::open(dir);
-  ASSERT_TRUE(snap.ok()) << snap.status().to_string();
+TEST_F(ExpertStoreTest, ConvertValidateAndServeEveryExpert) {
   const std::string out = (t.p / "store0").string(), rep = (t.p / "store1").string();
-  ASSERT_TRUE(write_expert_store(**snap, out, {rep}).ok());
+  ASSERT_TRUE(write_expert_store(*snap, out, {rep}).ok());
   EXPECT_FALSE(fs::exists(out + "/experts.fbx.tmp"));
   const uint64_t id = *model_identity(dir);
   auto store = ExpertStore::open(out, id);
@@ -60,19 +73,19 @@ TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
   EXPECT_EQ((*store)->layout().stride_bytes % 4096, 0u);
   EXPECT_FALSE(ExpertStore::open(out, id ^ 1).ok());  // another model's store is refused
 
-  loader::SnapshotExperts direct(**snap);
+  loader::SnapshotExperts direct(*snap);
   std::shared_ptr<const ExpertStore> shared(std::move(store.value()));
   for (int from_store = 0; from_store < 2; ++from_store) {
     TieredOptions o;
     o.slots_per_layer = 1;
     o.host_experts = 3;
-    std::unique_ptr<ExpertLocator> loc = from_store ? store_locator(shared) : std::move(shard_locator(**snap).value());
+    std::unique_ptr<ExpertLocator> loc = from_store ? store_locator(shared) : std::move(shard_locator(*snap).value());
     std::vector<std::string> roots = from_store ? std::vector<std::string>{out, rep} : std::vector<std::string>{dir};
     memory::Ledger ledger({1ull << 30, 1ull << 30});
     {
       auto tiers = TieredExperts::create(std::move(loc), roots, o, &ledger);
       ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
-      const model::Config& c = (*snap)->config();
+      const model::Config& c = snap->config();
       for (int pass = 0; pass < 2; ++pass)
         for (int l = 0; l < c.n_total_layers(); ++l)
           for (int e = 0; e < c.roles[size_t(l)].n_experts; e += 1 + pass) {
@@ -107,7 +120,7 @@ TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
     {
       auto tiers = TieredExperts::create(store_locator(shared), {out, rep}, o);
       ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
-      const model::Config& c = (*snap)->config();
+      const model::Config& c = snap->config();
       for (int pass = 0; pass < 2; ++pass)
         for (int l = 0; l < c.n_total_layers(); ++l) {
           std::vector<model::ExpertWeights> held;
@@ -146,15 +159,11 @@ TEST(ExpertStore, ConvertValidateAndServeEveryExpert) {
 // finished and counted unused when the next layer starts; bytes always equal the snapshot's. A
 // replica unlinked mid-run (fault hook) and a record with bad bytes on one replica (checksum) are
 // served by the other replica.
-TEST(TieredExperts, PrefetchFailoverAndChecksums) {
-  Tmp t;
-  const std::string dir = checkpoint(t);
-  auto snap = loader::Snapshot::open(dir);
-  ASSERT_TRUE(snap.ok()) << snap.status().to_string();
+TEST_F(TieredExpertsTest, PrefetchFailoverAndChecksums) {
   const std::string a = (t.p / "a").string(), b = (t.p / "b").string();
-  ASSERT_TRUE(write_expert_store(**snap, a, {b}).ok());
-  loader::SnapshotExperts direct(**snap);
-  const model::Config& c = (*snap)->config();
+  ASSERT_TRUE(write_expert_store(*snap, a, {b}).ok());
+  loader::SnapshotExperts direct(*snap);
+  const model::Config& c = snap->config();
   auto fresh = [&](const std::string& name) {  // replicas of their own (faults change the files)
     std::vector<std::string> d{(t.p / (name + "0")).string(), (t.p / (name + "1")).string()};
     for (const std::string& x : d) {
@@ -175,7 +184,7 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     // fault is not certain to be seen: the rate estimates may send every later read to drive 1.)
     o.faults = {*parse_reader_fault("0@0:unlink")};
     const std::vector<std::string> d = fresh("p" + std::to_string(views));
-    auto tiers = tiered_experts_for(**snap, d, o);
+    auto tiers = tiered_experts_for(*snap, d, o);
     ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
     for (int pass = 0; pass < 2; ++pass)
       for (int l = 0; l < c.n_total_layers(); ++l) {
@@ -203,7 +212,7 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     o.slots_per_layer = 1;
     o.host_experts = 3;
     o.prefetch = false;
-    auto tiers = tiered_experts_for(**snap, {a, b}, o);
+    auto tiers = tiered_experts_for(*snap, {a, b}, o);
     ASSERT_TRUE(tiers.ok());
     (*tiers)->prefetch(1, {0, 1, 2});
     ASSERT_TRUE(same((*tiers)->expert(1, 2), direct.expert(1, 2)));
@@ -224,7 +233,7 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     TieredOptions o;
     o.slots_per_layer = 1;
     o.host_experts = 3;
-    auto tiers = tiered_experts_for(**snap, d, o);
+    auto tiers = tiered_experts_for(*snap, d, o);
     ASSERT_TRUE(tiers.ok());
     ASSERT_TRUE(same((*tiers)->expert(0, 1), direct.expert(0, 1)));
     EXPECT_EQ((*tiers)->stats().checksum_failovers, 1u);
@@ -238,25 +247,21 @@ TEST(TieredExperts, PrefetchFailoverAndChecksums) {
     TieredOptions o;
     o.slots_per_layer = 1;
     o.faults = {*parse_reader_fault("0@0:eio")};
-    auto tiers = tiered_experts_for(**snap, d, o);
+    auto tiers = tiered_experts_for(*snap, d, o);
     ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
     EXPECT_EQ((*tiers)->reader().n_drives(), 1);
     ASSERT_TRUE(same((*tiers)->expert(2, 3), direct.expert(2, 3)));
     fs::remove(d[1] + "/experts.fbx");
-    EXPECT_EQ(tiered_experts_for(**snap, d, o).status().code(), StatusCode::kIo);
+    EXPECT_EQ(tiered_experts_for(*snap, d, o).status().code(), StatusCode::kIo);
   }
 }
 
 // The bench's record file: a few records of real expert bytes, every (layer, expert) of the model
 // mapped onto one of them; the tiers read each expert's record from two replica files.
-TEST(RecordFile, CyclicRecordsThroughTheTiers) {
-  Tmp t;
-  const std::string dir = checkpoint(t);
-  auto snap = loader::Snapshot::open(dir);
-  ASSERT_TRUE(snap.ok());
-  const model::Config& c = (*snap)->config();
-  loader::SnapshotExperts direct(**snap);
-  auto lay = expert_layout(**snap);
+TEST_F(RecordFileTest, CyclicRecordsThroughTheTiers) {
+  const model::Config& c = snap->config();
+  loader::SnapshotExperts direct(*snap);
+  auto lay = expert_layout(*snap);
   ASSERT_TRUE(lay.ok());
   int first = -1;
   std::vector<int> n_experts;
@@ -299,15 +304,11 @@ TEST(RecordFile, CyclicRecordsThroughTheTiers) {
 // Reads started at routing time hide drive latency: a drive that serves one record per 20 ms,
 // four records of a layer. Prefetched, then 120 ms of "compute", the expert() calls wait for
 // (almost) nothing; read when asked, they wait about 4 x 20 ms. The exposed-wait counter tells.
-TEST(TieredExperts, PrefetchHidesASlowDrive) {
-  Tmp t;
-  const std::string dir = checkpoint(t);
-  auto snap = loader::Snapshot::open(dir);
-  ASSERT_TRUE(snap.ok());
+TEST_F(TieredExpertsTest, PrefetchHidesASlowDrive) {
   const std::string a = (t.p / "a").string();
-  ASSERT_TRUE(write_expert_store(**snap, a, {}).ok());
-  const model::Config& c = (*snap)->config();
-  loader::SnapshotExperts direct(**snap);
+  ASSERT_TRUE(write_expert_store(*snap, a, {}).ok());
+  const model::Config& c = snap->config();
+  loader::SnapshotExperts direct(*snap);
   int layer = -1;
   for (int l = 0; l < c.n_total_layers() && layer < 0; ++l)
     if (c.roles[size_t(l)].n_experts >= 4) layer = l;
@@ -320,7 +321,7 @@ TEST(TieredExperts, PrefetchHidesASlowDrive) {
     o.host_experts = 8;
     o.prefetch = arm == 0;
     o.faults = {*parse_reader_fault("0@0:delay=20000")};
-    auto tiers = tiered_experts_for(**snap, {a}, o);
+    auto tiers = tiered_experts_for(*snap, {a}, o);
     ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
     (*tiers)->prefetch(layer, four);
     std::this_thread::sleep_for(std::chrono::milliseconds(120));

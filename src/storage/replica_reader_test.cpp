@@ -43,14 +43,26 @@ void expect_range(const TempDrives& t, ReplicaReader& r, uint64_t off, uint64_t 
   ASSERT_EQ(std::memcmp(dst, t.bytes.data() + off, n), 0) << "off " << off << " n " << n;
 }
 
-class Reader : public ::testing::TestWithParam<bool> {};
+class Reader : public ::testing::TestWithParam<bool> {
+ protected:
+  // Every case runs on both engines (the parameter: io_uring or the thread pool).
+  ReaderOptions options(uint32_t chunk_bytes) const {
+    ReaderOptions o;
+    o.use_uring = GetParam();
+    o.chunk_bytes = chunk_bytes;
+    return o;
+  }
+  // A reader over t's drives that sends every chunk to drive 0 first (where a case injects faults).
+  Result<std::unique_ptr<ReplicaReader>> open_drive0_first(const TempDrives& t, uint32_t chunk_bytes) const {
+    auto r = ReplicaReader::open(t.drives, options(chunk_bytes));
+    if (r.ok()) (*r)->set_rate(0, 1e12);
+    return r;
+  }
+};
 
 TEST_P(Reader, ReadsAlignedAndUnalignedRanges) {
   TempDrives t(3, (8u << 20) + 12345);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 256 << 10;
-  auto r = ReplicaReader::open(t.drives, o);
+  auto r = ReplicaReader::open(t.drives, options(256 << 10));
   ASSERT_TRUE(r.ok());
   expect_range(t, **r, 0, 4 << 20, true);
   expect_range(t, **r, 4096 * 5, 1 << 20, true);
@@ -68,12 +80,8 @@ TEST_P(Reader, ReadsAlignedAndUnalignedRanges) {
 
 TEST_P(Reader, SurvivesAnInjectedErrorAndFailsWhenNoReplicaRemains) {
   TempDrives t(2, 4u << 20);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 64 << 10;
-  auto r = ReplicaReader::open(t.drives, o);
+  auto r = open_drive0_first(t, 64 << 10);
   ASSERT_TRUE(r.ok());
-  (*r)->set_rate(0, 1e12);  // everything goes to drive 0 first
   (*r)->inject_error(0, 3);
   expect_range(t, **r, 0, 4 << 20, true);
   EXPECT_TRUE((*r)->stats(0).failed);
@@ -88,9 +96,7 @@ TEST_P(Reader, SurvivesAnInjectedErrorAndFailsWhenNoReplicaRemains) {
 
 TEST_P(Reader, SurvivesAFileRemovedMidRead) {
   TempDrives t(3, 6u << 20);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 64 << 10;
+  ReaderOptions o = options(64 << 10);
   bool removed = false;
   o.on_complete = [&](int drive, uint64_t n) {
     if (drive == 0 && n == 2 && !removed) {
@@ -113,9 +119,7 @@ TEST_P(Reader, SurvivesAFileRemovedMidRead) {
 
 TEST_P(Reader, HedgesOverdueChunksAndKeepsBytesRight) {
   TempDrives t(2, 8u << 20);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 128 << 10;
+  ReaderOptions o = options(128 << 10);
   o.hedge_factor = 0;
   o.hedge_min_us = 0;  // every chunk still in flight at the first wait is hedged
   auto r = ReplicaReader::open(t.drives, o);
@@ -147,12 +151,8 @@ TEST_P(Reader, FallsBackWhenODirectIsRefused) {
 // fail on that drive and are served by the other replica, bytes unchanged.
 TEST_P(Reader, SurvivesAReplicaTruncatedMidRead) {
   TempDrives t(2, 4u << 20);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 64 << 10;
-  auto r = ReplicaReader::open(t.drives, o);
+  auto r = open_drive0_first(t, 64 << 10);
   ASSERT_TRUE(r.ok());
-  (*r)->set_rate(0, 1e12);  // everything goes to drive 0 first
   (*r)->inject(*parse_reader_fault("0@2:truncate"));
   expect_range(t, **r, 0, 4 << 20, true);
   EXPECT_EQ(fs::file_size(fs::path(t.drives[0]) / "sub/data.bin"), (4u << 20) / 2);
@@ -162,7 +162,7 @@ TEST_P(Reader, SurvivesAReplicaTruncatedMidRead) {
   EXPECT_GT((*r)->stats(1).bytes_read, 0u);
   // The same fault through unlink: the third replica serves.
   TempDrives u(3, 2u << 20);
-  auto r2 = ReplicaReader::open(u.drives, o);
+  auto r2 = ReplicaReader::open(u.drives, options(64 << 10));
   ASSERT_TRUE(r2.ok());
   (*r2)->set_rate(1, 1e12);
   (*r2)->inject(*parse_reader_fault("1@1:unlink"));
@@ -178,9 +178,7 @@ TEST_P(Reader, SurvivesAReplicaTruncatedMidRead) {
 TEST_P(Reader, HedgesAroundASlowDrive) {
   TempDrives t(2, 2u << 20);
   auto timed_read = [&](bool hedge, double* slow_rate, double* fast_rate, uint64_t* won) {
-    ReaderOptions o;
-    o.use_uring = GetParam();
-    o.chunk_bytes = 128 << 10;
+    ReaderOptions o = options(128 << 10);
     o.hedge = hedge;
     o.hedge_min_us = 1000;
     o.caller_drains = true;
@@ -219,10 +217,7 @@ TEST_P(Reader, HedgesAroundASlowDrive) {
 // that drive alone and fails when it has failed (no retry elsewhere).
 TEST_P(Reader, AsyncJobsAndSingleDriveReads) {
   TempDrives t(2, 6u << 20);
-  ReaderOptions o;
-  o.use_uring = GetParam();
-  o.chunk_bytes = 256 << 10;
-  auto r = ReplicaReader::open(t.drives, o);
+  auto r = ReplicaReader::open(t.drives, options(256 << 10));
   ASSERT_TRUE(r.ok());
   std::vector<AlignedBuffer> bufs;
   std::vector<ReplicaReader::Job> jobs;

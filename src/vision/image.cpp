@@ -189,44 +189,50 @@ Result<RgbImage> decode_webp(std::string_view bytes, const DecodeLimits& lim) {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(0, p.size()) == p; }
 
+// The formats we read, in the order their magic bytes are tried; decode is null where this build
+// lacks the library.
+struct ImageFormat {
+  const char* name;   // as decoders_available lists it
+  const char* label;  // in messages
+  const char* library;
+  bool (*matches)(std::string_view bytes);
+  Result<RgbImage> (*decode)(std::string_view bytes, const DecodeLimits& limits);
+};
+const ImageFormat kImageFormats[] = {
+    {"png", "PNG", "libpng", [](std::string_view b) { return starts_with(b, "\x89PNG\r\n\x1a\n"); },
+#if FB_HAVE_PNG
+     decode_png},
+#else
+     nullptr},
+#endif
+    {"jpeg", "JPEG", "libjpeg", [](std::string_view b) { return starts_with(b, "\xff\xd8\xff"); },
+#if FB_HAVE_JPEG
+     decode_jpeg},
+#else
+     nullptr},
+#endif
+    {"webp", "WebP", "libwebp", [](std::string_view b) { return b.size() >= 12 && starts_with(b, "RIFF") && b.substr(8, 4) == "WEBP"; },
+#if FB_HAVE_WEBP
+     decode_webp},
+#else
+     nullptr},
+#endif
+};
+
 }  // namespace
 
 std::string decoders_available() {
   std::string s;
-#if FB_HAVE_PNG
-  s += "png ";
-#endif
-#if FB_HAVE_JPEG
-  s += "jpeg ";
-#endif
-#if FB_HAVE_WEBP
-  s += "webp ";
-#endif
-  if (!s.empty()) s.pop_back();
+  for (const ImageFormat& f : kImageFormats)
+    if (f.decode) s += std::string(s.empty() ? "" : " ") + f.name;
   return s;
 }
 
 Result<RgbImage> decode_image(std::string_view b, const DecodeLimits& limits) {
-  if (starts_with(b, "\x89PNG\r\n\x1a\n")) {
-#if FB_HAVE_PNG
-    return decode_png(b, limits);
-#else
-    return FB_ERROR(kUnsupported) << "this build has no PNG decoder (libpng)";
-#endif
-  }
-  if (starts_with(b, "\xff\xd8\xff")) {
-#if FB_HAVE_JPEG
-    return decode_jpeg(b, limits);
-#else
-    return FB_ERROR(kUnsupported) << "this build has no JPEG decoder (libjpeg)";
-#endif
-  }
-  if (b.size() >= 12 && starts_with(b, "RIFF") && b.substr(8, 4) == "WEBP") {
-#if FB_HAVE_WEBP
-    return decode_webp(b, limits);
-#else
-    return FB_ERROR(kUnsupported) << "this build has no WebP decoder (libwebp)";
-#endif
+  for (const ImageFormat& f : kImageFormats) {
+    if (!f.matches(b)) continue;
+    if (!f.decode) return FB_ERROR(kUnsupported) << "this build has no " << f.label << " decoder (" << f.library << ")";
+    return f.decode(b, limits);
   }
   if (starts_with(b, "GIF87a") || starts_with(b, "GIF89a")) return FB_ERROR(kUnsupported) << "GIF images are not supported (use PNG, JPEG or WebP)";
   return FB_ERROR(kInvalidArgument) << "unrecognised image format (expected PNG, JPEG or WebP; have: " << decoders_available() << ")";

@@ -20,14 +20,11 @@ namespace fs = std::filesystem;
 
 TEST(VisionTinyModel, ImageRunsThroughMakeTinyVision) {
   const fs::path dir = fs::temp_directory_path() / ("fb_vision_tiny_" + std::to_string(::getpid()));
-  loader::TinyModelOptions o;
-  o.out_dir = dir.string();
-  o.vision = true;
+  const loader::TinyModelOptions o{.out_dir = dir.string(), .vision = true};
   ASSERT_TRUE(loader::write_tiny_model(o).ok());
-  // make-tiny derives the Engram map from the tokenizer elsewhere; a stub map (id mod class count)
-  // keeps this test independent of the tokenizer asset.
-  std::vector<int32_t> map(size_t(o.vocab_size));
-  for (size_t i = 0; i < map.size(); ++i) map[i] = int32_t(i % size_t(o.engram_compressed_vocab));
+  // make-tiny derives the Engram map from the tokenizer; a stand-in map keeps this test
+  // independent of the tokenizer asset.
+  const std::vector<int32_t> map = loader::modular_engram_map(o.vocab_size, o.engram_compressed_vocab);
   auto m = cpu::CpuModel::load(dir.string(), map);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   const model::Config& c = (*m)->config();
