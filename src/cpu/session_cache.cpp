@@ -31,34 +31,17 @@ void SessionCache::reset() {
   for (auto& r : rings) r.init(c.window_size + kRingHeadroom, c.head_dim);
   comp.assign(size_t(c.n_layers), CompressedCache{});
   for (int l = 0; l < c.n_layers; ++l) {
-    const auto& role = c.roles[size_t(l)];
-    if (!role.kv_source) continue;
     CompressedCache& cc = comp[size_t(l)];
-    cc.ratio = role.ratio;
-    cc.kv_bytes = model::comp_kv_bytes(c);
-    cc.key_bytes = model::comp_key_bytes(c);
-    if (role.ratio == 2) {
-      cc.tail.assign(size_t(kTailSlots * 2 * c.head_dim), 0.0f);
-      cc.tail_pos.assign(size_t(kTailSlots), -1);
-    }
+    static_cast<model::CompGeometry&>(cc) = model::comp_geometry(c, l);
+    cc.tail.assign(size_t(cc.tail_floats), 0.0f);
+    cc.tail_pos.assign(size_t(cc.tail_slots), -1);
   }
   draft_rings.assign(size_t(c.n_mtp_layers), Ring{});
   for (auto& r : draft_rings) r.init(c.window_size, c.head_dim);
 }
 
 Status SessionCache::rollback(int64_t p) {
-  if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
-  const model::Config& c = *config_;
-  // The next query at p reads positions [p - window + 1, p - 1] from every ring.
-  for (const Ring& r : rings)
-    for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
-      if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
-  // A ratio-r compressor at p pools positions [p - p % r, p + r): the pending ones must remain.
-  for (const CompressedCache& cc : comp)
-    if (cc.ratio == 2)
-      for (int64_t q = p - p % cc.ratio; q < p; ++q)
-        if (cc.tail_pos[size_t(q % kTailSlots)] != q)
-          return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
+  FB_RETURN_IF_ERROR(model::check_rollback(*config_, next_pos, p, rings, comp));
   next_pos = p;
   tokens.resize(size_t(p));
   image.resize(size_t(p));

@@ -32,10 +32,10 @@ struct Ring {
   const uint8_t* find(int64_t p) const;  // nullptr unless the slot holds position p
 };
 
-struct CompressedCache {
-  int ratio = 0;
-  int kv_bytes = 0;             // head_dim/2 packed e2m1 + head_dim/16 e4m3
-  int key_bytes = 0;            // index_head_dim/2 packed e2m1 + index_head_dim/32 e8m0
+// One layer's compressed cache: its geometry (model::comp_geometry: ratio; kv_bytes, head_dim/2
+// packed e2m1 + head_dim/16 e4m3; key_bytes, index_head_dim/2 packed e2m1 + index_head_dim/32
+// e8m0; the tail's size) and its rows.
+struct CompressedCache : model::CompGeometry {
   std::vector<uint8_t> kv;      // [entries, kv_bytes]
   std::vector<uint8_t> keys;    // [entries, key_bytes]
   std::vector<float> tail;      // ratio 2: [kTailSlots (pos % kTailSlots)][k, g][head_dim] f32

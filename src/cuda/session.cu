@@ -29,16 +29,15 @@ Status CudaSession::ensure_allocated(cudaStream_t st) {
   for (auto& r : rings) FB_RETURN_IF_ERROR(init_ring(r, c.window_size + model::kRingHeadroom, c.head_dim, st));
   comp.resize(size_t(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
-    const auto& role = c.roles[size_t(l)];
-    if (!role.kv_source) continue;
+    const model::CompGeometry g = model::comp_geometry(c, l);
     DevCompressed& cc = comp[size_t(l)];
-    cc.ratio = role.ratio;
-    cc.kv_bytes = model::comp_kv_bytes(c);
-    cc.key_bytes = model::comp_key_bytes(c);
-    if (role.ratio == 2) {
-      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(model::kTailSlots * 2 * c.head_dim) * sizeof(float)));
+    cc.ratio = g.ratio;
+    cc.kv_bytes = g.kv_bytes;
+    cc.key_bytes = g.key_bytes;
+    if (g.tail_slots) {
+      FB_RETURN_IF_ERROR(cc.tail.alloc(size_t(g.tail_floats) * sizeof(float)));
       FB_CUDA_TRY(cudaMemsetAsync(cc.tail.get(), 0, cc.tail.bytes(), st));
-      cc.tail_pos.assign(size_t(model::kTailSlots), -1);
+      cc.tail_pos.assign(size_t(g.tail_slots), -1);
     }
   }
   draft_rings.resize(size_t(c.n_mtp_layers));
@@ -65,20 +64,9 @@ Status CudaSession::reserve_compressed(int layer, int64_t entries, cudaStream_t 
   return Status();
 }
 
-// Same rule as cpu::SessionCache::rollback (positions are host bookkeeping; ratio-2 tails live in
-// a position ring of model::kTailSlots, so re-running a position rewrites its slot and rejected
-// rows never overwrite the tail a kept odd position still needs).
+// The same rule as cpu::SessionCache::rollback (model::check_rollback).
 Status CudaSession::rollback(int64_t p) {
-  if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
-  const Config& c = *config_;
-  for (const DevRing& r : rings)
-    for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
-      if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
-  for (const DevCompressed& cc : comp)
-    if (cc.ratio == 2)
-      for (int64_t q = p - p % cc.ratio; q < p; ++q)
-        if (cc.tail_pos.size() != size_t(model::kTailSlots) || cc.tail_pos[size_t(q % model::kTailSlots)] != q)
-          return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
+  FB_RETURN_IF_ERROR(model::check_rollback(*config_, next_pos, p, rings, comp));
   next_pos = p;
   tokens.resize(size_t(p));
   image.resize(size_t(p));

@@ -42,6 +42,20 @@ Status truncated(size_t at, const char* what) {
 
 }  // namespace
 
+CompGeometry comp_geometry(const Config& c, int layer) {
+  const LayerRole& role = c.roles[size_t(layer)];
+  CompGeometry g;
+  if (!role.kv_source) return g;
+  g.ratio = role.ratio;
+  g.kv_bytes = comp_kv_bytes(c);
+  g.key_bytes = comp_key_bytes(c);
+  if (role.ratio == 2) {
+    g.tail_slots = kTailSlots;
+    g.tail_floats = int64_t(kTailSlots) * 2 * c.head_dim;
+  }
+  return g;
+}
+
 SessionLayout session_layout(const Config& c, int64_t next_pos) {
   SessionLayout l;
   l.next_pos = next_pos;
@@ -52,18 +66,8 @@ SessionLayout session_layout(const Config& c, int64_t next_pos) {
   at += size_t(next_pos);
   for (int i = 0; i < c.n_layers; ++i) l.rings.push_back(ring_at(at, c.window_size + kRingHeadroom, c.head_dim));
   for (int i = 0; i < c.n_layers; ++i) {
-    const auto& role = c.roles[size_t(i)];
-    CompLayout cc;
-    if (role.kv_source) {
-      cc.ratio = role.ratio;
-      cc.kv_bytes = comp_kv_bytes(c);
-      cc.key_bytes = comp_key_bytes(c);
-      cc.entries = next_pos / role.ratio;
-      if (role.ratio == 2) {
-        cc.tail_slots = kTailSlots;
-        cc.tail_floats = int64_t(kTailSlots) * 2 * c.head_dim;
-      }
-    }
+    CompLayout cc{comp_geometry(c, i)};
+    if (cc.ratio) cc.entries = next_pos / cc.ratio;
     cc.at = at;
     cc.kv_at = at + 20;
     cc.keys_at = cc.kv_at + cc.kv_size();

@@ -8,6 +8,7 @@
 // SessionCache::restore accepts (tests/session_layout_test).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,6 +36,26 @@ inline int comp_kv_bytes(const Config& c) { return c.head_dim / 2 + c.head_dim /
 // FP4 index key: index_head_dim/2 packed e2m1 + index_head_dim/32 e8m0 scales.
 inline int comp_key_bytes(const Config& c) { return c.index_head_dim / 2 + c.index_head_dim / 32; }
 
+// Whether a session at next_pos may roll back to p (both executors' rule; positions are host
+// bookkeeping): the window rows the next query at p reads, [p - window + 1, p - 1], must still be
+// in every ring, and every ratio-r compressor's pending positions [p - p % r, p) in its tail ring
+// of kTailSlots (re-running a position rewrites its slot, so rejected rows never overwrite the
+// tail a kept odd position still needs). Rings: find(pos) non-null when held; compressed caches:
+// ratio and tail_pos.
+template <typename Rings, typename Comps>
+Status check_rollback(const Config& c, int64_t next_pos, int64_t p, const Rings& rings, const Comps& comp) {
+  if (p < 0 || p > next_pos) return FB_ERROR(kInvalidArgument) << "rollback to " << p << " outside [0, " << next_pos << "]";
+  for (const auto& r : rings)
+    for (int64_t q = std::max<int64_t>(0, p - c.window_size + 1); q < p; ++q)
+      if (!r.find(q)) return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": window row " << q << " was overwritten";
+  for (const auto& cc : comp)
+    if (cc.ratio == 2)
+      for (int64_t q = p - p % cc.ratio; q < p; ++q)
+        if (cc.tail_pos.size() != size_t(kTailSlots) || cc.tail_pos[size_t(q % kTailSlots)] != q)
+          return FB_ERROR(kInvalidArgument) << "rollback to " << p << ": the compressor tail of position " << q << " was overwritten";
+  return Status();
+}
+
 // The format's magic and version (SessionCache::serialize writes them).
 inline constexpr char kSessionMagic[8] = {'F', 'B', 'S', 'E', 'S', 'S', '\0', '\1'};
 inline constexpr uint32_t kSessionVersion = 1;
@@ -47,11 +68,17 @@ struct RingLayout {
   size_t data_bytes() const { return size_t(slots) * size_t(row_bytes); }
 };
 
-struct CompLayout {
-  int32_t ratio = 0, kv_bytes = 0, key_bytes = 0;  // ratio 0: not a KV source (every size 0)
-  int64_t entries = 0;     // = next_pos / ratio
+// One layer's compressed cache as every executor sizes it: ratio 0 where the layer is not a KV
+// source (every size 0); a ratio-2 compressor keeps kTailSlots tail slots of [k, g][head_dim] f32.
+struct CompGeometry {
+  int32_t ratio = 0, kv_bytes = 0, key_bytes = 0;
   int64_t tail_slots = 0;  // ratio 2: kTailSlots, else 0
   int64_t tail_floats = 0; // ratio 2: kTailSlots * 2 * head_dim f32, else 0
+};
+CompGeometry comp_geometry(const Config& c, int layer);
+
+struct CompLayout : CompGeometry {
+  int64_t entries = 0;     // = next_pos / ratio
   size_t at = 0;           // i32 ratio, i32 kv bytes, i32 key bytes, i64 entries
   size_t kv_at = 0;        // u8 [entries, kv_bytes] FP4 KV
   size_t keys_at = 0;      // u8 [entries, key_bytes] FP4 index keys
