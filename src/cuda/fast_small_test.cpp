@@ -23,35 +23,17 @@
 #include "cuda/fast_small.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
+#include "cuda/ops_test_util.h"
 
 namespace fb::cuda {
 namespace {
 
+using ops_test_util::Rng;
 using test_util::Dev;
 
 constexpr int kHc = 4, kIters = 20;
 constexpr int64_t kDim = 5120, kMaxRows = 64;
 constexpr float kEps = 1e-6f, kHcEps = 1e-6f;
-
-struct Rng {
-  std::mt19937_64 g;
-  explicit Rng(uint64_t seed) : g(seed) {}
-  float normal(float s = 1.0f) { return std::normal_distribution<float>(0.0f, s)(g); }
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g); }
-  std::vector<uint16_t> bf16(int64_t n, float s = 1.0f) {
-    std::vector<uint16_t> v(static_cast<size_t>(n));
-    for (int64_t b = 0; b < n; b += 32) {  // per-32-block magnitudes differ (act_quant scales)
-      const float blk = s * std::ldexp(1.0f, std::uniform_int_distribution<int>(-3, 3)(g));
-      for (int64_t i = b; i < std::min(n, b + 32); ++i) v[size_t(i)] = bf16_bits_from_f32(normal(blk));
-    }
-    return v;
-  }
-  std::vector<float> f32(int64_t n, float s) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = normal(s);
-    return v;
-  }
-};
 
 double val(uint16_t b) { return bf16_to_f32(b); }
 double val(float f) { return f; }

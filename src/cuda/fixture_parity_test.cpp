@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ using test_util::runnable_fixture;
 // indexer reproduce the CPU bit for bit here; the tensor-core mHC mixes sum 3 x 4 x 256 products
 // per mix in another order and do not (ops_test TensorCoreHcMixes holds their tolerance), so this
 // parity keeps them off.
+using ExecutorFactory = std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)>;
+
 CudaRunOptions run_for(bool tc) {
   CudaRunOptions r;
   r.numerics = tc ? Numerics::kFast : Numerics::kExact;
@@ -44,12 +47,15 @@ CudaRunOptions run_for(bool tc) {
   r.bounded_replay = true;  // accepted where a test sends replay rows (BoundedReplayMatchesCpu lifts the product's gate)
   return r;
 }
-Result<std::unique_ptr<model::Executor>> load_cuda(const std::string& ckpt, bool tc) {
-  CudaLoadOptions lo;
-  lo.run = run_for(tc);
+Result<std::unique_ptr<model::Executor>> load_cuda(const std::string& ckpt, const CudaLoadOptions& lo) {
   auto m = CudaExecutor::load(ckpt, {}, lo);
   if (!m.ok()) return m.status();
   return std::unique_ptr<model::Executor>(std::move(m.value()));
+}
+Result<std::unique_ptr<model::Executor>> load_cuda(const std::string& ckpt, bool tc) {
+  CudaLoadOptions lo;
+  lo.run = run_for(tc);
+  return load_cuda(ckpt, lo);
 }
 Result<std::unique_ptr<model::Executor>> make_cuda(const std::string& ckpt) { return load_cuda(ckpt, false); }
 Result<std::unique_ptr<model::Executor>> make_cuda_tc(const std::string& ckpt) { return load_cuda(ckpt, true); }
@@ -60,22 +66,48 @@ Result<std::unique_ptr<model::Executor>> make_cpu(const std::string& ckpt) {
   return std::unique_ptr<model::Executor>(std::move(m.value()));
 }
 
-class FixtureParity : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
+// The fixture check of the executors `make` loads, with the CPU reference run in lockstep.
+Result<engine::FixtureReport> check_vs_cpu(const std::string& dir, const ExecutorFactory& make, int64_t chunk,
+                                           bool bounded_replay = false) {
   engine::FixtureCheckOptions opt;
   opt.make_reference = make_cpu;
-  auto rep = engine::check_fixture(dir, make_cuda, opt);
-  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  std::printf("%s\n%s\n", rep->reference.line().c_str(), rep->summary_line().c_str());
-  const engine::ReferenceComparison& c = rep->reference;
-  EXPECT_EQ(c.ids_same, c.rows) << "greedy ids differ from the CPU executor";
+  opt.chunk = chunk;
+  opt.bounded_replay = bounded_replay;
+  return engine::check_fixture(dir, make, opt);
+}
+
+class FixtureParity : public test_util::FixtureTest {};
+
+// The lookup, wave and prefetch counters of every tiered executor a fixture check made, summed.
+ExpertSlotStats summed_stats(const std::vector<std::shared_ptr<DevExpertSlots>>& tiers) {
+  ExpertSlotStats st;
+  for (const auto& t : tiers) {
+    const ExpertSlotStats x = t->stats();
+    st.hits += x.hits;
+    st.misses += x.misses;
+    st.bypassed += x.bypassed;
+    st.waves += x.waves;
+    st.calls += x.calls;
+    st.prefetched += x.prefetched;
+    st.prefetch_used += x.prefetch_used;
+  }
+  return st;
+}
+
+// Greedy ids, logits rows, tap layers and draft rows all equal to the reference executor's, bit for bit.
+void expect_bitwise(const engine::ReferenceComparison& c) {
+  EXPECT_EQ(c.ids_same, c.rows) << "greedy ids differ from the reference";
   EXPECT_EQ(c.rows_bitwise, c.rows) << "max |dlogit| " << c.max_dlogit;
   EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "max tap |d| " << c.tap_max;
   EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "draft max |dlogit| " << c.draft_max_dlogit;
+}
+
+TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
+  auto rep = check_vs_cpu(dir, make_cuda, 0);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  std::printf("%s\n%s\n", rep->reference.line().c_str(), rep->summary_line().c_str());
+  const engine::ReferenceComparison& c = rep->reference;
+  expect_bitwise(c);
   EXPECT_EQ(c.draft_ids_same, c.draft_ids_total);
   EXPECT_TRUE(rep->pass) << "the fixture gates (CLARIFICATIONS): " << rep->summary_line();
 }
@@ -84,22 +116,12 @@ TEST_P(FixtureParity, CudaMatchesCpuBitForBit) {
 // the replay start leave at the decoder; the CUDA step advances its row buffers past them. Same
 // bits as the CPU's replay, one shot and in chunks of 7 (rows of a later chunk all stay).
 TEST_P(FixtureParity, BoundedReplayMatchesCpu) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
   for (int64_t chunk : {int64_t(0), int64_t(7)}) {
-    engine::FixtureCheckOptions opt;
-    opt.make_reference = make_cpu;
-    opt.bounded_replay = true;
-    opt.chunk = chunk;
-    auto rep = engine::check_fixture(dir, make_cuda, opt);
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto rep = check_vs_cpu(dir, make_cuda, chunk, /*bounded_replay=*/true);
     ASSERT_TRUE(rep.ok()) << rep.status().to_string();
     std::printf("[ tc ] %s bounded replay, chunk %lld: %s\n", GetParam(), (long long)chunk, rep->reference.line().c_str());
-    const engine::ReferenceComparison& c = rep->reference;
-    EXPECT_EQ(c.ids_same, c.rows) << "chunk " << chunk;
-    EXPECT_EQ(c.rows_bitwise, c.rows) << "chunk " << chunk << ": max |dlogit| " << c.max_dlogit;
-    EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "chunk " << chunk << ": max tap |d| " << c.tap_max;
-    EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "chunk " << chunk;
+    expect_bitwise(rep->reference);
   }
 }
 
@@ -108,14 +130,8 @@ TEST_P(FixtureParity, BoundedReplayMatchesCpu) {
 // (measured on the H200: see docs/numerics.md). These fixtures are chaotic (one flipped indexer
 // choice moves logits by O(1)), so this also shows no selection flipped.
 TEST_P(FixtureParity, TensorCorePrefillNearCpu) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
-  engine::FixtureCheckOptions opt;
-  opt.make_reference = make_cpu;
   for (int64_t chunk : {int64_t(0), int64_t(7)}) {
-    opt.chunk = chunk;
-    auto rep = engine::check_fixture(dir, make_cuda_tc, opt);
+    auto rep = check_vs_cpu(dir, make_cuda_tc, chunk);
     ASSERT_TRUE(rep.ok()) << rep.status().to_string();
     std::printf("[ tc ] %s chunk %lld: %s\n", GetParam(), (long long)chunk, rep->reference.line().c_str());
     const engine::ReferenceComparison& c = rep->reference;
@@ -130,9 +146,6 @@ TEST_P(FixtureParity, TensorCorePrefillNearCpu) {
 // mostly one wave. The bytes are copied, never changed: the exact path stays bit-identical to
 // the CPU, and the tensor-core path to its all-resident self.
 TEST_P(FixtureParity, ExpertSlotsBitForBit) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
   struct Case {
     int slots, staging;
   };
@@ -156,15 +169,7 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
       auto rep = engine::check_fixture(dir, make_tiered, opt);
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
-      ExpertSlotStats st;
-      for (const auto& t : tiers) {
-        const ExpertSlotStats x = t->stats();
-        st.hits += x.hits;
-        st.misses += x.misses;
-        st.waves += x.waves;
-        st.calls += x.calls;
-        st.bypassed += x.bypassed;
-      }
+      const ExpertSlotStats st = summed_stats(tiers);
       std::printf("[ tc ] %s expert slots %d + %d staging (%s): %llu hits %llu misses (%llu staged), %llu waves / %llu calls: %s\n",
                   GetParam(), slots, k.staging,
                   tc ? "tensor-core prefill vs resident" : "exact vs cpu", (unsigned long long)st.hits, (unsigned long long)st.misses,
@@ -174,10 +179,7 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
       EXPECT_GT(st.misses, 0u);
       if (k.staging == 0 && slots == 2) EXPECT_GT(st.waves, st.calls) << "7-row prefill steps route to more than 2 experts";
       if (k.staging > 0) EXPECT_GT(st.bypassed, 0u) << "no miss was staged";
-      EXPECT_EQ(c.ids_same, c.rows);
-      EXPECT_EQ(c.rows_bitwise, c.rows) << "max |dlogit| " << c.max_dlogit;
-      EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "max tap |d| " << c.tap_max;
-      EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "draft max |dlogit| " << c.draft_max_dlogit;
+      expect_bitwise(c);
     }
   }
 }
@@ -191,9 +193,6 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
 // one staging entry the other non-resident expert takes a slot in a second wave, whose copy on
 // the tensor-core path waits only for its slot's last reader (DevExpertSlots::take per_slot).
 TEST_P(FixtureParity, ExpertPrefetchBitForBit) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
   for (bool tc : {false, true})
     for (int entries : {0, 1})
       for (int64_t chunk : {int64_t(0), int64_t(7)}) {
@@ -219,13 +218,7 @@ TEST_P(FixtureParity, ExpertPrefetchBitForBit) {
         auto rep = engine::check_fixture(dir, make(true), opt);
         ASSERT_TRUE(rep.ok()) << rep.status().to_string();
         ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
-        ExpertSlotStats st;
-        for (const auto& t : tiers) {
-          const ExpertSlotStats x = t->stats();
-          st.prefetched += x.prefetched;
-          st.prefetch_used += x.prefetch_used;
-          st.misses += x.misses;
-        }
+        const ExpertSlotStats st = summed_stats(tiers);
         std::printf("[ tc ] %s expert prefetch (%s, %d staging entries, chunk %lld): %llu prefetched, %llu used, %llu slot misses: %s\n",
                     GetParam(), tc ? "tensor-core prefill" : "exact", entries == 0 ? 2 : entries, (long long)chunk, (unsigned long long)st.prefetched,
                     (unsigned long long)st.prefetch_used, (unsigned long long)st.misses, rep->reference.line().c_str());
@@ -233,10 +226,7 @@ TEST_P(FixtureParity, ExpertPrefetchBitForBit) {
         EXPECT_GT(st.prefetched, 0u) << "no expert was prefetched";
         EXPECT_GT(st.prefetch_used, 0u) << "no MoE call read a staged expert";
         if (entries == 1) EXPECT_GT(st.misses, 0u) << "one staging entry leaves a miss for the slot waves";
-        EXPECT_EQ(c.ids_same, c.rows);
-        EXPECT_EQ(c.rows_bitwise, c.rows) << "max |dlogit| " << c.max_dlogit;
-        EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers) << "max tap |d| " << c.tap_max;
-        EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows) << "draft max |dlogit| " << c.draft_max_dlogit;
+        expect_bitwise(c);
       }
 }
 
@@ -244,32 +234,18 @@ TEST_P(FixtureParity, ExpertPrefetchBitForBit) {
 // experts through HBM slots. Rows and experts are copied unchanged, so the exact path stays
 // bit-identical to the CPU.
 TEST_P(FixtureParity, EngramOnHostAndExpertSlotsBitForBit) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
   for (int slots : {0, 2}) {
-    auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
-      CudaLoadOptions lo;
-      lo.engram = EngramPlace::kHost;
-      lo.expert_slots = slots;
-      lo.run = run_for(false);
-      auto m = CudaExecutor::load(ckpt, {}, lo);
-      if (!m.ok()) return m.status();
-      return std::unique_ptr<model::Executor>(std::move(m.value()));
-    };
-    engine::FixtureCheckOptions opt;
-    opt.make_reference = make_cpu;
+    CudaLoadOptions lo;
+    lo.engram = EngramPlace::kHost;
+    lo.expert_slots = slots;
+    lo.run = run_for(false);
     for (int64_t chunk : {int64_t(0), int64_t(7)}) {
-      opt.chunk = chunk;
-      auto rep = engine::check_fixture(dir, make, opt);
+      auto rep = check_vs_cpu(dir, [&](const std::string& ckpt) { return load_cuda(ckpt, lo); }, chunk);
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       std::printf("[ tc ] %s engram on host, %d expert slots, chunk %lld: %s\n", GetParam(), slots, (long long)chunk,
                   rep->reference.line().c_str());
       const engine::ReferenceComparison& c = rep->reference;
-      EXPECT_EQ(c.ids_same, c.rows);
-      EXPECT_EQ(c.rows_bitwise, c.rows) << "max |dlogit| " << c.max_dlogit;
-      EXPECT_EQ(c.tap_layers_bitwise, c.tap_layers);
-      EXPECT_EQ(c.draft_rows_bitwise, c.draft_rows);
+      expect_bitwise(c);
     }
   }
 }
@@ -279,24 +255,16 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureParity, ::testing::Values("tiny-s0", "
 // The fixture gates on both numerics classes (issue 18): every public fixture PASSes through the
 // CUDA executor in the exact class and in the fast class (the default), one shot and in 7-row
 // chunks; the layer gate runs on the fixtures with inject/, the vision gate on tiny-vision.
-class FixtureGates : public ::testing::TestWithParam<const char*> {};
+class FixtureGates : public test_util::FixtureTest {};
 
 TEST_P(FixtureGates, ExactAndFastPass) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
   for (Numerics nm : {Numerics::kExact, Numerics::kFast})
     for (int64_t chunk : {int64_t(0), int64_t(7)}) {
-      auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
-        CudaLoadOptions lo;
-        lo.run.numerics = nm;
-        auto m = CudaExecutor::load(ckpt, {}, lo);
-        if (!m.ok()) return m.status();
-        return std::unique_ptr<model::Executor>(std::move(m.value()));
-      };
+      CudaLoadOptions lo;
+      lo.run.numerics = nm;
       engine::FixtureCheckOptions opt;
       opt.chunk = chunk;
-      auto rep = engine::check_fixture(dir, make, opt);
+      auto rep = engine::check_fixture(dir, [&](const std::string& ckpt) { return load_cuda(ckpt, lo); }, opt);
       ASSERT_TRUE(rep.ok()) << rep.status().to_string();
       std::printf("[ tc ] %s %s chunk %lld: %s\n", GetParam(), numerics_name(nm), (long long)chunk, rep->summary_line().c_str());
       EXPECT_TRUE(rep->pass) << numerics_name(nm) << " chunk " << chunk << ": " << rep->summary_line();

@@ -61,6 +61,18 @@ inline std::string runnable_fixture(const std::string& name, std::string* why) {
   return dir;
 }
 
+// A test over one official fixture, named by the parameter: dir is its folder; the test skips
+// when runnable_fixture says it cannot run here.
+class FixtureTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    dir = runnable_fixture(GetParam(), &why);
+    if (dir.empty()) GTEST_SKIP() << why;
+  }
+  std::string dir;
+};
+
 }  // namespace fb::cuda::test_util
 
 #define FB_NEED_GPU() \

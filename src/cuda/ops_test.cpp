@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
@@ -143,49 +144,33 @@ TEST(CudaOps, Bf16GemmGroupedAndF32) {
   expect_same(dyf.get(), wantf, "bf16_gemm f32");
 }
 
+// A compact-cache QDQ of M rows of K: the CUDA op's compact rows (codes at 0, scales at
+// code_bytes, rb bytes a row) and bf16 values equal the CPU row function's bit for bit.
+template <typename CpuRow, typename CudaQdq>
+void expect_qdq_same(Rng& rng, int64_t M, int64_t K, int64_t code_bytes, int64_t rb, CpuRow cpu_row, CudaQdq cuda_qdq,
+                     const std::string& name) {
+  auto x = rng.act(M * K);
+  std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
+  std::vector<bf16_t> want(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    cpu_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + code_bytes)], &want[size_t(m * K)]);
+  Dev<bf16_t> dx(x), dy(want.size());
+  Dev<uint8_t> dc(want_c.size());
+  ASSERT_TRUE(cuda_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok()) << name;
+  expect_same(dc.get(), want_c, (name + " compact").c_str());
+  expect_same(dy.get(), want, (name + " value").c_str());
+}
+
 TEST(CudaOps, Quantisers) {
   NEED_GPU();
   Rng rng(4);
   const int64_t M = 7;
-  {  // FP8 window QDQ, head_dim 512
-    const int64_t K = 512, rb = K + K / 32;
-    auto x = rng.act(M * K);
-    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
-    std::vector<bf16_t> want(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m)
-      cpu::fp8_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K)], &want[size_t(m * K)]);
-    Dev<bf16_t> dx(x), dy(want.size());
-    Dev<uint8_t> dc(want_c.size());
-    ASSERT_TRUE(fp8_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
-    expect_same(dc.get(), want_c, "fp8_qdq compact");
-    expect_same(dy.get(), want, "fp8_qdq value");
-  }
-  {  // FP4 e8m0 (index keys / queries), 128
-    const int64_t K = 128, rb = K / 2 + K / 32;
-    auto x = rng.act(M * K);
-    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
-    std::vector<bf16_t> want(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m)
-      cpu::fp4_e8m0_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K / 2)], &want[size_t(m * K)]);
-    Dev<bf16_t> dx(x), dy(want.size());
-    Dev<uint8_t> dc(want_c.size());
-    ASSERT_TRUE(fp4_e8m0_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
-    expect_same(dc.get(), want_c, "fp4_e8m0 compact");
-    expect_same(dy.get(), want, "fp4_e8m0 value");
-  }
-  {  // FP4 e4m3/16 (compressed KV), 512
-    const int64_t K = 512, rb = K / 2 + K / 16;
-    auto x = rng.act(M * K);
-    std::vector<uint8_t> want_c(static_cast<size_t>(M * rb));
-    std::vector<bf16_t> want(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m)
-      cpu::fp4_e4m3_qdq_row(&x[size_t(m * K)], K, &want_c[size_t(m * rb)], &want_c[size_t(m * rb + K / 2)], &want[size_t(m * K)]);
-    Dev<bf16_t> dx(x), dy(want.size());
-    Dev<uint8_t> dc(want_c.size());
-    ASSERT_TRUE(fp4_e4m3_qdq(dx.p(), M, K, dc.p(), rb, dy.p(), nullptr).ok());
-    expect_same(dc.get(), want_c, "fp4_e4m3 compact");
-    expect_same(dy.get(), want, "fp4_e4m3 value");
-  }
+  // FP8 window rows, head_dim 512
+  expect_qdq_same(rng, M, 512, 512, 512 + 512 / 32, cpu::fp8_qdq_row, fp8_qdq, "fp8_qdq");
+  // FP4 e8m0 (index keys / queries), 128
+  expect_qdq_same(rng, M, 128, 128 / 2, 128 / 2 + 128 / 32, cpu::fp4_e8m0_qdq_row, fp4_e8m0_qdq, "fp4_e8m0");
+  // FP4 e4m3/16 (compressed KV), 512
+  expect_qdq_same(rng, M, 512, 512 / 2, 512 / 2 + 512 / 16, cpu::fp4_e4m3_qdq_row, fp4_e4m3_qdq, "fp4_e4m3");
 }
 
 // ---- norms, RoPE, mHC -------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// Shared helpers of the CUDA op tests (ops_test.cpp: bit-identical parity; tc_ops_test.cpp: the
-// tensor-core paths within written-down tolerances): a seeded generator of released-shape operands,
-// the NaN-aware bitwise comparison, and the CPU-side references reused by both files.
+// Shared helpers of the CUDA op tests (ops_test.cpp: bit-identical parity; tc_ops_test.cpp and
+// fast_small_test.cpp: the tensor-core paths and the fused fast ops within written-down
+// tolerances): a seeded generator of released-shape operands, the NaN-aware bitwise comparison,
+// and the CPU-side references reused by these files.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -51,6 +52,7 @@ struct Rng {
   explicit Rng(uint64_t seed) : g(seed) {}
   float normal(float s = 1.0f) { return std::normal_distribution<float>(0.0f, s)(g); }
   int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g); }
   // bf16 activations with varied block magnitudes: normal, sub-floor, exact powers, ties.
   std::vector<bf16_t> act(int64_t n, float s = 1.0f) {
     std::vector<bf16_t> v(static_cast<size_t>(n));
@@ -63,6 +65,15 @@ struct Rng {
         if (kind == 2) x = float(uniform(-8, 8)) * 0.5f;                // many ties
         v[size_t(i)] = bf16_bits_from_f32(x);
       }
+    }
+    return v;
+  }
+  // bf16 normals whose per-32-block magnitudes differ by powers of two (act_quant scales).
+  std::vector<bf16_t> bf16(int64_t n, float s = 1.0f) {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; b += 32) {
+      const float blk = s * std::ldexp(1.0f, uniform(-3, 3));
+      for (int64_t i = b; i < std::min(n, b + 32); ++i) v[size_t(i)] = bf16_bits_from_f32(normal(blk));
     }
     return v;
   }

@@ -24,7 +24,6 @@ namespace fb::cuda {
 namespace {
 
 using test_util::fixtures_dir;
-using test_util::runnable_fixture;
 
 std::vector<int32_t> prompt_of(const std::string& dir) {
   auto b = read_file_bytes(dir + "/prompt.i32");
@@ -114,16 +113,21 @@ std::vector<uint16_t> ones_tap(const model::Config& c) {
   return std::vector<uint16_t>(c.dspark_target_layer_ids.size() * size_t(c.dim), 0x3F80);  // bf16 1.0
 }
 
-class CudaSessionIo : public ::testing::TestWithParam<const char*> {};
+// Every case runs on one fixture's checkpoint and prompt (test_util::FixtureTest: skipped where
+// the fixture cannot run).
+class CudaSessionIo : public test_util::FixtureTest {
+ protected:
+  void SetUp() override {
+    test_util::FixtureTest::SetUp();
+    if (!dir.empty()) prompt = prompt_of(dir);
+  }
+  std::vector<int32_t> prompt;
+};
 
 // Saved after a prefill, decode steps and a rollback (stale ring rows past the position), restored
 // into a fresh session: the same bytes when saved again, and the same logits and drafts as the
 // session that was never interrupted; then restored into a session already in use elsewhere.
 TEST_P(CudaSessionIo, SaveRestoreContinuesBitForBit) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
-  const auto prompt = prompt_of(dir);
   for (Numerics n : {Numerics::kExact, Numerics::kFast}) {
     SCOPED_TRACE(numerics_name(n));
     auto ex = load_cuda(dir, n);
@@ -173,10 +177,6 @@ TEST_P(CudaSessionIo, SaveRestoreContinuesBitForBit) {
 // for byte (the same bytes saved), CPU bytes restored on CUDA and CUDA bytes restored on the CPU
 // both continue with the CPU's logits and drafts bit for bit.
 TEST_P(CudaSessionIo, CpuAndCudaStatesAreOneFormat) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
-  const auto prompt = prompt_of(dir);
   auto cu = load_cuda(dir, Numerics::kExact);
   auto cp = cpu::CpuModel::load(dir + "/checkpoint");
   ASSERT_TRUE(cu && cp.ok());
@@ -219,10 +219,6 @@ TEST_P(CudaSessionIo, CpuAndCudaStatesAreOneFormat) {
 // Damaged bytes: refused with the CPU's codes, and the target session (in use, or never run) is
 // unchanged: the same saved bytes, the same next logits as an untouched twin.
 TEST_P(CudaSessionIo, DamagedBytesAreRefusedAndLeaveTheSession) {
-  std::string why;
-  const std::string dir = runnable_fixture(GetParam(), &why);
-  if (dir.empty()) GTEST_SKIP() << why;
-  const auto prompt = prompt_of(dir);
   auto ex = load_cuda(dir, Numerics::kFast);
   ASSERT_TRUE(ex);
   const model::Config& c = ex->config();

@@ -75,12 +75,9 @@ TEST(CudaVision, TinyVisionFixturePatches) {
 TEST(CudaVision, MakeTinyVisionGrids) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const fs::path dir = fs::temp_directory_path() / ("fb_cuda_vision_" + std::to_string(::getpid()));
-  loader::TinyModelOptions o;
-  o.out_dir = dir.string();
-  o.vision = true;
+  const loader::TinyModelOptions o{.out_dir = dir.string(), .vision = true};
   ASSERT_TRUE(loader::write_tiny_model(o).ok());
-  std::vector<int32_t> map(size_t(o.vocab_size));
-  for (size_t i = 0; i < map.size(); ++i) map[i] = int32_t(i % size_t(o.engram_compressed_vocab));
+  const std::vector<int32_t> map = loader::modular_engram_map(o.vocab_size, o.engram_compressed_vocab);
   auto gpu = CudaExecutor::load(dir.string(), map);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   auto cpu = cpu::CpuModel::load(dir.string(), map);
