@@ -32,9 +32,8 @@ class CudaDraftStep : public CudaLayerOps {
   }
 
   void attention(int l) {
-    ProfScope prof_scope_(this, "attention");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "attention");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int64_t hd = c_.head_dim;
     std::vector<uint64_t> win;

@@ -155,9 +155,8 @@ class CudaStep : public CudaLayerOps {
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
   void engram(int l) {
-    ProfScope prof_scope_(this, "engram");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "engram");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size());
     const int n_cols = (c_.engram_max_ngram - 1) * c_.engram_n_heads, hd = c_.engram_head_dim, hc = c_.hc_mult;
@@ -205,7 +204,7 @@ class CudaStep : public CudaLayerOps {
 
   void dspark_tap(int tap) {
     ProfScope prof_scope_(this, "dspark_tap");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     step(stream_mean(X_, T_, c_.hc_mult, c_.dim, taps_dev_ + int64_t(tap) * c_.dim, int64_t(n_taps_) * c_.dim, st_));
   }
 
@@ -213,7 +212,7 @@ class CudaStep : public CudaLayerOps {
   // compressed entries and index keys BEFORE any scoring of this step.
   void compress(int l) {
     ProfScope prof_scope_(this, "compress");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const int ratio = c_.roles[size_t(l)].ratio;
     const int64_t D = c_.dim, hd = c_.head_dim, ihd = c_.index_head_dim;
@@ -322,7 +321,7 @@ class CudaStep : public CudaLayerOps {
   // Indexer (spec/11 §4.7-4.9): bf16 score chain, candidate pool, top-k selection per row.
   void index_select(int l) {
     ProfScope prof_scope_(this, "index_select");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int ratio = r.ratio, IH = c_.index_n_heads, ihd = c_.index_head_dim;
@@ -439,9 +438,8 @@ class CudaStep : public CudaLayerOps {
   }
 
   void attention(int l) {
-    ProfScope prof_scope_(this, "attention");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "attention");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t hd = c_.head_dim, W = c_.window_size;

@@ -217,6 +217,14 @@ class CudaLayerOps {
     ProfScope(CudaLayerOps* ops, const char* name) : o(ops), i(ops->prof_open(name)) {}
     ~ProfScope() { o->prof_close(i); }
   };
+  // An op with temporaries: its profiling scope around its frame (the frame is released first).
+  struct OpScope {
+    ProfScope prof;
+    Frame frame;
+    OpScope(CudaLayerOps* ops, const char* name) : prof(ops, name), frame(ops) {}
+  };
+  // Nothing for an op to do: an earlier op failed, or every row left (bounded replay).
+  bool no_rows() const { return !ok() || T_ == 0; }
   // After the stream was synchronised: op times into the executor's profile; a backbone step's
   // also into the executor's op times by family (Executor::stats).
   size_t prof_open(const char* name) {
@@ -261,7 +269,7 @@ class CudaLayerOps {
 
   void hc_mixes(int l, Site site) {
     ProfScope prof_scope_(this, "hc_mixes");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const bool a = site == Site::kAttn;
     if (fast_small()) {
@@ -289,7 +297,7 @@ class CudaLayerOps {
   // FFN site with the attention site's pre.
   void hc_collapse_norm(int l, Site site) {
     ProfScope prof_scope_(this, "hc_collapse_norm");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
     const DevLayer& w = m_.layers_[size_t(l)];
     const int hc = c_.hc_mult;
@@ -325,9 +333,8 @@ class CudaLayerOps {
   }
 
   void attn_q(int l) {
-    ProfScope prof_scope_(this, "attn_q");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "attn_q");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     uint16_t* a = alloc<uint16_t>(T_ * c_.q_lora_rank);
@@ -352,9 +359,8 @@ class CudaLayerOps {
 
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
   void attn_kv(int l) {
-    ProfScope prof_scope_(this, "attn_kv");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "attn_kv");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     if (kv_on_side_) {  // attn_q ran the chain on the side stream
       kv_on_side_ = kv_raw_ready_ = false;
@@ -376,9 +382,8 @@ class CudaLayerOps {
 
   // o -> inverse RoPE -> grouped wo_a (BF16, no act_quant) -> wo_b (FP8).
   void attn_output(int l) {
-    ProfScope prof_scope_(this, "attn_output");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "attn_output");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
@@ -392,7 +397,7 @@ class CudaLayerOps {
 
   void hc_expand(int l, Site site) {
     ProfScope prof_scope_(this, "hc_expand");
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    if (no_rows()) return;
     bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
     if (fused) {  // X is still the site's input: update in place
       fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
@@ -406,9 +411,8 @@ class CudaLayerOps {
   // MoE (spec/11 §5): route, routed experts (weight before the down projection), shared expert,
   // f32 fold of the bf16 expert outputs in ascending expert id, shared last, one rounding.
   void moe(int l) {
-    ProfScope prof_scope_(this, "moe");
-    Frame frame_(this);
-    if (!ok() || T_ == 0) return;  // every row left (bounded replay)
+    OpScope op_scope_(this, "moe");
+    if (no_rows()) return;
     const DevLayer& w = m_.layers_[size_t(l)];
     const LayerRole& r = c_.roles[size_t(l)];
     const int64_t D = c_.dim, I = c_.moe_inter_dim, K = r.n_active, n = T_ * K;
