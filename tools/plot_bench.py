@@ -31,9 +31,10 @@ DECODE_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                 ("session 8", "h200-synthetic-s8-final-2c458d3.csv"),
                 ("session 9", "h200-synthetic-s9-354c406.csv"),
                 ("session 10", "h200-synthetic-s10-f6a0e60.csv"),
-                ("session 11", "h200-synthetic-s11-c7cd4b1.csv")]
+                ("session 11", "h200-synthetic-s11-c7cd4b1.csv"),
+                ("session 12", "h200-synthetic-s12-c3ca05a.csv")]
 # The files docs/results.md names as the current figures of each kind.
-VERIFY_FILE = "h200-synthetic-s11-c7cd4b1.csv"
+VERIFY_FILE = "h200-synthetic-s12-c3ca05a.csv"
 DSPARK_FILE = "h200-synthetic-s11-b9542c3-dspark.csv"
 TIERS_FILE = "h200-tiers-fast-s8-3fbac47.csv"
 PREFILL_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
