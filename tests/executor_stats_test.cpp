@@ -10,6 +10,7 @@
 
 #include "cpu/executor.h"
 #include "engine/executor_factory.h"
+#include "storage/tiered_experts.h"
 #include "tiny_model_util.h"
 
 namespace fb {
@@ -171,6 +172,78 @@ TEST(ExecutorStats, EngramRowsHiddenOrExposed) {
               (unsigned long long)no.exposed, no.exposed_s * 1e3);
 }
 
+// The memory ledger by tier (issue 24) against what the CPU executor holds: host weights are the
+// snapshot's tensors (routed experts left out when the tiers serve them), the copies are the
+// dequantised wo_a, scratch the RoPE and Engram hashing tables, sessions the live sessions' caches
+// (counted while they live); the drives' bytes are the tiers' reads; no HBM.
+TEST(ExecutorStats, MemoryLedgerByTier) {
+  for (const bool tiered : {false, true}) {
+    SCOPED_TRACE(tiered ? "tiered experts" : "resident experts");
+    engine::ExecutorOptions o;
+    if (tiered) {
+      o.expert_slots = 1;
+      o.host_experts = 4;
+    }
+    std::shared_ptr<storage::TieredExperts> tiers;
+    auto ex = engine::make_executor("cpu", model_dir(), o, &tiers);
+    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+    const auto& m = static_cast<const cpu::CpuModel&>(**ex);
+    const model::Config& c = m.config();
+    uint64_t all = 0, experts = 0, copies = 0;
+    for (const std::string& n : m.snapshot().tensor_names()) {
+      all += m.snapshot().get(n).nbytes();
+      if (n.find(".ffn.experts.") != std::string::npos) experts += m.snapshot().get(n).nbytes();
+    }
+    ASSERT_GT(experts, 0u);
+    for (int l = 0; l < c.n_total_layers(); ++l) copies += uint64_t(m.weights().layers[size_t(l)].wo_a.w.numel()) * 2;  // bf16
+    uint64_t scratch = 2 * uint64_t(c.rope_head_dim / 2) * sizeof(float);  // plain and YaRN frequencies
+    const uint64_t per_table = 2 * uint64_t(c.engram_max_ngram - 1) * uint64_t(c.engram_n_heads) + uint64_t(c.engram_max_ngram);
+    scratch += uint64_t(c.engram_layer_ids.size()) * per_table * sizeof(int64_t);  // primes, offsets, multipliers
+
+    const model::MemoryByTier m0 = m.stats().memory;
+    EXPECT_FALSE(m0.has_hbm);
+    ASSERT_TRUE(m0.has_host);
+    EXPECT_EQ(m0.host.weights, tiered ? all - experts : all);
+    EXPECT_EQ(m0.host.weight_copies, copies);
+    EXPECT_EQ(m0.host.scratch, scratch);
+    EXPECT_EQ(m0.host.n_sessions, 0);
+    EXPECT_EQ(m0.host.sessions, 0u);
+    EXPECT_EQ(m0.has_drive, tiered);
+    EXPECT_EQ(m0.drive.expert_bytes_read, 0u);
+    EXPECT_FALSE(m0.drive.has_engram);
+
+    // Two sessions: one fresh, one after a prompt and decode steps (its caches grew).
+    auto fresh = m.new_session();
+    auto used = m.new_session();
+    const uint64_t fresh_bytes = static_cast<const cpu::SessionCache&>(*fresh).bytes();
+    // At least the window rings: slots x (head_dim e4m3 codes + head_dim/32 scales) per layer.
+    EXPECT_GE(fresh_bytes, uint64_t(c.n_layers) * uint64_t(c.window_size + cpu::kRingHeadroom) * uint64_t(c.head_dim + c.head_dim / 32));
+    std::vector<model::SessionState*> ss{used.get()};
+    for (const model::Step& st : {rows(0, 16, 24, false), rows(16, 8, 24, false), rows(24, 1, 0, true)})
+      ASSERT_TRUE((*ex)->forward(st, ss).ok());
+    const uint64_t used_bytes = static_cast<const cpu::SessionCache&>(*used).bytes();
+    EXPECT_GT(used_bytes, fresh_bytes);  // token history, compressed entries
+    const model::MemoryByTier m1 = m.stats().memory;
+    EXPECT_EQ(m1.host.n_sessions, 2);
+    EXPECT_EQ(m1.host.sessions, fresh_bytes + used_bytes);
+    EXPECT_EQ(m1.host.total(), m1.host.weights + copies + scratch + fresh_bytes + used_bytes + m1.host.experts);
+    if (tiered) {
+      ASSERT_NE(tiers, nullptr);
+      EXPECT_GT(m1.host.experts, 0u);  // slots and host cache records were allocated on use
+      EXPECT_EQ(m1.host.experts, tiers->host_bytes());
+      EXPECT_GT(m1.drive.expert_bytes_read, 0u);
+      EXPECT_EQ(m1.drive.expert_bytes_read, tiers->stats().drive_bytes);
+    } else {
+      EXPECT_EQ(m1.host.experts, 0u);  // the mapped snapshot holds no buffers of its own
+    }
+    // A session leaves the ledger when it is destroyed.
+    used.reset();
+    const model::MemoryByTier m2 = m.stats().memory;
+    EXPECT_EQ(m2.host.n_sessions, 1);
+    EXPECT_EQ(m2.host.sessions, fresh_bytes);
+  }
+}
+
 // One table names the forward pass's ops for the CPU's clocks and the CUDA executor's device times
 // (its profile entries carry the same names): every run_backbone op has a family, other names
 // (draft-only ops, whole-step entries, per-kernel entries) none, and OpTimes::add files by name.
@@ -235,6 +308,21 @@ TEST(ExecutorStats, AddDelta) {
   EXPECT_DOUBLE_EQ(acc.ops.s[size_t(model::OpFamily::kMoe)], 0.5);
   EXPECT_EQ(acc.ops.calls[size_t(model::OpFamily::kMoe)], 4u);
   EXPECT_EQ(acc.ops.steps, 3u);
+  // The memory ledger is what `after` holds; the drives' bytes read add up like the counters.
+  acc.memory.has_host = true;
+  acc.memory.host.sessions = 999;
+  acc.memory.drive.expert_bytes_read = 7;
+  before.memory.drive.expert_bytes_read = 100;
+  after.memory.has_host = after.memory.has_drive = true;
+  after.memory.host = {10, 20, 30, 2, 40, 50};
+  after.memory.drive.expert_bytes_read = 160;
+  model::add_delta(acc, before, after);
+  EXPECT_TRUE(acc.memory.has_host && acc.memory.has_drive);
+  EXPECT_FALSE(acc.memory.has_hbm);
+  EXPECT_EQ(acc.memory.host.sessions, 30u);
+  EXPECT_EQ(acc.memory.host.n_sessions, 2);
+  EXPECT_EQ(acc.memory.host.total(), 150u);
+  EXPECT_EQ(acc.memory.drive.expert_bytes_read, 67u);
 }
 
 // What the op clocks cost: the same steps with and without them, interleaved (printed; the

@@ -7,6 +7,8 @@
 #include <system_error>
 
 #include "cpu/layer_ops.h"
+#include "loader/bind.h"
+#include "loader/read_in.h"
 #include "model/fp8_weight.h"
 #include "model/timed_ops.h"
 
@@ -34,6 +36,16 @@ CpuModel::CpuModel(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> 
   wo_a_bf16_.resize(size_t(c.n_total_layers()));
   for (int l = 0; l < c.n_total_layers(); ++l)
     wo_a_bf16_[size_t(l)] = model::dequant_fp8_weight(w_.layers[size_t(l)].wo_a.w, w_.layers[size_t(l)].wo_a.scale);
+  for (const std::string& name : snap_->tensor_names()) {
+    const uint64_t n = snap_->get(name).nbytes();
+    weight_bytes_all_ += n;
+    if (!loader::is_routed_expert_tensor(name)) weight_bytes_no_experts_ += n;
+  }
+}
+
+void CpuModel::set_expert_source(std::shared_ptr<const model::ExpertSource> src) {
+  experts_ = std::move(src);
+  experts_tiered_ = dynamic_cast<const loader::SnapshotExperts*>(experts_.get()) == nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,6 +568,20 @@ model::ExecutorStats CpuModel::stats() const {
   st.ops = op_times_;
   st.has_engram = !engram_.empty();
   st.engram = engram_rows_;
+  model::MemoryByTier& m = st.memory;
+  m.has_host = true;
+  m.host.weights = experts_tiered_ ? weight_bytes_no_experts_ : weight_bytes_all_;
+  for (const auto& w : wo_a_bf16_) m.host.weight_copies += uint64_t(w.size()) * sizeof(bf16_t);
+  const SessionRegistry::Totals live = sessions_->totals();
+  m.host.sessions = live.bytes;
+  m.host.n_sessions = live.sessions;
+  for (const model::RopeTable* r : {&rope_plain_, &rope_yarn_}) m.host.scratch += uint64_t(r->freqs.size()) * sizeof(float);
+  for (const model::EngramTableConstants& e : engram_)
+    m.host.scratch += uint64_t(e.primes.size() + e.offsets.size() + e.multipliers.size()) * sizeof(int64_t);
+  m.host.experts = experts_ ? experts_->host_bytes() : 0;
+  // Drives: what the tiers read for the routed experts (the Engram tables stay in the mapping).
+  m.has_drive = st.has_expert_traffic;
+  m.drive.expert_bytes_read = st.experts.drive.bytes;
   return st;
 }
 

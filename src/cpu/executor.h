@@ -32,7 +32,12 @@ class CpuModel final : public model::Executor {
   const char* name() const override { return "cpu"; }
   bool supports_bounded_replay() const override { return cfg_.decoder_start >= 0; }
   bool packs_prompts() const override { return true; }  // rows are computed per row and session
-  std::unique_ptr<model::SessionState> new_session() const override { return std::make_unique<SessionCache>(cfg_); }
+  // Counted in stats()' memory ledger while it lives.
+  std::unique_ptr<model::SessionState> new_session() const override {
+    auto s = std::make_unique<SessionCache>(cfg_);
+    s->track(sessions_);
+    return s;
+  }
   Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
                                     Taps* taps = nullptr) override;
   Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override {
@@ -65,8 +70,9 @@ class CpuModel final : public model::Executor {
   const std::vector<int32_t>& token_map() const { return token_map_; }
   const loader::Snapshot& snapshot() const { return *snap_; }
 
-  // Replace where routed experts come from (tiered stores); default: the mapped snapshot.
-  void set_expert_source(std::shared_ptr<const model::ExpertSource> src) { experts_ = std::move(src); }
+  // Replace where routed experts come from (tiered stores); default: the mapped snapshot. The
+  // memory ledger then leaves the routed-expert tensors out of the host weights.
+  void set_expert_source(std::shared_ptr<const model::ExpertSource> src);
 
   // Runs the backbone over `step.rows`; sessions[i] is the state of row.session == i. Appends
   // the rows to their sessions (positions advance). Validates row/session consistency.
@@ -75,7 +81,10 @@ class CpuModel final : public model::Executor {
   Result<model::StepOutput> forward_cpu(const model::Step& step, const std::vector<SessionCache*>& sessions, Taps* taps = nullptr,
                                         model::OpTimes* op_times = nullptr, model::EngramRows* engram_rows = nullptr) const;
   // Expert traffic of a tiered source (set_expert_source), the op times and Engram rows of
-  // forward() steps.
+  // forward() steps, and the memory ledger by tier: host weights (the snapshot's mapped tensors,
+  // routed experts left out under tiers), the dequantised wo_a copies, the live sessions' caches,
+  // the tables kept between steps (RoPE, Engram hashing), the tiers' expert buffers; drives: the
+  // expert bytes the tiers read; no HBM.
   model::ExecutorStats stats() const override;
   // Engram rows fetched ahead of their layer by a task started at the step's hashing (default
   // on); off: each Engram op fetches its own rows (the same bytes; every row exposed).
@@ -108,6 +117,11 @@ class CpuModel final : public model::Executor {
   model::OpTimes op_times_;
   model::EngramRows engram_rows_;  // forward()'s steps
   bool engram_prefetch_ = true;
+  // Memory ledger: the live sessions new_session() made; host weight bytes with every tensor
+  // mapped, and with the routed experts left out (served by a tiered source).
+  std::shared_ptr<SessionRegistry> sessions_ = std::make_shared<SessionRegistry>();
+  uint64_t weight_bytes_all_ = 0, weight_bytes_no_experts_ = 0;
+  bool experts_tiered_ = false;
 };
 
 }  // namespace fb::cpu

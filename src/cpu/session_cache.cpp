@@ -22,6 +22,43 @@ const uint8_t* Ring::find(int64_t p) const {
 
 SessionCache::SessionCache(const model::Config& c) : config_(&c) { reset(); }
 
+void SessionRegistry::add(const SessionCache* s) {
+  std::lock_guard<std::mutex> l(mu_);
+  live_.insert(s);
+}
+
+void SessionRegistry::remove(const SessionCache* s) {
+  std::lock_guard<std::mutex> l(mu_);
+  live_.erase(s);
+}
+
+SessionRegistry::Totals SessionRegistry::totals() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Totals t;
+  for (const SessionCache* s : live_) {
+    ++t.sessions;
+    t.bytes += s->bytes();
+  }
+  return t;
+}
+
+void SessionCache::track(std::shared_ptr<SessionRegistry> registry) {
+  if (tracker_.registry) tracker_.registry->remove(this);
+  tracker_.registry = std::move(registry);
+  tracker_.self = this;
+  if (tracker_.registry) tracker_.registry->add(this);
+}
+
+uint64_t SessionCache::bytes() const {
+  const auto vb = [](const auto& v) { return uint64_t(v.capacity()) * sizeof(v[0]); };
+  const auto ring = [&](const Ring& r) { return vb(r.data) + vb(r.pos); };
+  uint64_t n = vb(tokens) + vb(image);
+  for (const Ring& r : rings) n += ring(r);
+  for (const Ring& r : draft_rings) n += ring(r);
+  for (const CompressedCache& c : comp) n += vb(c.kv) + vb(c.keys) + vb(c.tail) + vb(c.tail_pos);
+  return n;
+}
+
 void SessionCache::reset() {
   const model::Config& c = *config_;
   next_pos = 0;

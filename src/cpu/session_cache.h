@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,9 +46,34 @@ struct CompressedCache : model::CompGeometry {
   int64_t n_entries() const { return kv_bytes ? int64_t(kv.size() / size_t(kv_bytes)) : 0; }
 };
 
+class SessionCache;
+
+// The live sessions of one CpuModel, for its memory ledger (stats()). add/remove lock; totals()
+// reads the sessions' sizes, so call it where no step changes them (the thread that runs the steps).
+class SessionRegistry {
+ public:
+  void add(const SessionCache* s);
+  void remove(const SessionCache* s);
+  struct Totals {
+    int64_t sessions = 0;
+    uint64_t bytes = 0;
+  };
+  Totals totals() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::set<const SessionCache*> live_;
+};
+
 class SessionCache final : public model::SessionState {
  public:
   explicit SessionCache(const model::Config& c);
+  // Counts this session in `registry` until it is destroyed (CpuModel::new_session). A copy or a
+  // moved-to SessionCache is not counted; an assigned-to one keeps its own registration.
+  void track(std::shared_ptr<SessionRegistry> registry);
+  // Bytes its caches have allocated (vector capacities): rings, compressed KV, index keys, tails,
+  // token history, image flags, draft rings.
+  uint64_t bytes() const;
 
   int64_t next_pos = 0;               // next position
   std::vector<int32_t> tokens;        // token per position
@@ -71,7 +99,18 @@ class SessionCache final : public model::SessionState {
   Status restore(std::string_view bytes, uint64_t model_id);
 
  private:
+  struct Tracker {
+    std::shared_ptr<SessionRegistry> registry;
+    const SessionCache* self = nullptr;
+    Tracker() = default;
+    Tracker(const Tracker&) {}
+    Tracker& operator=(const Tracker&) { return *this; }
+    ~Tracker() {
+      if (registry) registry->remove(self);
+    }
+  };
   const model::Config* config_;
+  Tracker tracker_;
 };
 
 }  // namespace fb::cpu

@@ -109,6 +109,39 @@ struct EngramRows {
   uint64_t in_place() const { return rows - hidden - exposed; }
 };
 
+// Bytes one memory tier holds for the executor, by use (issue 24's ledger by tier).
+struct TierMemory {
+  uint64_t weights = 0;        // weights the executor reads from this tier (on the host: the mapped
+                               // snapshot's tensors, routed experts left out when tiers serve them)
+  uint64_t weight_copies = 0;  // weights the executor copied into memory of its own (dequantised forms)
+  uint64_t sessions = 0;       // the live sessions' caches (KV rings, compressed KV, index keys, tails,
+                               // token history, draft rings), as allocated
+  int64_t n_sessions = 0;      // live sessions
+  uint64_t scratch = 0;        // tables and buffers kept between steps (a step's own buffers, freed
+                               // when it returns, are not counted)
+  uint64_t experts = 0;        // routed-expert buffers of the tiers (first-tier slots, host cache)
+  uint64_t total() const { return weights + weight_copies + sessions + scratch + experts; }
+};
+
+// What the drives supplied (counters, like ExpertTraffic): routed-expert records read through the
+// tiers, Engram table rows read from a drive tier.
+struct DriveMemory {
+  uint64_t expert_bytes_read = 0;
+  bool has_engram = false;  // an Engram drive tier is configured
+  uint64_t engram_bytes_read = 0;
+};
+
+// The executor's memory by tier, as of the stats() call (gauges; the drives' bytes are counters).
+// A tier the executor does not use or does not report stays has_* = false ("n/a" on the page).
+struct MemoryByTier {
+  bool has_hbm = false;
+  TierMemory hbm;
+  bool has_host = false;
+  TierMemory host;
+  bool has_drive = false;  // the tiers read from drives (--expert-slots)
+  DriveMemory drive;
+};
+
 struct ExecutorStats {
   bool has_expert_traffic = false;  // routed experts go through tiers (else every expert is resident)
   ExpertTraffic experts;
@@ -116,6 +149,7 @@ struct ExecutorStats {
   OpTimes ops;
   bool has_engram = false;          // the model has Engram layers and the executor counts their rows
   EngramRows engram;
+  MemoryByTier memory;              // gauges: add_delta copies them from `after`
 };
 
 // acc += after - before, counter by counter, flags from `after`: what one span of work (the
@@ -142,6 +176,11 @@ inline void add_delta(ExecutorStats& acc, const ExecutorStats& before, const Exe
   acc.engram.hidden += after.engram.hidden - before.engram.hidden;
   acc.engram.exposed += after.engram.exposed - before.engram.exposed;
   acc.engram.exposed_s += after.engram.exposed_s - before.engram.exposed_s;
+  // What is held now, not what the span added; the drives' bytes read are counters like the rest.
+  const DriveMemory d = acc.memory.drive;
+  acc.memory = after.memory;
+  acc.memory.drive.expert_bytes_read = d.expert_bytes_read + after.memory.drive.expert_bytes_read - before.memory.drive.expert_bytes_read;
+  acc.memory.drive.engram_bytes_read = d.engram_bytes_read + after.memory.drive.engram_bytes_read - before.memory.drive.engram_bytes_read;
 }
 
 }  // namespace fb::model

@@ -87,6 +87,9 @@ class ExpertSource {
     (void)out;
     return false;
   }
+  // Host memory the source holds of its own for expert bytes (tier buffers, host cache records);
+  // 0 for one that reads them in place (the snapshot's mapped tensors).
+  virtual uint64_t host_bytes() const { return 0; }
 };
 
 }  // namespace fb::model

@@ -263,5 +263,50 @@ TEST(StatsJson, EngramRows) {
     EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
 }
 
+// The executor's memory by tier (model::MemoryByTier): null tiers until reported, then the host
+// tier's parts and total, the drives' bytes read, HBM null on the CPU; the page has the card's ids
+// and reads the keys.
+TEST(StatsJson, MemoryByTier) {
+  engine::EngineStats s;
+  StatsSource src;
+  auto j = stats_json(s, src);
+  ASSERT_TRUE(j["memory"].is_object());
+  EXPECT_TRUE(j["memory"]["hbm"].is_null());
+  EXPECT_TRUE(j["memory"]["host"].is_null());
+  EXPECT_TRUE(j["memory"]["drive"].is_null());
+  model::MemoryByTier& m = s.executor.memory;
+  m.has_host = true;
+  m.host = {1000, 200, 300, 2, 40, 5};
+  m.has_drive = true;
+  m.drive.expert_bytes_read = 777;
+  j = stats_json(s, src);
+  const auto& h = j["memory"]["host"];
+  EXPECT_EQ(h["weights_bytes"], 1000);
+  EXPECT_EQ(h["weight_copies_bytes"], 200);
+  EXPECT_EQ(h["sessions_bytes"], 300);
+  EXPECT_EQ(h["sessions"], 2);
+  EXPECT_EQ(h["scratch_bytes"], 40);
+  EXPECT_EQ(h["experts_bytes"], 5);
+  EXPECT_EQ(h["total_bytes"], 1545);
+  EXPECT_EQ(j["memory"]["drive"]["expert_bytes_read"], 777);
+  EXPECT_TRUE(j["memory"]["drive"]["engram_bytes_read"].is_null()) << "no Engram drive tier";
+  EXPECT_TRUE(j["memory"]["hbm"].is_null());
+  m.has_hbm = true;
+  m.hbm.weights = 9;
+  EXPECT_EQ(stats_json(s, src)["memory"]["hbm"]["total_bytes"], 9);
+  const EmbeddedFile* page = find("/");
+  ASSERT_NE(page, nullptr);
+  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
+  for (const char* id : {"v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_sessions", "v_mem_host_scratch",
+                         "v_mem_host_experts", "v_ledger_host", "v_ledger_hbm", "v_mem_drive"})
+    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  const EmbeddedFile* js = find("/dashboard/dashboard.js");
+  ASSERT_NE(js, nullptr);
+  const std::string code(reinterpret_cast<const char*>(js->data), js->size);
+  for (const char* key : {"total_bytes", "weights_bytes", "weight_copies_bytes", "sessions_bytes", "scratch_bytes", "experts_bytes",
+                          "expert_bytes_read"})
+    EXPECT_NE(code.find(key), std::string::npos) << key;
+}
+
 }  // namespace
 }  // namespace fb::server

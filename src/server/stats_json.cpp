@@ -76,8 +76,8 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
                                         {"evicted", s.kv.evicted}, {"entries", s.kv.entries}, {"bytes", s.kv.bytes}}
                                  : json(nullptr);
   j["kv_budget"] = s.kv_budget_bytes > 0 ? json{{"budget_bytes", s.kv_budget_bytes}, {"admitted_bytes", s.kv_admitted_bytes}} : json(nullptr);
-  // The ledgers by tier (HBM, host). Today the engine's KV admission ledger is the one the
-  // engine sees; the executors' own ledgers are not reported yet (null tiers: "n/a").
+  // The admission ledgers by tier (HBM, host): the engine's KV admission ledger
+  // (--kv-budget-bytes); null for a tier without one. The executor's own bytes are "memory" below.
   json ledger = json::object();
   for (int t = 0; t < memory::kTierCount; ++t) {
     const auto tier = memory::Tier(t);
@@ -90,6 +90,21 @@ json stats_json(const engine::EngineStats& s, const StatsSource& src) {
       ledger[memory::tier_name(tier)] = nullptr;
   }
   j["ledger"] = ledger;
+  // The executor's own memory by tier (model::MemoryByTier, as of the engine's last step): null
+  // for a tier it does not use or does not report (HBM on the CPU; the drives without tiers).
+  {
+    const model::MemoryByTier& m = s.executor.memory;
+    const auto tier_mem = [](const model::TierMemory& t) {
+      return json{{"weights_bytes", t.weights},   {"weight_copies_bytes", t.weight_copies}, {"sessions_bytes", t.sessions},
+                  {"sessions", t.n_sessions},     {"scratch_bytes", t.scratch},             {"experts_bytes", t.experts},
+                  {"total_bytes", t.total()}};
+    };
+    j["memory"] = {{"hbm", m.has_hbm ? tier_mem(m.hbm) : json(nullptr)},
+                   {"host", m.has_host ? tier_mem(m.host) : json(nullptr)},
+                   {"drive", m.has_drive ? json{{"expert_bytes_read", m.drive.expert_bytes_read},
+                                                {"engram_bytes_read", m.drive.has_engram ? json(m.drive.engram_bytes_read) : json(nullptr)}}
+                                         : json(nullptr)}};
+  }
   const storage::TierStats& x = s.expert_tiers;
   j["expert_tiers"] = s.has_expert_tiers ? json{{"slot_hits", x.slot_hits},     {"slot_misses", x.slot_misses}, {"host_hits", x.host_hits},
                                                 {"host_misses", x.host_misses}, {"drive_reads", x.drive_reads}, {"drive_bytes", x.drive_bytes},

@@ -450,6 +450,17 @@ bool TieredExperts::traffic(model::ExpertTraffic* out) const {
   return true;
 }
 
+uint64_t TieredExperts::host_bytes() const {
+  std::lock_guard lock(mu_);
+  uint64_t n = staging_.size();
+  for (const Layer& L : layers_)
+    for (const AlignedBuffer& b : L.buffers) n += b.size();
+  for (const AlignedBuffer& b : host_buf_) n += b.size();
+  for (const AlignedBuffer& b : overflow_) n += b.size();
+  for (const auto& [key, p] : pending_) n += p.buf.size();
+  return n;
+}
+
 Result<std::shared_ptr<TieredExperts>> tiered_experts_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
                                                           TieredOptions opt, memory::Ledger* ledger) {
   if (store_dirs.empty()) return TieredExperts::create(FB_TRY(shard_locator(snap)), {snap.dir()}, opt, ledger);

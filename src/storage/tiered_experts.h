@@ -100,6 +100,9 @@ class TieredExperts final : public model::ExpertSource {
   // stats() as lookups by supplying tier: first-tier slot hits, host cache hits, drive reads
   // (bytes: the record's size for the first two, the bytes read for the drives).
   bool traffic(model::ExpertTraffic* out) const override;
+  // Bytes of the buffers it holds now: first-tier slots, host cache records, staging, spare and
+  // prefetch buffers.
+  uint64_t host_bytes() const override;
   const ReplicaReader& reader() const { return *reader_; }
 
  private:

@@ -3,8 +3,9 @@
 
 JSON part: GET / serves the embedded page without a key; /v1/stats needs the key (401 without);
 after requests the counters move (requests, tokens emitted and generated, steps), the disk KV
-cache, the expert tiers (--expert-slots) and the KV ledger (--kv-budget-bytes) report numbers and
-the HBM ledger is null ("n/a" on the CPU). Browser part: headless Chromium (Debian `chromium`)
+cache, the expert tiers (--expert-slots) and the KV ledger (--kv-budget-bytes) report numbers, the
+executor's memory by tier reports host weights (checked against the shards), sessions, scratch and
+expert buffers and the drives' reads, and the HBM ledger is null ("n/a" on the CPU). Browser part: headless Chromium (Debian `chromium`)
 renders the page while a request streams, polls at least twice, and the DOM holds the live
 numbers; the screenshot is kept in --artifacts. Exits 77 (ctest: skipped) after the JSON part
 passes when chromium is not installed.
@@ -58,6 +59,15 @@ def chromium(url, user_dir, *args):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, f"chromium exited {r.returncode}: {r.stderr[-2000:]}")
     return r.stdout
+
+
+def js_bytes(v):
+    """The page's bytes() formatting (dashboard.js)."""
+    units, i = ["B", "KB", "MB", "GB", "TB"], 0
+    while v >= 1000 and i < len(units) - 1:
+        v /= 1000
+        i += 1
+    return (f"{v:.1f}" if i else f"{v:.0f}") + " " + units[i]
 
 
 def dom_text(dom, el_id):
@@ -171,6 +181,26 @@ def run(a, base, tmp):
     check(abs(s1["derived"]["engram_rows_per_token"] - rows_per_token) < 1e-9, "Engram rows per token: " + str(s1["derived"]["engram_rows_per_token"]))
     check(s1["ledger"]["host"] is not None and s1["ledger"]["host"]["target_bytes"] == 4000000000, "host ledger: " + str(s1["ledger"]))
     check(s1["ledger"]["HBM"] is None, "the CPU executor has no HBM ledger")
+    # The executor's memory by tier: host weights are the snapshot's tensors without the routed
+    # experts (the tiers serve them, --expert-slots), read from the safetensors headers here; the
+    # parts add up; the drives' bytes are the expert traffic's; no HBM on the CPU.
+    mem = s1["memory"]
+    check(mem["hbm"] is None, "the CPU executor reports HBM memory: " + str(mem["hbm"]))
+    h = mem["host"]
+    want_weights = 0
+    for fn in sorted(os.listdir(a.model_dir)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(a.model_dir, fn), "rb") as f:
+                hdr = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            want_weights += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.items()
+                                if k != "__metadata__" and ".ffn.experts." not in k)
+    check(h is not None and h["weights_bytes"] == want_weights, f"host weights {h and h['weights_bytes']}, the shards hold {want_weights} B besides the experts")
+    check(h["weight_copies_bytes"] > 0 and h["scratch_bytes"] > 0 and h["experts_bytes"] > 0, "host memory parts: " + str(h))
+    check(h["sessions"] >= 1 and h["sessions_bytes"] > 0, "live sessions in the ledger: " + str(h))
+    check(h["total_bytes"] == h["weights_bytes"] + h["weight_copies_bytes"] + h["sessions_bytes"] + h["scratch_bytes"] + h["experts_bytes"],
+          "host total is the sum of its parts: " + str(h))
+    check(mem["drive"] is not None and mem["drive"]["expert_bytes_read"] == x["drive"]["bytes"] and mem["drive"]["engram_bytes_read"] is None,
+          "drive bytes read: " + str(mem["drive"]) + " vs expert traffic " + str(x["drive"]))
     check(s1["dspark"] is not None and s1["dspark"]["rounds"] + s1["dspark"]["backoff_steps"] > 0, "DSpark counters: " + str(s1["dspark"]))
     chat(base, 6, text="Another prompt, so the totals move.")
     s2 = stats(base)
@@ -207,6 +237,16 @@ def run(a, base, tmp):
     check(dom_text(dom, "v_ledger_hbm") == "n/a", "HBM ledger on the CPU: " + dom_text(dom, "v_ledger_hbm"))
     # The breakdowns: bytes per token by tier and step time by op family, as tables and stacked bars.
     byte_re = r"[\d.]+ (B|KB|MB|GB|TB)"
+    # The memory ledger card: the executor's host bytes by use, the KV admission ledger, the drives.
+    for el in ("v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_host_scratch", "v_mem_host_experts", "v_mem_drive"):
+        check(re.fullmatch(byte_re, dom_text(dom, el)) is not None, f"{el} on the page: " + dom_text(dom, el))
+    w = h["weights_bytes"] + h["weight_copies_bytes"]  # weights do not change while serving
+    shown, want = dom_text(dom, "v_mem_host_weights").split(), js_bytes(w).split()
+    check(shown[1] == want[1] and abs(float(shown[0]) - float(want[0])) <= 0.051,  # toFixed and Python may round a tie apart
+          f"host weights on the page {' '.join(shown)}, /v1/stats {' '.join(want)}")
+    check(re.fullmatch(r"[\d,]+", dom_text(dom, "v_mem_sessions")) is not None and int(dom_text(dom, "v_mem_sessions").replace(",", "")) >= 1,
+          "live sessions on the page: " + dom_text(dom, "v_mem_sessions"))
+    check(re.fullmatch(byte_re + " / 4.0 GB", dom_text(dom, "v_ledger_host")) is not None, "KV admission ledger on the page: " + dom_text(dom, "v_ledger_host"))
     check(re.fullmatch(byte_re, dom_text(dom, "v_bpt_total")) is not None, "bytes per token: " + dom_text(dom, "v_bpt_total"))
     for t in ("hbm", "host", "drive"):
         check(re.fullmatch(byte_re, dom_text(dom, f"tier_{t}_1")) is not None, f"{t} bytes/token on the page: " + dom_text(dom, f"tier_{t}_1"))

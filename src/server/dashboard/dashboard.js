@@ -260,8 +260,19 @@ function render(s) {
   renderOps(s);
   renderTiers(s);
   renderEngram(s);
+  // The memory ledger: the executor's own bytes by tier (s.memory), the KV admission ledger
+  // (s.ledger, --kv-budget-bytes) beside them as used / target.
   const led = (t) => (t ? bytes(t.mandatory_bytes + t.elastic_bytes) + ' / ' + bytes(t.target_bytes) : NA);
-  set('v_ledger_host', led(s.ledger.host)); set('v_ledger_hbm', led(s.ledger.HBM));
+  const mem = s.memory || {}, mh = mem.host;
+  set('v_mem_host', mh ? bytes(mh.total_bytes) : NA);
+  set('v_mem_host_weights', mh ? bytes(mh.weights_bytes + mh.weight_copies_bytes) : NA);
+  set('v_mem_host_sessions', mh ? bytes(mh.sessions_bytes) : NA);
+  set('v_mem_sessions', mh ? num(mh.sessions, 0) : NA);
+  set('v_mem_host_scratch', mh ? bytes(mh.scratch_bytes) : NA);
+  set('v_mem_host_experts', mh ? bytes(mh.experts_bytes) : NA);
+  set('v_ledger_host', led(s.ledger.host));
+  set('v_ledger_hbm', mem.hbm ? bytes(mem.hbm.total_bytes) + (s.ledger.HBM ? ', KV ' + led(s.ledger.HBM) : '') : led(s.ledger.HBM));
+  set('v_mem_drive', mem.drive ? bytes(mem.drive.expert_bytes_read + (mem.drive.engram_bytes_read || 0)) : NA);
 
   push('t', s.uptime_s < 600 ? s.uptime_s.toFixed(1) + 's' : dur(s.uptime_s)); push('decode', decodeNow); push('prefill', prefillNow);
   push('step', stepNow); push('rows', rowsNow); push('active', s.requests.active); push('queued', s.requests.queued);
