@@ -3,8 +3,8 @@
 
 Runs the real binary with stderr on a pseudo-terminal (python pty) for `make-tiny`, `convert` and
 `run` on the tiny model, and checks that the progress lines appear (make-tiny's bytes and tensors,
-convert's experts, the weights read in at load, the prefill of a long prompt, erased before the
-answer), then runs the same commands with stderr on a pipe and checks that stderr holds exactly
+convert's experts, its replica copy in bytes and each copy's validation, the weights read in at
+load, the prefill of a long prompt, erased before the answer), then runs the same commands with stderr on a pipe and checks that stderr holds exactly
 the lines it held before progress existed: no carriage returns, no escape codes, no phase lines.
 
 usage: progress_tty_test.py FLASHBOX WORKDIR
@@ -91,13 +91,27 @@ def main():
     check(rc == 0, "make-tiny on a pipe exits 0", err)
     check(err == f"make-tiny: writing {tm_pipe} (seed 0)...\n", "make-tiny on a pipe: stderr holds only its one line", err)
 
-    # convert: experts.
-    rc, out, err, _ = run_pty([fb, "convert", "--model", tm_tty, "--out", os.path.join(work, "store-tty")])
+    # convert: experts, then the replica's copy (bytes) and each copy's validation (experts).
+    store, rep = os.path.join(work, "store-tty"), os.path.join(work, "store-tty-rep")
+    rc, out, err, _ = run_pty([fb, "convert", "--model", tm_tty, "--out", store, "--replicas", rep])
     check(rc == 0, "convert under a terminal exits 0", err)
-    check(re.search(r"\rconvert: \d+ experts in [\d.]+ s \([\d.]+ experts/s\)\x1b\[K\n", err) is not None,
-          "convert: final line with experts, time and rate", err)
-    rc, out, err = run_pipe([fb, "convert", "--model", tm_tty, "--out", os.path.join(work, "store-pipe")])
-    check(rc == 0 and err == "", "convert on a pipe: nothing on stderr", err)
+    final = re.search(r"\rconvert: (\d+) experts in [\d.]+ s \([\d.]+ experts/s\)\x1b\[K\n", err)
+    check(final is not None, "convert: final line with experts, time and rate", err)
+    copy = re.search(r"\rcopy to " + re.escape(rep) + r": ([\d.]+) ([kMG]?B) in [\d.]+ s \([\d.]+ [kMG]?B/s\)\x1b\[K\n", err)
+    check(copy is not None, "convert: the replica copy's final line with bytes, time and rate", err)
+    if copy:
+        size = os.path.getsize(os.path.join(rep, "experts.fbx"))
+        scale = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[copy.group(2)]
+        check(abs(float(copy.group(1)) * scale - size) <= 0.01 * size, "convert: the copy line counts the whole file", err)
+    for d in (store, rep):
+        v = re.search(r"\rvalidate " + re.escape(d) + r": (\d+) experts in [\d.]+ s", err)
+        check(v is not None and final is not None and v.group(1) == final.group(1),
+              f"convert: the validation of {os.path.basename(d)} has a final line with every expert", err)
+    order = [err.find("\rconvert: "), err.find("\rcopy to "), err.find("\rvalidate " + store), err.find("\rvalidate " + rep)]
+    check(-1 not in order and order == sorted(order), "convert: the phases' lines come in order (write, copy, validate each)", err)
+    rc, out, err = run_pipe([fb, "convert", "--model", tm_tty, "--out", os.path.join(work, "store-pipe"),
+                             "--replicas", os.path.join(work, "store-pipe-rep")])
+    check(rc == 0 and err == "", "convert with a replica on a pipe: nothing on stderr", err)
 
     # run: the weights read in at load, and the prefill of a long prompt (erased before the answer).
     prompt = " ".join(f"word{i}" for i in range(300))

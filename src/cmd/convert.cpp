@@ -2,6 +2,7 @@
 // (storage/expert_store.h) and its replicas, each atomically, and validates every copy.
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "base/progress.h"
 #include "cmd/commands.h"
@@ -23,13 +24,26 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "convert: %s\n", snap.status().to_string().c_str());
     return 2;
   }
-  // Experts written, rate and ETA on a terminal only (a log or a pipe gets the result line alone).
-  Progress progress("convert", 0, "experts");
-  Status st = storage::write_expert_store(**snap, a.out, a.replicas, [&progress](const storage::ConvertProgress& p) {
-    progress.set_total(p.total);
-    progress.update(p.done);
+  // On a terminal only (a log or a pipe gets the result line alone), one line per phase: the
+  // experts written, each replica's copy (bytes), each copy's records read back and checked.
+  std::unique_ptr<Progress> progress = std::make_unique<Progress>("convert", 0, "experts");
+  using Phase = storage::ConvertProgress::Phase;
+  Phase phase = Phase::kWrite;
+  std::string dir = a.out;
+  Status st = storage::write_expert_store(**snap, a.out, a.replicas, [&](const storage::ConvertProgress& p) {
+    if (p.phase != phase || p.dir != dir) {
+      progress->finish();
+      phase = p.phase;
+      dir = p.dir;
+      if (phase == Phase::kCopy)
+        progress = std::make_unique<Progress>("copy to " + dir, p.total, ProgressUnit::kBytes);
+      else
+        progress = std::make_unique<Progress>("validate " + dir, p.total, "experts");
+    }
+    progress->set_total(p.total);
+    progress->update(p.done);
   });
-  if (st.ok()) progress.finish();
+  if (st.ok()) progress->finish();
   if (!st.ok()) {
     std::fprintf(stderr, "convert: %s\n", st.to_string().c_str());
     return 1;

@@ -101,8 +101,9 @@ Status fsync_dir(const std::string& dir) {
   return Status();
 }
 
-// Streams `src` into `dir/experts.fbx` via a temp file: fsync, rename, fsync dir.
-Status copy_atomic(const std::string& src, const std::string& dir) {
+// Streams `src` into `dir/experts.fbx` via a temp file: fsync, rename, fsync dir. `progress`
+// (optional) gets (bytes copied, bytes) after each 8 MiB chunk.
+Status copy_atomic(const std::string& src, const std::string& dir, const std::function<void(int64_t, int64_t)>& progress) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   const std::string tmp = dir + "/" + kStoreFile + ".tmp", dst = dir + "/" + kStoreFile;
@@ -116,6 +117,9 @@ Status copy_atomic(const std::string& src, const std::string& dir) {
   std::vector<uint8_t> buf(8 << 20);
   uint64_t off = 0;
   Status st;
+  struct stat sb {};
+  const int64_t size = ::fstat(in, &sb) == 0 ? int64_t(sb.st_size) : 0;
+  if (progress) progress(0, size);
   for (;;) {
     const ssize_t r = ::pread(in, buf.data(), buf.size(), off_t(off));
     if (r < 0 && errno == EINTR) continue;
@@ -124,6 +128,7 @@ Status copy_atomic(const std::string& src, const std::string& dir) {
     st = write_all(out, buf.data(), size_t(r), off, tmp);
     if (!st.ok()) break;
     off += uint64_t(r);
+    if (progress) progress(int64_t(off), size);
   }
   if (st.ok() && ::fsync(out) != 0) st = FB_ERROR(kIo) << tmp << ": fsync: " << std::strerror(errno);
   ::close(in);
@@ -231,13 +236,18 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(const std::string& dir, u
   return s;
 }
 
-Status ExpertStore::verify_all(ReplicaReader& reader) const {
+Status ExpertStore::verify_all(ReplicaReader& reader, const std::function<void(int64_t, int64_t)>& progress) const {
   AlignedBuffer buf(layout_.stride_bytes);
+  int64_t total = 0, done = 0;
+  for (int l = 0; l < n_layers(); ++l) total += n_experts(l);
+  if (progress) progress(0, total);
   for (int l = 0; l < n_layers(); ++l)
     for (int e = 0; e < n_experts(l); ++e) {
       FB_RETURN_IF_ERROR(reader.read({{kStoreFile, record_offset(l, e), layout_.stride_bytes, buf.data()}}));
       if (crc32c(buf.data(), layout_.stride_bytes) != record_crc(l, e))
         return FB_ERROR(kCorrupt) << kStoreFile << ": expert " << e << " of layer " << l << " fails its checksum";
+      ++done;
+      if (progress && (done % 64 == 0 || done == total)) progress(done, total);
     }
   return Status();
 }
@@ -265,7 +275,7 @@ Status write_expert_store(const loader::Snapshot& snap, const std::string& out_d
   Status st;
   AlignedBuffer rec(lay.stride_bytes);
   size_t i = 0;
-  ConvertProgress prog{0, int64_t(total)};
+  ConvertProgress prog{ConvertProgress::Phase::kWrite, 0, int64_t(total), out_dir};
   for (int l = 0; l < c.n_total_layers() && st.ok(); ++l)
     for (int e = 0; e < n_experts[size_t(l)] && st.ok(); ++e, ++i) {
       std::memset(rec.data(), 0, lay.stride_bytes);
@@ -294,14 +304,22 @@ Status write_expert_store(const loader::Snapshot& snap, const std::string& out_d
     return st;
   }
   FB_RETURN_IF_ERROR(fsync_dir(out_dir));
-  for (const std::string& r : replica_dirs) FB_RETURN_IF_ERROR(copy_atomic(dst, r));
+  for (const std::string& r : replica_dirs) {
+    std::function<void(int64_t, int64_t)> copied;
+    if (progress)
+      copied = [&progress, &r](int64_t done, int64_t bytes) { progress({ConvertProgress::Phase::kCopy, done, bytes, r}); };
+    FB_RETURN_IF_ERROR(copy_atomic(dst, r, copied));
+  }
   // Validate every copy: header on open, then every record's checksum read back from the copy.
   std::vector<std::string> all = {out_dir};
   all.insert(all.end(), replica_dirs.begin(), replica_dirs.end());
   for (const std::string& d : all) {
     auto store = FB_TRY(ExpertStore::open(d, identity));
     auto reader = FB_TRY(ReplicaReader::open({d}));
-    FB_RETURN_IF_ERROR(store->verify_all(*reader).with_context("validating " + d));
+    std::function<void(int64_t, int64_t)> checked;
+    if (progress)
+      checked = [&progress, &d](int64_t done, int64_t n) { progress({ConvertProgress::Phase::kValidate, done, n, d}); };
+    FB_RETURN_IF_ERROR(store->verify_all(*reader, checked).with_context("validating " + d));
   }
   return Status();
 }

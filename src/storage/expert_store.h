@@ -59,7 +59,8 @@ class ExpertStore {
   uint64_t record_offset(int layer, int e) const;
   uint32_t record_crc(int layer, int e) const;
   // Reads every record through `reader` and checks its CRC (convert runs it on each replica).
-  Status verify_all(ReplicaReader& reader) const;
+  // `progress` (optional) gets (records checked, records) every 64 records and at the end.
+  Status verify_all(ReplicaReader& reader, const std::function<void(int64_t, int64_t)>& progress = {}) const;
 
  private:
   ExpertLayout layout_;
@@ -71,10 +72,15 @@ class ExpertStore {
 };
 
 struct ConvertProgress {
+  // The phase: experts written into DIR (count: experts), the store copied to a replica (bytes),
+  // a copy's records read back and checked (count: experts). Each phase starts with done = 0.
+  enum class Phase { kWrite, kCopy, kValidate };
+  Phase phase = Phase::kWrite;
   int64_t done = 0, total = 0;
+  std::string dir;  // the folder the phase writes or reads
 };
 // Writes DIR/experts.fbx from the snapshot (then copies it to every replica dir, each atomically),
-// and validates every copy. `progress` is called now and then.
+// and validates every copy. `progress` is called now and then, in every phase.
 Status write_expert_store(const loader::Snapshot& snap, const std::string& out_dir, const std::vector<std::string>& replica_dirs,
                           const std::function<void(const ConvertProgress&)>& progress = {});
 

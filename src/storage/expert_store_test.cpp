@@ -153,6 +153,37 @@ TEST_F(ExpertStoreTest, ConvertValidateAndServeEveryExpert) {
   EXPECT_EQ(ExpertStore::open(rep, id).status().code(), StatusCode::kCorrupt);
 }
 
+// Convert's progress covers every phase (issue 24): the experts written into the first folder,
+// the replica's copy in bytes up to the file's size, then each copy's records read back, in that
+// order, each phase counting up from 0 to its total.
+TEST_F(ExpertStoreTest, ProgressCoversWriteCopyAndValidate) {
+  const std::string a = (t.p / "pa").string(), b = (t.p / "pb").string();
+  std::vector<ConvertProgress> seen;
+  ASSERT_TRUE(write_expert_store(*snap, a, {b}, [&](const ConvertProgress& p) { seen.push_back(p); }).ok());
+  using Phase = ConvertProgress::Phase;
+  const int64_t file_bytes = int64_t(fs::file_size(b + "/experts.fbx"));
+  int64_t n_experts = 0;
+  for (int l = 0; l < snap->config().n_total_layers(); ++l) n_experts += snap->config().roles[size_t(l)].n_experts;
+  // The phases in order, as (phase, dir) runs.
+  std::vector<std::pair<Phase, std::string>> runs;
+  for (const ConvertProgress& p : seen)
+    if (runs.empty() || runs.back() != std::make_pair(p.phase, p.dir)) runs.push_back({p.phase, p.dir});
+  const std::vector<std::pair<Phase, std::string>> want = {{Phase::kWrite, a}, {Phase::kCopy, b}, {Phase::kValidate, a}, {Phase::kValidate, b}};
+  ASSERT_EQ(runs, want);
+  for (const auto& run : runs) {
+    int64_t last = -1, total = -1;
+    for (const ConvertProgress& p : seen) {
+      if (std::make_pair(p.phase, p.dir) != run) continue;
+      EXPECT_GE(p.done, last) << p.dir;  // never backwards
+      EXPECT_LE(p.done, p.total) << p.dir;
+      last = p.done;
+      total = p.total;
+    }
+    EXPECT_EQ(last, total) << run.second;  // each phase ends at its total
+    EXPECT_EQ(total, run.first == Phase::kCopy ? file_bytes : n_experts) << run.second;
+  }
+}
+
 
 // Reads started by prefetch() (the executor's hint once the router has run) land in the host
 // cache or prefetch buffers and are taken by the expert() calls; a prefetch nobody asks for is
