@@ -15,7 +15,8 @@
 //     acc += d * (weight scale * activation scale) (FMA). Lane (g, t) holds d for rows g and g + 8
 //     and columns 2t, 2t + 1 (FP8: activation rows; MXFP4: column 0 is the row, the rest zeros).
 //  4. The 4 warps' accumulators add in warp order (shared memory), the nk chunks' in rank order
-//     (the cluster's shared memory, rank 0 reads), one RNE rounding to bf16.
+//     (the last CTA to arrive reads the others' partials from the stream's workspace; or rank 0
+//     reads the cluster's shared memory), one RNE rounding to bf16.
 // Every sum's order is a function of (N, K) only: deterministic and row-invariant.
 #include "cuda/tc_gemv.h"
 
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     }
   }
 
-  // 4. fold: warps in order, then the cluster's chunks in rank order
+  // 4. fold: warps in order, then the chunks in rank order (workspace or cluster)
   reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
   __syncthreads();
   if (warp == 0) {

@@ -14,8 +14,9 @@
 //    one row, staged in the k order the widening produces);
 //  * each 32-block's mma starts from zero and is scaled into f32 accumulators by weight scale x
 //    activation scale (FMA); the 4 warps' partials fold in warp order in shared memory, and the nk
-//    chunks' partials in rank order through distributed shared memory of a thread-block cluster
-//    (nk CTAs), so no global scratch, atomics or second launch.
+//    chunks' partials in rank order: by default through a per-stream global workspace, the last
+//    CTA of a stripe to arrive (an atomic counter) adding them (set_tc_global_fold below), else
+//    through distributed shared memory of a thread-block cluster (nk CTAs); no second launch.
 //
 // Row invariance: an output (row m, column n) is a fixed sum over (chunk, warp, block) whose terms
 // are functions of row m's codes and scales and of the weights only; M changes the grid, never a
