@@ -364,16 +364,14 @@ class CudaStep : public CudaLayerOps {
     step(scale_bf16(wts, T_ * IH, wscale, st_));
     // Rows restricted to an earlier layer's pool score only the pool's entries (the rest are
     // -inf either way); the candidate source itself scores everything.
-    const bool skip_unpooled = r.pool_restricted && !r.candidate_source && pool_mask_;
+    const uint8_t* pool = r.pool_restricted && !r.candidate_source && pool_mask_ ? pool_mask_ : nullptr;
+    const int64_t kbytes = ihd / 2 + ihd / 32;  // an FP4 key row: codes, then e8m0 scales per 32
     if (tc_)  // prefill rows: the dots on tensor cores (tc_gemm.h), the head chain as the CPU
-      step(tc_index_scores(*tc_, iq, wts, T_, IH, ihd, keys_base, n_vis, n_scored, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_,
-                           skip_unpooled ? pool_mask_ : nullptr, pool_ld_, pool_len_));
-    else if (m_.fast_index_ && fast_index_scores_ok(T_, IH, ihd, int64_t(ihd / 2 + ihd / 32), keys_base))  // [fast] dots on tensor cores
-      step(fast_index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
-                             pool_ld_, pool_len_));
+      step(tc_index_scores(*tc_, iq, wts, T_, IH, ihd, keys_base, n_vis, n_scored, kbytes, nv, ns, I, ld, st_, pool, pool_ld_, pool_len_));
+    else if (m_.fast_index_ && fast_index_scores_ok(T_, IH, ihd, kbytes, keys_base))  // [fast] decode rows: the dots on tensor cores
+      step(fast_index_scores(iq, wts, T_, IH, ihd, kb, kbytes, nv, ns, I, ld, st_, pool, pool_ld_, pool_len_));
     else
-      step(index_scores(iq, wts, T_, IH, ihd, kb, int64_t(ihd / 2 + ihd / 32), nv, ns, I, ld, st_, skip_unpooled ? pool_mask_ : nullptr,
-                        pool_ld_, pool_len_));
+      step(index_scores(iq, wts, T_, IH, ihd, kb, kbytes, nv, ns, I, ld, st_, pool, pool_ld_, pool_len_));
     if (r.candidate_source) {
       pool_mask_ = new_pool;
       pool_ld_ = ld;
