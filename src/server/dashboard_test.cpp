@@ -3,6 +3,7 @@
 // The live page against a running server: tests/server/test_dashboard.py.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "server/dashboard_files.h"
@@ -17,6 +18,18 @@ const EmbeddedFile* find(const std::string& url) {
   for (size_t i = 0; i < kDashboardFileCount; ++i)
     if (url == kDashboardFiles[i].url) return &kDashboardFiles[i];
   return nullptr;
+}
+
+// An embedded file's text ("" when it is absent, so the caller's checks fail).
+std::string text(const std::string& url) {
+  const EmbeddedFile* f = find(url);
+  return f ? std::string(reinterpret_cast<const char*>(f->data), f->size) : std::string();
+}
+
+// Every id names an element of the page.
+void expect_ids(std::initializer_list<const char*> ids) {
+  const std::string html = text("/");
+  for (const char* id : ids) EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
 }
 
 TEST(Dashboard, EmbeddedFiles) {
@@ -180,14 +193,9 @@ TEST(StatsJson, ExecutorTrafficAndOpTimes) {
 }
 
 TEST(Dashboard, PageHasTheBreakdowns) {
-  const EmbeddedFile* page = find("/");
-  ASSERT_NE(page, nullptr);
-  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
-  for (const char* id : {"op_table", "op_stack", "tier_table", "tier_stack", "v_bpt_total"})
-    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
-  const EmbeddedFile* js = find("/dashboard/dashboard.js");
-  ASSERT_NE(js, nullptr);
-  const std::string code(reinterpret_cast<const char*>(js->data), js->size);
+  expect_ids({"op_table", "op_stack", "tier_table", "tier_stack", "v_bpt_total"});
+  const std::string code = text("/dashboard/dashboard.js");
+  ASSERT_FALSE(code.empty());
   // Every op family the JSON reports has a row on the page.
   for (int f = 0; f < model::kOpFamilyCount; ++f)
     EXPECT_NE(code.find(std::string("['") + model::op_family_name(model::OpFamily(f)) + "'"), std::string::npos)
@@ -256,11 +264,7 @@ TEST(StatsJson, EngramRows) {
   EXPECT_DOUBLE_EQ(d["engram_hidden_share"].get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(d["engram_exposed_share"].get<double>(), 0.1875);
   EXPECT_DOUBLE_EQ(d["engram_exposed_ms_per_step"].get<double>(), 0.8);
-  const EmbeddedFile* page = find("/");
-  ASSERT_NE(page, nullptr);
-  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
-  for (const char* id : {"v_engram_hidden", "v_engram_exposed", "v_engram_in_place", "v_engram_rows_tok", "v_engram_wait_ms"})
-    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  expect_ids({"v_engram_hidden", "v_engram_exposed", "v_engram_in_place", "v_engram_rows_tok", "v_engram_wait_ms"});
 }
 
 // The executor's memory by tier (model::MemoryByTier): null tiers until reported, then the host
@@ -294,15 +298,10 @@ TEST(StatsJson, MemoryByTier) {
   m.has_hbm = true;
   m.hbm.weights = 9;
   EXPECT_EQ(stats_json(s, src)["memory"]["hbm"]["total_bytes"], 9);
-  const EmbeddedFile* page = find("/");
-  ASSERT_NE(page, nullptr);
-  const std::string html(reinterpret_cast<const char*>(page->data), page->size);
-  for (const char* id : {"v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_sessions", "v_mem_host_scratch",
-                         "v_mem_host_experts", "v_ledger_host", "v_ledger_hbm", "v_mem_drive"})
-    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
-  const EmbeddedFile* js = find("/dashboard/dashboard.js");
-  ASSERT_NE(js, nullptr);
-  const std::string code(reinterpret_cast<const char*>(js->data), js->size);
+  expect_ids({"v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_sessions", "v_mem_host_scratch", "v_mem_host_experts",
+              "v_ledger_host", "v_ledger_hbm", "v_mem_drive"});
+  const std::string code = text("/dashboard/dashboard.js");
+  ASSERT_FALSE(code.empty());
   for (const char* key : {"total_bytes", "weights_bytes", "weight_copies_bytes", "sessions_bytes", "scratch_bytes", "experts_bytes",
                           "expert_bytes_read"})
     EXPECT_NE(code.find(key), std::string::npos) << key;
