@@ -265,7 +265,28 @@ Status fast_gemv_bench() {
   // Chunk sizes 512 .. 4096 (FP8) / 1024 .. 8192 (MXFP4) with PDL, the split K folded through a
   // cluster or through the global workspace (tc_global_fold), two interleaved passes; then the
   // default without PDL.
-  const bool fold_was = tc_global_fold();
+  const bool fold_was = tc_global_fold(), ll_was = tc_lean_loop();
+  // One line: M = 1 at the released decode shapes (fp4: 6 expert rows of 8 experts).
+  const auto line = [&]() -> Status {
+    struct One { const char* name; int64_t N, K; bool fp4; };
+    for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
+                  One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
+      const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
+      double ms = 0.0;
+      FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                 [&](int i) {
+                                   uint8_t* base = wp + (i % slices) * wbytes;
+                                   if (!c.fp4) return fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
+                                   const int64_t eb1 = c.N * c.K / 2;
+                                   return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, eb1, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
+                                 },
+                                 &ms));
+      const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);  // fp4: the 6 experts read
+      std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
+    }
+    std::printf("\n");
+    return Status();
+  };
   for (int pass = 0; pass < 3; ++pass)
     for (int fold = 0; fold < 2; ++fold)
       for (int sc : {1, 2, 4, 8}) {
@@ -274,25 +295,20 @@ Status fast_gemv_bench() {
         set_tc_global_fold(fold == 1);
         set_fast_pdl(pdl == 1);
         tc_gemv_set_chunk_max(512 * sc, 1024 * sc);
-        struct One { const char* name; int64_t N, K; bool fp4; };
         std::printf("tc chunk max fp8 %d fp4 %d pdl %d fold %s:", 512 * sc, 1024 * sc, pdl, fold ? "global" : "cluster");
-        for (One c : {One{"wq_b", 32768, 1280, false}, One{"wo_b", 5120, 8192, false}, One{"w2s", 5120, 2304, false}, One{"wq_a", 1280, 5120, false},
-                      One{"e.w13", 2304, 5120, true}, One{"e.w2", 5120, 2304, true}}) {
-          const int64_t wbytes = c.fp4 ? 8 * c.N * c.K / 2 : c.N * c.K, slices = int64_t(pool_bytes) / wbytes;  // fp4: 8 experts
-          double ms = 0.0;
-          FB_RETURN_IF_ERROR(time_ms(st, kReps,
-                                     [&](int i) {
-                                       uint8_t* base = wp + (i % slices) * wbytes;
-                                       if (!c.fp4) return fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
-                                       const int64_t eb1 = c.N * c.K / 2;
-                                       return fast_fp4_gemv_q(q, 6, 6, Fp4W{base, sp, c.N, c.K, eb1, c.N * c.K / 32}, ex.get<int32_t>(), y, st);
-                                     },
-                                     &ms));
-          const double moved = c.fp4 ? double(wbytes) * 6 / 8 : double(wbytes);  // fp4: the 6 experts read
-          std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
-        }
-        std::printf("\n");
+        FB_RETURN_IF_ERROR(line());
       }
+  // The lean loop off / on (set_tc_lean_loop) at the defaults with PDL, three interleaved passes.
+  set_tc_global_fold(fold_was);
+  tc_gemv_set_chunk_max(0, 0);
+  set_fast_pdl(true);
+  for (int pass = 0; pass < 3; ++pass)
+    for (int ll = 0; ll < 2; ++ll) {
+      set_tc_lean_loop(ll == 1);
+      std::printf("tc lean loop %d:", ll);
+      FB_RETURN_IF_ERROR(line());
+    }
+  set_tc_lean_loop(ll_was);
   set_tc_global_fold(fold_was);
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(pdl_was);

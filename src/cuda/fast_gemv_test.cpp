@@ -541,30 +541,24 @@ struct GlobalFoldAs {
   ~GlobalFoldAs() { set_tc_global_fold(was); }
 };
 
-// The last-arriving CTA's fold through the per-stream workspace adds the same partials in the same
-// order as the cluster's: the same bits for FP8 pairs, MXFP4 experts (skipped rows, rows grouped
-// by expert or not) and the FP8 x bf16 kernel, at 2 to 4 K chunks and 1 to 64 rows; run twice, so
-// a counter left non-zero by the first launch would break the second; and the launches did fold
-// through the workspace (tc_global_fold_launches).
-TEST(FastGemv, TcGlobalFoldEqualsCluster) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(29);
-  const int64_t launches0 = tc_global_fold_launches();
-  auto same = [](const char* what, auto call) {
-    std::vector<bf16_t> out[3];
-    for (int v = 0; v < 3; ++v) {
-      GlobalFoldAs g(v >= 1);
-      out[v] = call();
-    }
-    EXPECT_FALSE(out[0].empty());
-    EXPECT_TRUE(out[1] == out[0]) << what << ": global fold != cluster fold";
-    EXPECT_TRUE(out[2] == out[0]) << what << ": a second global fold differs (a counter left behind?)";
-  };
+// Every tensor-core GEMV over a sweep of shapes, for the tests that compare two ways of running
+// them bit for bit: same(what, call) runs call (which returns the outputs of one launch, poisoned
+// first) under each variant and compares. FP8 pairs at fp8 shapes and rows 1, 9, 64; MXFP4
+// experts at fp4 shapes, rows 1, 6, 64, grouped by expert or not, some rows skipped (expert -1);
+// with special_scales one MXFP4 expert's weight scales hold the e8m0 codes 0 (2^-127) and 255
+// (NaN); with bf16x, FP8 x bf16 at the released grouped wo_a (8 x (4096 -> 1024), 2 K chunks).
+struct TcSweep {
   struct Fp8Case { int64_t Na, Nb, K; };
-  for (Fp8Case c : {Fp8Case{5120, 0, 8192}, Fp8Case{1280, 512, 5120}, Fp8Case{96, 0, 2080}}) {
+  struct Fp4Case { int64_t N, K, x_div; };
+  std::vector<Fp8Case> fp8;
+  std::vector<Fp4Case> fp4;
+  bool special_scales = false;
+  bool bf16x = true;
+};
+template <typename Same>
+void tc_sweep(Rng& rng, const TcSweep& sw, Same same) {
+  for (TcSweep::Fp8Case c : sw.fp8) {
     SCOPED_TRACE("fp8 Na=" + std::to_string(c.Na) + " Nb=" + std::to_string(c.Nb) + " K=" + std::to_string(c.K));
-    ASSERT_GT(tc_chunks(c.K, false).nk, 1);
     const int64_t K = c.K, KB = K / 32;
     Dev<bf16_t> dx(rng.act(kRows * K));
     Dev<uint8_t> qc(size_t(kRows * K));
@@ -588,15 +582,22 @@ TEST(FastGemv, TcGlobalFoldEqualsCluster) {
       });
     }
   }
-  struct Fp4Case { int64_t N, K, x_div; };
-  for (Fp4Case c : {Fp4Case{2304, 5120, 6}, Fp4Case{77, 8320, 4}}) {
+  for (TcSweep::Fp4Case c : sw.fp4) {
     SCOPED_TRACE("fp4 N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
-    ASSERT_GT(tc_chunks(c.K, true).nk, 1);
     constexpr int kExperts = 8;
-    const Fp4Set set(rng, c.N, c.K, c.x_div, kExperts);
+    Fp4Set set(rng, c.N, c.K, c.x_div, kExperts);
+    if (sw.special_scales) {  // expert 0 of A: 2^-127 and NaN scales in its first stripe, 2^-127 further on
+      std::vector<uint8_t> sc = rng.bytes(c.N * (c.K / 32) * kExperts, 118, 130);
+      sc[0] = 0;
+      sc[3] = 255;
+      sc[size_t(c.K / 32) * 5 + 1] = 0;
+      sc[size_t(c.K / 32) * std::min<int64_t>(c.N - 1, 40)] = 0;
+      set.sa.set(sc);
+    }
     std::vector<int32_t> ex(kRows);
     for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
     ex[1] = -1;
+    ex[2] = 0;
     Dev<int32_t> dex(ex);
     Dev<bf16_t> ya(size_t(kRows * c.N)), yb(size_t(kRows * c.N));
     for (int64_t M : {1, 6, 64})
@@ -613,9 +614,8 @@ TEST(FastGemv, TcGlobalFoldEqualsCluster) {
         });
       }
   }
-  {  // FP8 x bf16 (grouped wo_a at the released dims: 8 x (4096 -> 1024), 2 K chunks)
+  if (sw.bf16x) {
     const int64_t G = 8, K = 4096, N = 1024, ldx = G * K, NT = G * N;
-    ASSERT_GT(tc_chunks(K, false).nk, 1);
     Dev<bf16_t> dx(rng.act(kRows * ldx, 0.5f)), y(size_t(kRows * NT));
     Dev<uint8_t> dc(rng.e4m3(NT * K)), ds(rng.bytes((NT / 32) * (K / 32), 118, 124));
     for (int64_t M : {1, 6}) {
@@ -627,7 +627,58 @@ TEST(FastGemv, TcGlobalFoldEqualsCluster) {
       });
     }
   }
+}
+
+// The last-arriving CTA's fold through the per-stream workspace adds the same partials in the same
+// order as the cluster's: the same bits for FP8 pairs, MXFP4 experts (skipped rows, rows grouped
+// by expert or not) and the FP8 x bf16 kernel, at 2 to 4 K chunks and 1 to 64 rows; run twice, so
+// a counter left non-zero by the first launch would break the second; and the launches did fold
+// through the workspace (tc_global_fold_launches).
+TEST(FastGemv, TcGlobalFoldEqualsCluster) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(29);
+  const int64_t launches0 = tc_global_fold_launches();
+  const TcSweep sw{{{5120, 0, 8192}, {1280, 512, 5120}, {96, 0, 2080}}, {{2304, 5120, 6}, {77, 8320, 4}}};
+  for (const auto& c : sw.fp8) ASSERT_GT(tc_chunks(c.K, false).nk, 1);
+  for (const auto& c : sw.fp4) ASSERT_GT(tc_chunks(c.K, true).nk, 1);
+  ASSERT_GT(tc_chunks(4096, false).nk, 1);  // bf16x
+  tc_sweep(rng, sw, [](const char* what, auto call) {
+    std::vector<bf16_t> out[3];
+    for (int v = 0; v < 3; ++v) {
+      GlobalFoldAs g(v >= 1);
+      out[v] = call();
+    }
+    EXPECT_FALSE(out[0].empty());
+    EXPECT_TRUE(out[1] == out[0]) << what << ": global fold != cluster fold";
+    EXPECT_TRUE(out[2] == out[0]) << what << ": a second global fold differs (a counter left behind?)";
+  });
   EXPECT_GT(tc_global_fold_launches(), launches0) << "no launch folded through the workspace";
+}
+
+// The lean loop (set_tc_lean_loop) computes every output bit for bit as the plain loop: FP8 at 1 to
+// 4 K chunks, N not a multiple of 16, a K that is not a multiple of 128; MXFP4 experts at the
+// released w1 / w3 and w2 shapes, a one-chunk and a ragged shape, rows grouped or not, and
+// weight scales with the e8m0 special codes (the loop's exact widening path).
+TEST(FastGemv, TcLeanLoopSameBits) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(31);
+  const bool was = tc_lean_loop();
+  const auto same = [](const char* what, auto call) {
+    set_tc_lean_loop(false);
+    const std::vector<bf16_t> plain = call();
+    set_tc_lean_loop(true);
+    const std::vector<bf16_t> lean = call();
+    EXPECT_FALSE(plain.empty());
+    EXPECT_TRUE(plain == lean) << what << ": lean loop != plain loop";
+  };
+  tc_sweep(rng,
+           TcSweep{{{1280, 512, 5120}, {32768, 0, 1280}, {5120, 0, 8192}, {1000, 72, 2304}, {96, 0, 2080}},
+                   {{2304, 5120, 6}, {5120, 2304, 1}, {200, 1024, 2}, {77, 8320, 4}}},
+           same);
+  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {200, 1024, 2}}, true, false}, same);
+  set_tc_lean_loop(was);
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <type_traits>
 
 #include "base/check.h"
 #include "cuda/device.h"
@@ -134,12 +135,66 @@ struct FoldWs {
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
 
-template <int MODE>
+// The lean loop (LL > 0, set_tc_lean_loop): the same tiles, sums and bits with fewer instructions.
+// f(r, j) for every unit j < per_row of rows r < rows, threads striding 128 units: one division per
+// thread instead of one per unit.
+template <typename F>
+__device__ __forceinline__ void for_units(int rows, int per_row, F f) {
+  int r = int(threadIdx.x) / per_row, j = int(threadIdx.x) - r * per_row;
+  const int sr = kThreads / per_row, sj = kThreads - sr * per_row;  // 128 = sr * per_row + sj, sj < per_row
+  while (r < rows) {
+    f(r, j);
+    r += sr;
+    j += sj;
+    if (j >= per_row) {
+      j -= per_row;
+      ++r;
+    }
+  }
+}
+// dev::e8m0_val in four instructions: c << 23 is the value for c = 1..254, 0x00400000 = 2^-127 is
+// c = 0's, and 255 is NaN.
+__device__ __forceinline__ float e8m0_lean(uint32_t c) {
+  const float v = __uint_as_float(max(c << 23, 0x00400000u));
+  return c == 0xFFu ? __uint_as_float(0x7FC00000u) : v;
+}
+// Two e4m3 codes (bytes 0, 1 of v; HI: bytes 2, 3) -> the f16 pair of the same values (exact).
+template <bool HI = false>
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
+  uint32_t h;
+  if constexpr (HI) {
+    asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, u;\n}" : "=r"(h) : "r"(v));
+  } else {
+    asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(h) : "r"(v));
+  }
+  return h;
+}
+// mma.m16n8k32 e4m3 as sm_90 runs it (the compiler widens both operands to f16 and issues two
+// m16n8k16: k 4t, 4t+1 of every fragment register first, then k 4t+2, 4t+3), with the B operand
+// already widened (b = {lo(b0), lo(b1), hi(b0), hi(b1)}) and no final "+ 0.0" (the compiler's
+// canonicalisation of a -0 sum, which the callers' "acc + d * s" from acc = +0 makes moot).
+__device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint4& b, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(e4m3x2_f16x2(a[0])), "r"(e4m3x2_f16x2(a[1])), "r"(e4m3x2_f16x2(a[2])), "r"(e4m3x2_f16x2(a[3])), "r"(b.x), "r"(b.y), "f"(0.0f));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(e4m3x2_f16x2<true>(a[0])), "r"(e4m3x2_f16x2<true>(a[1])), "r"(e4m3x2_f16x2<true>(a[2])), "r"(e4m3x2_f16x2<true>(a[3])), "r"(b.z),
+        "r"(b.w));
+}
+
+// LL: 0 the plain loop; 1 the lean loop (set_tc_lean_loop: unit loops without divisions; MXFP4 with
+// raw scales only: B staged as the f16 pairs the mma runs on, scales widened in four instructions);
+// 2 the lean loop with MXFP4 rows grouped by expert.
+template <int MODE, int LL>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
                                                          bool rows_x, FoldWs fold) {
-  constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x;
+  constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
+  if constexpr (LF4) grouped = LL == 2;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
@@ -148,8 +203,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
   // registers, as rows past M are zeros in shared memory: the same products either way
   // (MXFP4: xr = 1 expert row, or 8 when grouped: the rows of one expert, see below)
-  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][kc_max]
-  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * kc_max : xr * xrow));     // FP8 / FP4 [xr][kb_max]; BFX none
+  // LF4: [xr][x4row], per unit (two 32-blocks) and lane t the 8 f16 pairs of mma_e4m3_f16b's B
+  const int x4row = LF4 ? 2 * kc_max + 16 : kc_max;
+  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][x4row]
+  float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * x4row : xr * xrow));      // FP8 / FP4 [xr][kb_max]; BFX none
   float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
   float* red = wsc + (FP4 ? (async_scales && lean ? 0 : kStripe * kb_max) : kb_max);  // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
@@ -216,10 +273,14 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   {
     const int upr = (FP4 ? kc / 2 : kc) / 16;
     const int64_t gstride = FP4 ? K / 2 : K, gk0 = FP4 ? k0 / 2 : k0;
-    for (int u = tid; u < kStripe * upr; u += kThreads) {
-      const int r = u / upr, j = u % upr;
+    const auto copy = [&](int r, int j) {
       const int64_t n = n0 + r < N ? n0 + r : N - 1;
       cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
+    };
+    if constexpr (LL > 0) {
+      for_units(kStripe, upr, copy);
+    } else {
+      for (int u = tid; u < kStripe * upr; u += kThreads) copy(u / upr, u % upr);
     }
     cp_async_commit();
   }
@@ -230,10 +291,14 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
       // f32 after the wait
       const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
-      for (int i = tid; i < kStripe * nw; i += kThreads) {
-        const int r = i / nw, q = i % nw;
+      const auto copy = [&](int r, int q) {
         const int64_t n = n0 + r < N ? n0 + r : N - 1;
         cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
+      };
+      if constexpr (LL > 0) {
+        for_units(kStripe, nw, copy);
+      } else {
+        for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
       }
       cp_async_commit();
     } else {
@@ -254,8 +319,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         ev[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x6420);  // codes 8q, 8q+2, 8q+4, 8q+6
         od[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x7531);  // codes 8q+1, 8q+3, 8q+5, 8q+7
       }
-      *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
-      *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
+      if constexpr (LF4) {  // lane t's B of block b: {lo(ev[t]), lo(od[t]), hi(ev[t]), hi(od[t])} as f16 pairs
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          *reinterpret_cast<uint4*>(xt + j * x4row + ((b >> 1) * 4 + q) * 32 + (b & 1) * 16) =
+              make_uint4(e4m3x2_f16x2(ev[q]), e4m3x2_f16x2(od[q]), e4m3x2_f16x2<true>(ev[q]), e4m3x2_f16x2<true>(od[q]));
+      } else {
+        *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
+        *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
+      }
       xsc[j * kb_max + b] = xs[xm * KB + k0 / 32 + b];
     };
     if (!grouped) {
@@ -272,11 +344,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activations come from the step
     const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
     const int xupr = kc * 2 / 16;
-    for (int u = tid; u < xr * xupr; u += kThreads) {
-      const int j = u / xupr, q = u % xupr;
+    const auto copy = [&](int j, int q) {
       const bool ok = m0 + j < M;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
       cp_async16(smem_u32(xt + j * xrow + q * 16), src + (ok ? q * 16 : 0), ok ? 16 : 0);
+    };
+    if constexpr (LL > 0) {
+      for_units(xr, xupr, copy);
+    } else {
+      for (int u = tid; u < xr * xupr; u += kThreads) copy(u / xupr, u % xupr);
     }
     cp_async_commit();
   } else {
@@ -284,17 +360,25 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
-    for (int u = tid; u < xr * xupr; u += kThreads) {
-      const int j = u / xupr, q = u % xupr;
+    const auto copy = [&](int j, int q) {
       const bool ok = m0 + j < M;
       cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
+    };
+    if constexpr (LL > 0) {
+      for_units(xr, xupr, copy);
+    } else {
+      for (int u = tid; u < xr * xupr; u += kThreads) copy(u / xupr, u % xupr);
     }
     cp_async_commit();
     if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
-      for (int i = tid; i < xr * nb; i += kThreads) {
-        const int j = i / nb, b = i % nb;
+      const auto copy4 = [&](int j, int b) {
         const bool ok = m0 + j < M;
         cp_async4(smem_u32(xsc + j * kb_max + b), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
+      };
+      if constexpr (LL > 0) {
+        for_units(xr, nb, copy4);
+      } else {
+        for (int i = tid; i < xr * nb; i += kThreads) copy4(i / nb, i % nb);
       }
       cp_async_commit();
     } else {
@@ -305,7 +389,19 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     }
   }
   cp_async_wait_all();
-  __syncthreads();
+  // LF4: does any weight scale of the tile need dev::e8m0_val's special cases (0: 2^-127, 255: NaN)?
+  // Each thread looks at the scale words it copied; the loop widens them by a shift when none does.
+  bool special = false;
+  if constexpr (LF4) {
+    uint32_t any = 0;
+    for_units(kStripe, nb / 4, [&](int r, int q) {  // nb % 4 == 0 with async scales
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(wsr + r * kb_max + 4 * q);
+      any |= __vcmpeq4(v, 0u) | __vcmpeq4(v, ~0u);
+    });
+    special = __syncthreads_or(any != 0);
+  } else {
+    __syncthreads();
+  }
   if constexpr (FP4) {
     if (async_scales && !lean) {  // CudaRunOptions::tc_lean_smem off: the raw scales to f32 here (same values)
       for (int i = tid; i < kStripe * nb; i += kThreads) {
@@ -320,64 +416,121 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
   const int units = FP4 ? (nb + 1) / 2 : nb;
-  for (int u = warp; u < units; u += kWarps) {
-    uint32_t r[4];
-    ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
-    if constexpr (FP4) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int b = 2 * u + h;
-        if (b >= nb) break;
-        const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
-        const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
-        uint32_t b0 = 0, b1 = 0;
+  if constexpr (LF4) {
+    // sp: std::true_type when a scale byte of the tile is 0 or 255 (the loop, compiled twice)
+    const auto run = [&](auto sp) {
+      for (int u = warp; u < units; u += kWarps) {
+        uint32_t r[4];
+        ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
+        // the same terms as the plain loop below in the same order: B pre-widened (8 f16 pairs per
+        // lane and unit), the two blocks' raw scales of rows g and g + 8 in one 16-bit load each
+        uint4 bx[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
         if (g < cnt) {
-          b0 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 4 * t);
-          b1 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 16 + 4 * t);
+          const uint4* src = reinterpret_cast<const uint4*>(xt + g * x4row + (u * 4 + t) * 32);
+          bx[0] = src[0];
+          bx[1] = src[1];
         }
-        float d[4];
-        mma_e4m3(a, b0, b1, d);
-        // D columns 2t, 2t + 1 = the group's rows 2t, 2t + 1 (ungrouped: column 0 only)
-        const float sx = 2 * t < cnt ? xsc[(2 * t) * kb_max + b] : 0.0f, sx1 = 2 * t + 1 < cnt ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
-        const bool raw = async_scales && lean;
-        const float ws0 = raw ? dev::e8m0_val(wsr[g * kb_max + b]) : wsc[g * kb_max + b];
-        const float ws8 = raw ? dev::e8m0_val(wsr[(g + 8) * kb_max + b]) : wsc[(g + 8) * kb_max + b];
-        acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(ws0, sx), acc[0]);
-        acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(ws8, sx), acc[2]);
-        if (grouped) {
-          acc[1] = __fmaf_rn(__fmul_rn(d[1], 64.0f), __fmul_rn(ws0, sx1), acc[1]);
-          acc[3] = __fmaf_rn(__fmul_rn(d[3], 64.0f), __fmul_rn(ws8, sx1), acc[3]);
+        const uint32_t s0 = *reinterpret_cast<const uint16_t*>(wsr + g * kb_max + 2 * u);
+        const uint32_t s8 = *reinterpret_cast<const uint16_t*>(wsr + (g + 8) * kb_max + 2 * u);
+        // activation scale x 64 (the e2m1 widening's 2^-6): d * (ws * (sx * 64)) is the plain loop's
+        // (d * 64) * (ws * sx), every factor a power of two, exact while the products stay normal
+        float2 sx2 = 2 * t < cnt ? *reinterpret_cast<const float2*>(xsc + (2 * t) * kb_max + 2 * u) : make_float2(0.0f, 0.0f);
+        float2 sx12 = make_float2(0.0f, 0.0f);
+        if (LL == 2 && 2 * t + 1 < cnt) sx12 = *reinterpret_cast<const float2*>(xsc + (2 * t + 1) * kb_max + 2 * u);
+        sx2 = make_float2(__fmul_rn(sx2.x, 64.0f), __fmul_rn(sx2.y, 64.0f));
+        if constexpr (LL == 2) sx12 = make_float2(__fmul_rn(sx12.x, 64.0f), __fmul_rn(sx12.y, 64.0f));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (2 * u + h >= nb) break;
+          const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block 2u + h, rows g and g + 8
+          const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
+          float d[4];
+          mma_e4m3_f16b(a, bx[h], d);
+          // scale byte h of the pair: c << 23 is 2^(c - 127) for c = 1..254 (no special byte in the tile)
+          const uint32_t c0 = (s0 >> (8 * h)) & 0xFFu, c8 = (s8 >> (8 * h)) & 0xFFu;
+          const float ws0 = decltype(sp)::value ? e8m0_lean(c0) : __uint_as_float(c0 << 23);
+          const float ws8 = decltype(sp)::value ? e8m0_lean(c8) : __uint_as_float(c8 << 23);
+          const float sx = h ? sx2.y : sx2.x;
+          acc[0] = __fmaf_rn(d[0], __fmul_rn(ws0, sx), acc[0]);
+          acc[2] = __fmaf_rn(d[2], __fmul_rn(ws8, sx), acc[2]);
+          if constexpr (LL == 2) {
+            const float sx1 = h ? sx12.y : sx12.x;
+            acc[1] = __fmaf_rn(d[1], __fmul_rn(ws0, sx1), acc[1]);
+            acc[3] = __fmaf_rn(d[3], __fmul_rn(ws8, sx1), acc[3]);
+          }
         }
       }
-    } else if constexpr (BFX) {
-      // The 32-block as two k16 steps over the e4m3 fragment's own k order: step 1 takes k
-      // 4t..4t+3 of rows g / g + 8 (r[0], r[1]), step 2 k 16 + 4t.. (r[2], r[3]); the bf16
-      // activations are read in the same order (b0 = k 4t, 4t+1; b1 = k 4t+2, 4t+3).
-      const int b = u;
-      const uint8_t* xb = xt + g * xrow + (b * 32 + 4 * t) * 2;
-      const uint2 p0 = g < xr ? *reinterpret_cast<const uint2*>(xb) : make_uint2(0, 0), p1 = g < xr ? *reinterpret_cast<const uint2*>(xb + 32) : make_uint2(0, 0);
-      const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
-      const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_bf16(a1, p0.x, p0.y, d);
-      mma_bf16(a2, p1.x, p1.y, d);
-      const float ws = wsc[b];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = __fmaf_rn(d[i], ws, acc[i]);
+    };
+    if (special) {
+      run(std::true_type{});
     } else {
-      const int b = u;
-      const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
-      const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
-      float d[4];
-      mma_e4m3(r, b0, b1, d);
-      const float ws = wsc[b];
-      const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
-      const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
-      acc[0] = __fmaf_rn(d[0], s0, acc[0]);
-      acc[1] = __fmaf_rn(d[1], s1, acc[1]);
-      acc[2] = __fmaf_rn(d[2], s0, acc[2]);
-      acc[3] = __fmaf_rn(d[3], s1, acc[3]);
+      run(std::false_type{});
     }
+  } else {
+    for (int u = warp; u < units; u += kWarps) {
+      uint32_t r[4];
+      ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
+      if constexpr (FP4) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int b = 2 * u + h;
+          if (b >= nb) break;
+          const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block b, rows g and g + 8
+          const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
+          uint32_t b0 = 0, b1 = 0;
+          if (g < cnt) {
+            b0 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 4 * t);
+            b1 = *reinterpret_cast<const uint32_t*>(xt + g * kc_max + b * 32 + 16 + 4 * t);
+          }
+          float d[4];
+          mma_e4m3(a, b0, b1, d);
+          // D columns 2t, 2t + 1 = the group's rows 2t, 2t + 1 (ungrouped: column 0 only)
+          const float sx = 2 * t < cnt ? xsc[(2 * t) * kb_max + b] : 0.0f, sx1 = 2 * t + 1 < cnt ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
+          const bool raw = async_scales && lean;
+          const float ws0 = raw ? dev::e8m0_val(wsr[g * kb_max + b]) : wsc[g * kb_max + b];
+          const float ws8 = raw ? dev::e8m0_val(wsr[(g + 8) * kb_max + b]) : wsc[(g + 8) * kb_max + b];
+          acc[0] = __fmaf_rn(__fmul_rn(d[0], 64.0f), __fmul_rn(ws0, sx), acc[0]);
+          acc[2] = __fmaf_rn(__fmul_rn(d[2], 64.0f), __fmul_rn(ws8, sx), acc[2]);
+          if (grouped) {
+            acc[1] = __fmaf_rn(__fmul_rn(d[1], 64.0f), __fmul_rn(ws0, sx1), acc[1]);
+            acc[3] = __fmaf_rn(__fmul_rn(d[3], 64.0f), __fmul_rn(ws8, sx1), acc[3]);
+          }
+        }
+      } else if constexpr (BFX) {
+        // The 32-block as two k16 steps over the e4m3 fragment's own k order: step 1 takes k
+        // 4t..4t+3 of rows g / g + 8 (r[0], r[1]), step 2 k 16 + 4t.. (r[2], r[3]); the bf16
+        // activations are read in the same order (b0 = k 4t, 4t+1; b1 = k 4t+2, 4t+3).
+        const int b = u;
+        const uint8_t* xb = xt + g * xrow + (b * 32 + 4 * t) * 2;
+        const uint2 p0 = g < xr ? *reinterpret_cast<const uint2*>(xb) : make_uint2(0, 0), p1 = g < xr ? *reinterpret_cast<const uint2*>(xb + 32) : make_uint2(0, 0);
+        const uint32_t a1[4] = {e4m3x2_bf16x2(r[0]), e4m3x2_bf16x2(r[1]), e4m3x2_bf16x2(r[0] >> 16), e4m3x2_bf16x2(r[1] >> 16)};
+        const uint32_t a2[4] = {e4m3x2_bf16x2(r[2]), e4m3x2_bf16x2(r[3]), e4m3x2_bf16x2(r[2] >> 16), e4m3x2_bf16x2(r[3] >> 16)};
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_bf16(a1, p0.x, p0.y, d);
+        mma_bf16(a2, p1.x, p1.y, d);
+        const float ws = wsc[b];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = __fmaf_rn(d[i], ws, acc[i]);
+      } else {
+        const int b = u;
+        const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
+        const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
+        float d[4];
+        if constexpr (LL > 0) {  // no "+ 0.0": acc + d * s from acc = +0 gives the same sums
+          mma_e4m3_f16b(r, make_uint4(e4m3x2_f16x2(b0), e4m3x2_f16x2(b1), e4m3x2_f16x2<true>(b0), e4m3x2_f16x2<true>(b1)), d);
+        } else {
+          mma_e4m3(r, b0, b1, d);
+        }
+        const float ws = wsc[b];
+        const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
+        const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
+        acc[0] = __fmaf_rn(d[0], s0, acc[0]);
+        acc[1] = __fmaf_rn(d[1], s1, acc[1]);
+        acc[2] = __fmaf_rn(d[2], s0, acc[2]);
+        acc[3] = __fmaf_rn(d[3], s1, acc[3]);
+      }
+    }
+
   }
 
   // 4. fold: warps in order, then the chunks in rank order (workspace or cluster)
@@ -457,6 +610,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
 std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
+std::atomic<bool> g_lean_loop{true};
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -521,11 +675,11 @@ FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   return slot->ws;
 }
 
-size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales) {
+size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, bool lean_fp4) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(xr) * kc_max : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t x = fp4 ? size_t(xr) * (lean_fp4 ? 2 * kc_max + 16 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
 }
@@ -535,7 +689,6 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
               const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}, bool grouped = false) {
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
-  const auto kernel = &tc_gemv_kernel<MODE>;
   // scales by cp.async: FP8 activation scales always (f32 rows); MXFP4 weight scale rows when
   // 4-byte aligned (K % 128 == 0, aligned bases and expert strides)
   const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
@@ -544,7 +697,10 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   // activation rows staged per CTA (lean: only the rows a launch can have; otherwise 8)
   const bool lean = g_lean.load(std::memory_order_relaxed);
   const int xr = FP4 ? (grouped ? kRowGroup : 1) : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
-  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean);
+  // the lean loop (MXFP4: with raw scales only)
+  const int ll = !g_lean_loop.load(std::memory_order_relaxed) || (FP4 && !(async_scales && lean)) ? 0 : FP4 && grouped ? 2 : 1;
+  const auto kernel = ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, 1> : &tc_gemv_kernel<MODE, FP4 ? 2 : 1>;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, FP4 && ll > 0);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
@@ -590,6 +746,8 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
+void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
+bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
 int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }
 
