@@ -135,7 +135,7 @@ struct FoldWs {
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
 
-// The lean loop (LL > 0, set_tc_lean_loop): the same tiles, sums and bits with fewer instructions.
+// The MXFP4 lean loop (LL > 0, set_tc_lean_loop): the same tiles, sums and bits with fewer instructions.
 // f(r, j) for every unit j < per_row of rows r < rows, threads striding 128 units: one division per
 // thread instead of one per unit.
 template <typename F>
@@ -185,9 +185,10 @@ __device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint
         "r"(b.w));
 }
 
-// LL: 0 the plain loop; 1 the lean loop (set_tc_lean_loop: unit loops without divisions; MXFP4 with
-// raw scales only: B staged as the f16 pairs the mma runs on, scales widened in four instructions);
-// 2 the lean loop with MXFP4 rows grouped by expert.
+// LL (MXFP4 with raw scales only; FP8 / bf16: 0): 0 the plain loop; 1 the lean loop
+// (set_tc_lean_loop: tile loops without a division per unit, B staged as the f16 pairs the mma
+// runs on, scales widened by a shift); 2 the lean loop with rows grouped by expert (B staged as
+// e4m3 words in the loop's order, widened at use).
 template <int MODE, int LL>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
@@ -203,8 +204,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
   // registers, as rows past M are zeros in shared memory: the same products either way
   // (MXFP4: xr = 1 expert row, or 8 when grouped: the rows of one expert, see below)
-  // LF4: [xr][x4row], per unit (two 32-blocks) and lane t the 8 f16 pairs of mma_e4m3_f16b's B
-  const int x4row = LF4 ? 2 * kc_max + 16 : kc_max;
+  // LF4: [xr][x4row], per unit (two 32-blocks) and lane t its B words: ungrouped (one row) the 8
+  // f16 pairs of mma_e4m3_f16b's B, 32 bytes; grouped (8 rows) the 4 e4m3 words, 16 bytes (half the
+  // shared memory: 3 more CTAs per SM), rows 64 bytes apart mod 128 (conflict-free 16-byte loads)
+  const int x4row = !LF4 ? kc_max : LL == 1 ? 2 * kc_max + 16 : kc_max + 64;
   uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][x4row]
   float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * x4row : xr * xrow));      // FP8 / FP4 [xr][kb_max]; BFX none
   float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       const int64_t n = n0 + r < N ? n0 + r : N - 1;
       cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
     };
-    if constexpr (LL > 0) {
+    if constexpr (LF4) {
       for_units(kStripe, upr, copy);
     } else {
       for (int u = tid; u < kStripe * upr; u += kThreads) copy(u / upr, u % upr);
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         const int64_t n = n0 + r < N ? n0 + r : N - 1;
         cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
       };
-      if constexpr (LL > 0) {
+      if constexpr (LF4) {
         for_units(kStripe, nw, copy);
       } else {
         for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
@@ -319,11 +322,14 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         ev[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x6420);  // codes 8q, 8q+2, 8q+4, 8q+6
         od[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x7531);  // codes 8q+1, 8q+3, 8q+5, 8q+7
       }
-      if constexpr (LF4) {  // lane t's B of block b: {lo(ev[t]), lo(od[t]), hi(ev[t]), hi(od[t])} as f16 pairs
+      if constexpr (LL == 1) {  // lane t's B of block b: {lo(ev[t]), lo(od[t]), hi(ev[t]), hi(od[t])} as f16 pairs
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           *reinterpret_cast<uint4*>(xt + j * x4row + ((b >> 1) * 4 + q) * 32 + (b & 1) * 16) =
               make_uint4(e4m3x2_f16x2(ev[q]), e4m3x2_f16x2(od[q]), e4m3x2_f16x2<true>(ev[q]), e4m3x2_f16x2<true>(od[q]));
+      } else if constexpr (LL == 2) {  // lane t's words of block b: ev[t], od[t]
+#pragma unroll
+        for (int q = 0; q < 4; ++q) *reinterpret_cast<uint2*>(xt + j * x4row + ((b >> 1) * 4 + q) * 16 + (b & 1) * 8) = make_uint2(ev[q], od[q]);
       } else {
         *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
         *reinterpret_cast<uint4*>(xt + j * kc_max + b * 32 + 16) = make_uint4(od[0], od[1], od[2], od[3]);
@@ -344,15 +350,11 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activations come from the step
     const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
     const int xupr = kc * 2 / 16;
-    const auto copy = [&](int j, int q) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
       cp_async16(smem_u32(xt + j * xrow + q * 16), src + (ok ? q * 16 : 0), ok ? 16 : 0);
-    };
-    if constexpr (LL > 0) {
-      for_units(xr, xupr, copy);
-    } else {
-      for (int u = tid; u < xr * xupr; u += kThreads) copy(u / xupr, u % xupr);
     }
     cp_async_commit();
   } else {
@@ -360,25 +362,17 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
-    const auto copy = [&](int j, int q) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
-    };
-    if constexpr (LL > 0) {
-      for_units(xr, xupr, copy);
-    } else {
-      for (int u = tid; u < xr * xupr; u += kThreads) copy(u / xupr, u % xupr);
     }
     cp_async_commit();
     if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
-      const auto copy4 = [&](int j, int b) {
+      for (int i = tid; i < xr * nb; i += kThreads) {
+        const int j = i / nb, b = i % nb;
         const bool ok = m0 + j < M;
         cp_async4(smem_u32(xsc + j * kb_max + b), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
-      };
-      if constexpr (LL > 0) {
-        for_units(xr, nb, copy4);
-      } else {
-        for (int i = tid; i < xr * nb; i += kThreads) copy4(i / nb, i % nb);
       }
       cp_async_commit();
     } else {
@@ -425,10 +419,16 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         // the same terms as the plain loop below in the same order: B pre-widened (8 f16 pairs per
         // lane and unit), the two blocks' raw scales of rows g and g + 8 in one 16-bit load each
         uint4 bx[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (g < cnt) {
-          const uint4* src = reinterpret_cast<const uint4*>(xt + g * x4row + (u * 4 + t) * 32);
-          bx[0] = src[0];
-          bx[1] = src[1];
+        if constexpr (LL == 1) {
+          if (g < cnt) {
+            const uint4* src = reinterpret_cast<const uint4*>(xt + g * x4row + (u * 4 + t) * 32);
+            bx[0] = src[0];
+            bx[1] = src[1];
+          }
+        } else {
+          const uint4 w = g < cnt ? *reinterpret_cast<const uint4*>(xt + g * x4row + (u * 4 + t) * 16) : make_uint4(0, 0, 0, 0);
+          bx[0] = make_uint4(e4m3x2_f16x2(w.x), e4m3x2_f16x2(w.y), e4m3x2_f16x2<true>(w.x), e4m3x2_f16x2<true>(w.y));
+          bx[1] = make_uint4(e4m3x2_f16x2(w.z), e4m3x2_f16x2(w.w), e4m3x2_f16x2<true>(w.z), e4m3x2_f16x2<true>(w.w));
         }
         const uint32_t s0 = *reinterpret_cast<const uint16_t*>(wsr + g * kb_max + 2 * u);
         const uint32_t s8 = *reinterpret_cast<const uint16_t*>(wsr + (g + 8) * kb_max + 2 * u);
@@ -516,11 +516,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
         const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
         float d[4];
-        if constexpr (LL > 0) {  // no "+ 0.0": acc + d * s from acc = +0 gives the same sums
-          mma_e4m3_f16b(r, make_uint4(e4m3x2_f16x2(b0), e4m3x2_f16x2(b1), e4m3x2_f16x2<true>(b0), e4m3x2_f16x2<true>(b1)), d);
-        } else {
-          mma_e4m3(r, b0, b1, d);
-        }
+        mma_e4m3(r, b0, b1, d);
         const float ws = wsc[b];
         const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
         const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
@@ -675,11 +671,11 @@ FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   return slot->ws;
 }
 
-size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, bool lean_fp4) {
+size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(xr) * (lean_fp4 ? 2 * kc_max + 16 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
+  const size_t x = fp4 ? size_t(xr) * (ll == 1 ? 2 * kc_max + 16 : ll == 2 ? kc_max + 64 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
 }
@@ -697,10 +693,10 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   // activation rows staged per CTA (lean: only the rows a launch can have; otherwise 8)
   const bool lean = g_lean.load(std::memory_order_relaxed);
   const int xr = FP4 ? (grouped ? kRowGroup : 1) : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
-  // the lean loop (MXFP4: with raw scales only)
-  const int ll = !g_lean_loop.load(std::memory_order_relaxed) || (FP4 && !(async_scales && lean)) ? 0 : FP4 && grouped ? 2 : 1;
-  const auto kernel = ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, 1> : &tc_gemv_kernel<MODE, FP4 ? 2 : 1>;
-  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, FP4 && ll > 0);
+  // the lean loop: MXFP4 with raw scales
+  const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean ? (grouped ? 2 : 1) : 0;
+  const auto kernel = !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0>;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits

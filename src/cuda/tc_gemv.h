@@ -83,10 +83,11 @@ bool tc_async_scales();
 void set_tc_global_fold(bool on);
 bool tc_global_fold();
 
-// The kernels' lean loop: on, the unit loops run without a division per unit and the MXFP4 mma
-// loop stages its activations as the f16 pairs sm_90 runs an e4m3 mma on (two m16n8k16) and widens
-// raw scales in four instructions; off, the plain loop. The same bits either way (test
-// TcLeanLoopSameBits). Process-wide, set from CudaRunOptions::tc_lean_loop.
+// The MXFP4 kernel's lean loop: on, its tile loops run without a division per unit, its mma loop
+// reads activations staged in its own order (ungrouped: as the f16 pairs sm_90 runs an e4m3 mma
+// on, two m16n8k16) and widens the raw weight scales by a shift (unless the tile holds an e8m0 0
+// or 255); off, the plain loop. The same bits either way (test TcLeanLoopSameBits). FP8 and bf16
+// kernels are not affected. Process-wide, set from CudaRunOptions::tc_lean_loop.
 void set_tc_lean_loop(bool on);
 bool tc_lean_loop();
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
