@@ -593,6 +593,54 @@ TEST(CudaOps, IndexerScoresPoolTopK) {
   indexer_case(rng, {70000}, {70000}, true);                  // pool of a long row
 }
 
+// topk_select on scores that are not bf16 values (all four radix passes) with many exact ties and
+// some -0 / +0 and -inf entries, rows of 1 to 70,000 entries (1 to 8 CTAs per row), k above and
+// below n, with and without a pool mask: the CPU's ids and counts.
+TEST(CudaOps, TopKSelectWideKeysAndTies) {
+  NEED_GPU();
+  Rng rng(13);
+  const int64_t topk = 512;
+  for (const bool with_mask : {false, true}) {
+    const std::vector<int64_t> ns = {70000, 5000, 300, 1, 33000};
+    const int64_t T = int64_t(ns.size()), ld = *std::max_element(ns.begin(), ns.end());
+    std::vector<float> I(static_cast<size_t>(T * ld), -INFINITY);
+    std::vector<uint8_t> mask(static_cast<size_t>(T * ld), 0);
+    std::vector<int64_t> nv(ns.size());
+    std::vector<int32_t> want_sel(static_cast<size_t>(T * topk), 0), want_cnt(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = ns[size_t(t)];
+      nv[size_t(t)] = n - n / 7;  // the last entries score but are not visible: ids -1
+      std::vector<float> row(static_cast<size_t>(n));
+      const auto vals = rng.f32(n, 1.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        float v = vals[size_t(j)];
+        if (j % 5 == 0) v = vals[size_t(j / 50)];  // exact ties, spread over the row
+        if (j % 97 == 0) v = (j % 2) ? -0.0f : 0.0f;
+        if (j % 131 == 0) v = -INFINITY;
+        row[size_t(j)] = v;
+        I[size_t(t * ld + j)] = v;
+        mask[size_t(t * ld + j)] = uint8_t((j * 7 + t) % 3 != 0);
+      }
+      std::vector<uint8_t> m(mask.begin() + t * ld, mask.begin() + t * ld + n);
+      const auto ids = IndexRef::topk(row, with_mask ? &m : nullptr, nv[size_t(t)], topk);
+      want_cnt[size_t(t)] = int32_t(ids.size());
+      std::copy(ids.begin(), ids.end(), want_sel.begin() + t * topk);
+    }
+    SCOPED_TRACE(with_mask ? "mask" : "no mask");
+    Dev<float> dI(I);
+    Dev<uint8_t> dmask(mask);
+    Dev<int64_t> dns(ns), dnv(nv);
+    Dev<int32_t> dsel(static_cast<size_t>(T * topk)), dcnt(static_cast<size_t>(T));
+    ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), with_mask ? dmask.p() : nullptr, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
+    auto sel = dsel.get();
+    const auto cnt = dcnt.get();
+    expect_same(cnt, want_cnt, "top-k count");
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = cnt[size_t(t)]; i < topk; ++i) sel[size_t(t * topk + i)] = 0;
+    expect_same(sel, want_sel, "top-k ids");
+  }
+}
+
 // ---- DSpark head ----------------------------------------------------------------------------------
 
 TEST(CudaOps, MarkovArgmaxConfidence) {
