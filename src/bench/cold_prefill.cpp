@@ -163,6 +163,11 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
     modes.push_back(true);
     for (bool on : modes) {
       with_prefetch(on, C);
+      // Cold for every run: the warm-up step and the run before left this prompt's experts
+      // resident (the same tokens route the same way), which made a second run warm (session 13:
+      // the streamed run after the serial one had no misses and used none of its 10,240 staged
+      // experts)
+      slots->evict_all();
       slots->reset_stats();
       const auto t0 = std::chrono::steady_clock::now();
       const Status st = run_prompt(ex, N, C, prefill_step);

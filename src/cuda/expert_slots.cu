@@ -198,6 +198,15 @@ void DevExpertSlots::release(int layer) {
   L.pinned.clear();
 }
 
+int64_t DevExpertSlots::evict_all() {
+  int64_t n = 0;
+  for (Layer& L : layers_)
+    if (L.cache)
+      for (int s = 0; s < L.cache->n_slots(); ++s) n += L.cache->evict_slot(s) ? 1 : 0;
+  drop_staged();
+  return n;
+}
+
 void DevExpertSlots::settle() {
   auto sum = [](std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& timers, size_t& used, double& total) {
     for (size_t i = 0; i < used; ++i) {

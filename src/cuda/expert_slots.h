@@ -122,6 +122,11 @@ class DevExpertSlots {
   // Where misses are copied from (the host tiers' counters split them by host RAM and drives).
   const model::ExpertSource& source() const { return *src_; }
   void reset_stats() { stats_ = ExpertSlotStats{}; }
+  // Forgets every tiered layer's resident experts (unpinned slots; after the steps that read them
+  // have finished): the next call of each layer starts cold. The bench's cold prefill runs start
+  // from this state, so a run is not warmed by the one before it (the same prompt routes to the
+  // same experts). Returns the slots emptied.
+  int64_t evict_all();
 
  private:
   DevExpertSlots() = default;
