@@ -201,10 +201,8 @@ void DevExpertSlots::release(int layer) {
 int64_t DevExpertSlots::evict_all() {
   int64_t n = 0;
   for (Layer& L : layers_)
-    if (L.cache) {
+    if (L.cache)
       for (int s = 0; s < L.cache->n_slots(); ++s) n += L.cache->evict_slot(s) ? 1 : 0;
-      L.last_used.clear();
-    }
   drop_staged();
   return n;
 }
@@ -288,9 +286,8 @@ Status DevExpertSlots::prefetch(int layer, int keep) {
   // its last fill was never handed to a kernel, and copies on prefetch_ stay in order).
   FB_CUDA_TRY(cudaStreamWaitEvent(prefetch_, g.free, 0));
   int n = 0;
-  for (size_t i = 0; i < L.last_used.size() && n < prefetch_entries_; ++i) {
-    const int32_t e = L.last_used[i];
-    if (e < 0 || e >= E || L.cache->find(e) >= 0) continue;  // resident: the call hits its slot
+  for (int e = 0; e < E && n < prefetch_entries_; ++e) {
+    if (L.cache->find(e) >= 0) continue;  // resident: the call hits its slot
     if (n == 0) FB_RETURN_IF_ERROR(timer_begin(prefetch_, pf_timers_, pf_used_));
     FB_RETURN_IF_ERROR(copy_expert(layer, e, g.w1, g.w2, g.w3, n, prefetch_));
     g.entry_of[size_t(e)] = n++;
@@ -303,11 +300,6 @@ Status DevExpertSlots::prefetch(int layer, int keep) {
   stats_.prefetched += uint64_t(n);
   stats_.prefetch_bytes += uint64_t(n) * slot_bytes_;
   return Status();
-}
-
-void DevExpertSlots::note_routing(int layer, const std::vector<int32_t>& want) {
-  Layer& L = layers_.at(size_t(layer));
-  if (L.cache) L.last_used = want;
 }
 
 Status DevExpertSlots::mark_read(int layer, int entry, cudaStream_t compute) {

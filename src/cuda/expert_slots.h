@@ -89,10 +89,8 @@ class DevExpertSlots {
   // Prefetch a layer ahead (cold prefill, issue 26; docs/tiers.md "Streaming experts during
   // prefill"). Two staging buffers of `entries` experts each, allocated once by
   // reserve_prefetch (kResourceExhausted when HBM is short: the caller runs without). prefetch()
-  // copies up to `entries` experts of `layer` that its last routed call used (note_routing) and
-  // that are not resident in its slots (ascending id; none before the layer's first call, so a
-  // prompt's first chunk copies its misses as they come) into the buffer not in use, on a second
-  // copy stream, after the buffer's previous readers
+  // copies up to `entries` experts of `layer` that are not resident in its slots (ascending id)
+  // into the buffer not in use, on a second copy stream, after the buffer's previous readers
   // (the event done_staged recorded). A MoE call of that layer then reads each staged expert from
   // staged(layer) instead of taking a slot: join_staged before its kernels, done_staged once
   // they are issued. The slot cache is not told about staged experts (they are used once).
@@ -107,10 +105,6 @@ class DevExpertSlots {
   int prefetch_entries() const { return prefetch_entries_; }
   // keep: a layer whose staged experts must not be overwritten (-1: none).
   Status prefetch(int layer, int keep = -1);
-  // The distinct experts a routed call of the layer uses (before any are taken from staging):
-  // what the layer's next prefetch copies. Copying every non-resident expert instead moved 12x the
-  // bytes the calls read on the bench's synthetic routing (session 13: 10,240 staged, 853 used).
-  void note_routing(int layer, const std::vector<int32_t>& want);
   // Forgets what the buffers hold (a step start: a failed step may have left a prefetch unread);
   // their bytes stay until the next prefetch, which waits for their readers.
   void drop_staged();
@@ -131,7 +125,7 @@ class DevExpertSlots {
   // Forgets every tiered layer's resident experts (unpinned slots; after the steps that read them
   // have finished): the next call of each layer starts cold. The bench's cold prefill runs start
   // from this state, so a run is not warmed by the one before it (the same prompt routes to the
-  // same experts); forgets the routing the prefetches follow too. Returns the slots emptied.
+  // same experts). Returns the slots emptied.
   int64_t evict_all();
 
  private:
@@ -144,7 +138,6 @@ class DevExpertSlots {
     int n_experts = 0;
     std::vector<cudaEvent_t> read_done;  // per entry: after its last marked reader (mark_read)
     std::vector<char> read_marked;
-    std::vector<int32_t> last_used;  // note_routing: the distinct experts of the layer's last call
   };
   Status copy_in(int layer, int e, int slot);
   Status copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st);

@@ -184,12 +184,12 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
   }
 }
 
-// Cold prefill streaming (CudaRunOptions::expert_prefetch, issue 26): every step (min rows 1 here)
-// copies the next tiered layer's non-resident experts that the layer's previous call used into a
-// staging buffer while the current layer runs, and reads them from there. Only copy timing and the buffer an expert is read from change,
+// Cold prefill streaming (CudaRunOptions::expert_prefetch, issue 26): every prefill step copies
+// the next tiered layer's non-resident experts into a staging buffer while the current layer
+// runs, and reads them from there. Only copy timing and the buffer an expert is read from change,
 // so the logits, taps and drafts equal the same tiered executor's with the option off, bit for
 // bit, on both prefill paths (exact GEMVs, tensor cores), one shot and in 7-row chunks; with 2
-// slots of the tiny models' 4 experts the steps after the first must actually use staged experts. With
+// slots of the tiny models' 4 experts every prefill step must actually use staged experts. With
 // one staging entry the other non-resident expert takes a slot in a second wave, whose copy on
 // the tensor-core path waits only for its slot's last reader (DevExpertSlots::take per_slot).
 TEST_P(FixtureParity, ExpertPrefetchBitForBit) {

@@ -551,7 +551,6 @@ class CudaLayerOps {
                              uint16_t* ye, F& shared) {
     DevExpertSlots& slots = *m_.slots_;
     std::vector<int32_t> want = distinct(ids);
-    slots.note_routing(l, want);
     std::vector<int32_t> staged_want = take_staged(l, want);
     slots.resident_first(l, want);
     const int E = c_.roles[size_t(l)].n_experts;
@@ -749,7 +748,6 @@ class CudaLayerOps {
     for (int e = 0; e < E; ++e)
       if (count[size_t(e) + 1] > count[size_t(e)]) want.push_back(e);
     const bool tiered = m_.tiered(l);
-    if (tiered) m_.slots_->note_routing(l, want);
     const std::vector<int32_t> staged_want = tiered ? take_staged(l, want) : std::vector<int32_t>{};
     if (tiered) m_.slots_->resident_first(l, want);
     std::vector<int32_t> slot_of(size_t(E), -1);
