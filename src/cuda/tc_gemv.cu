@@ -152,8 +152,8 @@ __device__ __forceinline__ void for_units(int rows, int per_row, F f) {
     }
   }
 }
-// dev::e8m0_val in four instructions: c << 23 is the value for c = 1..254, 0x00400000 = 2^-127 is
-// c = 0's, and 255 is NaN.
+// dev::e8m0_val without its pow2i branch: c << 23 is the value for c = 1..254, 0x00400000 = 2^-127
+// is c = 0's, and 255 is NaN (the lean loop's path for tiles that hold a 0 or 255 scale byte).
 __device__ __forceinline__ float e8m0_lean(uint32_t c) {
   const float v = __uint_as_float(max(c << 23, 0x00400000u));
   return c == 0xFFu ? __uint_as_float(0x7FC00000u) : v;
