@@ -69,12 +69,20 @@ TEST(Dashboard, ApiKey) {
   EXPECT_FALSE(api_key_ok("k", "k", ""));
 }
 
-TEST(StatsJson, FreshEngineHasNoAverages) {
+// The /v1/stats tests: engine counters `s` and the server's facts `src`, empty until a test sets
+// them; json() is what the endpoint answers for them as they are now.
+class StatsJson : public ::testing::Test {
+ protected:
+  nlohmann::json json() const { return stats_json(s, src); }
+
   engine::EngineStats s;
   StatsSource src;
+};
+
+TEST_F(StatsJson, FreshEngineHasNoAverages) {
   src.backend = "cpu";
   src.has_dspark = true;
-  const auto j = stats_json(s, src);
+  const auto j = json();
   EXPECT_EQ(j["backend"], "cpu");
   EXPECT_TRUE(j["derived"]["step_ms"].is_null());
   EXPECT_TRUE(j["derived"]["decode_tok_s"].is_null());
@@ -89,8 +97,7 @@ TEST(StatsJson, FreshEngineHasNoAverages) {
   EXPECT_TRUE(j["derived"]["expert_slot_hit_rate"].is_null());
 }
 
-TEST(StatsJson, CountersAndDerivedValues) {
-  engine::EngineStats s;
+TEST_F(StatsJson, CountersAndDerivedValues) {
   s.requests_total = 3;
   s.active = 1;
   s.queue_depth = 2;
@@ -122,10 +129,9 @@ TEST(StatsJson, CountersAndDerivedValues) {
   s.expert_tiers.host_misses = 0;
   s.active_rates.push_back({7, 12.5, 5, 64, 64, 300.0});
   s.active_rates.push_back({8, 0, 0, 16, 64, 80.0});
-  StatsSource src;
   src.has_dspark = true;
   src.uptime_s = 9.5;
-  const auto j = stats_json(s, src);
+  const auto j = json();
   EXPECT_EQ(j["uptime_s"], 9.5);
   EXPECT_EQ(j["requests"]["queued"], 2);
   EXPECT_EQ(j["tokens"]["emitted"], 42);
@@ -151,10 +157,8 @@ TEST(StatsJson, CountersAndDerivedValues) {
   EXPECT_EQ(j["sessions"][1]["prefill_done"], 16);
 }
 
-TEST(StatsJson, ExecutorTrafficAndOpTimes) {
-  engine::EngineStats s;
-  StatsSource src;
-  auto j = stats_json(s, src);
+TEST_F(StatsJson, ExecutorTrafficAndOpTimes) {
+  auto j = json();
   EXPECT_TRUE(j["expert_traffic"].is_null());  // every expert resident
   EXPECT_TRUE(j["op_time"].is_null());         // the executor does not time its ops
   EXPECT_TRUE(j["derived"]["expert_bytes_per_token"].is_null());
@@ -169,7 +173,7 @@ TEST(StatsJson, ExecutorTrafficAndOpTimes) {
   s.executor.ops.s[size_t(model::OpFamily::kMoe)] = 0.02;
   s.executor.ops.s[size_t(model::OpFamily::kAttention)] = 0.01;
   s.executor.ops.calls[size_t(model::OpFamily::kMoe)] = 8;
-  j = stats_json(s, src);
+  j = json();
   EXPECT_EQ(j["expert_traffic"]["hbm"]["lookups"], 30);
   EXPECT_EQ(j["expert_traffic"]["drive"]["bytes"], 480);
   EXPECT_EQ(j["op_time"]["steps"], 4);
@@ -186,7 +190,7 @@ TEST(StatsJson, ExecutorTrafficAndOpTimes) {
   EXPECT_DOUBLE_EQ(d["op_ms_per_step"]["head"].get<double>(), 0.0);
   // No lookups yet: rates are null, not 0 or 1.
   s.executor.experts = {};
-  j = stats_json(s, src);
+  j = json();
   EXPECT_TRUE(j["derived"]["expert_hbm_hit_rate"].is_null());
   EXPECT_TRUE(j["derived"]["expert_host_tier_hit_rate"].is_null());
   EXPECT_DOUBLE_EQ(j["derived"]["expert_bytes_per_token"]["drive"].get<double>(), 0.0);
@@ -202,22 +206,19 @@ TEST(Dashboard, PageHasTheBreakdowns) {
         << model::op_family_name(model::OpFamily(f));
 }
 
-TEST(StatsJson, NoDsparkHead) {
-  engine::EngineStats s;
+TEST_F(StatsJson, NoDsparkHead) {
   s.dspark.steps = 3;
-  StatsSource src;
   src.has_dspark = false;
-  const auto j = stats_json(s, src);
+  const auto j = json();
   EXPECT_TRUE(j["dspark"].is_null());
   EXPECT_TRUE(j["derived"]["dspark_tokens_per_round"].is_null());
 }
 
 // Issue 20's counters: shared draft calls, the prefill policy, and the inter-token gap histogram
 // as cumulative buckets with their bounds.
-TEST(StatsJson, SessionsDraftsPolicyAndGaps) {
-  engine::EngineStats s = sessions_and_gaps_stats();
-  StatsSource src;
-  auto j = stats_json(s, src);
+TEST_F(StatsJson, SessionsDraftsPolicyAndGaps) {
+  s = sessions_and_gaps_stats();
+  auto j = json();
   EXPECT_EQ(j["steps"]["draft_calls"], 4);
   EXPECT_EQ(j["steps"]["draft_blocks"], 11);
   EXPECT_EQ(j["steps"]["mixed_prefill_rows"], 23);
@@ -235,26 +236,24 @@ TEST(StatsJson, SessionsDraftsPolicyAndGaps) {
   EXPECT_EQ(j["latency"]["gap_count"], 6);
   EXPECT_DOUBLE_EQ(j["latency"]["gap_max_s"].get<double>(), 7.0);
   s.policy_decode_step_s = 0.013;
-  j = stats_json(s, src);
+  j = json();
   EXPECT_DOUBLE_EQ(j["steps"]["policy_decode_step_s"].get<double>(), 0.013);
 }
 
 // Engram rows (issue 24): null for a model without Engram layers; the counts and the derived
 // shares and per-token / per-step figures otherwise; the page has the card.
-TEST(StatsJson, EngramRows) {
-  engine::EngineStats s;
-  StatsSource src;
-  auto j = stats_json(s, src);
+TEST_F(StatsJson, EngramRows) {
+  auto j = json();
   EXPECT_TRUE(j["engram"].is_null());
   EXPECT_TRUE(j["derived"]["engram_hidden_share"].is_null());
   s.executor.has_engram = true;
-  j = stats_json(s, src);
+  j = json();
   EXPECT_EQ(j["engram"]["rows"], 0);
   EXPECT_TRUE(j["derived"]["engram_hidden_share"].is_null()) << "no rows yet: null, not 0";
   s.steps = 5;
   s.step_rows = 20;
   s.executor.engram = {160, 160 * 33, 120, 30, 0.004};
-  j = stats_json(s, src);
+  j = json();
   EXPECT_EQ(j["engram"]["hidden"], 120);
   EXPECT_EQ(j["engram"]["exposed"], 30);
   EXPECT_EQ(j["engram"]["in_place"], 10);
@@ -270,10 +269,8 @@ TEST(StatsJson, EngramRows) {
 // The executor's memory by tier (model::MemoryByTier): null tiers until reported, then the host
 // tier's parts and total, the drives' bytes read, HBM null on the CPU; the page has the card's ids
 // and reads the keys.
-TEST(StatsJson, MemoryByTier) {
-  engine::EngineStats s;
-  StatsSource src;
-  auto j = stats_json(s, src);
+TEST_F(StatsJson, MemoryByTier) {
+  auto j = json();
   ASSERT_TRUE(j["memory"].is_object());
   EXPECT_TRUE(j["memory"]["hbm"].is_null());
   EXPECT_TRUE(j["memory"]["host"].is_null());
@@ -283,7 +280,7 @@ TEST(StatsJson, MemoryByTier) {
   m.host = {1000, 200, 300, 2, 40, 5};
   m.has_drive = true;
   m.drive.expert_bytes_read = 777;
-  j = stats_json(s, src);
+  j = json();
   const auto& h = j["memory"]["host"];
   EXPECT_EQ(h["weights_bytes"], 1000);
   EXPECT_EQ(h["weight_copies_bytes"], 200);
@@ -297,7 +294,7 @@ TEST(StatsJson, MemoryByTier) {
   EXPECT_TRUE(j["memory"]["hbm"].is_null());
   m.has_hbm = true;
   m.hbm.weights = 9;
-  EXPECT_EQ(stats_json(s, src)["memory"]["hbm"]["total_bytes"], 9);
+  EXPECT_EQ(json()["memory"]["hbm"]["total_bytes"], 9);
   expect_ids({"v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_sessions", "v_mem_host_scratch", "v_mem_host_experts",
               "v_ledger_host", "v_ledger_hbm", "v_mem_drive"});
   const std::string code = text("/dashboard/dashboard.js");

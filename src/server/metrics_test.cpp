@@ -166,6 +166,13 @@ Exposition read_exposition(const std::string& text) {
   return e;
 }
 
+// The /metrics text of these counters, read back; a format violation fails the calling test.
+Exposition read_metrics(const engine::EngineStats& s, const StatsSource& src = {}) {
+  Exposition e = read_exposition(metrics_text(s, src));
+  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  return e;
+}
+
 TEST(MetricsReader, CatchesBadText) {  // the reader above must be able to fail
   EXPECT_TRUE(read_exposition("# HELP a_total x\n# TYPE a_total counter\na_total 1\n").errors.empty());
   EXPECT_FALSE(read_exposition("a_total 1\n").errors.empty());                                             // no family
@@ -210,9 +217,7 @@ TEST(MetricsText, FormatAndCounters) {
   src.backend = "cpu";
   src.model = "deep\"seek\\v4\nflash";
   src.uptime_s = 12.25;
-  const std::string text = metrics_text(s, src);
-  const Exposition e = read_exposition(text);
-  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  const Exposition e = read_metrics(s, src);
   EXPECT_EQ(e.value("flashbox_info", {{"backend", "cpu"}, {"model", "deep\"seek\\v4\nflash"}}), "1") << "labels escaped and read back";
   EXPECT_EQ(e.value("flashbox_uptime_seconds"), "12.25");
   EXPECT_EQ(e.value("flashbox_requests_total"), "7");
@@ -280,8 +285,7 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   StatsSource src;
   src.backend = "cuda";
   src.model = "m";
-  const Exposition e = read_exposition(metrics_text(s, src));
-  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  const Exposition e = read_metrics(s, src);
   EXPECT_EQ(e.type.at("flashbox_expert_lookups_total"), "counter");
   EXPECT_EQ(e.value("flashbox_expert_lookups_total", {{"tier", "hbm"}}), "900");
   EXPECT_EQ(e.value("flashbox_expert_lookups_total", {{"tier", "host"}}), "80");
@@ -322,8 +326,7 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
 TEST(MetricsText, SessionsDraftsPolicyAndGaps) {
   engine::EngineStats s = sessions_and_gaps_stats();
   s.policy_decode_step_s = 0.013;
-  const Exposition e = read_exposition(metrics_text(s, StatsSource{}));
-  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  const Exposition e = read_metrics(s);
   EXPECT_EQ(e.value("flashbox_draft_calls_total"), "4");
   EXPECT_EQ(e.value("flashbox_draft_blocks_total"), "11");
   EXPECT_EQ(e.value("flashbox_packed_prompt_steps_total"), "5");
@@ -348,8 +351,7 @@ TEST(MetricsText, NonFiniteValues) {
   engine::EngineStats s;
   s.step_s = std::nan("");
   s.decode_s = INFINITY;
-  const Exposition e = read_exposition(metrics_text(s, StatsSource{}));
-  for (const auto& m : e.errors) ADD_FAILURE() << m;
+  const Exposition e = read_metrics(s);
   EXPECT_EQ(e.value("flashbox_step_seconds_total"), "NaN");
   EXPECT_EQ(e.value("flashbox_decode_seconds_total"), "+Inf");
   EXPECT_EQ(e.value("flashbox_requests_total"), "0");
