@@ -14,6 +14,14 @@ const std::string kCall =
     "string=\"true\">Paris</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ "
     "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
 
+// The one event that `text` parses to; any other count fails the calling test (and gives an
+// empty event, so its later checks fail too).
+OutputEvent only_event(const std::string& text, bool thinking = false) {
+  const auto ev = parse_output(text, thinking);
+  EXPECT_EQ(ev.size(), 1u) << text;
+  return ev.size() == 1 ? ev[0] : OutputEvent{};
+}
+
 TEST(OutputParser, ThinkingTextAndCall) {
   const auto ev = parse_output("Need weather.</think>Let me check." + kCall, true);
   ASSERT_EQ(ev.size(), 3u);
@@ -66,28 +74,24 @@ TEST(OutputParser, MultipleInvokesAndMultilineValues) {
 }
 
 TEST(OutputParser, InvalidJsonValueIsFlagged) {
-  const auto ev = parse_output(
+  const OutputEvent e = only_event(
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"x\" string=\"false\">[1,</｜DSML｜ "
-      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
-      false);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_FALSE(ev[0].call.valid_json);
-  EXPECT_EQ(ev[0].call.params[0].value, "[1,");
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  EXPECT_FALSE(e.call.valid_json);
+  ASSERT_EQ(e.call.params.size(), 1u);
+  EXPECT_EQ(e.call.params[0].value, "[1,");
 }
 
 TEST(OutputParser, MalformedFallsBackToText) {
   // Bad attribute, then unterminated block: everything is plain text, nothing is lost.
   const std::string bad = "Hi\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke nam=\"f\">\n</｜DSML｜ invoke>";
-  auto ev = parse_output(bad, false);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].kind, Kind::kText);
-  EXPECT_EQ(ev[0].text, bad);
+  const OutputEvent e = only_event(bad);
+  EXPECT_EQ(e.kind, Kind::kText);
+  EXPECT_EQ(e.text, bad);
   const std::string open = "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"true\">v";
-  ev = parse_output(open, false);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].text, open);
+  EXPECT_EQ(only_event(open).text, open);
   // Duplicate parameter names are malformed.
-  ev = parse_output(
+  const auto ev = parse_output(
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"true\">1</｜DSML｜ "
       "parameter>\n<｜DSML｜ parameter name=\"a\" string=\"true\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
       false);
@@ -95,18 +99,14 @@ TEST(OutputParser, MalformedFallsBackToText) {
 }
 
 TEST(OutputParser, LenientV4AndAsciiTags) {
-  const auto ev = parse_output(
+  const OutputEvent e = only_event(
       "<|DSML|tool_calls>\n<|DSML|invoke name=\"f\">\n<|DSML|parameter name=\"a\" string=\"true\">1</|DSML|parameter>\n"
-      "</|DSML|invoke>\n</|DSML|tool_calls>",
-      false);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].call.arguments, "{\"a\": \"1\"}");
+      "</|DSML|invoke>\n</|DSML|tool_calls>");
+  EXPECT_EQ(e.call.arguments, "{\"a\": \"1\"}");
 }
 
 TEST(OutputParser, MissingThinkEndStaysReasoning) {
-  const auto ev = parse_output("still thinking <｜DSML｜ calls>", true);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].kind, Kind::kReasoning);
+  EXPECT_EQ(only_event("still thinking <｜DSML｜ calls>", true).kind, Kind::kReasoning);
 }
 
 }  // namespace
