@@ -32,9 +32,10 @@ DECODE_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                 ("session 9", "h200-synthetic-s9-354c406.csv"),
                 ("session 10", "h200-synthetic-s10-f6a0e60.csv"),
                 ("session 11", "h200-synthetic-s11-c7cd4b1.csv"),
-                ("session 12", "h200-synthetic-s12-c3ca05a.csv")]
+                ("session 12", "h200-synthetic-s12-c3ca05a.csv"),
+                ("session 13", "h200-synthetic-s13-c7e0d28.csv")]
 # The files docs/results.md names as the current figures of each kind.
-VERIFY_FILE = "h200-synthetic-s12-c3ca05a.csv"
+VERIFY_FILE = "h200-synthetic-s13-c7e0d28.csv"
 DSPARK_FILE = "h200-synthetic-s11-b9542c3-dspark.csv"
 TIERS_FILE = "h200-tiers-fast-s8-3fbac47.csv"
 PREFILL_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
@@ -86,12 +87,14 @@ def log2_context_axis(ax, contexts):
 def plot_decode(load, out):
     fig, ax = plt.subplots(figsize=(9.5, 4.6))
     used, all_ctx = [], set()
-    for label, name in DECODE_FILES:
+    colors = plt.get_cmap("tab20").colors  # one colour per session (the default cycle repeats after 10)
+    for i, (label, name) in enumerate(DECODE_FILES):
         b = load(name)
         cs = b.contexts("decode_ms")
         if not cs:
             raise KeyError(f"{name}: no decode_ms rows")
-        ax.plot(cs, [b.value("decode_ms", c) for c in cs], marker="o", label=f"{label} ({b.commit})")
+        ax.plot(cs, [b.value("decode_ms", c) for c in cs], marker="o", color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20],
+                label=f"{label} ({b.commit})")
         all_ctx.update(cs)
         used.append(b)
     last = used[-1]
