@@ -132,5 +132,28 @@ TEST(CudaFastNumerics, SmoothModelFastAgainstExactEndToEnd) {
   std::filesystem::remove_all(*made);
 }
 
+// CudaRunOptions::attn_fuse_rope: the fast attention kernels rotate q on load and un-rotate o
+// instead of two rope() launches per layer; the same bits end to end (prefill on the tensor-core
+// path, which keeps its launches, then decode steps on the folded path), in both settings' runs.
+TEST(CudaFastNumerics, FoldedRopeSameBits) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  auto made = testing_util::write_test_tiny_model("fb_cuda_fast_rope_tiny", 11, true);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  cuda::CudaLoadOptions on_o, off_o;
+  off_o.run.attn_fuse_rope = false;
+  ASSERT_TRUE(on_o.run.attn_fuse_rope) << "the default";
+  auto on = cuda::CudaExecutor::load(*made, {}, on_o);
+  auto off = cuda::CudaExecutor::load(*made, {}, off_o);
+  ASSERT_TRUE(on.ok() && off.ok());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 80; ++i) prompt.push_back(int32_t((104729 * i + 7) % 120000 + 100));
+  const Trace want = run(**off, prompt, 24, nullptr);
+  const Trace got = run(**on, prompt, 24, nullptr);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t k = 0; k < want.logits.size(); ++k) EXPECT_EQ(got.logits[k], want.logits[k]) << "logits row " << k;
+  std::filesystem::remove_all(*made);
+}
+
 }  // namespace
 }  // namespace fb

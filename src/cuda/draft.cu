@@ -52,7 +52,7 @@ class CudaDraftStep : public CudaLayerOps {
     }
     AttnKeys keys;
     std::tie(keys.win, keys.win_off) = upload_all(win, off);
-    attend(keys, max_keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))));
+    attend(l, keys, max_keys, w.attn_sink, float(1.0 / std::sqrt(double(hd))));
   }
 
   void head() {

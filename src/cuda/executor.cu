@@ -499,7 +499,7 @@ class CudaStep : public CudaLayerOps {
       step(tc_sparse_attention(*tc_, q_, T_, c_.n_heads, int(hd), keys, w.attn_sink, scale, o_, st_));
       return;
     }
-    attend(keys, max_keys, w.attn_sink, scale);
+    attend(l, keys, max_keys, w.attn_sink, scale);
   }
 
   void end_layer(int l) {

@@ -173,6 +173,7 @@ struct CudaRunOptions {
   bool fp8_fma = true;                // exact FP8 GEMV: product and add as one FMA (same bits either way)
   bool fast_attn = true;              // kFast: attention of steps of <= 64 rows on the tensor-core kernels of fast_attention.h
   int attn_heads_per_cta = 16;        // kFast: heads per tile CTA of fast_attention.h (1..16; fewer = more CTAs per row)
+  bool attn_fuse_rope = true;         // kFast: those kernels rotate q on load and un-rotate o (no RoPE launches; same bits)
   bool wo_a_fp8 = true;               // kFast: decode rows' grouped wo_a from its FP8 copy (tc_fp8_bf16x_gemv; the copy is made at load when on)
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
@@ -188,7 +189,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_heads_per_cta (1..16), wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch (booleans 0/1), expert_prefetch_min_rows (>= 1), expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -381,6 +382,7 @@ class CudaExecutor final : public model::Executor {
   bool fast_small_ = true;
   mutable double last_enqueue_ms_ = 0;  // CudaStep::take_output: host time of the last step before its sync
   bool fast_attn_ = true;
+  bool attn_fuse_rope_ = true;
   bool wo_a_fp8_ = true;
   bool fast_index_ = true;
   bool group_rows_ = true;

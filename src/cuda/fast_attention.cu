@@ -59,6 +59,30 @@ __device__ __forceinline__ int row_key_count(const AttnKeys& keys, int64_t t, in
   return n_win + (keys.sel ? keys.sel_count[t] : 0);
 }
 
+// RoPE of the bf16 pairs packed in w (word j = dims e0 + 2j, e0 + 2j + 1; e0 even) that fall in the
+// head's last 2 half dims, at table row p: norm_hc.cu rope_kernel's arithmetic, the same bits.
+template <int N>
+__device__ __forceinline__ void rope_words(uint32_t (&w)[N], int e0, int d, const AttnRope& rp, int64_t p, bool inverse) {
+  const int r0 = d - 2 * rp.half;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int e = e0 + 2 * j;
+    if (e < r0) continue;
+    const int k = (e - r0) >> 1;
+    const float c = rp.cos[p * rp.half + k], sn = rp.sin[p * rp.half + k];
+    const float a = bf(uint16_t(w[j])), b = bf(uint16_t(w[j] >> 16));
+    uint32_t lo, hi;
+    if (!inverse) {
+      lo = to_bf(fm::add(fm::mul(a, c), -fm::mul(b, sn)));
+      hi = to_bf(fm::add(fm::mul(a, sn), fm::mul(b, c)));
+    } else {
+      lo = to_bf(fm::add(fm::mul(a, c), fm::mul(b, sn)));
+      hi = to_bf(fm::add(fm::mul(b, c), -fm::mul(a, sn)));
+    }
+    w[j] = lo | hi << 16;
+  }
+}
+
 // Scratch: partial outputs [T][H][NB][d], then (m_b, l_b) pairs [T][H][NB].
 struct Partials {
   float* o;
@@ -72,7 +96,7 @@ __host__ __device__ __forceinline__ Partials partials_at(float* base, int64_t T,
 // hpc heads per CTA (<= kGroup): the tiles' rows past hpc are zero queries, never written (fewer
 // heads per CTA = more CTAs for one row: 8 doubles them at the price of idle mma rows).
 __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t* __restrict__ q, int64_t t0, int H, int d, int NB, AttnKeys keys,
-                                                                  float scale, float* scratch, int hpc) {
+                                                                  float scale, float* scratch, int hpc, AttnRope rope) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -117,6 +141,11 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
     const int r = i / cpr, c = i - r * cpr, h = h0 + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (r < hpc && h < H) v = __ldg(reinterpret_cast<const uint4*>(q + (t * H + h) * int64_t(d)) + c);
+    if (rope.q && 8 * c + 8 > d - 2 * rope.half && r < hpc && h < H) {  // the chunk holds rotated dims
+      uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      rope_words(w, 8 * c, d, rope, rope.pos[t], false);
+      v = make_uint4(w[0], w[1], w[2], w[3]);
+    }
     *reinterpret_cast<uint4*>(qs + r * d + swz(r, c) * 8) = v;
   }
   __syncthreads();
@@ -259,7 +288,8 @@ __global__ void __launch_bounds__(kThreads) fast_attn_tile_kernel(const uint16_t
 // Thread 0 forms the common max and the denominator; every thread forms the block weights itself
 // (the same expression, the same bits) while it sums its 4 dims over the blocks.
 __global__ void __launch_bounds__(128) fast_attn_combine_kernel(int64_t t0, int64_t R, int H, int d, int NB, AttnKeys keys,
-                                                                const float* __restrict__ sinks, const float* scratch, uint16_t* __restrict__ out) {
+                                                                const float* __restrict__ sinks, const float* scratch, uint16_t* __restrict__ out,
+                                                                AttnRope rope) {
   pdl_trigger();
   pdl_wait();
   __shared__ float s_m, s_inv;
@@ -295,9 +325,10 @@ __global__ void __launch_bounds__(128) fast_attn_combine_kernel(int64_t t0, int6
       acc.z = fmaf(w, v.z, acc.z);
       acc.w = fmaf(w, v.w, acc.w);
     }
-    const uint32_t lo = uint32_t(to_bf(acc.x * inv)) | uint32_t(to_bf(acc.y * inv)) << 16;
-    const uint32_t hi = uint32_t(to_bf(acc.z * inv)) | uint32_t(to_bf(acc.w * inv)) << 16;
-    *reinterpret_cast<uint2*>(y + i) = make_uint2(lo, hi);
+    uint32_t w[2] = {uint32_t(to_bf(acc.x * inv)) | uint32_t(to_bf(acc.y * inv)) << 16,
+                     uint32_t(to_bf(acc.z * inv)) | uint32_t(to_bf(acc.w * inv)) << 16};
+    if (rope.o && i + 4 > d - 2 * rope.half) rope_words(w, i, d, rope, rope.pos[t], true);  // inverse RoPE of the rounded output
+    *reinterpret_cast<uint2*>(y + i) = make_uint2(w[0], w[1]);
   }
 }
 
@@ -327,9 +358,11 @@ void fast_attention_set_batch_floats(int64_t floats) { g_batch_floats = floats >
 void fast_attention_set_heads_per_cta(int heads) { g_heads_per_cta = heads >= 1 && heads <= kGroup ? heads : kGroup; }
 
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
-                             uint16_t* out, cudaStream_t st) {
+                             uint16_t* out, cudaStream_t st, const AttnRope& rope) {
   FB_CHECK(fast_attention_ok(T, d) && keys.win && keys.win_off && keys.max_keys > 0 && scratch)
       << "fast attention T=" << T << " d=" << d << " max_keys=" << keys.max_keys;
+  FB_CHECK(!(rope.q || rope.o) || (rope.pos && rope.cos && rope.sin && rope.half > 0 && 2 * rope.half <= d))
+      << "fast attention rope: half=" << rope.half << " d=" << d;
   const int NB = (keys.max_keys + kKeys - 1) / kKeys;
   const size_t smem = tile_smem(d);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(fast_attn_tile_kernel), smem));
@@ -339,10 +372,10 @@ Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, c
     const int64_t R = std::min(B, T - t0);
     const int hpc = std::clamp(g_heads_per_cta.load(), 1, kGroup);
     const dim3 grid{unsigned(NB), unsigned((n_heads + hpc - 1) / hpc), unsigned(R)};
-    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, t0, n_heads, d, NB, keys, scale, scratch, hpc));
+    FB_CUDA_TRY(launch_pdl(pdl, fast_attn_tile_kernel, grid, dim3(kThreads), smem, st, q, t0, n_heads, d, NB, keys, scale, scratch, hpc, rope));
     FB_CUDA_LAUNCHED("fast_attn_tile_kernel");
     FB_CUDA_TRY(launch_pdl(pdl, fast_attn_combine_kernel, dim3(unsigned(R * n_heads)), dim3(128), 0, st, t0, R, n_heads, d, NB, keys, sinks,
-                           static_cast<const float*>(scratch), out));
+                           static_cast<const float*>(scratch), out, rope));
     FB_CUDA_LAUNCHED("fast_attn_combine_kernel");
   }
   return Status();

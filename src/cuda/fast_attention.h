@@ -43,10 +43,24 @@ void fast_attention_set_batch_floats(int64_t floats);
 // heads per tile CTA, 1..16 (default 16). Other bits, the same guarantees.
 void fast_attention_set_heads_per_cta(int heads);
 
+// RoPE folded into the attention kernels: ops.h rope() at the step rows' positions pos[t] (cos /
+// sin tables [positions, half], the last 2 half dims of every head), the same arithmetic and the
+// same bits as that kernel. q: the tile kernel rotates the query as it loads it (q in memory stays
+// un-rotated); o: the combine kernel applies the inverse to the bf16 output before it stores it.
+// Saves the two launches (and one write and read of q / o each) of a decode layer's critical path.
+struct AttnRope {
+  const int64_t* pos = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int half = 0;        // rope_head_dim / 2
+  bool q = false;      // rotate q on load
+  bool o = false;      // inverse-rotate the output
+};
+
 // out [T, n_heads, d] bf16. keys.max_keys must bound every row's key count (the kernel traps
 // otherwise: a row is never cut short); keys.split / predequant are not used.
 Status fast_sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const AttnKeys& keys, const float* sinks, float scale, float* scratch,
-                             uint16_t* out, cudaStream_t st);
+                             uint16_t* out, cudaStream_t st, const AttnRope& rope = {});
 
 // [fast] the indexer's scores (ops.h index_scores' contract) with the q.k dots on tensor cores
 // (mma.m16n8k16 bf16, f32 sums in the tensor cores' order, rounded to bf16 as the reference rounds

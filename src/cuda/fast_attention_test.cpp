@@ -79,7 +79,10 @@ struct Case {
   }
 
   // fast_sparse_attention over the rows listed in `which` (in that order), as one step.
-  std::vector<bf16_t> run_fast(const std::vector<int64_t>& which, bool pdl) const {
+  // rope: 0 none; 1 q rotated by the rope() kernel before and o un-rotated after (the launches the
+  // executor made before the fold); 2 the same RoPE folded into the kernels (AttnRope). Row t sits
+  // at position 37 + 411 t of random cos / sin tables (any values: the fold must give the same bits).
+  std::vector<bf16_t> run_fast(const std::vector<int64_t>& which, bool pdl, int rope = 0) const {
     const int64_t R = int64_t(which.size()), rb8 = d + d / 32;
     Dev<uint8_t> dwin(win_rows), dcomp(comp);
     std::vector<uint64_t> win_ptr, comp_base(size_t(R), reinterpret_cast<uint64_t>(dcomp.p()));
@@ -105,9 +108,24 @@ struct Case {
     Dev<float> dsink(sinks), scratch(size_t(fast_attention_floats(R, H, d, max_keys)));
     AttnKeys k{dwp.p(), doff.p(), dsel.p(), dcnt.p(), sel_ld, dcb.p()};
     k.max_keys = max_keys;
+    constexpr int kRopeDim = 64;
+    const int64_t n_pos = 37 + 411 * T;
+    Rng trng(99);
+    Dev<float> dcos(trng.f32(n_pos * kRopeDim / 2)), dsin(trng.f32(n_pos * kRopeDim / 2));
+    std::vector<int64_t> pos;
+    for (int64_t t : which) pos.push_back(37 + 411 * t);
+    Dev<int64_t> dpos(pos);
+    AttnRope fold;
+    if (rope == 1) {
+      EXPECT_TRUE(cuda::rope(dq.p(), R, H, d, kRopeDim, dpos.p(), dcos.p(), dsin.p(), false, nullptr).ok());
+    }
+    if (rope == 2) fold = AttnRope{dpos.p(), dcos.p(), dsin.p(), kRopeDim / 2, true, true};
     set_fast_pdl(pdl);
-    EXPECT_TRUE(fast_sparse_attention(dq.p(), R, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), scratch.p(), dout.p(), nullptr).ok());
+    EXPECT_TRUE(fast_sparse_attention(dq.p(), R, H, d, k, dsink.p(), 1.0f / std::sqrt(float(d)), scratch.p(), dout.p(), nullptr, fold).ok());
     set_fast_pdl(false);
+    if (rope == 1) {
+      EXPECT_TRUE(cuda::rope(dout.p(), R, H, d, kRopeDim, dpos.p(), dcos.p(), dsin.p(), true, nullptr).ok());
+    }
     return dout.get();
   }
 };
@@ -201,6 +219,29 @@ TEST(FastAttention, RowInvariantDeterministicAndPdl) {
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + t * W)) << "row " << t << " alone vs among 7";
     const auto three = c.run_fast({(t + 1) % c.T, t, (t + 3) % c.T}, false);
     EXPECT_TRUE(std::equal(three.begin() + W, three.begin() + 2 * W, all.begin() + t * W)) << "row " << t << " among 3";
+  }
+}
+
+// The q / o RoPE folded into the kernels (AttnRope, the executor's attn_fuse_rope) gives the bits of
+// the rope() launches around the unfolded kernels, at the released shape (rotated dims 448..511 of
+// 512) and the tiny one (all 64 dims rotated), with PDL, for every row alone and together; and the
+// rotation is not a no-op (the outputs differ from a run without it).
+TEST(FastAttention, RopeFoldedSameBits) {
+  FB_NEED_GPU();
+  Rng rng(17);
+  const Case big(rng, 64, 512, {{128, 512}, {77, 300}, {128, 0}, {40, 511}}, 1.0f);
+  const Case tiny(rng, 4, 64, {{16, 8}, {5, 0}, {16, 3}}, 1.0f);
+  for (const Case* c : {&big, &tiny}) {
+    SCOPED_TRACE("d=" + std::to_string(c->d));
+    const auto launches = c->run_fast(all_rows(c->T), true, 1);
+    const auto folded = c->run_fast(all_rows(c->T), true, 2);
+    EXPECT_EQ(folded, launches) << "folded RoPE changes bits";
+    EXPECT_NE(c->run_fast(all_rows(c->T), true, 0), launches) << "the RoPE did nothing";
+    const int64_t W = int64_t(c->H) * c->d;
+    for (int64_t t = 0; t < c->T; ++t) {
+      const auto alone = c->run_fast({t}, false, 2);
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), launches.begin() + t * W)) << "row " << t << " alone, folded";
+    }
   }
 }
 

@@ -316,6 +316,10 @@ class CudaLayerOps {
   }
   // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
   // not a tensor-core prefill step, a shape the kernels take.
+  // [fast] attention of this step on fast_attention.h's kernels (attend()), and with the q / o RoPE
+  // folded into them (CudaRunOptions::attn_fuse_rope; the same bits as the rope launches).
+  bool fast_attend() const { return m_.fast_attn_ && !tc_ && fast_attention_ok(T_, int(c_.head_dim)); }
+  bool rope_in_attention() const { return m_.attn_fuse_rope_ && fast_attend() && c_.rope_head_dim > 0; }
   bool fast_small() const {
     return m_.fast_small_ && !tc_ && T_ <= kFastSmallMaxRows && fast_hc_site_ok(c_.hc_mult, c_.dim, T_) && c_.q_lora_rank <= 8192;
   }
@@ -354,7 +358,10 @@ class CudaLayerOps {
       step(act_quant(qr_, T_, c_.q_lora_rank, qrq_, st_));  // also read by the indexer's wq_b
     }
     gemm_q(qrq_, T_, w.wq_b, q_);
-    step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
+    // [fast] the fast attention kernels rotate q as they load it (and un-rotate o): no launch here
+    rope_in_attn_ = rope_in_attention();
+    if (!rope_in_attn_)
+      step(rope(q_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
   }
 
   // Window latent: kv_norm(wkv u), RoPE at the row's position, FP8 QDQ (compact codes kept).
@@ -387,7 +394,8 @@ class CudaLayerOps {
     const DevLayer& w = m_.layers_[size_t(l)];
     const DevRope& rp = m_.rope_for(l);
     const int64_t QD = c_.q_dim(), G = c_.o_groups, OR = c_.o_lora_rank, GI = c_.o_group_in();
-    step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
+    if (!o_unroped_) step(rope(o_, T_, c_.n_heads, c_.head_dim, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), true, st_));
+    o_unroped_ = false;
     uint16_t* z = alloc<uint16_t>(T_ * G * OR);
     if (!ok()) return;
     if (m_.wo_a_fp8_ && w.wo_a8.w && m_.fast_gemv_ && !tc_ && T_ <= kFastGemvMaxRows) step(tc_fp8_bf16x_gemv(o_, T_, QD, OR, GI, w.wo_a8, z, st_));
@@ -821,13 +829,24 @@ class CudaLayerOps {
   // Attention of this step's rows (q_ -> o_) over `keys`, whose lists hold at most max_keys
   // entries: [fast] steps of up to kFastAttnMaxRows rows on the tensor-core kernels of
   // fast_attention.h, else the exact kernels (attention.cu, the CPU's bits).
-  void attend(AttnKeys& keys, int max_keys, const float* sinks, float scale) {
+  void attend(int l, AttnKeys& keys, int max_keys, const float* sinks, float scale) {
     const int d = int(c_.head_dim);
-    if (m_.fast_attn_ && !tc_ && fast_attention_ok(T_, d)) {
+    if (fast_attend()) {
       keys.max_keys = max_keys;
       float* scratch = alloc<float>(fast_attention_floats(T_, c_.n_heads, d, max_keys));
       if (!ok()) return;
-      step(fast_sparse_attention(q_, T_, c_.n_heads, d, keys, sinks, scale, scratch, o_, st_));
+      AttnRope rope;
+      if (rope_in_attn_) {  // attn_q left q un-rotated: rotate on load, un-rotate o (attn_output skips its rope)
+        const DevRope& rp = m_.rope_for(l);
+        rope = AttnRope{pos_, rp.cos.get<float>(), rp.sin.get<float>(), int(c_.rope_head_dim / 2), true, true};
+        rope_in_attn_ = false;
+        o_unroped_ = true;
+      }
+      step(fast_sparse_attention(q_, T_, c_.n_heads, d, keys, sinks, scale, scratch, o_, st_, rope));
+      return;
+    }
+    if (rope_in_attn_) {  // never: attn_q and attend decide on the same step state
+      step(FB_ERROR(kInternal) << "layer " << l << ": q was left for the fast attention to rotate, but the step runs another kernel");
       return;
     }
     split_scratch(keys, max_keys);
@@ -866,6 +885,8 @@ class CudaLayerOps {
   cudaStream_t st_;
   Status status_;
   Arena arena_;
+  bool rope_in_attn_ = false;  // attn_q left q un-rotated for attend()'s fast kernels
+  bool o_unroped_ = false;     // attend() gave o already un-rotated: attn_output skips its rope
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
            *o_ = nullptr;
   uint8_t* kv_codes_ = nullptr;  // [T, head_dim + head_dim/32] FP8 compact window rows

@@ -58,6 +58,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "overlap") return flag(o.overlap);
   if (name == "fp8_fma") return flag(o.fp8_fma);
   if (name == "fast_attn") return flag(o.fast_attn);
+  if (name == "attn_fuse_rope") return flag(o.attn_fuse_rope);
   if (name == "wo_a_fp8") return flag(o.wo_a_fp8);
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
@@ -87,7 +88,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries)";
 }
 
@@ -109,6 +110,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
+  attn_fuse_rope_ = o.attn_fuse_rope;
   wo_a_fp8_ = fast && o.wo_a_fp8;
   fast_index_ = fast && o.fast_index;
   group_rows_ = o.group_expert_rows;
