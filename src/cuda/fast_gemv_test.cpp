@@ -679,6 +679,29 @@ TEST(FastGemv, TcLeanLoopSameBits) {
   set_tc_lean_loop(was);
 }
 
+// Staged tile copies (set_tc_stages) compute every output bit for bit as one group: FP8 (one and
+// two weights, 1 to 64 rows, 1 to 3 K chunks, K not a multiple of 128) and lean-loop MXFP4 experts
+// (released w1 / w3 and w2 shapes, ragged ones, grouped and ungrouped rows, e8m0 0 / 255 scales),
+// at 2, 3, 4 and 8 ranges (a chunk with fewer units than ranges leaves some empty).
+TEST(FastGemv, TcStagedSameBits) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(43);
+  const int was = tc_stages();
+  const auto same = [](const char* what, auto call) {
+    set_tc_stages(1);
+    const std::vector<bf16_t> one = call();
+    EXPECT_FALSE(one.empty());
+    for (int n : {2, 3, 4, 8}) {
+      set_tc_stages(n);
+      EXPECT_TRUE(call() == one) << what << ": " << n << " staged ranges != one group";
+    }
+  };
+  tc_sweep(rng, TcSweep{{{5120, 0, 8192}, {1280, 512, 5120}, {96, 0, 2080}, {64, 0, 64}}, {{2304, 5120, 6}, {5120, 2304, 1}, {200, 1024, 2}, {77, 8320, 4}}, false, false}, same);
+  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {200, 1024, 2}}, true, false}, same);
+  set_tc_stages(was);
+}
+
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].
