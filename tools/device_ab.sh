@@ -3,10 +3,10 @@
 # and the named GPU test binaries, the named gtest filters, then the synthetic decode bench with an
 # interleaved A/B of one run option, optionally Nsight Compute over one decode step
 # (tools/device_ncu_step.sh) and over the GEMV shapes (tools/device_ncu_gemv.sh). Prints a short
-# table LAST. $OUT gets bench.csv (and ncu_step.csv / ncu_gemv.csv) plus logs.tgz.
+# table LAST. $OUT gets benchN.csv (and ncu_step.csv.gz / ncu_gemv.csv) plus logs.tgz.
 # Usage, in the repo root on the GPU machine:
 #   FB_TESTS="cuda_fast_attention_test:*Rope* cuda_fast_numerics_test:*Folded*" \
-#   tools/device_ab.sh NAME=a,b [CONTEXTS] [VERIFY_ROWS]
+#   tools/device_ab.sh "NAME=a,b [NAME2=c,d ...]" [CONTEXTS] [VERIFY_ROWS]   (one bench run per A/B)
 # Env: FB_NCU_STEP=1 (whole-step ncu at 4K), FB_NCU_GEMV=1 (GEMV sections), FB_BENCH_TIMEOUT (200 s),
 #      FB_BENCH_ARGS (extra bench arguments, e.g. "--profile").
 set -u
@@ -38,12 +38,15 @@ for t in ${FB_TESTS:-}; do
   grep -E "Failure|Expected|Which is|differ|changes bits" "$LOG/gtest_$bin.log" | head -6 | cut -c1-200 >>"$T"
 done
 if [ -x build/device/flashbox ]; then
-  b0=$(date +%s)
-  timeout ${FB_BENCH_TIMEOUT:-200} build/device/flashbox bench --synthetic --experts 16 --contexts "$CTX" --verify-rows "$VR" --steps 3 --reps 5 \
-    --ab "$AB" ${FB_BENCH_ARGS:-} --csv "$LOG/bench.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
-  row bench "rc=$? $(($(date +%s) - b0))s --ab $AB --contexts $CTX --verify-rows $VR"
-  grep -E "^bench: (ab|A/B|synthetic)|ab " "$LOG/bench.err" | cut -c1-230 | head -20 >>"$T"
-  grep -E ",(ab_|decode_ms|verify)" "$LOG/bench.csv" | cut -d, -f7-10 | head -30 >>"$T"
+  i=0
+  for ab in $AB; do  # one bench run per A/B (the bench takes one --ab)
+    i=$((i + 1))
+    b0=$(date +%s)
+    timeout ${FB_BENCH_TIMEOUT:-200} build/device/flashbox bench --synthetic --experts 16 --contexts "$CTX" --verify-rows "$VR" --steps 3 --reps 5 \
+      --ab "$ab" ${FB_BENCH_ARGS:-} --csv "$LOG/bench$i.csv" >"$LOG/bench$i.out" 2>"$LOG/bench$i.err"
+    row "bench $i" "rc=$? $(($(date +%s) - b0))s --ab $ab --contexts $CTX --verify-rows $VR"
+    grep -E ",(ab_|decode_ms|verify)" "$LOG/bench$i.csv" | cut -d, -f7-10 | head -30 >>"$T"
+  done
 fi
 if [ "${FB_NCU_GEMV:-0}" = 1 ]; then
   OUT="$LOG" timeout 200 bash tools/device_ncu_gemv.sh >"$LOG/ncu_gemv.out" 2>&1

@@ -776,12 +776,17 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
   ASSERT_TRUE(act_quant(dx.p(), 1, O, q, nullptr).ok());
   std::vector<int32_t> ex = {0, 1, 2, 3, 4, 5};
   Dev<int32_t> dex(ex);
-  for (int rep = 0; rep < 3; ++rep) {
-    ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), Q, QL}, y.p(), nullptr, nullptr, nullptr).ok());  // wq_b
-    ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), D, O}, y.p(), nullptr, nullptr, nullptr).ok());   // wo_b
-    const int64_t eb = I * D / 2, esb = I * D / 32;
-    ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
+  const int was = tc_stages();
+  for (int stages : {1, 4}) {  // one group, then the default staged copies (set_tc_stages)
+    set_tc_stages(stages);
+    for (int rep = 0; rep < 3; ++rep) {
+      ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), Q, QL}, y.p(), nullptr, nullptr, nullptr).ok());  // wq_b
+      ASSERT_TRUE(tc_fp8_gemv(q, 1, Fp8W{w.p(), ws.p(), D, O}, y.p(), nullptr, nullptr, nullptr).ok());   // wo_b
+      const int64_t eb = I * D / 2, esb = I * D / 32;
+      ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
+    }
   }
+  set_tc_stages(was);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
