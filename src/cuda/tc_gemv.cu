@@ -51,7 +51,6 @@ constexpr int kRowGroup = 8;                           // FP8 activation rows pe
 constexpr int kFp8ChunkMax = 2048, kFp4ChunkMax = 4096;
 constexpr int kMaxChunks = 8;                          // the portable cluster size
 constexpr int64_t kMaxGroupRows = 64;                  // MXFP4 row grouping: one warp's ballots over the rows
-constexpr int kMaxStages = 8, kDefaultStages = 4;      // staged tile copies (set_tc_stages)
 
 // One weight of a launch: codes, scales, rows, stripes of 16, output [M, N].
 struct TcPart {
@@ -74,20 +73,6 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// Wait until at most n (0..kMaxStages) of this thread's most recent cp.async groups are pending.
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    case 7: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 8;" ::: "memory"); break;
-  }
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -208,7 +193,7 @@ template <int MODE, int LL>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
-                                                         bool rows_x, FoldWs fold, int stages) {
+                                                         bool rows_x, FoldWs fold) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
   if constexpr (LF4) grouped = LL == 2;
   pdl_trigger();
@@ -287,34 +272,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     W += e * w_stride;
     S += e * s_stride;
   }
-  // The mma loop's units (32 bytes of every tile row: one FP8 or two MXFP4 32-blocks) and, staged
-  // (set_tc_stages: the lean MXFP4 loop and FP8), their split into nst k ranges, each copied as its
-  // own cp.async group: the loop starts on range 0 while the later ranges are in flight, so a
-  // CTA's arithmetic overlaps its own copies instead of following them (one group: the CTAs of a
-  // wave copy, then all compute with nothing in flight). Every warp takes its units in the same
-  // order either way: the same sums, the same bits.
-  const int units = FP4 ? (nb + 1) / 2 : nb;
-  const int nst = (LF4 || MODE == kModeFp8) && stages > 1 ? stages : 1;
-  const auto stage_u0 = [&](int s) { return units * s / nst; };
-  // MXFP4 staged: the weight scales' group first (the loop's first range needs them)
-  const bool scales_first = LF4 && nst > 1;
-  const auto copy_scales = [&] {
-    // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
-    // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
-    // f32 after the wait
-    const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
-    const auto copy = [&](int r, int q) {
-      const int64_t n = n0 + r < N ? n0 + r : N - 1;
-      cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
-    };
-    if constexpr (LF4) {
-      for_units(kStripe, nw, copy);
-    } else {
-      for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
-    }
-    cp_async_commit();
-  };
-  if (scales_first) copy_scales();
   // 1. the weight tile
   {
     const int upr = (FP4 ? kc / 2 : kc) / 16;
@@ -323,25 +280,30 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       const int64_t n = n0 + r < N ? n0 + r : N - 1;
       cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
     };
-    // 16-byte units j0 <= j < j1 of every row
-    const auto copy_range = [&](int j0, int j1) {
-      const int len = j1 - j0;
-      if (len <= 0) return;
-      if constexpr (LF4) {
-        for_units(kStripe, len, [&](int r, int j) { copy(r, j0 + j); });
-      } else {
-        for (int u = tid; u < kStripe * len; u += kThreads) copy(u / len, j0 + u % len);
-      }
-    };
-    for (int st = 0; st < nst; ++st) {
-      copy_range(min(2 * stage_u0(st), upr), st + 1 == nst ? upr : min(2 * stage_u0(st + 1), upr));
-      cp_async_commit();
+    if constexpr (LF4) {
+      for_units(kStripe, upr, copy);
+    } else {
+      for (int u = tid; u < kStripe * upr; u += kThreads) copy(u / upr, u % upr);
     }
+    cp_async_commit();
   }
   // 2. scales and activations
   if constexpr (FP4) {
     if (async_scales) {
-      if (!scales_first) copy_scales();
+      // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
+      // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
+      // f32 after the wait
+      const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
+      const auto copy = [&](int r, int q) {
+        const int64_t n = n0 + r < N ? n0 + r : N - 1;
+        cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
+      };
+      if constexpr (LF4) {
+        for_units(kStripe, nw, copy);
+      } else {
+        for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
+      }
+      cp_async_commit();
     } else {
       for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
@@ -400,20 +362,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
-    if (nst > 1) {
-      // staged: the activations by plain loads (L2, the previous kernel wrote them), their round
-      // trip beside the weight ranges in flight; the cp.async groups stay the weights' alone, in
-      // range order (the loop waits for them one by one)
-      for (int u = tid; u < xr * xupr; u += kThreads) {
-        const int j = u / xupr, q = u % xupr;
-        const bool ok = m0 + j < M;
-        *reinterpret_cast<uint4*>(xt + j * xrow + q * 16) = ok ? __ldcg(reinterpret_cast<const uint4*>(xc + (m0 + j) * K + k0) + q) : make_uint4(0, 0, 0, 0);
-      }
-      for (int i = tid; i < xr * nb; i += kThreads) {
-        const int j = i / nb, b = i % nb;
-        xsc[j * kb_max + b] = m0 + j < M ? __ldcg(xs + (m0 + j) * KB + k0 / 32 + b) : 0.0f;
-      }
-    } else {
     for (int u = tid; u < xr * xupr; u += kThreads) {
       const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
@@ -433,15 +381,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
       }
     }
-    }
   }
-  // one group: everything; staged MXFP4: the scales' group (the nst weight ranges may pend);
-  // staged FP8: nothing yet (the loop waits for each range)
-  if (nst == 1) {
-    cp_async_wait_all();
-  } else if (scales_first) {
-    cp_async_wait_n(nst);
-  }
+  cp_async_wait_all();
   // LF4: does any weight scale of the tile need dev::e8m0_val's special cases (0: 2^-127, 255: NaN)?
   // Each thread looks at the scale words it copied; the loop widens them by a shift when none does.
   bool special = false;
@@ -468,20 +409,11 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // 3. the mma loop
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
-  // range st of the staged loop: its copies landed (this thread's), then every thread's; u_first
-  // is this warp's first unit of the range (units u == warp mod kWarps, in ascending order)
-  const auto stage_begin = [&](int st) {
-    if (nst > 1) {
-      cp_async_wait_n(nst - 1 - st);
-      __syncthreads();
-    }
-    const int u0 = stage_u0(st);
-    return u0 + ((warp - u0) % kWarps + kWarps) % kWarps;
-  };
+  const int units = FP4 ? (nb + 1) / 2 : nb;
   if constexpr (LF4) {
     // sp: std::true_type when a scale byte of the tile is 0 or 255 (the loop, compiled twice)
-    const auto run = [&](auto sp, int u_first, int u_end) {
-      for (int u = u_first; u < u_end; u += kWarps) {
+    const auto run = [&](auto sp) {
+      for (int u = warp; u < units; u += kWarps) {
         uint32_t r[4];
         ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
         // the same terms as the plain loop below in the same order: B pre-widened (8 f16 pairs per
@@ -529,17 +461,13 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         }
       }
     };
-    for (int st = 0; st < nst; ++st) {
-      const int u_first = stage_begin(st), u_end = stage_u0(st + 1);
-      if (special) {
-        run(std::true_type{}, u_first, u_end);
-      } else {
-        run(std::false_type{}, u_first, u_end);
-      }
+    if (special) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
     }
   } else {
-    for (int st = 0; st < nst; ++st)
-    for (int u = stage_begin(st), u_end = stage_u0(st + 1); u < u_end; u += kWarps) {
+    for (int u = warp; u < units; u += kWarps) {
       uint32_t r[4];
       ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
       if constexpr (FP4) {
@@ -679,7 +607,6 @@ std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
 std::atomic<bool> g_lean_loop{true};
-std::atomic<int> g_stages{kDefaultStages};
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -770,8 +697,6 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean ? (grouped ? 2 : 1) : 0;
   const auto kernel = !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0>;
   const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll);
-  // staged copies (set_tc_stages): the lean MXFP4 loop and FP8 (the kernel ignores it otherwise)
-  const int stages = g_stages.load(std::memory_order_relaxed);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
@@ -802,7 +727,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold, stages));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -818,8 +743,6 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
 void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
-void set_tc_stages(int n) { g_stages.store(n >= 1 && n <= kMaxStages ? n : kDefaultStages, std::memory_order_relaxed); }
-int tc_stages() { return g_stages.load(std::memory_order_relaxed); }
 bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
 int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }

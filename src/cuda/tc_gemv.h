@@ -92,13 +92,4 @@ void set_tc_lean_loop(bool on);
 bool tc_lean_loop();
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 
-// Staged tile copies: the weight tile of an FP8 or lean-loop MXFP4 CTA copied as n cp.async groups
-// over k (n = 1: one group, the whole tile before any arithmetic); the mma loop runs each range
-// as it lands, so a CTA computes while the rest of its tile is in flight. FP8 activations are then
-// read by plain loads (the groups stay the weights' alone). Every warp sums its units in the same
-// order: the same bits for any n (test TcStagedSameBits). Process-wide, 1..8, set from
-// CudaRunOptions::tc_stages.
-void set_tc_stages(int n);
-int tc_stages();
-
 }  // namespace fb::cuda
