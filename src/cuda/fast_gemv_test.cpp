@@ -815,6 +815,13 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
     const int64_t eb = I * D / 2, esb = I * D / 32;
     ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
   }
+  const int warps_was = tc_fp4_warps();
+  for (int nw : {4, 8}) {  // the experts' w1 at both MXFP4 CTA sizes (set_tc_fp4_warps), side by side
+    set_tc_fp4_warps(nw);
+    for (int rep = 0; rep < 3; ++rep)
+      ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, I * D / 2, I * D / 32}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());
+  }
+  set_tc_fp4_warps(warps_was);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 

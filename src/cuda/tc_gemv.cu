@@ -188,7 +188,7 @@ __device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint
 // runs on, scales widened by a shift); 2 the lean loop with rows grouped by expert (B staged as
 // e4m3 words in the loop's order, widened at use).
 template <int MODE, int LL, int NW>
-__global__ void __launch_bounds__(NW * 32) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
                                                          bool rows_x, FoldWs fold) {
