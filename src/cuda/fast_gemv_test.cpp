@@ -344,12 +344,8 @@ TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
   TcOn tc;
   Rng rng(31);
   struct Case { int64_t N, K, x_div; int experts; };
-  const int warps_was = tc_fp4_warps();
-  for (int nw : {4, 8})  // warps per CTA (set_tc_fp4_warps): a row's bits may not depend on the grouping at either
   for (Case c : {Case{2304, 5120, 6, 3}, Case{5120, 2304, 1, 2}, Case{200, 1024, 6, 16}, Case{77, 2080, 1, 5}}) {
-    set_tc_fp4_warps(nw);
-    SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " x_div=" + std::to_string(c.x_div) + " experts=" + std::to_string(c.experts) +
-                 " warps=" + std::to_string(nw));
+    SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " x_div=" + std::to_string(c.x_div) + " experts=" + std::to_string(c.experts));
     const Fp4Set set(rng, c.N, c.K, c.x_div, c.experts);
     const int64_t N = c.N;
     const QuantBuf& q = set.q;
@@ -378,7 +374,6 @@ TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
         if (ex[size_t(m)] < 0) expect_rows_same(out[1][0], std::vector<bf16_t>(size_t(kRows * N), 0xFFFF), N, m, 1, "skipped row untouched");
     }
   }
-  set_tc_fp4_warps(warps_was);
 }
 
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
@@ -684,57 +679,6 @@ TEST(FastGemv, TcLeanLoopSameBits) {
   set_tc_lean_loop(was);
 }
 
-// MXFP4 CTAs of 8 warps (set_tc_fp4_warps): each warp half the units, the 8 partials added in warp
-// order. Against 4 warps (the same terms, another f32 order): every output that 4 warps wrote is
-// written, within NMSE 1e-6 and 5% of the output's RMS (a bf16 rounding flipped by the order; the
-// measured values are printed); skipped rows
-// stay untouched; the lean loop equals the plain loop bit for bit at 8 warps too (the same order);
-// deterministic. Experts at the released w1 / w3 and w2 shapes, ragged ones, 1 to 64 rows grouped
-// by expert or not, e8m0 0 / 255 scales.
-TEST(FastGemv, TcFp4EightWarps) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(47);
-  const int warps_was = tc_fp4_warps();
-  const bool lean_was = tc_lean_loop();
-  const auto check = [](const char* what, auto call) {
-    set_tc_lean_loop(true);
-    set_tc_fp4_warps(4);
-    const std::vector<bf16_t> four = call();
-    set_tc_fp4_warps(8);
-    const std::vector<bf16_t> eight = call();
-    EXPECT_TRUE(call() == eight) << what << ": 8 warps not deterministic";
-    set_tc_lean_loop(false);
-    EXPECT_TRUE(call() == eight) << what << ": 8 warps, plain loop != lean loop";
-    set_tc_lean_loop(true);
-    set_tc_fp4_warps(4);
-    ASSERT_EQ(four.size(), eight.size());
-    double se = 0, ss = 0, emax = 0;
-    int64_t n = 0;
-    for (size_t i = 0; i < four.size(); ++i) {
-      if (four[i] == 0xFFFF || eight[i] == 0xFFFF) {  // poison: a row neither wrote
-        EXPECT_EQ(four[i], eight[i]) << what << " at " << i << ": written by one warp count only";
-        continue;
-      }
-      const double a = bf16_to_f32(eight[i]), b = bf16_to_f32(four[i]);
-      se += (a - b) * (a - b);
-      ss += b * b;
-      emax = std::max(emax, std::fabs(a - b));
-      ++n;
-    }
-    ASSERT_GT(n, 0);
-    ASSERT_GT(ss, 0.0);
-    const double rms = std::sqrt(ss / double(n));
-    std::printf("  %-12s 8 vs 4 warps: nmse %.3g, max|err|/rms %.3g over %lld outputs\n", what, se / ss, emax / rms, (long long)n);
-    EXPECT_LE(se / ss, 1e-6) << what;     // bf16 outputs: an f32 order change flips a rounding now and then (1 ulp = 2^-8 relative)
-    EXPECT_LE(emax, 0.05 * rms) << what;
-  };
-  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {5120, 2304, 1}, {200, 1024, 2}, {77, 8320, 4}}, false, false}, check);
-  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {200, 1024, 2}}, true, false}, check);
-  set_tc_fp4_warps(warps_was);
-  set_tc_lean_loop(lean_was);
-}
-
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].
@@ -815,13 +759,6 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
     const int64_t eb = I * D / 2, esb = I * D / 32;
     ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
   }
-  const int warps_was = tc_fp4_warps();
-  for (int nw : {4, 8}) {  // the experts' w1 at both MXFP4 CTA sizes (set_tc_fp4_warps), side by side
-    set_tc_fp4_warps(nw);
-    for (int rep = 0; rep < 3; ++rep)
-      ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, I * D / 2, I * D / 32}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());
-  }
-  set_tc_fp4_warps(warps_was);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 

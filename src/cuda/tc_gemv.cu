@@ -41,6 +41,8 @@ using dev::to_bf;
 
 namespace {
 
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
 constexpr int kStripe = 16;                            // output rows per CTA (the mma's m)
 constexpr int kRowGroup = 8;                           // FP8 activation rows per CTA (the mma's n)
 // k per chunk: 32 KB of weight tile (micro-bench on the H200, tc_gemv_set_chunk_max sweep 512/1024/
@@ -136,10 +138,10 @@ __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + 
 // The MXFP4 lean loop (LL > 0, set_tc_lean_loop): the same tiles, sums and bits with fewer instructions.
 // f(r, j) for every unit j < per_row of rows r < rows, threads striding 128 units: one division per
 // thread instead of one per unit.
-template <int NT, typename F>
+template <typename F>
 __device__ __forceinline__ void for_units(int rows, int per_row, F f) {
   int r = int(threadIdx.x) / per_row, j = int(threadIdx.x) - r * per_row;
-  const int sr = NT / per_row, sj = NT - sr * per_row;  // NT = sr * per_row + sj, sj < per_row
+  const int sr = kThreads / per_row, sj = kThreads - sr * per_row;  // 128 = sr * per_row + sj, sj < per_row
   while (r < rows) {
     f(r, j);
     r += sr;
@@ -187,13 +189,12 @@ __device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint
 // (set_tc_lean_loop: tile loops without a division per unit, B staged as the f16 pairs the mma
 // runs on, scales widened by a shift); 2 the lean loop with rows grouped by expert (B staged as
 // e4m3 words in the loop's order, widened at use).
-template <int MODE, int LL, int NW>
-__global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
+template <int MODE, int LL>
+__global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
                                                          bool rows_x, FoldWs fold) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
-  constexpr int NT = NW * 32;  // threads: 4 warps, or 8 for MXFP4 (set_tc_fp4_warps)
   if constexpr (LF4) grouped = LL == 2;
   pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
   float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * x4row : xr * xrow));      // FP8 / FP4 [xr][kb_max]; BFX none
   float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
   float* red = wsc + (FP4 ? (async_scales && lean ? 0 : kStripe * kb_max) : kb_max);  // [warps][32][4]
-  float* part = red + NW * 128;                                                // [32][4]
+  float* part = red + kWarps * 128;                                                // [32][4]
   uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max], widened at use
   // FP4 grouping: count, expert, rows. In the dynamic block, after everything else: a static
   // __shared__ array would move the dynamic block's base off the 128-byte alignment the tile's
@@ -280,9 +281,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
       cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
     };
     if constexpr (LF4) {
-      for_units<NT>(kStripe, upr, copy);
+      for_units(kStripe, upr, copy);
     } else {
-      for (int u = tid; u < kStripe * upr; u += NT) copy(u / upr, u % upr);
+      for (int u = tid; u < kStripe * upr; u += kThreads) copy(u / upr, u % upr);
     }
     cp_async_commit();
   }
@@ -298,13 +299,13 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
         cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
       };
       if constexpr (LF4) {
-        for_units<NT>(kStripe, nw, copy);
+        for_units(kStripe, nw, copy);
       } else {
-        for (int i = tid; i < kStripe * nw; i += NT) copy(i / nw, i % nw);
+        for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
       }
       cp_async_commit();
     } else {
-      for (int i = tid; i < kStripe * nb; i += NT) {
+      for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
         const int64_t n = n0 + r < N ? n0 + r : N - 1;
         wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
@@ -337,19 +338,19 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
     };
     if (!grouped) {
       const int64_t xm = m / x_div;
-      for (int b = tid; b < nb; b += NT) stage(0, xm, b);
+      for (int b = tid; b < nb; b += kThreads) stage(0, xm, b);
     } else {  // rows <= 64, so 32-bit divisions
-      for (int i = tid; i < cnt * nb; i += NT) {
+      for (int i = tid; i < cnt * nb; i += kThreads) {
         const int j = i / nb;
         stage(j, int64_t(grp[2 + j] / int(x_div)), i - j * nb);
       }
     }
   } else if constexpr (BFX) {
-    for (int b = tid; b < nb; b += NT) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activations come from the step
     const int64_t m0 = m * kRowGroup, xoff = (n0 / bx_args.grp_rows) * bx_args.grp_stride + k0;
     const int xupr = kc * 2 / 16;
-    for (int u = tid; u < xr * xupr; u += NT) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
       const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(bx_args.x + (ok ? (m0 + j) * bx_args.ldx + xoff : 0));
@@ -357,25 +358,25 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
     }
     cp_async_commit();
   } else {
-    for (int b = tid; b < nb; b += NT) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
-    for (int u = tid; u < xr * xupr; u += NT) {
+    for (int u = tid; u < xr * xupr; u += kThreads) {
       const int j = u / xupr, q = u % xupr;
       const bool ok = m0 + j < M;
       cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
     }
     cp_async_commit();
     if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
-      for (int i = tid; i < xr * nb; i += NT) {
+      for (int i = tid; i < xr * nb; i += kThreads) {
         const int j = i / nb, b = i % nb;
         const bool ok = m0 + j < M;
         cp_async4(smem_u32(xsc + j * kb_max + b), xs + (ok ? (m0 + j) * KB + k0 / 32 + b : 0), ok ? 4 : 0);
       }
       cp_async_commit();
     } else {
-      for (int i = tid; i < xr * nb; i += NT) {
+      for (int i = tid; i < xr * nb; i += kThreads) {
         const int j = i / nb, b = i % nb;
         xsc[j * kb_max + b] = m0 + j < M ? xs[(m0 + j) * KB + k0 / 32 + b] : 0.0f;
       }
@@ -387,7 +388,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
   bool special = false;
   if constexpr (LF4) {
     uint32_t any = 0;
-    for_units<NT>(kStripe, nb / 4, [&](int r, int q) {  // nb % 4 == 0 with async scales
+    for_units(kStripe, nb / 4, [&](int r, int q) {  // nb % 4 == 0 with async scales
       const uint32_t v = *reinterpret_cast<const uint32_t*>(wsr + r * kb_max + 4 * q);
       any |= __vcmpeq4(v, 0u) | __vcmpeq4(v, ~0u);
     });
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
   }
   if constexpr (FP4) {
     if (async_scales && !lean) {  // CudaRunOptions::tc_lean_smem off: the raw scales to f32 here (same values)
-      for (int i = tid; i < kStripe * nb; i += NT) {
+      for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
         wsc[r * kb_max + b] = dev::e8m0_val(wsr[r * kb_max + b]);
       }
@@ -412,7 +413,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
   if constexpr (LF4) {
     // sp: std::true_type when a scale byte of the tile is 0 or 255 (the loop, compiled twice)
     const auto run = [&](auto sp) {
-      for (int u = warp; u < units; u += NW) {
+      for (int u = warp; u < units; u += kWarps) {
         uint32_t r[4];
         ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
         // the same terms as the plain loop below in the same order: B pre-widened (8 f16 pairs per
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
       run(std::false_type{});
     }
   } else {
-    for (int u = warp; u < units; u += NW) {
+    for (int u = warp; u < units; u += kWarps) {
       uint32_t r[4];
       ldsm_x4(smem_u32(wt + tile_off(lr, 2 * u + (li >> 1), rb)), r);
       if constexpr (FP4) {
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 5 : 0) tc_gemv_kernel(const
   __syncthreads();
   if (warp == 0) {
     float4 v = reinterpret_cast<const float4*>(red)[lane];
-    for (int w = 1; w < NW; ++w) {
+    for (int w = 1; w < kWarps; ++w) {
       const float4 o = reinterpret_cast<const float4*>(red)[w * 32 + lane];
       v = make_float4(__fadd_rn(v.x, o.x), __fadd_rn(v.y, o.y), __fadd_rn(v.z, o.z), __fadd_rn(v.w, o.w));
     }
@@ -606,7 +607,6 @@ std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
 std::atomic<bool> g_lean_loop{true};
-std::atomic<int> g_fp4_warps{4};
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -671,13 +671,13 @@ FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   return slot->ws;
 }
 
-size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll, int nw) {
+size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
   const size_t x = fp4 ? size_t(xr) * (ll == 1 ? 2 * kc_max + 16 : ll == 2 ? kc_max + 64 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
-  return w + x + sc + size_t(nw) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
 }
 
 template <int MODE>
@@ -695,14 +695,8 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const int xr = FP4 ? (grouped ? kRowGroup : 1) : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
   // the lean loop: MXFP4 with raw scales
   const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean ? (grouped ? 2 : 1) : 0;
-  // warps per CTA: MXFP4 4 or 8 (set_tc_fp4_warps), FP8 / bf16 4
-  const int nw = FP4 && g_fp4_warps.load(std::memory_order_relaxed) == 8 ? 8 : 4;
-  const auto pick = [&](auto w) {
-    constexpr int NW = decltype(w)::value;
-    return !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0, NW> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0, NW> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0, NW>;
-  };
-  const auto kernel = FP4 && nw == 8 ? pick(std::integral_constant<int, 8>{}) : pick(std::integral_constant<int, 4>{});
-  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll, nw);
+  const auto kernel = !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0>;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
@@ -712,7 +706,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const FoldWs fold = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) ? fold_workspace(st, rows * (pa.stripes + pb.stripes), ch.nk) : FoldWs{};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
-  cfg.blockDim = dim3(unsigned(32 * nw));
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cudaLaunchAttribute attr[2];
@@ -749,8 +743,6 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
 void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
-void set_tc_fp4_warps(int n) { g_fp4_warps.store(n == 8 ? 8 : 4, std::memory_order_relaxed); }
-int tc_fp4_warps() { return g_fp4_warps.load(std::memory_order_relaxed); }
 bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
 int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }

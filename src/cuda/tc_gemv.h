@@ -92,11 +92,4 @@ void set_tc_lean_loop(bool on);
 bool tc_lean_loop();
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 
-// Warps per MXFP4 CTA: 4, or 8 (each warp takes half as many of the tile's units, the CTA's
-// arithmetic after its copies lands takes half as long). Other sums (8 warps' partials added in
-// warp order), the same guarantees: deterministic, row-invariant, tolerance-gated. FP8 and bf16
-// kernels keep 4. Process-wide, set from CudaRunOptions::tc_fp4_warps.
-void set_tc_fp4_warps(int n);
-int tc_fp4_warps();
-
 }  // namespace fb::cuda

@@ -73,11 +73,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
     o.attn_heads_per_cta = int(v);
     return Status();
   }
-  if (name == "tc_fp4_warps") {
-    if (value != "4" && value != "8") return FB_ERROR(kInvalidArgument) << "tc_fp4_warps must be 4 or 8 (got \"" << value << "\")";
-    o.tc_fp4_warps = value == "8" ? 8 : 4;
-    return Status();
-  }
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
@@ -93,7 +88,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, tc_fp4_warps, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries)";
 }
 
@@ -112,7 +107,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_lean_smem(o.tc_lean_smem);           // process-wide, same bits either way
   set_tc_global_fold(o.tc_global_fold);       // process-wide, same bits either way
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
-  set_tc_fp4_warps(o.tc_fp4_warps);           // process-wide (other sums, the same guarantees)
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
