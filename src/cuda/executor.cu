@@ -679,6 +679,43 @@ void CudaExecutor::release_step_memory() {
 
 uint64_t CudaExecutor::tc_scratch_bytes() const { return tc_ ? tc_->scratch_held() : 0; }
 
+model::MemoryByTier CudaExecutor::memory_by_tier(bool drives, uint64_t drive_bytes_read) const {
+  model::MemoryByTier m;
+  const CudaSessionRegistry::Totals live = sessions_->totals();
+  m.has_hbm = true;
+  model::TierMemory& d = m.hbm;
+  for (const Owned& o : owned_) {
+    const uint64_t n = o.buf.bytes();
+    switch (o.held) {
+      case Held::kWeights: d.weights += n; break;
+      case Held::kWeightCopy: d.weight_copies += n; break;
+      case Held::kTable: d.scratch += n; break;
+    }
+  }
+  d.sessions = live.device_bytes;
+  d.n_sessions = live.sessions;
+  d.scratch += ws_.dev.bytes() + fast_hc_scratch_.bytes();
+  for (const DevRope* r : {&rope_plain_, &rope_yarn_}) d.scratch += r->cos.bytes() + r->sin.bytes();
+  if (tc_) d.scratch += tc_->scratch_held() + tc_->workspace_held();
+  d.experts = slots_ ? slots_->device_bytes() : 0;
+
+  m.has_host = true;
+  model::TierMemory& h = m.host;
+  h.weights = host_weight_bytes_;
+  h.sessions = live.host_bytes;
+  h.n_sessions = live.sessions;
+  h.scratch = ws_.pin_cap;  // the page-locked staging of a step's uploads
+  for (const DevRope* r : {&rope_plain_, &rope_yarn_}) h.scratch += uint64_t(r->table.freqs.size()) * sizeof(float);
+  for (const model::EngramTableConstants& e : engram_)
+    h.scratch += uint64_t(e.primes.size() + e.offsets.size() + e.multipliers.size()) * sizeof(int64_t);
+  h.experts = slots_ ? slots_->source().host_bytes() : 0;
+
+  // Drives: what the host tiers read for the routed experts (the Engram tables stay in the mapping).
+  m.has_drive = drives;
+  m.drive.expert_bytes_read = drive_bytes_read;
+  return m;
+}
+
 bool CudaExecutor::prefetch_step(const model::Step& step) const {
   if (!run_.expert_prefetch || !slots_ || ws_.capturing || int64_t(step.rows.size()) < run_.expert_prefetch_min_rows) return false;
   for (const Row& r : step.rows)

@@ -13,6 +13,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,9 +53,37 @@ struct DevCompressed {
   std::vector<int64_t> tail_pos;  // ratio 2 (host): position held by each tail slot, -1 = none
 };
 
+class CudaSession;
+
+// The live sessions of one CudaExecutor, for its memory ledger (stats()), as cpu::SessionRegistry:
+// add/remove lock; totals() reads the sessions' buffer sizes, so call it where no step changes them
+// (the thread that runs the steps).
+class CudaSessionRegistry {
+ public:
+  void add(const CudaSession* s);
+  void remove(const CudaSession* s);
+  struct Totals {
+    int64_t sessions = 0;
+    uint64_t device_bytes = 0, host_bytes = 0;
+  };
+  Totals totals() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::set<const CudaSession*> live_;
+};
+
 class CudaSession final : public model::SessionState {
  public:
   explicit CudaSession(const model::Config& c) : config_(&c) {}
+  // Counts this session in `registry` until it is destroyed (CudaExecutor::new_session). A moved-to
+  // CudaSession is not counted; an assigned-to one keeps its own registration.
+  void track(std::shared_ptr<CudaSessionRegistry> registry);
+  // Device bytes its buffers hold (window rings, compressed KV, index keys, ratio-2 tails, draft
+  // rings; 0 until the first step allocates them), and the host bookkeeping beside them (token
+  // history, image flags, ring and tail positions; vector capacities).
+  uint64_t device_bytes() const;
+  uint64_t host_bytes() const;
   // Device buffers are made on first use so an allocation failure travels as a Status.
   Status ensure_allocated(cudaStream_t st);
   Status reserve_compressed(int layer, int64_t entries, cudaStream_t st);
@@ -69,8 +99,19 @@ class CudaSession final : public model::SessionState {
   std::vector<DevRing> draft_rings;    // per draft stage, window slots
 
  private:
+  struct Tracker {
+    std::shared_ptr<CudaSessionRegistry> registry;
+    const CudaSession* self = nullptr;
+    Tracker() = default;
+    Tracker(const Tracker&) {}
+    Tracker& operator=(const Tracker&) { return *this; }
+    ~Tracker() {
+      if (registry) registry->remove(self);
+    }
+  };
   const model::Config* config_;
   bool allocated_ = false;
+  Tracker tracker_;
 };
 
 // Device copies of one layer's weights (model::LayerWeights), stored formats kept.
@@ -222,7 +263,12 @@ class CudaExecutor final : public model::Executor {
 
   const model::Config& config() const override { return cfg_; }
   const char* name() const override { return "cuda"; }
-  std::unique_ptr<model::SessionState> new_session() const override { return std::make_unique<CudaSession>(cfg_); }
+  // Counted in stats()' memory ledger while it lives.
+  std::unique_ptr<model::SessionState> new_session() const override {
+    auto s = std::make_unique<CudaSession>(cfg_);
+    s->track(sessions_);
+    return s;
+  }
   Result<model::StepOutput> forward(const model::Step& step, const std::vector<model::SessionState*>& sessions,
                                     model::Taps* taps = nullptr) override;
   Status draft_commit(model::SessionState& s, int64_t first_pos, const uint16_t* tap_rows, int64_t n) override;
@@ -298,25 +344,47 @@ class CudaExecutor final : public model::Executor {
   // backbone op, summed on the device clock after each step; ops only enqueue, so a host clock
   // would time launches). Engram rows: gathered on the host and uploaded inside the step when the
   // tables stay on the host (exposed), read in place by the gather kernel when they are in HBM.
+  // Memory by tier: memory_by_tier().
   model::ExecutorStats stats() const override {
     model::ExecutorStats st;
     st.has_op_times = profile_;
     if (profile_) st.ops = op_times_;
     st.has_engram = !engram_.empty();
     st.engram = engram_rows_;
-    if (!slots_) return st;
-    const ExpertSlotStats d = slots_->stats();
-    st.has_expert_traffic = true;
-    st.experts.hbm = {d.hits, d.hits * uint64_t(slots_->layout().total())};
-    model::ExpertTraffic src;
-    if (slots_->source().traffic(&src)) {
-      st.experts.host = src.host;
-      st.experts.drive = src.drive;
-    } else {
-      st.experts.host = {d.misses, d.copied_bytes};
+    bool drives = false;
+    if (slots_) {
+      const ExpertSlotStats d = slots_->stats();
+      st.has_expert_traffic = true;
+      st.experts.hbm = {d.hits, d.hits * uint64_t(slots_->layout().total())};
+      model::ExpertTraffic src;
+      drives = slots_->source().traffic(&src);
+      if (drives) {
+        st.experts.host = src.host;
+        st.experts.drive = src.drive;
+      } else {
+        st.experts.host = {d.misses, d.copied_bytes};
+      }
     }
+    st.memory = memory_by_tier(drives, st.experts.drive.bytes);
     return st;
   }
+  // The memory ledger by tier (issue 24), summed from the buffers the executor holds as of the
+  // call. HBM: `weights` the snapshot's tensors uploaded in their stored formats (routed experts
+  // of tiered layers and Engram tables left on the host excepted; the FP8 wo_a too where the fast
+  // class keeps it), `weight_copies` forms made at load (wo_a dequantised to BF16, the vision
+  // tower's BF16 norm weights widened to f32), `sessions` the device caches of every live session
+  // new_session() made (and their count), `scratch` what steps keep between them (the step
+  // arena, RoPE cos/sin, the mHC site scratch, tensor-core GEMM scratch and cuBLASLt workspace,
+  // the vision GELU table), `experts` the expert tier's slot arrays and prefetch staging buffers.
+  // Host: `weights` the mapped tensors steps read (Engram tables left on the host; the tiered
+  // layers' routed experts when misses are copied from the mapping; the image markers), the rest
+  // of the mapping was read once by the upload; `sessions` their host bookkeeping; `scratch` the
+  // page-locked upload staging and the RoPE and Engram hash tables; `experts` the host tiers'
+  // buffers (model::ExpertSource::host_bytes). Drives (`drives`: the slots copy from host tiers
+  // that read them): the expert bytes those tiers read. Not counted: tc_gemv's split-K fold
+  // workspaces (process-wide, per stream, owned by tc_gemv.cu, not by an executor), a step's own
+  // fallback buffers (freed when it returns), host ranges the bench page-locks in place.
+  model::MemoryByTier memory_by_tier(bool drives, uint64_t drive_bytes_read) const;
   // Bench only (issue 9's skew sweep): rewrites a tiered layer's routing (ids [rows, top_k],
   // each row ascending and distinct, values < n_experts) before the slots are looked up. The
   // gate weights stay the router's, so outputs are noise; only traffic and timing are meaningful.
@@ -341,9 +409,19 @@ class CudaExecutor final : public model::Executor {
   friend class CudaStep;
   friend class CudaDraftStep;
   CudaExecutor(std::unique_ptr<loader::Snapshot> snap, std::vector<int32_t> token_map);
+  // What a buffer of owned_ holds, for the memory ledger (memory_by_tier).
+  enum class Held : uint8_t {
+    kWeights,     // a snapshot tensor in its stored format
+    kWeightCopy,  // a form made at load from a stored tensor (dequantised, widened)
+    kTable,       // a table computed at load (the vision GELU table)
+  };
+  struct Owned {
+    DeviceBuffer buf;
+    Held held = Held::kWeights;
+  };
   Status upload_weights(const CudaLoadOptions& opt);
   template <typename T>
-  Result<const T*> up(const TensorView& v);
+  Result<const T*> up(const TensorView& v, Held held = Held::kWeights);
   Result<Fp8W> up8(const model::Fp8Linear& l);
   Status up_experts(int layer, DevLayer& d);
   Status upload_vision();
@@ -357,7 +435,7 @@ class CudaExecutor final : public model::Executor {
   int32_t pad_class_ = 0;
   std::vector<model::EngramTableConstants> engram_;
   cudaStream_t stream_ = nullptr;
-  std::vector<DeviceBuffer> owned_;  // every weight buffer
+  std::vector<Owned> owned_;  // every weight buffer
   const uint16_t *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
   std::vector<DevLayer> layers_;
   DevDraft draft_;
@@ -409,6 +487,10 @@ class CudaExecutor final : public model::Executor {
   // Engram tables left on the host (CudaLoadOptions::engram): DevLayer::engram_table is null and
   // the rows are gathered from w_'s mapped views.
   bool engram_host_ = false;
+  // Memory ledger: the live sessions new_session() made (shared: a session may outlive the
+  // executor), and the bytes of the mapped tensors steps read on the host (upload_weights).
+  std::shared_ptr<CudaSessionRegistry> sessions_ = std::make_shared<CudaSessionRegistry>();
+  uint64_t host_weight_bytes_ = 0;
   bool tiered(int layer) const { return slots_ && slots_->slots(layer) > 0; }
 };
 

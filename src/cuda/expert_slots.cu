@@ -88,6 +88,15 @@ DevExpertSlots::~DevExpertSlots() {
   for (void* p : pinned_host_) cudaHostUnregister(p);
 }
 
+uint64_t DevExpertSlots::device_bytes() const {
+  uint64_t n = 0;
+  for (const Layer& L : layers_)
+    for (const DeviceBuffer* b : {&L.bw1, &L.bs1, &L.bw2, &L.bs2, &L.bw3, &L.bs3}) n += b->bytes();
+  for (const Staged& g : stage_)
+    for (const DeviceBuffer* b : {&g.bw1, &g.bs1, &g.bw2, &g.bs2, &g.bw3, &g.bs3}) n += b->bytes();
+  return n;
+}
+
 Status DevExpertSlots::pin_host(const void* p, size_t bytes) {
   if (!p || bytes == 0) return Status();
   FB_CUDA_TRY(cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterDefault));

@@ -68,6 +68,9 @@ class DevExpertSlots {
   void resident_first(int layer, std::vector<int32_t>& want) const;
   const Layout& layout() const { return layout_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  // Device bytes held now: every tiered layer's arrays (slots and staging entries) and the two
+  // prefetch staging buffers once reserved (the executor's memory ledger).
+  uint64_t device_bytes() const;
 
   // One wave of a MoE call (storage::take_wave): pins slots for want[from], want[from + 1], ...
   // (distinct experts) until the layer's slots and staging entries are used or `want` ends;

@@ -13,6 +13,51 @@ using model::Config;
 
 // ---- sessions ---------------------------------------------------------------------------------
 
+void CudaSessionRegistry::add(const CudaSession* s) {
+  std::lock_guard<std::mutex> l(mu_);
+  live_.insert(s);
+}
+
+void CudaSessionRegistry::remove(const CudaSession* s) {
+  std::lock_guard<std::mutex> l(mu_);
+  live_.erase(s);
+}
+
+CudaSessionRegistry::Totals CudaSessionRegistry::totals() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Totals t;
+  for (const CudaSession* s : live_) {
+    ++t.sessions;
+    t.device_bytes += s->device_bytes();
+    t.host_bytes += s->host_bytes();
+  }
+  return t;
+}
+
+void CudaSession::track(std::shared_ptr<CudaSessionRegistry> registry) {
+  if (tracker_.registry) tracker_.registry->remove(this);
+  tracker_.registry = std::move(registry);
+  tracker_.self = this;
+  if (tracker_.registry) tracker_.registry->add(this);
+}
+
+uint64_t CudaSession::device_bytes() const {
+  uint64_t n = 0;
+  for (const DevRing& r : rings) n += r.data.bytes();
+  for (const DevRing& r : draft_rings) n += r.data.bytes();
+  for (const DevCompressed& c : comp) n += c.kv.bytes() + c.keys.bytes() + c.tail.bytes();
+  return n;
+}
+
+uint64_t CudaSession::host_bytes() const {
+  const auto vb = [](const auto& v) { return uint64_t(v.capacity()) * sizeof(v[0]); };
+  uint64_t n = vb(tokens) + vb(image);
+  for (const DevRing& r : rings) n += vb(r.pos);
+  for (const DevRing& r : draft_rings) n += vb(r.pos);
+  for (const DevCompressed& c : comp) n += vb(c.tail_pos);
+  return n;
+}
+
 static Status init_ring(DevRing& r, int slots, int head_dim, cudaStream_t st) {
   r.slots = slots;
   r.row_bytes = head_dim + head_dim / 32;

@@ -60,6 +60,8 @@ class TcGemm {
   void release_scratch() {
     for (DeviceBuffer& b : scratch_) b.reset();
   }
+  // Device bytes of the cuBLASLt workspace, held from create() on (the executor's memory ledger).
+  size_t workspace_held() const { return workspace_.bytes(); }
 
  private:
   TcGemm() = default;

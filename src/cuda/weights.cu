@@ -172,13 +172,13 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
 }
 
 template <typename T>
-Result<const T*> CudaExecutor::up(const TensorView& v) {
+Result<const T*> CudaExecutor::up(const TensorView& v, Held held) {
   if (!v.valid()) return static_cast<const T*>(nullptr);
   DeviceBuffer b;
   FB_RETURN_IF_ERROR(b.alloc(v.nbytes()));
   FB_CUDA_TRY(cudaMemcpy(b.get(), v.data, v.nbytes(), cudaMemcpyHostToDevice));
   const T* p = b.get<T>();
-  owned_.push_back(std::move(b));
+  owned_.push_back({std::move(b), held});
   return p;
 }
 
@@ -218,8 +218,8 @@ Status CudaExecutor::up_experts(int l, DevLayer& d) {
     out.K = first.w.dim(1) * 2;
     out.w_stride = int64_t(wb);
     out.s_stride = int64_t(sb);
-    owned_.push_back(std::move(bw));
-    owned_.push_back(std::move(bs));
+    owned_.push_back({std::move(bw), Held::kWeights});  // the experts' stored bytes, packed
+    owned_.push_back({std::move(bs), Held::kWeights});
     return Status();
   };
   FB_RETURN_IF_ERROR(pack([](const model::ExpertWeights& x) { return x.w1; }, d.w1));
@@ -268,7 +268,7 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
       // The reference dequantises wo_a to BF16 at load; so do we (exact).
       std::vector<uint16_t> wa = model::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
       TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
-      d.wo_a = FB_TRY(up<uint16_t>(v));
+      d.wo_a = FB_TRY(up<uint16_t>(v, Held::kWeightCopy));
     }
     // [fast] the checkpoint's FP8 wo_a as well: decode rows read half the bytes (tc_gemv.h
     // tc_fp8_bf16x_gemv, the same bf16 values); the BF16 copy stays for prefill and the exact class.
@@ -312,6 +312,19 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
   progress.update(cfg_.n_total_layers());
   if (cfg_.has_vision()) FB_RETURN_IF_ERROR(upload_vision());
   progress.finish();
+  // The memory ledger's host weights: what steps keep reading from the mapping after the upload
+  // (counted once here; a tiered source's own buffers are its host_bytes(), not these).
+  for (const model::LayerWeights& lw : w_.layers)
+    if (engram_host_ && lw.engram_table.valid()) host_weight_bytes_ += uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
+  if (slots_ && dynamic_cast<const loader::SnapshotExperts*>(&slots_->source()))
+    for (int l = 0; l < cfg_.n_total_layers(); ++l)
+      for (int e = 0; tiered(l) && e < cfg_.roles[size_t(l)].n_experts; ++e) {
+        const model::ExpertWeights x = slots_->source().expert(l, e);
+        for (const model::Fp4Linear* f : {&x.w1, &x.w2, &x.w3}) host_weight_bytes_ += uint64_t(f->w.nbytes() + f->scale.nbytes());
+      }
+  if (cfg_.has_vision())  // the image span markers (image_span_markers reads them on the host)
+    for (const TensorView* t : {&w_.vision.image_start, &w_.vision.image_end, &w_.vision.image_newline})
+      host_weight_bytes_ += uint64_t(t->nbytes());
   return Status();
 }
 
@@ -329,7 +342,8 @@ Status CudaExecutor::upload_vision() {
       for (int64_t i = 0; i < t.numel(); ++i) f[size_t(i)] = bf16_to_f32(t.as<uint16_t>()[i]);
     }
     TensorView fv{DType::kF32, {int64_t(f.size())}, reinterpret_cast<const uint8_t*>(f.data())};
-    return up<float>(fv);
+    // f32 as stored is the tensor itself; widened from bf16 it is a form of our own (twice the bytes).
+    return up<float>(fv, t.dtype == DType::kF32 ? Held::kWeights : Held::kWeightCopy);
   };
   vision_.patch_w = FB_TRY(up<uint16_t>(v.patch_w));
   vision_.patch_b = FB_TRY(up<uint16_t>(v.patch_b));
@@ -353,7 +367,7 @@ Status CudaExecutor::upload_vision() {
   std::vector<uint16_t> lut(65536);
   for (uint32_t i = 0; i < 65536; ++i) lut[i] = vision::gelu_erf_bf16(uint16_t(i));
   TensorView lv{DType::kBF16, {65536}, reinterpret_cast<const uint8_t*>(lut.data())};
-  vision_.gelu = FB_TRY(up<uint16_t>(lv));
+  vision_.gelu = FB_TRY(up<uint16_t>(lv, Held::kTable));
   return Status();
 }
 

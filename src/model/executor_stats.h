@@ -112,14 +112,16 @@ struct EngramRows {
 // Bytes one memory tier holds for the executor, by use (issue 24's ledger by tier).
 struct TierMemory {
   uint64_t weights = 0;        // weights the executor reads from this tier (on the host: the mapped
-                               // snapshot's tensors, routed experts left out when tiers serve them)
+                               // snapshot's tensors, routed experts left out when tiers serve them;
+                               // in HBM: the tensors uploaded in their stored formats)
   uint64_t weight_copies = 0;  // weights the executor copied into memory of its own (dequantised forms)
   uint64_t sessions = 0;       // the live sessions' caches (KV rings, compressed KV, index keys, tails,
                                // token history, draft rings), as allocated
   int64_t n_sessions = 0;      // live sessions
   uint64_t scratch = 0;        // tables and buffers kept between steps (a step's own buffers, freed
                                // when it returns, are not counted)
-  uint64_t experts = 0;        // routed-expert buffers of the tiers (first-tier slots, host cache)
+  uint64_t experts = 0;        // routed-expert buffers of the tiers (first-tier slots, host cache;
+                               // in HBM: the expert slots and prefetch staging)
   uint64_t total() const { return weights + weight_copies + sessions + scratch + experts; }
 };
 
