@@ -16,7 +16,9 @@
 
 #include "cpu/executor.h"
 #include "cuda/executor.h"
+#include "engine/executor_factory.h"
 #include "engine/fixture_check.h"
+#include "model/schema.h"
 
 namespace fb::cuda {
 namespace {
@@ -324,6 +326,214 @@ TEST(FixtureParity, MultiSessionStepsAndRollback) {
     EXPECT_EQ(a->logit_rows, b->logit_rows);
     EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), a->logits.size() * sizeof(float)), 0) << "step " << k << " logits differ";
     EXPECT_EQ(a->taps, b->taps) << "step " << k << " DSpark tap rows differ";
+  }
+}
+
+// ---- the memory ledger by tier (issue 24, CudaExecutor::memory_by_tier) ----------------------
+
+// Bytes of the snapshot's tensors whose names pass `keep`.
+uint64_t tensor_bytes(const loader::Snapshot& snap, const std::function<bool(const std::string&)>& keep) {
+  uint64_t n = 0;
+  for (const std::string& name : snap.tensor_names())
+    if (keep(name)) n += snap.get(name).nbytes();
+  return n;
+}
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+bool has_part(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What a session's device caches must hold, from the configuration and the compressed entries'
+// capacity the session reports: window rings of window + headroom slots per backbone layer and of
+// window slots per draft stage (head_dim e4m3 codes + head_dim/32 scales a row), the ratio-2
+// tails, and capacity x (KV + index key) bytes per KV-source layer.
+uint64_t expected_session_device_bytes(const model::Config& c, const CudaSession& s) {
+  const uint64_t row = uint64_t(c.head_dim + c.head_dim / 32);
+  uint64_t n = uint64_t(c.n_layers) * uint64_t(c.window_size + model::kRingHeadroom) * row + uint64_t(c.n_mtp_layers) * uint64_t(c.window_size) * row;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const model::CompGeometry g = model::comp_geometry(c, l);
+    n += uint64_t(g.tail_floats) * sizeof(float);
+    n += uint64_t(s.comp[size_t(l)].capacity) * uint64_t(g.kv_bytes + g.key_bytes);
+  }
+  return n;
+}
+
+// Prompt rows [0, 16) of one session and a decode row at 16.
+Status run_prompt_and_decode(model::Executor& ex, model::SessionState& s) {
+  model::Step pre;
+  for (int64_t p = 0; p < 16; ++p) pre.rows.push_back(model::prefill_row(p, int32_t((p * 37 + 11) % 512), 16));
+  FB_RETURN_IF_ERROR(ex.forward(pre, {&s}).status());
+  model::Step dec;
+  dec.rows = {make_row(0, 16, 99, model::RowKind::kDecode, 0, true)};
+  return ex.forward(dec, {&s}).status();
+}
+
+// HBM and host bytes of an executor with every expert resident, both numerics classes, checked
+// against sizes counted here: weights = the snapshot's tensors (less the FP8 wo_a, which only the
+// fast class keeps), weight copies = the BF16 wo_a, nothing in the expert tier, nothing in scratch
+// before a step; sessions counted while they live (device bytes from the first step on), the step
+// arena and the tensor-core scratch leaving the ledger when release_step_memory frees them, the
+// page-locked upload staging on the host.
+TEST(CudaMemoryLedger, ResidentWeightsSessionsScratch) {
+  std::string why;
+  const std::string dir = runnable_fixture("tiny-s0", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  for (Numerics nm : {Numerics::kFast, Numerics::kExact}) {
+    SCOPED_TRACE(numerics_name(nm));
+    CudaLoadOptions lo;
+    lo.run.numerics = nm;
+    lo.run.tc_prefill_min_rows = 1;  // the fast class's 16-row prompt step runs on tensor cores (TcGemm scratch)
+    auto loaded = CudaExecutor::load(dir + "/checkpoint", {}, lo);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    CudaExecutor& ex = **loaded;
+    const model::Config& c = ex.config();
+    const loader::Snapshot& snap = ex.snapshot();
+    const bool fast = nm == Numerics::kFast;
+    const uint64_t all = tensor_bytes(snap, [](const std::string&) { return true; });
+    const uint64_t wo_a = tensor_bytes(snap, [](const std::string& n) { return has_part(n, ".attn.wo_a."); });
+    const uint64_t wo_a_bf16 = 2 * tensor_bytes(snap, [](const std::string& n) { return ends_with(n, ".attn.wo_a.weight"); });  // e4m3 -> bf16
+    ASSERT_GT(wo_a, 0u);
+    uint64_t host_scratch = 2 * uint64_t(c.rope_head_dim / 2) * sizeof(float);  // plain and YaRN frequencies
+    const uint64_t per_table = 2 * uint64_t(c.engram_max_ngram - 1) * uint64_t(c.engram_n_heads) + uint64_t(c.engram_max_ngram);
+    host_scratch += uint64_t(c.engram_layer_ids.size()) * per_table * sizeof(int64_t);  // primes, offsets, multipliers
+
+    const model::MemoryByTier m0 = ex.stats().memory;
+    ASSERT_TRUE(m0.has_hbm);
+    ASSERT_TRUE(m0.has_host);
+    EXPECT_FALSE(m0.has_drive);
+    EXPECT_EQ(m0.hbm.weights, fast ? all : all - wo_a);
+    EXPECT_EQ(m0.hbm.weight_copies, wo_a_bf16);
+    EXPECT_EQ(m0.hbm.experts, 0u);
+    EXPECT_EQ(m0.hbm.scratch, 0u) << "no step has run: no arena, RoPE table or GEMM scratch yet";
+    EXPECT_EQ(m0.hbm.n_sessions, 0);
+    EXPECT_EQ(m0.hbm.sessions, 0u);
+    EXPECT_EQ(m0.host.weights, 0u) << "every weight is in HBM";
+    EXPECT_EQ(m0.host.scratch, host_scratch);
+    EXPECT_EQ(m0.host.experts, 0u);
+
+    // Two sessions: one never used (its device caches are made by its first step), one after a
+    // prompt and a decode step.
+    auto fresh = ex.new_session();
+    const model::MemoryByTier m1 = ex.stats().memory;
+    EXPECT_EQ(m1.hbm.n_sessions, 1);
+    EXPECT_EQ(m1.host.n_sessions, 1);
+    EXPECT_EQ(m1.hbm.sessions, 0u);
+    auto used = ex.new_session();
+    const Status ran = run_prompt_and_decode(ex, *used);
+    ASSERT_TRUE(ran.ok()) << ran.to_string();
+    const auto& us = static_cast<const CudaSession&>(*used);
+    const auto& fs = static_cast<const CudaSession&>(*fresh);
+    int64_t comp_capacity = 0;
+    for (const DevCompressed& cc : us.comp) comp_capacity += cc.capacity;
+    EXPECT_GT(comp_capacity, 0) << "17 positions make compressed entries in the KV-source layers";
+    const uint64_t ws = ex.workspace_bytes(), tc = ex.tc_scratch_bytes();
+    EXPECT_GT(ws, 0u);
+    if (fast) {
+      EXPECT_GT(tc, 0u) << "the prompt step ran on tensor cores";
+    }
+    const model::MemoryByTier m2 = ex.stats().memory;
+    EXPECT_EQ(m2.hbm.n_sessions, 2);
+    EXPECT_EQ(m2.host.n_sessions, 2);
+    EXPECT_EQ(m2.hbm.sessions, expected_session_device_bytes(c, us));
+    EXPECT_EQ(us.device_bytes(), expected_session_device_bytes(c, us));
+    EXPECT_EQ(fs.device_bytes(), 0u);
+    EXPECT_GE(m2.host.sessions, 17 * (sizeof(int32_t) + 1)) << "token history and image flags of 17 positions";
+    EXPECT_EQ(m2.host.sessions, us.host_bytes() + fs.host_bytes());
+    EXPECT_EQ(m2.hbm.weights, m0.hbm.weights);
+    EXPECT_EQ(m2.hbm.weight_copies, m0.hbm.weight_copies);
+    // Scratch: at least the arena and both RoPE tables (cos and sin of 17 positions); the host's
+    // page-locked staging of the steps' uploads (at least 1 MiB once made).
+    const uint64_t rope = 2 * 2 * 17 * uint64_t(c.rope_head_dim / 2) * sizeof(float);
+    EXPECT_GE(m2.hbm.scratch, ws + tc + rope);
+    EXPECT_GE(m2.host.scratch, m0.host.scratch + (uint64_t(1) << 20));
+    // Freed between steps: the arena and the GEMM scratch leave the ledger, byte for byte.
+    ex.release_step_memory();
+    EXPECT_EQ(ex.workspace_bytes(), 0u);
+    const model::MemoryByTier m3 = ex.stats().memory;
+    EXPECT_EQ(m2.hbm.scratch - m3.hbm.scratch, ws + tc);
+    // A session leaves the ledger when it is destroyed.
+    used.reset();
+    const model::MemoryByTier m4 = ex.stats().memory;
+    EXPECT_EQ(m4.hbm.n_sessions, 1);
+    EXPECT_EQ(m4.host.n_sessions, 1);
+    EXPECT_EQ(m4.hbm.sessions, 0u);
+    EXPECT_EQ(m4.host.sessions, fs.host_bytes());
+    fresh.reset();
+    EXPECT_EQ(ex.stats().memory.hbm.n_sessions, 0);
+  }
+}
+
+// Routed experts through 2 HBM slots per layer (the tiny models have 4) and the Engram tables on
+// the host: HBM weights lose every tiered layer's experts and the tables, the expert tier holds
+// 2 x one expert's bytes per tiered layer, and the host's weights are what the steps read from the
+// mapping (the tables and the tiered experts, copied from the snapshot on a miss); no drives.
+// Then the same slots over the host tiers (engine::make_executor): the host's expert bytes are
+// the tiers' buffers and the drives' bytes the tiers' reads.
+TEST(CudaMemoryLedger, ExpertSlotsEngramOnHostAndDrives) {
+  std::string why;
+  const std::string dir = runnable_fixture("tiny-s0", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  const std::string ckpt = dir + "/checkpoint";
+  {
+    CudaLoadOptions lo;
+    lo.expert_slots = 2;
+    lo.engram = EngramPlace::kHost;
+    auto loaded = CudaExecutor::load(ckpt, {}, lo);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    CudaExecutor& ex = **loaded;
+    const model::Config& c = ex.config();
+    const loader::Snapshot& snap = ex.snapshot();
+    ASSERT_NE(ex.expert_slots(), nullptr);
+    uint64_t tiered_experts = 0, tier_bytes = 0;
+    for (int l = 0; l < c.n_total_layers(); ++l) {
+      if (ex.expert_slots()->slots(l) == 0) continue;
+      const std::string p = model::layer_prefix(c, l) + "ffn.experts.";
+      tiered_experts += tensor_bytes(snap, [&](const std::string& n) { return n.rfind(p, 0) == 0; });
+      tier_bytes += 2 * tensor_bytes(snap, [&](const std::string& n) { return n.rfind(p + "0.", 0) == 0; });  // 2 slots of expert 0's size
+    }
+    ASSERT_GT(tiered_experts, 0u);
+    const uint64_t all = tensor_bytes(snap, [](const std::string&) { return true; });
+    const uint64_t tables = tensor_bytes(snap, [](const std::string& n) { return has_part(n, ".engram.embed."); });
+    ASSERT_GT(tables, 0u);
+    const model::MemoryByTier m0 = ex.stats().memory;
+    ASSERT_TRUE(m0.has_hbm && m0.has_host);
+    EXPECT_FALSE(m0.has_drive) << "misses copy from the mapped snapshot";
+    EXPECT_EQ(m0.hbm.weights, all - tiered_experts - tables);
+    EXPECT_EQ(m0.hbm.experts, tier_bytes);
+    EXPECT_EQ(m0.host.weights, tables + tiered_experts);
+    EXPECT_EQ(m0.host.experts, 0u);
+    auto s = ex.new_session();
+    const Status ran = run_prompt_and_decode(ex, *s);
+    ASSERT_TRUE(ran.ok()) << ran.to_string();
+    const model::MemoryByTier m1 = ex.stats().memory;
+    EXPECT_GT(ex.expert_slots()->stats().misses, 0u);
+    EXPECT_EQ(m1.hbm.experts, tier_bytes) << "the slots are allocated once";
+    EXPECT_EQ(m1.host.weights, m0.host.weights);
+    EXPECT_EQ(m1.hbm.n_sessions, 1);
+  }
+  {
+    engine::ExecutorOptions o;
+    o.expert_slots = 2;
+    o.host_experts = 4;
+    o.expert_prefetch = false;  // no read in flight between the two counts compared below
+    std::shared_ptr<storage::TieredExperts> tiers;
+    auto made = engine::make_executor("cuda", ckpt, o, &tiers);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    ASSERT_NE(tiers, nullptr);
+    model::Executor& ex = **made;
+    // (The slots read one expert per tiered layer through the tiers at load for their layout.)
+    const model::MemoryByTier m0 = ex.stats().memory;
+    EXPECT_TRUE(m0.has_drive);
+    EXPECT_EQ(m0.drive.expert_bytes_read, tiers->stats().drive_bytes);
+    EXPECT_EQ(m0.host.weights, 0u) << "the tiers read the experts themselves; the tables are in HBM";
+    auto s = ex.new_session();
+    const Status ran = run_prompt_and_decode(ex, *s);
+    ASSERT_TRUE(ran.ok()) << ran.to_string();
+    const model::MemoryByTier m1 = ex.stats().memory;
+    EXPECT_GT(m1.host.experts, 0u) << "host cache records were allocated on use";
+    EXPECT_EQ(m1.host.experts, tiers->host_bytes());
+    EXPECT_GT(m1.drive.expert_bytes_read, m0.drive.expert_bytes_read) << "the step's misses were read from the drives";
+    EXPECT_EQ(m1.drive.expert_bytes_read, tiers->stats().drive_bytes);
   }
 }
 
