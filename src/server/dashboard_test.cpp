@@ -266,9 +266,9 @@ TEST_F(StatsJson, EngramRows) {
   expect_ids({"v_engram_hidden", "v_engram_exposed", "v_engram_in_place", "v_engram_rows_tok", "v_engram_wait_ms"});
 }
 
-// The executor's memory by tier (model::MemoryByTier): null tiers until reported, then the host
-// tier's parts and total, the drives' bytes read, HBM null on the CPU; the page has the card's ids
-// and reads the keys.
+// The executor's memory by tier (model::MemoryByTier): null tiers until reported, then each
+// tier's parts and total (the host tier on the CPU, HBM and host on CUDA), the drives' bytes read;
+// the page's ledger cards have an id for every part the JSON reports of HBM and host alike.
 TEST_F(StatsJson, MemoryByTier) {
   auto j = json();
   ASSERT_TRUE(j["memory"].is_object());
@@ -292,16 +292,37 @@ TEST_F(StatsJson, MemoryByTier) {
   EXPECT_EQ(j["memory"]["drive"]["expert_bytes_read"], 777);
   EXPECT_TRUE(j["memory"]["drive"]["engram_bytes_read"].is_null()) << "no Engram drive tier";
   EXPECT_TRUE(j["memory"]["hbm"].is_null());
+  // HBM as the CUDA executor reports it: every part, not only the total.
   m.has_hbm = true;
-  m.hbm.weights = 9;
-  EXPECT_EQ(json()["memory"]["hbm"]["total_bytes"], 9);
-  expect_ids({"v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_sessions", "v_mem_host_scratch", "v_mem_host_experts",
-              "v_ledger_host", "v_ledger_hbm", "v_mem_drive"});
-  const std::string code = text("/dashboard/dashboard.js");
+  m.hbm = {70000, 6000, 500, 3, 40, 1};
+  j = json();
+  const auto& g = j["memory"]["hbm"];
+  EXPECT_EQ(g["weights_bytes"], 70000);
+  EXPECT_EQ(g["weight_copies_bytes"], 6000);
+  EXPECT_EQ(g["sessions_bytes"], 500);
+  EXPECT_EQ(g["sessions"], 3);
+  EXPECT_EQ(g["scratch_bytes"], 40);
+  EXPECT_EQ(g["experts_bytes"], 1);
+  EXPECT_EQ(g["total_bytes"], 76541);
+  EXPECT_EQ(j["memory"]["host"]["total_bytes"], 1545) << "the tiers are kept apart";
+  expect_ids({"v_mem_hbm", "v_mem_hbm_weights", "v_mem_hbm_weight_copies", "v_mem_hbm_sessions", "v_mem_hbm_n_sessions",
+              "v_mem_hbm_scratch", "v_mem_hbm_experts", "v_ledger_hbm", "v_mem_host", "v_mem_host_weights", "v_mem_host_weight_copies",
+              "v_mem_host_sessions", "v_mem_host_n_sessions", "v_mem_host_scratch", "v_mem_host_experts", "v_ledger_host", "v_mem_drive"});
+  // Each NAME_bytes part of a tier is shown at v_mem_TIER_NAME (dashboard.js MEM_PARTS), so a part
+  // added to the JSON without a place on the page fails here.
+  const std::string html = text("/"), code = text("/dashboard/dashboard.js");
   ASSERT_FALSE(code.empty());
-  for (const char* key : {"total_bytes", "weights_bytes", "weight_copies_bytes", "sessions_bytes", "scratch_bytes", "experts_bytes",
-                          "expert_bytes_read"})
-    EXPECT_NE(code.find(key), std::string::npos) << key;
+  for (const char* t : {"hbm", "host"}) {
+    for (const auto& el : j["memory"][t].items()) {
+      const std::string& key = el.key();
+      if (key == "total_bytes" || key == "sessions") continue;  // v_mem_TIER and v_mem_TIER_n_sessions
+      ASSERT_TRUE(key.ends_with("_bytes")) << key;
+      const std::string part = key.substr(0, key.size() - std::string("_bytes").size());
+      EXPECT_NE(html.find("id=\"v_mem_" + std::string(t) + "_" + part + "\""), std::string::npos) << t << " " << part;
+      EXPECT_NE(code.find("'" + part + "'"), std::string::npos) << part << " is not in dashboard.js's MEM_PARTS";
+    }
+  }
+  for (const char* key : {"total_bytes", "expert_bytes_read"}) EXPECT_NE(code.find(key), std::string::npos) << key;
 }
 
 }  // namespace

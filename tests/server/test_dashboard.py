@@ -7,10 +7,12 @@ cache, the expert tiers (--expert-slots) and the KV ledger (--kv-budget-bytes) r
 executor's memory by tier reports host weights (checked against the shards), sessions, scratch and
 expert buffers and the drives' reads, and the HBM ledger is null ("n/a" on the CPU). Browser part: headless Chromium (Debian `chromium`)
 renders the page while a request streams, polls at least twice, and the DOM holds the live
-numbers; the screenshot is kept in --artifacts. Exits 77 (ctest: skipped) after the JSON part
-passes when chromium is not installed.
+numbers (the HBM memory card all "n/a"); then the same page against a stand-in /v1/stats that
+reports an HBM tier as the CUDA executor does (and no host tier) must show each HBM part and "n/a"
+for the host's; the screenshots are kept in --artifacts. Exits 77 (ctest: skipped) after the JSON
+part passes when chromium is not installed.
 """
-import argparse, json, os, re, shutil, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
+import argparse, http.server, json, os, re, shutil, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
 
 from serve_util import Server, free_port, tiny_model  # noqa: E402 (tests/server/, beside this file)
 
@@ -68,6 +70,39 @@ def js_bytes(v):
         v /= 1000
         i += 1
     return (f"{v:.1f}" if i else f"{v:.0f}") + " " + units[i]
+
+
+class CannedStats:
+    """The page's files as `base` serves them, and GET /v1/stats answered with `stats` (a dict):
+    what the page shows for counters this server's executor does not report."""
+
+    def __init__(self, base, stats):
+        files = {}
+        for path in ("/", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/chart.js"):
+            st, ctype, body = get(base, path)
+            check(st == 200, f"GET {path} -> {st}")
+            files[path] = (ctype, body)
+        files["/v1/stats"] = ("application/json", json.dumps(stats).encode())
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                ctype, body = files.get(self.path, ("text/plain", b"not found"))
+                self.send_response(200 if self.path in files else 404)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def dom_text(dom, el_id):
@@ -234,18 +269,21 @@ def run(a, base, tmp):
     check(re.fullmatch(r"[\d.,]+", dom_text(dom, "v_step_ms")) is not None, "step time: " + dom_text(dom, "v_step_ms"))
     check(dom_text(dom, "v_kv_hits") not in ("-", "n/a"), "KV cache hits: " + dom_text(dom, "v_kv_hits"))
     check(dom_text(dom, "v_slot_hit_rate").endswith("%"), "expert slot hit rate: " + dom_text(dom, "v_slot_hit_rate"))
-    check(dom_text(dom, "v_ledger_hbm") == "n/a", "HBM ledger on the CPU: " + dom_text(dom, "v_ledger_hbm"))
     # The breakdowns: bytes per token by tier and step time by op family, as tables and stacked bars.
     byte_re = r"[\d.]+ (B|KB|MB|GB|TB)"
-    # The memory ledger card: the executor's host bytes by use, the KV admission ledger, the drives.
-    for el in ("v_mem_host", "v_mem_host_weights", "v_mem_host_sessions", "v_mem_host_scratch", "v_mem_host_experts", "v_mem_drive"):
+    # The memory ledger cards: the executor's bytes by tier and use, the KV admission ledger, the
+    # drives; on the CPU the host tier, and "n/a" for every part of HBM.
+    mem_parts = ("", "_weights", "_weight_copies", "_sessions", "_n_sessions", "_scratch", "_experts")
+    for el in ["v_mem_hbm" + p for p in mem_parts] + ["v_ledger_hbm"]:
+        check(dom_text(dom, el) == "n/a", f"{el} on the CPU: " + dom_text(dom, el))
+    for el in ["v_mem_host" + p for p in mem_parts if p != "_n_sessions"] + ["v_mem_drive"]:
         check(re.fullmatch(byte_re, dom_text(dom, el)) is not None, f"{el} on the page: " + dom_text(dom, el))
-    w = h["weights_bytes"] + h["weight_copies_bytes"]  # weights do not change while serving
-    shown, want = dom_text(dom, "v_mem_host_weights").split(), js_bytes(w).split()
-    check(shown[1] == want[1] and abs(float(shown[0]) - float(want[0])) <= 0.051,  # toFixed and Python may round a tie apart
-          f"host weights on the page {' '.join(shown)}, /v1/stats {' '.join(want)}")
-    check(re.fullmatch(r"[\d,]+", dom_text(dom, "v_mem_sessions")) is not None and int(dom_text(dom, "v_mem_sessions").replace(",", "")) >= 1,
-          "live sessions on the page: " + dom_text(dom, "v_mem_sessions"))
+    for el, key in (("v_mem_host_weights", "weights_bytes"), ("v_mem_host_weight_copies", "weight_copies_bytes")):  # constant while serving
+        shown, want = dom_text(dom, el).split(), js_bytes(h[key]).split()
+        check(shown[1] == want[1] and abs(float(shown[0]) - float(want[0])) <= 0.051,  # toFixed and Python may round a tie apart
+              f"{el} on the page {' '.join(shown)}, /v1/stats {key} {' '.join(want)}")
+    check(re.fullmatch(r"[\d,]+", dom_text(dom, "v_mem_host_n_sessions")) is not None and int(dom_text(dom, "v_mem_host_n_sessions").replace(",", "")) >= 1,
+          "live sessions on the page: " + dom_text(dom, "v_mem_host_n_sessions"))
     check(re.fullmatch(byte_re + " / 4.0 GB", dom_text(dom, "v_ledger_host")) is not None, "KV admission ledger on the page: " + dom_text(dom, "v_ledger_host"))
     check(re.fullmatch(byte_re, dom_text(dom, "v_bpt_total")) is not None, "bytes per token: " + dom_text(dom, "v_bpt_total"))
     for t in ("hbm", "host", "drive"):
@@ -275,6 +313,36 @@ def run(a, base, tmp):
     chromium(base + "/#key=" + KEY, os.path.join(tmp, "chromium3"), "--screenshot=" + png)
     check(os.path.exists(png) and os.path.getsize(png) > 20000, "no screenshot (or a blank one) at " + png)
     print("screenshot: " + png)
+
+    # The HBM tier as the CUDA executor reports it (model::MemoryByTier has_hbm; this CPU server
+    # has none): the same page, /v1/stats answered with the last live JSON plus an HBM tier and an
+    # HBM KV ledger, the host tier and the drives not reported. Each HBM part shows at its id
+    # (sizes picked away from rounding ties), the host card and the drives show "n/a".
+    canned = json.loads(json.dumps(s2))
+    hbm = {"weights_bytes": 71234000000, "weight_copies_bytes": 1876000000, "sessions_bytes": 3456000000, "sessions": 3,
+           "scratch_bytes": 512300000, "experts_bytes": 9870000000}
+    hbm["total_bytes"] = sum(v for k, v in hbm.items() if k.endswith("_bytes"))
+    canned["memory"] = {"hbm": hbm, "host": None, "drive": None}
+    canned["ledger"] = {"HBM": {"owner": "session KV", "target_bytes": 20000000000, "mandatory_bytes": 1500000000, "elastic_bytes": 240000000},
+                        "host": None}
+    fake = CannedStats(base, canned)
+    try:
+        dom = chromium(fake.base + "/#key=" + KEY, os.path.join(tmp, "chromium4"), "--dump-dom")
+        check('data-state="live"' in dom, "the page on the stand-in /v1/stats is not live: status " + dom_text(dom, "status"))
+        want = {"v_mem_hbm": "86.9 GB", "v_mem_hbm_weights": "71.2 GB", "v_mem_hbm_weight_copies": "1.9 GB", "v_mem_hbm_sessions": "3.5 GB",
+                "v_mem_hbm_n_sessions": "3", "v_mem_hbm_scratch": "512.3 MB", "v_mem_hbm_experts": "9.9 GB", "v_ledger_hbm": "1.7 GB / 20.0 GB"}
+        want.update({"v_mem_host" + p: "n/a" for p in mem_parts})
+        want.update({"v_ledger_host": "n/a", "v_mem_drive": "n/a"})
+        for el, text in want.items():
+            check(dom_text(dom, el) == text, f"{el} with an HBM tier reported: {dom_text(dom, el)!r}, expected {text!r}")
+        png = os.path.join(out, "dashboard_hbm.png")
+        chromium(fake.base + "/#key=" + KEY, os.path.join(tmp, "chromium5"), "--screenshot=" + png)
+        check(os.path.exists(png) and os.path.getsize(png) > 20000, "no screenshot (or a blank one) at " + png)
+    finally:
+        fake.close()
+    print(f"hbm: ok (HBM {want['v_mem_hbm']}: weights {want['v_mem_hbm_weights']}, copies {want['v_mem_hbm_weight_copies']}, "
+          f"sessions {want['v_mem_hbm_sessions']} ({want['v_mem_hbm_n_sessions']}), scratch {want['v_mem_hbm_scratch']}, "
+          f"experts {want['v_mem_hbm_experts']}; host n/a); screenshot: {png}")
     streaming.join(300)
     print("PASS")
 

@@ -221,6 +221,16 @@ function renderEngram(s) {
   set('v_engram_wait_ms', num(ratio(1e3 * cur.exposed_s, steps), 3));
 }
 
+// One tier of the executor's memory ledger (s.memory.hbm or .host): its total and its parts into
+// the ids v_mem_TIER, v_mem_TIER_PART and v_mem_TIER_n_sessions; "n/a" when the tier is null.
+const MEM_PARTS = ['weights', 'weight_copies', 'sessions', 'scratch', 'experts'];
+function renderTierMemory(tier, t) {
+  const id = 'v_mem_' + tier;
+  set(id, t ? bytes(t.total_bytes) : NA);
+  for (const p of MEM_PARTS) set(id + '_' + p, t ? bytes(t[p + '_bytes']) : NA);
+  set(id + '_n_sessions', t ? num(t.sessions, 0) : NA);
+}
+
 // ---- polling ----
 const hist = { t: [], decode: [], prefill: [], step: [], rows: [], active: [], queued: [] };
 let prev = null, updates = 0;
@@ -260,18 +270,14 @@ function render(s) {
   renderOps(s);
   renderTiers(s);
   renderEngram(s);
-  // The memory ledger: the executor's own bytes by tier (s.memory), the KV admission ledger
-  // (s.ledger, --kv-budget-bytes) beside them as used / target.
+  // The memory ledger: the executor's own bytes by tier (s.memory; a tier it does not report is
+  // null: "n/a"), the KV admission ledger (s.ledger, --kv-budget-bytes) beside them as used / target.
   const led = (t) => (t ? bytes(t.mandatory_bytes + t.elastic_bytes) + ' / ' + bytes(t.target_bytes) : NA);
-  const mem = s.memory || {}, mh = mem.host;
-  set('v_mem_host', mh ? bytes(mh.total_bytes) : NA);
-  set('v_mem_host_weights', mh ? bytes(mh.weights_bytes + mh.weight_copies_bytes) : NA);
-  set('v_mem_host_sessions', mh ? bytes(mh.sessions_bytes) : NA);
-  set('v_mem_sessions', mh ? num(mh.sessions, 0) : NA);
-  set('v_mem_host_scratch', mh ? bytes(mh.scratch_bytes) : NA);
-  set('v_mem_host_experts', mh ? bytes(mh.experts_bytes) : NA);
+  const mem = s.memory || {};
+  renderTierMemory('hbm', mem.hbm);
+  renderTierMemory('host', mem.host);
+  set('v_ledger_hbm', led(s.ledger.HBM));
   set('v_ledger_host', led(s.ledger.host));
-  set('v_ledger_hbm', mem.hbm ? bytes(mem.hbm.total_bytes) + (s.ledger.HBM ? ', KV ' + led(s.ledger.HBM) : '') : led(s.ledger.HBM));
   set('v_mem_drive', mem.drive ? bytes(mem.drive.expert_bytes_read + (mem.drive.engram_bytes_read || 0)) : NA);
 
   push('t', s.uptime_s < 600 ? s.uptime_s.toFixed(1) + 's' : dur(s.uptime_s)); push('decode', decodeNow); push('prefill', prefillNow);
