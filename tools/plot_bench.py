@@ -33,11 +33,12 @@ DECODE_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                 ("session 10", "h200-synthetic-s10-f6a0e60.csv"),
                 ("session 11", "h200-synthetic-s11-c7cd4b1.csv"),
                 ("session 12", "h200-synthetic-s12-c3ca05a.csv"),
-                ("session 13", "h200-synthetic-s13-c7e0d28.csv")]
+                ("session 13", "h200-synthetic-s13-c7e0d28.csv"),
+                ("session 14", "h200-synthetic-s14-5759d47.csv")]
 # The files docs/results.md names as the current figures of each kind.
-VERIFY_FILE = "h200-synthetic-s13-c7e0d28.csv"
+VERIFY_FILE = "h200-synthetic-s14-5759d47.csv"
 DSPARK_FILE = "h200-synthetic-s11-b9542c3-dspark.csv"
-TIERS_FILE = "h200-tiers-fast-s8-3fbac47.csv"
+TIERS_FILE = "h200-tiers-fast-s14-5759d47.csv"
 PREFILL_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                  ("session 4", "h200-synthetic-s4-fbc2be4.csv")]
 
