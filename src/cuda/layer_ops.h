@@ -314,12 +314,12 @@ class CudaLayerOps {
     if (site == Site::kAttn) return {pre_, c_.hc_mult};
     return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
   }
-  // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
-  // not a tensor-core prefill step, a shape the kernels take.
   // [fast] attention of this step on fast_attention.h's kernels (attend()), and with the q / o RoPE
   // folded into them (CudaRunOptions::attn_fuse_rope; the same bits as the rope launches).
   bool fast_attend() const { return m_.fast_attn_ && !tc_ && fast_attention_ok(T_, int(c_.head_dim)); }
   bool rope_in_attention() const { return m_.attn_fuse_rope_ && fast_attend() && c_.rope_head_dim > 0; }
+  // [fast] this step's small ops on the fused kernels of fast_small.h: fast class, at most 64 rows,
+  // not a tensor-core prefill step, a shape the kernels take.
   bool fast_small() const {
     return m_.fast_small_ && !tc_ && T_ <= kFastSmallMaxRows && fast_hc_site_ok(c_.hc_mult, c_.dim, T_) && c_.q_lora_rank <= 8192;
   }
