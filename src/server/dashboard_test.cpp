@@ -3,6 +3,8 @@
 // The live page against a running server: tests/server/test_dashboard.py.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <initializer_list>
 #include <string>
 
@@ -280,15 +282,16 @@ TEST_F(StatsJson, MemoryByTier) {
   m.host = {1000, 200, 300, 2, 40, 5};
   m.has_drive = true;
   m.drive.expert_bytes_read = 777;
+  // One tier's JSON: its parts in TierMemory's order (weights, weight copies, sessions, session
+  // count, scratch, experts), then the total written out (not derived from the same numbers).
+  const auto expect_tier = [](const nlohmann::json& t, const std::array<int64_t, 6>& parts, int64_t total, const char* tier) {
+    SCOPED_TRACE(tier);
+    const char* keys[6] = {"weights_bytes", "weight_copies_bytes", "sessions_bytes", "sessions", "scratch_bytes", "experts_bytes"};
+    for (size_t i = 0; i < parts.size(); ++i) EXPECT_EQ(t[keys[i]], parts[i]) << keys[i];
+    EXPECT_EQ(t["total_bytes"], total);
+  };
   j = json();
-  const auto& h = j["memory"]["host"];
-  EXPECT_EQ(h["weights_bytes"], 1000);
-  EXPECT_EQ(h["weight_copies_bytes"], 200);
-  EXPECT_EQ(h["sessions_bytes"], 300);
-  EXPECT_EQ(h["sessions"], 2);
-  EXPECT_EQ(h["scratch_bytes"], 40);
-  EXPECT_EQ(h["experts_bytes"], 5);
-  EXPECT_EQ(h["total_bytes"], 1545);
+  expect_tier(j["memory"]["host"], {1000, 200, 300, 2, 40, 5}, 1545, "host");
   EXPECT_EQ(j["memory"]["drive"]["expert_bytes_read"], 777);
   EXPECT_TRUE(j["memory"]["drive"]["engram_bytes_read"].is_null()) << "no Engram drive tier";
   EXPECT_TRUE(j["memory"]["hbm"].is_null());
@@ -296,14 +299,7 @@ TEST_F(StatsJson, MemoryByTier) {
   m.has_hbm = true;
   m.hbm = {70000, 6000, 500, 3, 40, 1};
   j = json();
-  const auto& g = j["memory"]["hbm"];
-  EXPECT_EQ(g["weights_bytes"], 70000);
-  EXPECT_EQ(g["weight_copies_bytes"], 6000);
-  EXPECT_EQ(g["sessions_bytes"], 500);
-  EXPECT_EQ(g["sessions"], 3);
-  EXPECT_EQ(g["scratch_bytes"], 40);
-  EXPECT_EQ(g["experts_bytes"], 1);
-  EXPECT_EQ(g["total_bytes"], 76541);
+  expect_tier(j["memory"]["hbm"], {70000, 6000, 500, 3, 40, 1}, 76541, "hbm");
   EXPECT_EQ(j["memory"]["host"]["total_bytes"], 1545) << "the tiers are kept apart";
   expect_ids({"v_mem_hbm", "v_mem_hbm_weights", "v_mem_hbm_weight_copies", "v_mem_hbm_sessions", "v_mem_hbm_n_sessions",
               "v_mem_hbm_scratch", "v_mem_hbm_experts", "v_ledger_hbm", "v_mem_host", "v_mem_host_weights", "v_mem_host_weight_copies",
