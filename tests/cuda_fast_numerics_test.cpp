@@ -155,5 +155,85 @@ TEST(CudaFastNumerics, FoldedRopeSameBits) {
   std::filesystem::remove_all(*made);
 }
 
+// Two sessions: both prompts, then steps of 3 verify rows per session in one step (6 rows of two
+// sessions: the rings' writes, a multi-row router), then one-row decode steps of session 0. All
+// logits rows of every step, in order.
+std::vector<std::vector<float>> run_two_sessions(model::Executor& ex) {
+  std::vector<std::vector<float>> all;
+  auto s0 = ex.new_session();
+  auto s1 = ex.new_session();
+  std::vector<model::SessionState*> ss{s0.get(), s1.get()};
+  auto push = [&](model::Step& st, int session, int64_t pos, int32_t token, model::RowKind kind, int64_t prefill_end) {
+    model::Row row;
+    row.session = session;
+    row.pos = pos;
+    row.token = token;
+    row.kind = kind;
+    row.prefill_end = prefill_end;
+    row.want_logits = true;
+    st.rows.push_back(row);
+  };
+  auto forward = [&](const model::Step& st) {
+    auto out = ex.forward(st, ss);
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    if (out.ok()) all.push_back(out->logits);
+    return out.ok();
+  };
+  int64_t len[2] = {72, 57};
+  for (int s = 0; s < 2; ++s) {
+    model::Step st;
+    for (int64_t p = 0; p < len[s]; ++p)
+      push(st, s, p, int32_t((104729 * p + 31 * s + 7) % 120000 + 100), model::RowKind::kPrefill, len[s]);
+    if (!forward(st)) return all;
+  }
+  for (int k = 0; k < 6; ++k) {
+    model::Step st;
+    for (int s = 0; s < 2; ++s)
+      for (int j = 0; j < 3; ++j) push(st, s, len[s] + j, int32_t((7919 * (k + 3 * j) + 11 * s) % 120000 + 100), model::RowKind::kDecode, 0);
+    if (!forward(st)) return all;
+    for (int s = 0; s < 2; ++s) {  // keep two of the three rows (as a verify step accepting one draft token)
+      len[s] += 2;
+      EXPECT_TRUE(ss[size_t(s)]->rollback(len[s]).ok());
+    }
+  }
+  for (int k = 0; k < 10; ++k) {
+    model::Step st;
+    push(st, 0, len[0]++, int32_t((31337 * k + 5) % 120000 + 100), model::RowKind::kDecode, 0);
+    if (!forward(st)) return all;
+  }
+  return all;
+}
+
+// The launch-saving switches of the fast class (CudaRunOptions fuse_route, fp4_early_tiles,
+// ring_on_side, zero_copy_uploads, defer_hc_post) change where and when kernels run, never what they compute:
+// the same bits as with the switch off, over prompts, multi-session verify steps and decode.
+TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  auto made = testing_util::write_test_tiny_model("fb_cuda_fast_switches_tiny", 13, true);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  std::vector<std::vector<float>> want;
+  {
+    cuda::CudaLoadOptions o;
+    for (const char* name : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post"})
+      ASSERT_TRUE(cuda::set_run_option(o.run, name, "0").ok()) << name;
+    auto ex = cuda::CudaExecutor::load(*made, {}, o);
+    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+    want = run_two_sessions(**ex);
+  }
+  ASSERT_EQ(want.size(), size_t(2 + 6 + 10));
+  for (const char* name : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post", "all"}) {
+    cuda::CudaLoadOptions o;
+    for (const char* each : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post"})
+      ASSERT_TRUE(cuda::set_run_option(o.run, each, std::string(name) == "all" || std::string(name) == each ? "1" : "0").ok());
+    auto ex = cuda::CudaExecutor::load(*made, {}, o);
+    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+    const auto got = run_two_sessions(**ex);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[k], want[k]) << name << ": logits of step " << k;
+  }
+  std::filesystem::remove_all(*made);
+}
+
 }  // namespace
 }  // namespace fb

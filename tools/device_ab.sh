@@ -6,7 +6,8 @@
 # table LAST. $OUT gets benchN.csv (and ncu_step.csv.gz / ncu_gemv.csv) plus logs.tgz.
 # Usage, in the repo root on the GPU machine:
 #   FB_TESTS="cuda_fast_attention_test:*Rope* cuda_fast_numerics_test:*Folded*" \
-#   tools/device_ab.sh "NAME=a,b [NAME2=c,d ...]" [CONTEXTS] [VERIFY_ROWS]   (one bench run per A/B)
+#   tools/device_ab.sh "NAME=a,b [NAME2=c,d ...]" [CONTEXTS] [VERIFY_ROWS]   (one bench run per A/B;
+#   "NAME=a,b;NAME2=c,d" runs both A/Bs one after the other in one bench run, one model build)
 # Env: FB_NCU_STEP=1 (whole-step ncu at 4K), FB_NCU_GEMV=1 (GEMV sections), FB_BENCH_TIMEOUT (200 s),
 #      FB_BENCH_ARGS (extra bench arguments, e.g. "--profile").
 set -u
@@ -39,13 +40,13 @@ for t in ${FB_TESTS:-}; do
 done
 if [ -x build/device/flashbox ]; then
   i=0
-  for ab in $AB; do  # one bench run per A/B (the bench takes one --ab)
+  for ab in $AB; do  # one bench run per word (a word may hold several A/Bs: "A=0,1;B=0,1")
     i=$((i + 1))
     b0=$(date +%s)
     timeout ${FB_BENCH_TIMEOUT:-200} build/device/flashbox bench --synthetic --experts 16 --contexts "$CTX" --verify-rows "$VR" --steps 3 --reps 5 \
       --ab "$ab" ${FB_BENCH_ARGS:-} --csv "$LOG/bench$i.csv" >"$LOG/bench$i.out" 2>"$LOG/bench$i.err"
     row "bench $i" "rc=$? $(($(date +%s) - b0))s --ab $ab --contexts $CTX --verify-rows $VR"
-    grep -E ",(ab_|decode_ms|verify)" "$LOG/bench$i.csv" | cut -d, -f7-10 | head -30 >>"$T"
+    grep -E ",(ab_|decode_ms|verify)" "$LOG/bench$i.csv" | cut -d, -f7-10 | head -60 >>"$T"
   done
 fi
 if [ "${FB_NCU_GEMV:-0}" = 1 ]; then

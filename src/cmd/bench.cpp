@@ -74,6 +74,15 @@ model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t
 
 namespace {
 
+// "NAME=a,b;NAME2=c,d" -> the specs, in order (empty: none).
+std::vector<std::string> ab_specs(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ';');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
 // An interleaved A/B of a CUDA run option (cuda::set_run_option names), NAME=v1,v2,...: rounds()
 // calls f(value) for `n` rounds over the values with the option set on the executor, then puts
 // the executor's options back as they were (later rows measure the configured run).
@@ -173,8 +182,9 @@ int run(const BenchArgs& a) {
         st = eq == std::string::npos ? FB_ERROR(kInvalidArgument) << "--cuda-opt wants NAME=VALUE (got " << kv << ")"
                                      : cuda::set_run_option(lo.run, kv.substr(0, eq), kv.substr(eq + 1));
       }
-      for (const std::string* ab : {&a.ab_env, &a.prefill_ab_env})
-        if (st.ok() && !ab->empty()) st = OptionAb(*ab).check();
+      for (const std::string& spec : ab_specs(a.ab_env))
+        if (st.ok()) st = OptionAb(spec).check();
+      if (st.ok() && !a.prefill_ab_env.empty()) st = OptionAb(a.prefill_ab_env).check();
       if (!st.ok()) {
         std::fprintf(stderr, "bench: %s\n", st.to_string().c_str());
         return 1;
@@ -234,10 +244,10 @@ int run(const BenchArgs& a) {
           csv.row("decode_graph_nodes", L, double(g->nodes), "graph nodes (kernels + copies) of one decode step");
         }
       }
-      if (!a.ab_env.empty()) {
-        // Interleaved A/B of an environment switch read by the kernels' launchers: one-row steps
-        // and steps of --verify-rows rows.
-        const OptionAb ab(a.ab_env);
+      for (const std::string& spec : ab_specs(a.ab_env)) {
+        // Interleaved A/B of a run option (one after the other when several): one-row steps and
+        // steps of --verify-rows rows.
+        const OptionAb ab(spec);
         const std::string& name = ab.name;
         const std::vector<std::string>& values = ab.values;
         std::map<std::string, std::vector<double>> ms, mv;
@@ -605,7 +615,8 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
   app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
   app.add_option("--ab", a->ab_env,
-                 "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0)");
+                 "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0); "
+                 "several, one after the other: NAME=v1,v2;NAME2=v1,v2");
   app.add_option("--prefill-ab", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a CUDA run option on each chunk, NAME=v1,v2");
   app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU)")
       ->check(CLI::IsMember({"fast", "exact"}));

@@ -719,20 +719,20 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
 }
 
 Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st,
-                       bool group_rows) {
+                       bool group_rows, ExpertPdl pdl) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
-  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows);
+  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows, pdl);
   return launch_fp4<false>(q, M, x_div, w, w, expert, y, nullptr, st);
 }
 
 Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
-                        uint16_t* yb, cudaStream_t st, bool group_rows) {
+                        uint16_t* yb, cudaStream_t st, bool group_rows, ExpertPdl pdl) {
   if (M == 0 || wa.N == 0) return Status();
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
-  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows);
+  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows, pdl);
   return launch_fp4<true>(q, M, x_div, wa, wb, expert, ya, yb, st);
 }
 

@@ -36,12 +36,13 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
 // skipped (y untouched). K % 32 == 0, w_stride % 16 == 0.
 // group_rows: rows of several tokens (the tensor-core kernels let rows sharing an expert share its
 // reads, tc_gemv.h; the same bits either way).
+// pdl: ExpertPdl (ops.h), the tensor-core kernels only (the others run kPlain).
 Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, const int32_t* expert, uint16_t* y, cudaStream_t st,
-                       bool group_rows = false);
+                       bool group_rows = false, ExpertPdl pdl = ExpertPdl::kPlain);
 // Two weights of the same shape and strides (w1, w3) over the same rows and experts in one pass
 // over x: ya = x . wa^T, yb = x . wb^T, each output bit-identical to fast_fp4_gemv_q's.
 Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
-                        uint16_t* yb, cudaStream_t st, bool group_rows = false);
+                        uint16_t* yb, cudaStream_t st, bool group_rows = false, ExpertPdl pdl = ExpertPdl::kPlain);
 // bf16 x bf16 with bf16_gemm's grouped semantics: for g < G, y + g*gy [M, N] (row stride ldy,
 // bf16 or f32, or f32 added to y) = (x + g*gx) [M, K] (row stride ldx) . (w + g*gw) [N, K]^T.
 // K, ldx, gx, gw % 8 == 0 and x, w 16-byte aligned (16-byte rows).

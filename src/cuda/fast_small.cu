@@ -91,10 +91,14 @@ constexpr int kFinishDims = 128;  // dims per finish CTA: 16 chunks of 8 on warp
 constexpr int kFinishThreads = 512;  // 16 chunk classes summing the partials (4 independent loads in flight each)
 constexpr int kSiteNV = 40;       // partial stride: NV = (2 + HC) HC + 2 <= 26 for HC <= 4
 
-template <int HC>
-__global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uint16_t* __restrict__ X, int64_t dim, const float* __restrict__ fn,
+// POST: the previous site's hc_post first (FastHcPost, fast_small.h): every group computes the new
+// X of its CTA's dims from the old X exactly as fast_hc_post_kernel does (the same FMAs, one
+// rounding), all groups read the old X before group 0 writes the new one (a CTA owns its dims), and
+// the site's sums run on the new values.
+template <int HC, bool POST>
+__global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uint16_t* X, int64_t dim, const float* __restrict__ fn,
                                                                       const float* __restrict__ pre, int64_t pre_stride, float* partials,
-                                                                      uint16_t* hbuf) {
+                                                                      uint16_t* hbuf, FastHcPost post) {
   constexpr int NMIX = (2 + HC) * HC, NV = NMIX + 2;
   static_assert(NMIX <= 32 && NV <= kSiteNV, "mixes must fit two passes of 16 groups");
   pdl_trigger();
@@ -110,10 +114,44 @@ __global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uin
   pdl_wait();
   const uint16_t* xr = X + t * n;
   float x[HC][4];
+  if constexpr (POST) {
+    float xo[HC][4], yv[4];
 #pragma unroll
-  for (int a = 0; a < HC; ++a) {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + a * dim + d0));
-    x[a][0] = bf_lo(raw.x), x[a][1] = bf_hi(raw.x), x[a][2] = bf_lo(raw.y), x[a][3] = bf_hi(raw.y);
+    for (int a = 0; a < HC; ++a) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(xr + a * dim + d0);  // written below: no read-only path
+      xo[a][0] = bf_lo(raw.x), xo[a][1] = bf_hi(raw.x), xo[a][2] = bf_lo(raw.y), xo[a][3] = bf_hi(raw.y);
+    }
+    const uint2 yraw = __ldg(reinterpret_cast<const uint2*>(post.y + t * dim + d0));
+    yv[0] = bf_lo(yraw.x), yv[1] = bf_hi(yraw.x), yv[2] = bf_lo(yraw.y), yv[3] = bf_hi(yraw.y);
+    const HcMix& m = post.mix[t];
+    uint32_t o[HC][2];
+#pragma unroll
+    for (int b = 0; b < HC; ++b) {
+      const float pb = m.post[b];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int a = 0; a < HC; ++a) sum = __fmaf_rn(m.comb[a * HC + b], xo[a][e], sum);
+        const uint16_t h = to_bf(__fmaf_rn(pb, yv[e], sum));
+        x[b][e] = __uint_as_float(uint32_t(h) << 16);
+        if (e & 1) o[b][e >> 1] |= uint32_t(h) << 16;
+        else o[b][e >> 1] = h;
+      }
+    }
+    __syncthreads();  // every group has read the old X
+    if (g == 0) {
+      uint16_t* xw = post.X + t * n;
+#pragma unroll
+      for (int b = 0; b < HC; ++b) *reinterpret_cast<uint2*>(xw + b * dim + d0) = make_uint2(o[b][0], o[b][1]);
+    }
+    if (post.pre_out && blockIdx.x == 0 && tid < HC) post.pre_out[t * HC + tid] = m.pre[tid];
+  } else {
+#pragma unroll
+    for (int a = 0; a < HC; ++a) {
+      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + a * dim + d0));
+      x[a][0] = bf_lo(raw.x), x[a][1] = bf_hi(raw.x), x[a][2] = bf_lo(raw.y), x[a][3] = bf_hi(raw.y);
+    }
   }
   float v[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -538,7 +576,7 @@ bool fast_hc_site_ok(int hc, int64_t dim, int64_t T) { return hc >= 1 && hc <= 4
 
 Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                     int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
-                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn) {
+                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn, const FastHcPost* post) {
   FB_CHECK(fast_hc_site_ok(hc, dim, T) && scratch.dim == dim && T * dim <= q.capacity) << "fast_hc_site hc=" << hc << " dim=" << dim << " T=" << T;
   FB_CHECK(aligned16(u) && aligned16(norm_w) && aligned16(scratch.h) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0 &&
            (reinterpret_cast<uintptr_t>(fn) & 15) == 0)
@@ -548,17 +586,20 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
   const dim3 grid{unsigned(chunks), unsigned(T)}, fgrid{unsigned((dim + kFinishDims - 1) / kFinishDims), unsigned(T)};
   const bool pdl = fast_pdl();
   cudaError_t e1 = cudaSuccess, e2 = cudaSuccess;
-  auto go = [&](auto partial, auto finish) {
-    e1 = launch_pdl(pdl, partial, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h);
+  if (post) FB_CHECK(post->X == X && post->y && post->mix && aligned16(post->y)) << "fast_hc_site: the pending hc_post is of another X";
+  const FastHcPost no_post{};
+  auto go = [&](auto partial, auto partial_post, auto finish) {
+    e1 = post ? launch_pdl(pdl, partial_post, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h, *post)
+              : launch_pdl(pdl, partial, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h, no_post);
     if (e1 == cudaSuccess)
       e2 = launch_pdl(pdl, finish, fgrid, dim3(kFinishThreads), 0, st, dim, chunks, norm_eps, scale, base, iters, hc_eps, norm_w, scratch.partials, scratch.h, mix,
                       u, q.codes, q.scales, defer_sinkhorn ? scratch.tot : nullptr);
   };
   switch (hc) {
-    case 1: go(fast_hc_partial_kernel<1>, fast_hc_finish_kernel<1>); break;
-    case 2: go(fast_hc_partial_kernel<2>, fast_hc_finish_kernel<2>); break;
-    case 3: go(fast_hc_partial_kernel<3>, fast_hc_finish_kernel<3>); break;
-    default: go(fast_hc_partial_kernel<4>, fast_hc_finish_kernel<4>); break;
+    case 1: go(fast_hc_partial_kernel<1, false>, fast_hc_partial_kernel<1, true>, fast_hc_finish_kernel<1>); break;
+    case 2: go(fast_hc_partial_kernel<2, false>, fast_hc_partial_kernel<2, true>, fast_hc_finish_kernel<2>); break;
+    case 3: go(fast_hc_partial_kernel<3, false>, fast_hc_partial_kernel<3, true>, fast_hc_finish_kernel<3>); break;
+    default: go(fast_hc_partial_kernel<4, false>, fast_hc_partial_kernel<4, true>, fast_hc_finish_kernel<4>); break;
   }
   FB_CUDA_TRY(e1);
   FB_CUDA_LAUNCHED("fast_hc_partial_kernel");

@@ -43,16 +43,28 @@ struct FastHcScratch {
   static FastHcScratch at(void* mem, int64_t dim);
 };
 
+// A site's hc_post left for the next site's partial kernel (CudaRunOptions::defer_hc_post):
+// X[t, b] = bf16(post[b] y[t] + sum_a comb[a, b] X[t, a]) with mix[t], and pre_out[t, :] =
+// mix[t].pre when pre_out != nullptr, as fast_hc_post gives them (the same bits), one launch fewer.
+struct FastHcPost {
+  const uint16_t* y = nullptr;
+  const HcMix* mix = nullptr;
+  uint16_t* X = nullptr;  // the site's X (the same array)
+  float* pre_out = nullptr;
+};
+
 // True when fast_hc_site handles this shape (hc <= 4: the (2 + hc) hc mixes fit one warp).
 bool fast_hc_site_ok(int hc, int64_t dim, int64_t T);
 
 // One mHC site of T rows, two launches (partial sums, then finish; fast_small.cu): mix[t] = hc_mixes(X[t]) (dots of the flattened row with fn,
 // scaled by rsqrt(mean square + norm_eps), Sinkhorn) and u[t] = RMSNorm(bf16(sum_a pre[a] X_a), w)
 // with its act_quant codes in q. pre (stride pre_stride floats per row) is the carried collapse
-// weight, independent of this site's mixes (single-pass mHC). X is only read.
+// weight, independent of this site's mixes (single-pass mHC). X is only read (but see post below).
 Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const float* fn, float norm_eps, const float* scale, const float* base,
                     int iters, float hc_eps, const float* pre, int64_t pre_stride, const uint16_t* norm_w, const FastHcScratch& scratch,
-                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn = false);
+                    HcMix* mix, uint16_t* u, const QuantBuf& q, cudaStream_t st, bool defer_sinkhorn = false, const FastHcPost* post = nullptr);
+// post != nullptr: the previous site's hc_post runs first, inside the partial kernel (post->X ==
+// X, updated in place). Its pre_out must not be this site's pre (pass the mix's pre instead).
 // defer_sinkhorn (tests): the site's kernels leave mix untouched and its row sums in scratch.tot,
 // and fast_hc_sinkhorn (on any stream ordered after the site, before the next site on this
 // scratch) writes mix with the one-thread Sinkhorn: the reference the site's warp Sinkhorn must

@@ -297,6 +297,68 @@ TEST(FastSmall, HcPostInPlace) {
   }
 }
 
+// The previous site's hc_post inside the next site's partial kernel (FastHcPost,
+// CudaRunOptions::defer_hc_post) against fast_hc_post and then the site: the same X, pre_out,
+// mixes, u and codes, bit for bit; with the carried pre read from the post's mix (the FFN site's
+// case: the kernel writes pre_out as the other CTAs collapse).
+TEST(FastSmall, HcPostInsideNextSiteSameBits) {
+  FB_NEED_GPU();
+  const SiteData d(15);
+  SiteRunner run(d);
+  Rng r(16);
+  const std::vector<uint16_t> y = r.bf16(kMaxRows * kDim);
+  Dev<uint16_t> yd(y);
+  Dev<HcMix> prev{size_t(kMaxRows)};
+  Dev<float> pre_a{size_t(kMaxRows * kHc)}, pre_b{size_t(kMaxRows * kHc)};
+  for (bool pdl : {false, true}) {
+    set_fast_pdl(pdl);
+    for (int64_t T : {int64_t(1), int64_t(7), kMaxRows}) {
+      const std::string tag = "T=" + std::to_string(T) + " pdl " + std::to_string(pdl);
+      // the previous site's mixes (from the data's X)
+      EXPECT_TRUE(hc_mixes(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, prev.p(), nullptr).ok());
+      const float* prev_pre = reinterpret_cast<const float*>(reinterpret_cast<const char*>(prev.p()) + offsetof(HcMix, pre));
+      const int64_t prev_stride = int64_t(sizeof(HcMix) / sizeof(float));
+      for (bool carried : {false, true}) {  // carried: the site collapses with the post's pre
+        const float* pre = carried ? prev_pre : run.pre.p();
+        const int64_t stride = carried ? prev_stride : kHc;
+        SiteOut a, b;
+        // a: fast_hc_post, then the site
+        run.X.set(d.X);
+        pre_a.poison();
+        EXPECT_TRUE(fast_hc_post(yd.p(), run.X.p(), T, kHc, kDim, prev.p(), carried ? pre_a.p() : nullptr, nullptr).ok());
+        EXPECT_TRUE(fast_hc_site(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, pre, stride, run.norm_w.p(),
+                                 run.scratch, run.mix.p(), run.u.p(), a.q.q, nullptr)
+                        .ok());
+        const auto xa = run.X.get();
+        a.mix = first(run.mix.get(), size_t(T));
+        a.u = first(run.u.get(), size_t(T * kDim));
+        // b: one site with the post inside
+        run.X.set(d.X);
+        run.mix.poison();
+        run.u.poison();
+        pre_b.poison();
+        const FastHcPost post{yd.p(), prev.p(), run.X.p(), carried ? pre_b.p() : nullptr};
+        EXPECT_TRUE(fast_hc_site(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, pre, stride, run.norm_w.p(),
+                                 run.scratch, run.mix.p(), run.u.p(), b.q.q, nullptr, false, &post)
+                        .ok());
+        const auto xb = run.X.get();
+        b.mix = first(run.mix.get(), size_t(T));
+        b.u = first(run.u.get(), size_t(T * kDim));
+        const std::string t2 = tag + (carried ? " carried pre" : "");
+        EXPECT_EQ(xa, xb) << t2 << " X (rows past T untouched in both)";
+        EXPECT_EQ(std::memcmp(a.mix.data(), b.mix.data(), size_t(T) * sizeof(HcMix)), 0) << t2 << " mixes";
+        EXPECT_EQ(a.u, b.u) << t2 << " u";
+        expect_same_quant(a.q, b.q, T, kDim, t2.c_str());
+        if (carried) {
+          EXPECT_EQ(first(pre_a.get(), size_t(T * kHc)), first(pre_b.get(), size_t(T * kHc))) << t2 << " pre_out";
+        }
+      }
+    }
+  }
+  set_fast_pdl(false);
+  run.X.set(d.X);
+}
+
 TEST(FastSmall, NormQuantAndActQuant) {
   FB_NEED_GPU();
   Rng r(15);

@@ -107,25 +107,33 @@ class Arena {
     bufs_.push_back(std::move(b));
     return p;
   }
+  // A device copy of v, sent on `st` (nullptr: the arena's stream). With zero-copy uploads
+  // (CudaRunOptions::zero_copy_uploads) a small vector (<= kZeroCopyMaxBytes: decode and verify
+  // steps' tables; a prefill chunk's per-row tables, read by many kernels, are still copied) that
+  // fits the page-locked staging is not copied:
+  // the kernels read it there (mapped host memory, the same address on the device), which takes
+  // a stream operation, and the end of PDL overlap it brings, off the step. The staging is written
+  // once per step and reused only after the step's sync (~Arena), so it holds still while read.
   template <typename T>
-  T* upload(const std::vector<T>& v, Status& status) {
-    T* p = alloc<T>(int64_t(v.size()), status);
-    if (!p || v.empty()) return status.ok() ? p : nullptr;
+  T* upload(const std::vector<T>& v, Status& status, cudaStream_t st = nullptr) {
     const size_t bytes = v.size() * sizeof(T);
-    const void* src = v.data();
-    if (ws_) {
+    void* stage = nullptr;
+    if (ws_ && !v.empty()) {
       const size_t off = pin_need_;
       pin_need_ += round_up(bytes);
       if (pin_need_ <= ws_->pin_cap) {
-        void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
+        stage = static_cast<uint8_t*>(ws_->pinned) + off;
         std::memcpy(stage, v.data(), bytes);
-        src = stage;
+        if (zero_copy_ && bytes <= kZeroCopyMaxBytes) return static_cast<T*>(stage);
       }
     }
-    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    T* p = alloc<T>(int64_t(v.size()), status);
+    if (!p || v.empty()) return status.ok() ? p : nullptr;
+    status = cuda_status(cudaMemcpyAsync(p, stage ? stage : v.data(), bytes, cudaMemcpyHostToDevice, st ? st : st_), "upload");
     kprof_mark("upload");
     return status.ok() ? p : nullptr;
   }
+  void set_zero_copy(bool on) { zero_copy_ = on; }
 
   // Frames: device memory allocated after mark() is reused by allocations after release(m).
   // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
@@ -146,8 +154,10 @@ class Arena {
 
  private:
   static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
+  static constexpr size_t kZeroCopyMaxBytes = 8192;
   cudaStream_t st_;
   StepWorkspace* ws_;
+  bool zero_copy_ = false;
   size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;
   std::vector<DeviceBuffer> bufs_;
 };
@@ -159,6 +169,7 @@ class Arena {
 class CudaLayerOps {
  public:
   CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_, &m.ws_) {
+    arena_.set_zero_copy(m.run_.zero_copy_uploads);
     if (m_.profile_) prof_begin_ = event();
     if (m_.kernel_profile_) kprof_begin(st_);
     const int64_t D = c_.dim, hc = c_.hc_mult;
@@ -193,7 +204,7 @@ class CudaLayerOps {
   }
 
   Status status() const { return status_; }
-  ~CudaLayerOps() {
+  virtual ~CudaLayerOps() {
     for (auto& e : prof_) {
       cudaEventDestroy(e.a);
       cudaEventDestroy(e.b);
@@ -225,6 +236,18 @@ class CudaLayerOps {
   };
   // Nothing for an op to do: an earlier op failed, or every row left (bounded replay).
   bool no_rows() const { return !ok() || T_ == 0; }
+  // Work a step may add to the side stream of moe(l) (after the shared expert, before the join):
+  // the backbone step's ring writes (CudaRunOptions::ring_on_side). Returns nothing; sets status.
+  virtual void moe_side(int /*l*/, cudaStream_t /*side*/) {}
+  // Whether layer l's FFN-site hc_post may wait for layer l + 1's attention site (defer_hc_post):
+  // nothing between them reads or writes X, pre_ or y_. A draft step never defers it.
+  virtual bool defer_ffn_post_ok(int /*l*/) const { return false; }
+  // Runs a pending hc_post now (before anything else reads X or pre_).
+  void flush_post() {
+    if (!post_pending_) return;
+    post_pending_ = false;
+    step(fast_hc_post(post_.y, post_.X, T_, c_.hc_mult, c_.dim, post_.mix, post_.pre_out, st_));
+  }
   // After the stream was synchronised: op times into the executor's profile; a backbone step's
   // also into the executor's op times by family (Executor::stats).
   size_t prof_open(const char* name) {
@@ -276,13 +299,18 @@ class CudaLayerOps {
       // [fast] the whole site in one launch: mixes, and u = RMSNorm(collapse(X, carried pre)) with
       // its codes (hc_collapse_norm then has nothing left to do); X stays as it is, so hc_expand
       // updates it in place and no residual copy is made.
-      const auto [pre, stride] = collapse_pre(site);
+      auto [pre, stride] = collapse_pre(site);
+      // a pending hc_post (defer_hc_post) runs inside this site's partial kernel; the FFN site's
+      // carried pre is then read from its mix (the kernel writes pre_ as it goes)
+      if (post_pending_ && post_.pre_out == pre) std::tie(pre, stride) = mix_pre(post_.mix);
       step(fast_hc_site(X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
                         a ? w.hc_attn_base : w.hc_ffn_base, c_.hc_sinkhorn_iters, c_.hc_eps, pre, stride, a ? w.attn_norm : w.ffn_norm,
-                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_));
+                        hc_scratch(), a ? mix_a_ : mix_f_, u_, uq_, st_, false, post_pending_ ? &post_ : nullptr));
+      post_pending_ = false;
       fused_site_[a ? 0 : 1] = true;
       return;
     }
+    flush_post();
     fused_site_[a ? 0 : 1] = false;
     if (tc_ && T_ >= kTcMinGemmRows && m_.tc_hc_mixes_)  // prefill rows: the mix dots on tensor cores (tc_gemm.h)
       step(tc_hc_mixes(*tc_, X_, T_, c_.hc_mult, c_.dim, a ? w.hc_attn_fn : w.hc_ffn_fn, c_.norm_eps, a ? w.hc_attn_scale : w.hc_ffn_scale,
@@ -299,6 +327,7 @@ class CudaLayerOps {
     ProfScope prof_scope_(this, "hc_collapse_norm");
     if (no_rows()) return;
     if (fused_site_[site == Site::kAttn ? 0 : 1]) return;  // done by hc_mixes' fused site kernel
+    flush_post();
     const DevLayer& w = m_.layers_[size_t(l)];
     const int hc = c_.hc_mult;
     if (site == Site::kFfn) copy_d2d(residual_, X_, T_ * hc * c_.dim * 2);
@@ -312,7 +341,10 @@ class CudaLayerOps {
   // attention site's mix pre (single-pass mHC); pointer and row stride in floats.
   std::pair<const float*, int64_t> collapse_pre(Site site) const {
     if (site == Site::kAttn) return {pre_, c_.hc_mult};
-    return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix_a_) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
+    return mix_pre(mix_a_);
+  }
+  static std::pair<const float*, int64_t> mix_pre(const HcMix* mix) {
+    return {reinterpret_cast<const float*>(reinterpret_cast<const char*>(mix) + offsetof(HcMix, pre)), int64_t(sizeof(HcMix) / sizeof(float))};
   }
   // [fast] attention of this step on fast_attention.h's kernels (attend()), and with the q / o RoPE
   // folded into them (CudaRunOptions::attn_fuse_rope; the same bits as the rope launches).
@@ -409,7 +441,13 @@ class CudaLayerOps {
     bool& fused = fused_site_[site == Site::kAttn ? 0 : 1];
     if (fused) {  // X is still the site's input: update in place
       fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
-      step(fast_hc_post(y_, X_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, site == Site::kFfn ? pre_ : nullptr, st_));
+      flush_post();
+      post_ = FastHcPost{y_, site == Site::kAttn ? mix_a_ : mix_f_, X_, site == Site::kFfn ? pre_ : nullptr};
+      post_pending_ = true;
+      // CudaRunOptions::defer_hc_post: left for the next site's partial kernel. The attention
+      // site's next op is always the FFN site's hc_mixes; the FFN site's only when the step says
+      // nothing reads X, pre_ or y_ before the next layer's attention site (defer_ffn_post_ok).
+      if (!m_.defer_hc_post_ || (site == Site::kFfn && !defer_ffn_post_ok(l))) flush_post();
       return;
     }
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
@@ -456,10 +494,11 @@ class CudaLayerOps {
       if (fast_small()) step(fast_swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
       else step(swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
       step(fast_fp8_gemv_q(sq, T_, w.sh_w2, ys, side));
+      moe_side(l, side);
       step(cuda_status(cudaEventRecord(m_.join_, side), "moe join"));
     }
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
-               experts, weights, route_scratch, st_));
+               experts, weights, route_scratch, st_, m_.fuse_route_ ? m_.route_counter_.get<unsigned>() : nullptr));
     bool shared_done = overlap;
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
@@ -517,16 +556,22 @@ class CudaLayerOps {
       // [fast] every (row, expert) pair on its own warps: row-invariant for any n. The kernels
       // take at most kFastGemvMaxRows rows a call; chunks keep whole activation rows (multiples of K).
       const int64_t step_rows = std::max<int64_t>(K, kFastGemvMaxRows / K * K);
+      // CudaRunOptions::fp4_early_tiles: the w2 launch copies its tiles before its PDL wait (ops.h
+      // ExpertPdl); needs the fused swiglu_quant (a PDL launch) between the two GEMV launches
+      const bool early = m_.fp4_early_tiles_ && fast_small();
       for (int64_t m0 = 0; m0 < n && ok(); m0 += step_rows) {
         const int64_t m = std::min(step_rows, n - m0);
         // several tokens' rows: those sharing an expert share its reads (same bits; CudaRunOptions::group_expert_rows)
-        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_, m_.group_rows_ && m > K));
+        step(fast_fp4_gemv2_q(rows_of(uq_, m0 / K, D), m, K, w.w1, w.w3, ids + m0, a + m0 * I, b + m0 * I, st_, m_.group_rows_ && m > K,
+                              early ? ExpertPdl::kTriggerAfterWait : ExpertPdl::kPlain));
       }
       if (fast_small()) step(fast_swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));  // routing weight before w2
       else step(swiglu_quant(a, b, n, I, c_.swiglu_limit, weights, q_buf_, st_));
       for (int64_t m0 = 0; m0 < n && ok(); m0 += kFastGemvMaxRows) {
         const int64_t m = std::min(kFastGemvMaxRows, n - m0);
-        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_, m_.group_rows_ && m > K));
+        // the first w2 launch follows swiglu_quant, which follows the last w1w3 launch
+        step(fast_fp4_gemv_q(rows_of(q_buf_, m0, I), m, 1, w.w2, ids + m0, ye + m0 * D, st_, m_.group_rows_ && m > K,
+                             early && m0 == 0 ? ExpertPdl::kIdsBeforeWait : ExpertPdl::kPlain));
       }
     } else {
       step(fp4_gemm2_q(uq_, n, K, w.w1, w.w3, ids, a, b, st_));
@@ -639,14 +684,18 @@ class CudaLayerOps {
     return arena_.alloc<T>(n, status_);
   }
   template <typename T>
-  T* upload(const std::vector<T>& v) {
-    return arena_.upload<T>(v, status_);
+  T* upload(const std::vector<T>& v, cudaStream_t st = nullptr) {
+    return arena_.upload<T>(v, status_, st);
   }
   // Several host vectors staged together and sent in ONE copy (each upload is its own copy on
   // the stream, a few microseconds of host and GPU time on the decode step's critical path); the
   // device pointer of each, 16-byte aligned, in argument order (all nullptr on failure).
   template <typename... Ts>
   std::tuple<Ts*...> upload_all(const std::vector<Ts>&... vs) {
+    return upload_all_on(nullptr, vs...);
+  }
+  template <typename... Ts>
+  std::tuple<Ts*...> upload_all_on(cudaStream_t st, const std::vector<Ts>&... vs) {
     constexpr size_t kAlign = 16;
     std::array<size_t, sizeof...(Ts)> off{};
     size_t total = 0, i = 0;
@@ -654,7 +703,7 @@ class CudaLayerOps {
     std::vector<uint8_t> pack(std::max<size_t>(total, 1));
     i = 0;
     ((vs.empty() ? void() : void(std::memcpy(pack.data() + off[i], vs.data(), vs.size() * sizeof(Ts))), ++i), ...);
-    uint8_t* base = upload(pack);
+    uint8_t* base = upload(pack, st);
     return pointers_at<Ts...>(base, off, std::index_sequence_for<Ts...>{});
   }
   template <typename... Ts, size_t... I>
@@ -885,6 +934,8 @@ class CudaLayerOps {
   cudaStream_t st_;
   Status status_;
   Arena arena_;
+  FastHcPost post_;              // a site's hc_post not yet run (defer_hc_post) ...
+  bool post_pending_ = false;     // ... when set
   bool rope_in_attn_ = false;  // attn_q left q un-rotated for attend()'s fast kernels
   bool o_unroped_ = false;     // attend() gave o already un-rotated: attn_output skips its rope
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,

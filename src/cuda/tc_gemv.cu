@@ -193,10 +193,13 @@ template <int MODE, int LL>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
-                                                         bool rows_x, FoldWs fold) {
+                                                         bool rows_x, FoldWs fold, int pdl_mode) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
   if constexpr (LF4) grouped = LL == 2;
-  pdl_trigger();
+  // pdl_mode (MXFP4 experts; ExpertPdl in ops.h): 0 plain; 1 trigger after the wait; 2 read the
+  // expert ids (through L2) and copy the tile and scales before the wait
+  const bool late_trigger = FP4 && pdl_mode == 1, early = FP4 && pdl_mode == 2;
+  if (!late_trigger) pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
   const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
@@ -240,12 +243,14 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // not depend on the grouping (test TcFp4GroupedEqualsUngrouped).
   int cnt = 1;
   if constexpr (FP4) {
-    pdl_wait();  // the expert ids come from the step
+    if (!early) pdl_wait();  // the expert ids come from the step
+    if (late_trigger) pdl_trigger();
+    const auto expert_of = [&](int64_t i) { return early ? __ldcg(expert + i) : expert[i]; };
     int64_t e = 0;
     if (grouped) {
       if (warp == 0) {
         const int sm = int(m), p0 = lane, p1 = lane + 32;
-        const int32_t e0 = p0 < M ? expert[p0] : -1, e1 = p1 < M ? expert[p1] : -1;
+        const int32_t e0 = p0 < M ? expert_of(p0) : -1, e1 = p1 < M ? expert_of(p1) : -1;
         const int32_t es = __shfl_sync(~0u, sm < 32 ? e0 : e1, sm & 31);
         const unsigned lo = __ballot_sync(~0u, p0 < M && e0 == es), hi = __ballot_sync(~0u, p1 < M && e1 == es);
         const unsigned below_lo = sm < 32 ? (1u << sm) - 1u : ~0u, below_hi = sm < 32 ? 0u : (1u << (sm - 32)) - 1u;
@@ -263,11 +268,17 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       }
       __syncthreads();
       cnt = grp[0];
-      if (cnt == 0) return;  // not a leader (or skipped): every CTA of the cluster has this m, all return
+      if (cnt == 0) {  // not a leader (or skipped): every CTA of the cluster has this m, all return
+        if (early) pdl_wait();  // (every CTA waits: the grid's end implies its predecessor's)
+        return;
+      }
       e = grp[1];
     } else {
-      e = expert ? expert[m] : 0;
-      if (e < 0) return;  // a skipped row: every CTA of the cluster has this row, all return
+      e = expert ? expert_of(m) : 0;
+      if (e < 0) {  // a skipped row: every CTA of the cluster has this row, all return
+        if (early) pdl_wait();
+        return;
+      }
     }
     W += e * w_stride;
     S += e * s_stride;
@@ -311,6 +322,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         wsc[r * kb_max + b] = dev::e8m0_val(S[n * KB + k0 / 32 + b]);
       }
     }
+    if (early) pdl_wait();  // the activation codes come from the step
     // activation row xm's codes of this chunk, block b, as staged row j: [even codes][odd codes]
     const auto stage = [&](int j, int64_t xm, int b) {
       const uint4* src = reinterpret_cast<const uint4*>(xc + xm * K + k0 + b * 32);
@@ -682,7 +694,7 @@ size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll) {
 
 template <int MODE>
 Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, const TcPart& pb, int64_t K, int64_t w_stride, int64_t s_stride,
-              const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}, bool grouped = false) {
+              const int32_t* expert, cudaStream_t st, const BfxArgs& bfx = {}, bool grouped = false, int pdl_mode = 0) {
   constexpr bool FP4 = MODE == kModeFp4;
   const TcChunks ch = tc_chunks(K, FP4);
   // scales by cp.async: FP8 activation scales always (f32 rows); MXFP4 weight scale rows when
@@ -727,7 +739,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold, pdl_mode));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -776,7 +788,7 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
 }
 
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st, bool group_rows) {
+                   const int32_t* expert, cudaStream_t st, bool group_rows, ExpertPdl pdl) {
   FB_CHECK(wa.K % 32 == 0 && wa.K > 0 && wa.K < (int64_t(1) << 30) && x_div >= 1) << "tc fp4 gemv K=" << wa.K << " x_div=" << x_div;
   FB_CHECK(!wb || (wb->N == wa.N && wb->K == wa.K && wb->w_stride == wa.w_stride && wb->s_stride == wa.s_stride)) << "tc fp4 gemv2: shapes differ";
   FB_CHECK(aligned16(wa.w) && (!wb || aligned16(wb->w)) && wa.w_stride % 16 == 0 && aligned16(q.codes)) << "tc fp4 gemv: 16-byte rows";
@@ -785,7 +797,7 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   const bool grouped = group_rows && expert != nullptr && M > 1 && M <= kMaxGroupRows;
-  return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st, {}, grouped);
+  return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st, {}, grouped, expert ? int(pdl) : 0);
 }
 
 Status tc_fp8_bf16x_gemv(const uint16_t* x, int64_t M, int64_t ldx, int64_t grp_rows, int64_t grp_stride, const Fp8W& w, uint16_t* y,

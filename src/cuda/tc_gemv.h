@@ -40,8 +40,9 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
 // y untouched) of wa (and of wb into yb when wb != nullptr; same shape and strides).
 // group_rows (rows of several tokens, 1 < M <= 64): the rows that chose the same expert share one
 // read of its tile (up to 8 as the mma's columns) instead of each reading it; the same bits.
+// pdl: ExpertPdl (ops.h); the same bits in every mode.
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st, bool group_rows = false);
+                   const int32_t* expert, cudaStream_t st, bool group_rows = false, ExpertPdl pdl = ExpertPdl::kPlain);
 
 // y [M, w.N] = x . w^T for bf16 activations x (row stride ldx) and the FP8 block-scaled weight w,
 // i.e. with the exact bf16 values w dequantises to (the reference's BF16 weight: grouped wo_a),
