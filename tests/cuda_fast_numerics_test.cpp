@@ -204,33 +204,36 @@ std::vector<std::vector<float>> run_two_sessions(model::Executor& ex) {
   return all;
 }
 
-// The launch-saving switches of the fast class (CudaRunOptions fuse_route, fp4_early_tiles,
-// ring_on_side, zero_copy_uploads, defer_hc_post) change where and when kernels run, never what they compute:
-// the same bits as with the switch off, over prompts, multi-session verify steps and decode.
+// The launch-saving switches of the fast class (CudaRunOptions defer_hc_post, defer_combine,
+// fp4_early_tiles) change where and when kernels run, never what they compute: the same bits as
+// with every switch off, over prompts, multi-session verify steps and decode.
 TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
   auto made = testing_util::write_test_tiny_model("fb_cuda_fast_switches_tiny", 13, true);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
+  const std::vector<std::string> names{"defer_hc_post", "defer_combine", "fp4_early_tiles"};
+  auto load = [&](const std::vector<std::string>& on) {
+    cuda::CudaLoadOptions o;
+    for (const std::string& n : names) EXPECT_TRUE(cuda::set_run_option(o.run, n, std::count(on.begin(), on.end(), n) ? "1" : "0").ok()) << n;
+    return cuda::CudaExecutor::load(*made, {}, o);
+  };
   std::vector<std::vector<float>> want;
   {
-    cuda::CudaLoadOptions o;
-    for (const char* name : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post"})
-      ASSERT_TRUE(cuda::set_run_option(o.run, name, "0").ok()) << name;
-    auto ex = cuda::CudaExecutor::load(*made, {}, o);
+    auto ex = load({});
     ASSERT_TRUE(ex.ok()) << ex.status().to_string();
     want = run_two_sessions(**ex);
   }
   ASSERT_EQ(want.size(), size_t(2 + 6 + 10));
-  for (const char* name : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post", "all"}) {
-    cuda::CudaLoadOptions o;
-    for (const char* each : {"fuse_route", "fp4_early_tiles", "ring_on_side", "zero_copy_uploads", "defer_hc_post"})
-      ASSERT_TRUE(cuda::set_run_option(o.run, each, std::string(name) == "all" || std::string(name) == each ? "1" : "0").ok());
-    auto ex = cuda::CudaExecutor::load(*made, {}, o);
+  const std::vector<std::vector<std::string>> configs{{"defer_hc_post"}, {"defer_hc_post", "defer_combine"}, {"fp4_early_tiles"}, names};
+  for (const auto& on : configs) {
+    std::string tag;
+    for (const auto& n : on) tag += n + " ";
+    auto ex = load(on);
     ASSERT_TRUE(ex.ok()) << ex.status().to_string();
     const auto got = run_two_sessions(**ex);
-    ASSERT_EQ(got.size(), want.size()) << name;
-    for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[k], want[k]) << name << ": logits of step " << k;
+    ASSERT_EQ(got.size(), want.size()) << tag;
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[k], want[k]) << tag << ": logits of step " << k;
   }
   std::filesystem::remove_all(*made);
 }

@@ -252,7 +252,7 @@ int run(const BenchArgs& a) {
         const std::vector<std::string>& values = ab.values;
         std::map<std::string, std::vector<double>> ms, mv;
         const int vr = std::max(1, a.verify_rows);
-        ab.rounds(3, **ex, [&](const std::string& v) {
+        ab.rounds(a.ab_rounds, **ex, [&](const std::string& v) {
           auto tv = bench::time_decode(**ex, *s, a.steps, vr);
           if (tv.ok()) {
             ms[v].push_back(tv->decode_ms);
@@ -617,6 +617,7 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--ab", a->ab_env,
                  "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0); "
                  "several, one after the other: NAME=v1,v2;NAME2=v1,v2");
+  app.add_option("--ab-rounds", a->ab_rounds, "with --ab: interleaved rounds per value (default 3; the medians over them)")->check(CLI::Range(1, 100));
   app.add_option("--prefill-ab", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a CUDA run option on each chunk, NAME=v1,v2");
   app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU)")
       ->check(CLI::IsMember({"fast", "exact"}));

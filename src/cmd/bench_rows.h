@@ -42,6 +42,7 @@ struct BenchArgs {
   std::vector<int64_t> prefill_at;
   std::vector<int64_t> prefill_gemms;
   std::string ab_env;
+  int ab_rounds = 3;  // --ab: interleaved rounds per value (medians)
   std::string prefill_ab_env;
   std::string numerics = "fast";
   std::vector<std::string> cuda_opts;

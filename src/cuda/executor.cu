@@ -510,29 +510,10 @@ class CudaStep : public CudaLayerOps {
     return r.engram_table < 0 && r.dspark_tap < 0 && l + 1 != c_.decoder_start;
   }
 
-  // CudaRunOptions::ring_on_side: layer l's ring writes on the side stream of its MoE (after
-  // the layer's attention, which the fork follows; joined before the combine, so before any later
-  // reader of the ring). Nothing on the main stream between the fork and end_layer touches rings.
-  void moe_side(int l, cudaStream_t side) override {
-    if (!m_.ring_on_side_ || ring_written_ == l) return;
-    ring_write(l, side);
-    ring_written_ = l;
-  }
-
   void end_layer(int l) {
     ProfScope prof_scope_(this, "end_layer");
     if (!ok()) return;
-    if (ring_written_ != l) ring_write(l, st_);
-    if (taps_ && taps_->enabled) {
-      if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
-      // Every row of the step (rows that left keep the stream they left with, as on the CPU).
-      download(taps_->after_block[size_t(l)], X_first_, int64_t(step_.rows.size()) * c_.hc_mult * c_.dim);
-      sync();
-    }
-  }
-
-  // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
-  void ring_write(int l, cudaStream_t st) {
+    // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
     std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
     for (int64_t t = 0; t < T_; ++t) {
       const int s = row(t).session;
@@ -546,8 +527,14 @@ class CudaStep : public CudaLayerOps {
       src.push_back(v.first);
       dst.push_back(v.second);
     }
-    const auto [src_d, dst_d] = upload_all_on(st, src, dst);
-    if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st));
+    const auto [src_d, dst_d] = upload_all(src, dst);
+    if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st_));
+    if (taps_ && taps_->enabled) {
+      if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
+      // Every row of the step (rows that left keep the stream they left with, as on the CPU).
+      download(taps_->after_block[size_t(l)], X_first_, int64_t(step_.rows.size()) * c_.hc_mult * c_.dim);
+      sync();
+    }
   }
 
   void head() {
@@ -657,7 +644,6 @@ class CudaStep : public CudaLayerOps {
   model::StepOutput out_;
   std::vector<int64_t> first_row_, start_;
   int n_taps_ = 0;
-  int ring_written_ = -1;          // the last layer whose ring writes moe_side issued (ring_on_side)
   double issue_ms_ = -1;  // host ms from the step's start to its first output copy (take_output)
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]

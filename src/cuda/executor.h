@@ -219,13 +219,11 @@ struct CudaRunOptions {
   bool attn_split = true;             // attention: split a few rows' keys over several CTAs
   bool attn_predequant = true;        // ... and dequantise each key tile once per step
   bool bounded_replay = true;         // accept Row::replay_start (CUDA SWA bounded replay; IDENTICAL to the CPU's on the H200, 2026-12-01)
-  // Launches off the decode step's critical path (issue 19; each the same bits, tests in
-  // cuda_fast_numerics_test; off until their interleaved A/B on the H200):
-  bool fuse_route = false;            // kFast: router scores and top-k selection in one launch (steps of <= 8 rows)
+  // Launches off the decode step's critical path (issue 19; the same bits, tests in
+  // cuda_fast_numerics_test and cuda_fast_small_test; A/B in docs/results.md):
+  bool defer_hc_post = true;          // kFast: a site's hc_post runs inside the next site's partial kernel (fast_small.h FastHcPost)
+  bool defer_combine = false;         // kFast, with defer_hc_post: the MoE combine of a deferred FFN-site hc_post runs inside it too
   bool fp4_early_tiles = false;       // kFast: the routed w2 GEMV copies its expert tiles before its PDL wait
-  bool ring_on_side = false;          // kFast: a layer's window-ring writes on the side stream beside its routed experts
-  bool zero_copy_uploads = false;     // the step's small host tables read by the kernels from page-locked host memory (no copies)
-  bool defer_hc_post = false;         // kFast: a site's hc_post runs inside the next site's partial kernel (fast_small.h FastHcPost)
   // Cold prefill with tiered experts (issue 26, docs/tiers.md "Streaming experts during prefill"):
   // steps of at least expert_prefetch_min_rows rows copy the next tiered layer's non-resident
   // experts into a staging buffer (two, alternating) on a second copy stream while this layer
@@ -238,7 +236,7 @@ struct CudaRunOptions {
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
-// expert_prefetch, fuse_route, fp4_early_tiles, ring_on_side, zero_copy_uploads, defer_hc_post (booleans 0/1), expert_prefetch_min_rows (>= 1),
+// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles (booleans 0/1), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -477,8 +475,7 @@ class CudaExecutor final : public model::Executor {
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query
   // path (same kernels, same bits; the gaps of one chain filled by the other).
   bool overlap_ = true;
-  bool fuse_route_ = false, fp4_early_tiles_ = false, ring_on_side_ = false, defer_hc_post_ = false;
-  DeviceBuffer route_counter_;  // fuse_route: the fused router's arrival counter (zero between launches; stream_ only)
+  bool defer_hc_post_ = true, defer_combine_ = false, fp4_early_tiles_ = false;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,

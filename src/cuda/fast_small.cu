@@ -121,8 +121,23 @@ __global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uin
       const uint2 raw = *reinterpret_cast<const uint2*>(xr + a * dim + d0);  // written below: no read-only path
       xo[a][0] = bf_lo(raw.x), xo[a][1] = bf_hi(raw.x), xo[a][2] = bf_lo(raw.y), xo[a][3] = bf_hi(raw.y);
     }
-    const uint2 yraw = __ldg(reinterpret_cast<const uint2*>(post.y + t * dim + d0));
-    yv[0] = bf_lo(yraw.x), yv[1] = bf_hi(yraw.x), yv[2] = bf_lo(yraw.y), yv[3] = bf_hi(yraw.y);
+    const auto load4 = [](const uint16_t* p, float* v) {
+      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+      v[0] = bf_lo(raw.x), v[1] = bf_hi(raw.x), v[2] = bf_lo(raw.y), v[3] = bf_hi(raw.y);
+    };
+    if (post.ye) {  // moe_combine_kernel's sum: experts in order from 0, the shared expert last, one rounding
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v[4];
+      for (int k = 0; k < post.K; ++k) {
+        load4(post.ye + (t * post.K + k) * dim + d0, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = __fadd_rn(acc[e], v[e]);
+      }
+      load4(post.ys + t * dim + d0, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) yv[e] = __uint_as_float(uint32_t(to_bf(__fadd_rn(acc[e], v[e]))) << 16);
+    } else {
+      load4(post.y + t * dim + d0, yv);
+    }
     const HcMix& m = post.mix[t];
     uint32_t o[HC][2];
 #pragma unroll
@@ -586,7 +601,9 @@ Status fast_hc_site(const uint16_t* X, int64_t T, int hc, int64_t dim, const flo
   const dim3 grid{unsigned(chunks), unsigned(T)}, fgrid{unsigned((dim + kFinishDims - 1) / kFinishDims), unsigned(T)};
   const bool pdl = fast_pdl();
   cudaError_t e1 = cudaSuccess, e2 = cudaSuccess;
-  if (post) FB_CHECK(post->X == X && post->y && post->mix && aligned16(post->y)) << "fast_hc_site: the pending hc_post is of another X";
+  if (post)
+    FB_CHECK(post->X == X && post->mix && (post->ye ? post->ys && post->K > 0 && aligned16(post->ye) && aligned16(post->ys) : post->y && aligned16(post->y)))
+        << "fast_hc_site: the pending hc_post is of another X or lacks its y";
   const FastHcPost no_post{};
   auto go = [&](auto partial, auto partial_post, auto finish) {
     e1 = post ? launch_pdl(pdl, partial_post, grid, dim3(kSiteThreads), 0, st, X, dim, fn, pre, pre_stride, scratch.partials, scratch.h, *post)

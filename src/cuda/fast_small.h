@@ -46,11 +46,16 @@ struct FastHcScratch {
 // A site's hc_post left for the next site's partial kernel (CudaRunOptions::defer_hc_post):
 // X[t, b] = bf16(post[b] y[t] + sum_a comb[a, b] X[t, a]) with mix[t], and pre_out[t, :] =
 // mix[t].pre when pre_out != nullptr, as fast_hc_post gives them (the same bits), one launch fewer.
+// With ye != nullptr (CudaRunOptions::defer_combine) y is the MoE combine of ye [T, K, dim] and ys
+// [T, dim], computed as moe_combine does it (y not stored).
 struct FastHcPost {
   const uint16_t* y = nullptr;
   const HcMix* mix = nullptr;
   uint16_t* X = nullptr;  // the site's X (the same array)
   float* pre_out = nullptr;
+  const uint16_t* ye = nullptr;
+  int K = 0;
+  const uint16_t* ys = nullptr;
 };
 
 // True when fast_hc_site handles this shape (hc <= 4: the (2 + hc) hc mixes fit one warp).

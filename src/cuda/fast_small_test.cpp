@@ -300,14 +300,16 @@ TEST(FastSmall, HcPostInPlace) {
 // The previous site's hc_post inside the next site's partial kernel (FastHcPost,
 // CudaRunOptions::defer_hc_post) against fast_hc_post and then the site: the same X, pre_out,
 // mixes, u and codes, bit for bit; with the carried pre read from the post's mix (the FFN site's
-// case: the kernel writes pre_out as the other CTAs collapse).
+// case: the kernel writes pre_out as the other CTAs collapse); and with y the MoE combine of
+// expert and shared outputs summed inside (defer_combine) against moe_combine first.
 TEST(FastSmall, HcPostInsideNextSiteSameBits) {
   FB_NEED_GPU();
   const SiteData d(15);
   SiteRunner run(d);
   Rng r(16);
   const std::vector<uint16_t> y = r.bf16(kMaxRows * kDim);
-  Dev<uint16_t> yd(y);
+  constexpr int kK = 6;
+  Dev<uint16_t> yd(y), ye(r.bf16(kMaxRows * kK * kDim)), ys(r.bf16(kMaxRows * kDim)), yc{size_t(kMaxRows * kDim)};
   Dev<HcMix> prev{size_t(kMaxRows)};
   Dev<float> pre_a{size_t(kMaxRows * kHc)}, pre_b{size_t(kMaxRows * kHc)};
   for (bool pdl : {false, true}) {
@@ -318,14 +320,16 @@ TEST(FastSmall, HcPostInsideNextSiteSameBits) {
       EXPECT_TRUE(hc_mixes(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, prev.p(), nullptr).ok());
       const float* prev_pre = reinterpret_cast<const float*>(reinterpret_cast<const char*>(prev.p()) + offsetof(HcMix, pre));
       const int64_t prev_stride = int64_t(sizeof(HcMix) / sizeof(float));
-      for (bool carried : {false, true}) {  // carried: the site collapses with the post's pre
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool carried = variant > 0, combine = variant == 2;  // carried: the site collapses with the post's pre
         const float* pre = carried ? prev_pre : run.pre.p();
         const int64_t stride = carried ? prev_stride : kHc;
         SiteOut a, b;
         // a: fast_hc_post, then the site
         run.X.set(d.X);
         pre_a.poison();
-        EXPECT_TRUE(fast_hc_post(yd.p(), run.X.p(), T, kHc, kDim, prev.p(), carried ? pre_a.p() : nullptr, nullptr).ok());
+        if (combine) EXPECT_TRUE(moe_combine(ye.p(), kK, ys.p(), T, kDim, yc.p(), nullptr).ok());
+        EXPECT_TRUE(fast_hc_post(combine ? yc.p() : yd.p(), run.X.p(), T, kHc, kDim, prev.p(), carried ? pre_a.p() : nullptr, nullptr).ok());
         EXPECT_TRUE(fast_hc_site(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, pre, stride, run.norm_w.p(),
                                  run.scratch, run.mix.p(), run.u.p(), a.q.q, nullptr)
                         .ok());
@@ -337,14 +341,15 @@ TEST(FastSmall, HcPostInsideNextSiteSameBits) {
         run.mix.poison();
         run.u.poison();
         pre_b.poison();
-        const FastHcPost post{yd.p(), prev.p(), run.X.p(), carried ? pre_b.p() : nullptr};
+        const FastHcPost post = combine ? FastHcPost{nullptr, prev.p(), run.X.p(), pre_b.p(), ye.p(), kK, ys.p()}
+                                        : FastHcPost{yd.p(), prev.p(), run.X.p(), carried ? pre_b.p() : nullptr};
         EXPECT_TRUE(fast_hc_site(run.X.p(), T, kHc, kDim, run.fn.p(), kEps, run.scale.p(), run.base.p(), kIters, kHcEps, pre, stride, run.norm_w.p(),
                                  run.scratch, run.mix.p(), run.u.p(), b.q.q, nullptr, false, &post)
                         .ok());
         const auto xb = run.X.get();
         b.mix = first(run.mix.get(), size_t(T));
         b.u = first(run.u.get(), size_t(T * kDim));
-        const std::string t2 = tag + (carried ? " carried pre" : "");
+        const std::string t2 = tag + (carried ? " carried pre" : "") + (combine ? " combine" : "");
         EXPECT_EQ(xa, xb) << t2 << " X (rows past T untouched in both)";
         EXPECT_EQ(std::memcmp(a.mix.data(), b.mix.data(), size_t(T) * sizeof(HcMix)), 0) << t2 << " mixes";
         EXPECT_EQ(a.u, b.u) << t2 << " u";

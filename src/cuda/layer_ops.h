@@ -107,33 +107,25 @@ class Arena {
     bufs_.push_back(std::move(b));
     return p;
   }
-  // A device copy of v, sent on `st` (nullptr: the arena's stream). With zero-copy uploads
-  // (CudaRunOptions::zero_copy_uploads) a small vector (<= kZeroCopyMaxBytes: decode and verify
-  // steps' tables; a prefill chunk's per-row tables, read by many kernels, are still copied) that
-  // fits the page-locked staging is not copied:
-  // the kernels read it there (mapped host memory, the same address on the device), which takes
-  // a stream operation, and the end of PDL overlap it brings, off the step. The staging is written
-  // once per step and reused only after the step's sync (~Arena), so it holds still while read.
   template <typename T>
-  T* upload(const std::vector<T>& v, Status& status, cudaStream_t st = nullptr) {
+  T* upload(const std::vector<T>& v, Status& status) {
+    T* p = alloc<T>(int64_t(v.size()), status);
+    if (!p || v.empty()) return status.ok() ? p : nullptr;
     const size_t bytes = v.size() * sizeof(T);
-    void* stage = nullptr;
-    if (ws_ && !v.empty()) {
+    const void* src = v.data();
+    if (ws_) {
       const size_t off = pin_need_;
       pin_need_ += round_up(bytes);
       if (pin_need_ <= ws_->pin_cap) {
-        stage = static_cast<uint8_t*>(ws_->pinned) + off;
+        void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
         std::memcpy(stage, v.data(), bytes);
-        if (zero_copy_ && bytes <= kZeroCopyMaxBytes) return static_cast<T*>(stage);
+        src = stage;
       }
     }
-    T* p = alloc<T>(int64_t(v.size()), status);
-    if (!p || v.empty()) return status.ok() ? p : nullptr;
-    status = cuda_status(cudaMemcpyAsync(p, stage ? stage : v.data(), bytes, cudaMemcpyHostToDevice, st ? st : st_), "upload");
+    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
     kprof_mark("upload");
     return status.ok() ? p : nullptr;
   }
-  void set_zero_copy(bool on) { zero_copy_ = on; }
 
   // Frames: device memory allocated after mark() is reused by allocations after release(m).
   // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
@@ -154,10 +146,8 @@ class Arena {
 
  private:
   static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
-  static constexpr size_t kZeroCopyMaxBytes = 8192;
   cudaStream_t st_;
   StepWorkspace* ws_;
-  bool zero_copy_ = false;
   size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;
   std::vector<DeviceBuffer> bufs_;
 };
@@ -169,7 +159,6 @@ class Arena {
 class CudaLayerOps {
  public:
   CudaLayerOps(const CudaExecutor& m, int64_t n_rows) : m_(m), c_(m.cfg_), T_(n_rows), st_(m.stream_), arena_(m.stream_, &m.ws_) {
-    arena_.set_zero_copy(m.run_.zero_copy_uploads);
     if (m_.profile_) prof_begin_ = event();
     if (m_.kernel_profile_) kprof_begin(st_);
     const int64_t D = c_.dim, hc = c_.hc_mult;
@@ -192,7 +181,12 @@ class CudaLayerOps {
                                        int64_t(c_.engram_cat_dim()), int64_t(c_.dspark_target_layer_ids.size()) * D});
     int max_active = 1;
     for (const LayerRole& r : c_.roles) max_active = std::max(max_active, r.n_active);
+    max_active_ = max_active;
     q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
+    if (m_.defer_combine_ && T_ <= kFastSmallMaxRows) {  // the MoE's outputs outlive its op (defer_combine)
+      ye_keep_ = alloc<uint16_t>(T_ * max_active * D);
+      ys_keep_ = alloc<uint16_t>(T_ * D);
+    }
     q_buf_.codes = alloc<uint8_t>(q_buf_.capacity);
     q_buf_.scales = alloc<float>(q_buf_.capacity / 32 + 1);
     uq_.capacity = T_ * D;
@@ -236,9 +230,6 @@ class CudaLayerOps {
   };
   // Nothing for an op to do: an earlier op failed, or every row left (bounded replay).
   bool no_rows() const { return !ok() || T_ == 0; }
-  // Work a step may add to the side stream of moe(l) (after the shared expert, before the join):
-  // the backbone step's ring writes (CudaRunOptions::ring_on_side). Returns nothing; sets status.
-  virtual void moe_side(int /*l*/, cudaStream_t /*side*/) {}
   // Whether layer l's FFN-site hc_post may wait for layer l + 1's attention site (defer_hc_post):
   // nothing between them reads or writes X, pre_ or y_. A draft step never defers it.
   virtual bool defer_ffn_post_ok(int /*l*/) const { return false; }
@@ -246,7 +237,14 @@ class CudaLayerOps {
   void flush_post() {
     if (!post_pending_) return;
     post_pending_ = false;
+    if (post_.ye) step(moe_combine(post_.ye, post_.K, post_.ys, T_, c_.dim, y_, st_));  // (post_.y is y_)
     step(fast_hc_post(post_.y, post_.X, T_, c_.hc_mult, c_.dim, post_.mix, post_.pre_out, st_));
+  }
+  // y_ = the MoE combine left by moe(l) (defer_combine) when the FFN site's hc_post runs now.
+  void flush_combine() {
+    if (!combine_pending_) return;
+    combine_pending_ = false;
+    step(moe_combine(combine_.ye, combine_.K, combine_.ys, T_, c_.dim, y_, st_));
   }
   // After the stream was synchronised: op times into the executor's profile; a backbone step's
   // also into the executor's op times by family (Executor::stats).
@@ -443,6 +441,10 @@ class CudaLayerOps {
       fused = false;  // (a bounded-replay collapse before the next hc_mixes runs unfused)
       flush_post();
       post_ = FastHcPost{y_, site == Site::kAttn ? mix_a_ : mix_f_, X_, site == Site::kFfn ? pre_ : nullptr};
+      if (site == Site::kFfn && combine_pending_) {  // y_ is computed inside the post (defer_combine)
+        combine_pending_ = false;
+        post_.ye = combine_.ye, post_.K = combine_.K, post_.ys = combine_.ys;
+      }
       post_pending_ = true;
       // CudaRunOptions::defer_hc_post: left for the next site's partial kernel. The attention
       // site's next op is always the FFN site's hc_mixes; the FFN site's only when the step says
@@ -450,6 +452,7 @@ class CudaLayerOps {
       if (!m_.defer_hc_post_ || (site == Site::kFfn && !defer_ffn_post_ok(l))) flush_post();
       return;
     }
+    flush_combine();
     step(hc_post(y_, residual_, T_, c_.hc_mult, c_.dim, site == Site::kAttn ? mix_a_ : mix_f_, X_, st_));
     if (site == Site::kFfn) step(hc_take_pre(mix_f_, T_, c_.hc_mult, pre_, st_));
   }
@@ -469,8 +472,11 @@ class CudaLayerOps {
     const int64_t ab_rows = tc_ ? T_ : n;
     uint16_t* a = alloc<uint16_t>(ab_rows * I);
     uint16_t* b = alloc<uint16_t>(ab_rows * I);
-    uint16_t* ye = alloc<uint16_t>(n * D);
-    uint16_t* ys = alloc<uint16_t>(T_ * D);
+    // CudaRunOptions::defer_combine: the combine is left to the FFN site's deferred hc_post (which
+    // then reads ye and ys in the next layer: step-lifetime buffers)
+    const bool defer_combine = ye_keep_ && fast_small() && m_.defer_hc_post_ && K <= max_active_ && defer_ffn_post_ok(l);
+    uint16_t* ye = defer_combine ? ye_keep_ : alloc<uint16_t>(n * D);
+    uint16_t* ys = defer_combine ? ys_keep_ : alloc<uint16_t>(T_ * D);
     if (!ok()) return;
     float* route_scratch = alloc<float>(2 * T_ * r.n_experts);
     if (!ok()) return;
@@ -494,11 +500,10 @@ class CudaLayerOps {
       if (fast_small()) step(fast_swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
       else step(swiglu_quant(sa, sb, T_, I, c_.swiglu_limit, nullptr, sq, side));
       step(fast_fp8_gemv_q(sq, T_, w.sh_w2, ys, side));
-      moe_side(l, side);
       step(cuda_status(cudaEventRecord(m_.join_, side), "moe join"));
     }
     step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
-               experts, weights, route_scratch, st_, m_.fuse_route_ ? m_.route_counter_.get<unsigned>() : nullptr));
+               experts, weights, route_scratch, st_));
     bool shared_done = overlap;
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
@@ -544,6 +549,11 @@ class CudaLayerOps {
     }
     shared();
     if (overlap) step(cuda_status(cudaStreamWaitEvent(st_, m_.join_, 0), "moe join"));
+    if (defer_combine) {
+      combine_ = FastHcPost{nullptr, nullptr, nullptr, nullptr, ye, int(K), ys};
+      combine_pending_ = true;
+      return;
+    }
     step(moe_combine(ye, int(K), ys, T_, D, y_, st_));
   }
 
@@ -684,18 +694,14 @@ class CudaLayerOps {
     return arena_.alloc<T>(n, status_);
   }
   template <typename T>
-  T* upload(const std::vector<T>& v, cudaStream_t st = nullptr) {
-    return arena_.upload<T>(v, status_, st);
+  T* upload(const std::vector<T>& v) {
+    return arena_.upload<T>(v, status_);
   }
   // Several host vectors staged together and sent in ONE copy (each upload is its own copy on
   // the stream, a few microseconds of host and GPU time on the decode step's critical path); the
   // device pointer of each, 16-byte aligned, in argument order (all nullptr on failure).
   template <typename... Ts>
   std::tuple<Ts*...> upload_all(const std::vector<Ts>&... vs) {
-    return upload_all_on(nullptr, vs...);
-  }
-  template <typename... Ts>
-  std::tuple<Ts*...> upload_all_on(cudaStream_t st, const std::vector<Ts>&... vs) {
     constexpr size_t kAlign = 16;
     std::array<size_t, sizeof...(Ts)> off{};
     size_t total = 0, i = 0;
@@ -703,7 +709,7 @@ class CudaLayerOps {
     std::vector<uint8_t> pack(std::max<size_t>(total, 1));
     i = 0;
     ((vs.empty() ? void() : void(std::memcpy(pack.data() + off[i], vs.data(), vs.size() * sizeof(Ts))), ++i), ...);
-    uint8_t* base = upload(pack, st);
+    uint8_t* base = upload(pack);
     return pointers_at<Ts...>(base, off, std::index_sequence_for<Ts...>{});
   }
   template <typename... Ts, size_t... I>
@@ -936,6 +942,10 @@ class CudaLayerOps {
   Arena arena_;
   FastHcPost post_;              // a site's hc_post not yet run (defer_hc_post) ...
   bool post_pending_ = false;     // ... when set
+  FastHcPost combine_;            // the MoE combine's inputs (ye, K, ys) not yet summed (defer_combine) ...
+  bool combine_pending_ = false;  // ... when set
+  uint16_t *ye_keep_ = nullptr, *ys_keep_ = nullptr;  // defer_combine: step-lifetime MoE outputs [T, max_active, D], [T, D]
+  int max_active_ = 1;
   bool rope_in_attn_ = false;  // attn_q left q un-rotated for attend()'s fast kernels
   bool o_unroped_ = false;     // attend() gave o already un-rotated: attn_output skips its rope
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,

@@ -39,15 +39,18 @@ __global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, con
   }
 }
 
-// The selection of row t (block-wide): top_k by rank over the biased scores (ties toward the lower
-// id), weights from the raw scores, normalised, scaled, in ascending expert id (the fold order).
-// CG: read the scores through L2 (written by other CTAs of the same launch: route_fused_kernel).
-template <bool CG>
-__device__ void route_select(const float* score_g, const float* biased_g, int64_t t, int E, int top_k, bool norm_topk, float route_scale,
-                             int32_t* experts, float* weights, float* score, float* biased, int32_t* pick) {
+__global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
+                             float* weights) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
+  pdl_wait();
+  extern __shared__ float sm[];
+  float* score = sm;
+  float* biased = sm + E;
+  __shared__ int32_t pick[kMaxTopK];
+  const int64_t t = blockIdx.x;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    score[e] = CG ? __ldcg(score_g + t * E + e) : score_g[t * E + e];
-    biased[e] = CG ? __ldcg(biased_g + t * E + e) : biased_g[t * E + e];
+    score[e] = score_g[t * E + e];
+    biased[e] = biased_g[t * E + e];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -56,80 +59,32 @@ __device__ void route_select(const float* score_g, const float* biased_g, int64_
     if (rank < top_k) pick[rank] = e;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float w[kMaxTopK];
-    float sum = 0.0f;
-    for (int k = 0; k < top_k; ++k) {
-      w[k] = score[pick[k]];
-      sum = fm::add(sum, w[k]);
-    }
-    if (norm_topk && top_k > 1)
-      for (int k = 0; k < top_k; ++k) w[k] = fm::div(w[k], fm::add(sum, 1e-20f));
-    for (int k = 0; k < top_k; ++k) w[k] = fm::mul(w[k], route_scale);
-    int32_t ids[kMaxTopK];
-    for (int k = 0; k < top_k; ++k) ids[k] = pick[k];
-    // ascending expert id: the order of the f32 fold
-    for (int i = 1; i < top_k; ++i)
-      for (int j = i; j > 0 && ids[j - 1] > ids[j]; --j) {
-        const int32_t ti = ids[j];
-        ids[j] = ids[j - 1];
-        ids[j - 1] = ti;
-        const float tw = w[j];
-        w[j] = w[j - 1];
-        w[j - 1] = tw;
-      }
-    for (int k = 0; k < top_k; ++k) {
-      experts[t * top_k + k] = ids[k];
-      weights[t * top_k + k] = w[k];
-    }
+  if (threadIdx.x != 0) return;
+  float w[kMaxTopK];
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; ++k) {
+    w[k] = score[pick[k]];
+    sum = fm::add(sum, w[k]);
   }
-  __syncthreads();  // score / biased / pick are reused by the next row
-}
-
-__global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
-                             float* weights) {
-  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
-  pdl_wait();
-  extern __shared__ float sm[];
-  __shared__ int32_t pick[kMaxTopK];
-  route_select<false>(score_g, biased_g, blockIdx.x, E, top_k, norm_topk, route_scale, experts, weights, sm, sm + E, pick);
-}
-
-// route_scores_kernel and route_kernel in one launch (CudaRunOptions::fuse_route): every CTA
-// computes its warps' scores as route_scores_kernel does and counts its arrival; the last CTA to
-// arrive selects every row as route_kernel does and returns the counter to zero for the next
-// launch. The same arithmetic: the same bits.
-__global__ void route_fused_kernel(const uint16_t* u, int64_t T, int64_t D, const uint16_t* W, int E, const float* bias, const float* bias_vl,
-                                   const uint8_t* image, float gate_temp, bool vec, float* score, float* biased, int top_k, bool norm_topk,
-                                   float route_scale, int32_t* experts, float* weights, unsigned* counter) {
-  pdl_trigger();
-  pdl_wait();
-  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (w < T * E) {  // whole warps; every CTA still counts its arrival
-    const int64_t t = w / E;
-    const int e = int(w % E);
-    const uint16_t* ur = u + t * D;
-    const uint16_t* wr = W + int64_t(e) * D;
-    const float* b = (image && image[t] && bias_vl) ? bias_vl : bias;
-    float z = vec ? warp_dot_bf16_vec(ur, wr, D) : warp_lanes32(D, [&](int64_t k) { return fm::mul(bf(ur[k]), bf(wr[k])); });
-    z = fm::div(z, gate_temp);
-    const float s = fm::sqrt_rn(fm::softplus(z));
-    if ((threadIdx.x & 31) == 0) {
-      score[w] = s;
-      biased[w] = fm::add(s, b[e]);
-      __threadfence();
+  if (norm_topk && top_k > 1)
+    for (int k = 0; k < top_k; ++k) w[k] = fm::div(w[k], fm::add(sum, 1e-20f));
+  for (int k = 0; k < top_k; ++k) w[k] = fm::mul(w[k], route_scale);
+  int32_t ids[kMaxTopK];
+  for (int k = 0; k < top_k; ++k) ids[k] = pick[k];
+  // ascending expert id: the order of the f32 fold
+  for (int i = 1; i < top_k; ++i)
+    for (int j = i; j > 0 && ids[j - 1] > ids[j]; --j) {
+      const int32_t ti = ids[j];
+      ids[j] = ids[j - 1];
+      ids[j - 1] = ti;
+      const float tw = w[j];
+      w[j] = w[j - 1];
+      w[j - 1] = tw;
     }
+  for (int k = 0; k < top_k; ++k) {
+    experts[t * top_k + k] = ids[k];
+    weights[t * top_k + k] = w[k];
   }
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  extern __shared__ float sm[];
-  __shared__ int32_t pick[kMaxTopK];
-  for (int64_t t = 0; t < T; ++t) route_select<true>(score, biased, t, E, top_k, norm_topk, route_scale, experts, weights, sm, sm + E, pick);
-  if (threadIdx.x == 0) *counter = 0u;
 }
 
 __global__ void swiglu_kernel(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint16_t* h) {
@@ -290,19 +245,13 @@ __global__ void confidence_kernel(const uint16_t* hH, int64_t D, const uint16_t*
 
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
              const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights,
-             float* scratch, cudaStream_t st, unsigned* fuse_counter) {
+             float* scratch, cudaStream_t st) {
   FB_CHECK(top_k >= 1 && top_k <= kMaxTopK && top_k <= E && scratch) << "top_k " << top_k << " of " << E;
   if (T == 0) return Status();
   const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(u) & 15) == 0 && (reinterpret_cast<uintptr_t>(gate_w) & 15) == 0;
   float* score = scratch;
   float* biased = scratch + T * E;
   const bool pdl = fast_pdl();
-  if (fuse_counter && T <= kRouteFuseMaxRows) {
-    FB_CUDA_TRY(launch_pdl(pdl, route_fused_kernel, dim3(blocks_for(T * E, 8)), dim3(256), size_t(2 * E) * sizeof(float), st, u, T, D, gate_w, E,
-                           bias, bias_vl, image, gate_temp, vec, score, biased, top_k, norm_topk, route_scale, experts, weights, fuse_counter));
-    FB_CUDA_LAUNCHED("route_fused_kernel");
-    return Status();
-  }
   FB_CUDA_TRY(launch_pdl(pdl, route_scores_kernel, dim3(blocks_for(T * E, 8)), dim3(256), 0, st, u, T, D, gate_w, E, bias, bias_vl, image, gate_temp,
                          vec, score, biased));
   FB_CUDA_LAUNCHED("route_scores_kernel");

@@ -150,13 +150,9 @@ Status scale_bf16(uint16_t* x, int64_t n, float s, cudaStream_t st);
 // ---- MoE (cpu::route, swiglu_row, the f32 fold) --------------------------------------------------
 // experts/weights [T, top_k], ascending expert id (the fold order); bias_vl used where image[t].
 // scratch: 2 * T * E floats (per-expert scores of every row).
-// fuse_counter (a zeroed device counter used by one stream at a time; CudaRunOptions::fuse_route):
-// steps of at most kRouteFuseMaxRows rows score and select in one launch, the last CTA selecting
-// (the same bits); nullptr or more rows: two launches.
-constexpr int64_t kRouteFuseMaxRows = 8;
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
              const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights, float* scratch,
-             cudaStream_t st, unsigned* fuse_counter = nullptr);
+             cudaStream_t st);
 // act_quant(swiglu(a, b) [x weight[m]]) into q without storing h (n % 32 == 0): the codes and
 // scales swiglu followed by act_quant give.
 Status swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q, cudaStream_t st);

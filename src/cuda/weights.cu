@@ -77,11 +77,9 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
   if (name == "expert_prefetch") return flag(o.expert_prefetch);
-  if (name == "fuse_route") return flag(o.fuse_route);
-  if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
-  if (name == "ring_on_side") return flag(o.ring_on_side);
-  if (name == "zero_copy_uploads") return flag(o.zero_copy_uploads);
   if (name == "defer_hc_post") return flag(o.defer_hc_post);
+  if (name == "defer_combine") return flag(o.defer_combine);
+  if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
   if (name == "expert_prefetch_min_rows" || name == "expert_prefetch_entries") {
     char* end = nullptr;
     const long long v = std::strtoll(value.c_str(), &end, 10);
@@ -94,7 +92,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, fuse_route, fp4_early_tiles, ring_on_side, zero_copy_uploads, defer_hc_post)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -120,10 +118,9 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   fast_index_ = fast && o.fast_index;
   group_rows_ = o.group_expert_rows;
   overlap_ = fast && o.overlap;
-  fuse_route_ = fast && o.fuse_route;
-  fp4_early_tiles_ = fast && o.fp4_early_tiles;
-  ring_on_side_ = fast && o.ring_on_side;
   defer_hc_post_ = fast && o.defer_hc_post;
+  defer_combine_ = defer_hc_post_ && o.defer_combine;
+  fp4_early_tiles_ = fast && o.fp4_early_tiles;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
@@ -175,8 +172,6 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::from_snapshot(std::unique_pt
   FB_CUDA_TRY(cudaStreamCreateWithFlags(&ex->side_, cudaStreamNonBlocking));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->fork_, cudaEventDisableTiming));
   FB_CUDA_TRY(cudaEventCreateWithFlags(&ex->join_, cudaEventDisableTiming));
-  FB_RETURN_IF_ERROR(ex->route_counter_.alloc(sizeof(unsigned)));
-  FB_CUDA_TRY(cudaMemset(ex->route_counter_.get<uint8_t>(), 0, sizeof(unsigned)));
   ex->set_run_options(opt.run);
   FB_RETURN_IF_ERROR(ex->upload_weights(opt));
   return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
