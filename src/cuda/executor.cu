@@ -40,6 +40,7 @@ class CudaStep : public CudaLayerOps {
       s->tokens.push_back(step.rows[size_t(t)].token);
       s->image.push_back(step.rows[size_t(t)].image ? 1 : 0);
     }
+    early_tables();
   }
 
   model::StepOutput take_output() {
@@ -437,16 +438,15 @@ class CudaStep : public CudaLayerOps {
     }
   }
 
-  void attention(int l) {
-    OpScope op_scope_(this, "attention");
-    if (no_rows()) return;
-    const DevLayer& w = m_.layers_[size_t(l)];
+  // The window keys of layer l's attention for every row (decode rows: -1 padding at the front;
+  // prefill rows: at the end up to prefill_end's width), the rows' offsets into them and each row's
+  // compressed cache base. -1, or the position of a window row the ring lost.
+  int64_t window_tables(int l, std::vector<uint64_t>& win, std::vector<int32_t>& off, std::vector<uint64_t>& comp_base) const {
     const LayerRole& r = c_.roles[size_t(l)];
-    const int64_t hd = c_.head_dim, W = c_.window_size;
-    const float scale = float(1.0 / std::sqrt(double(hd)));
-    std::vector<uint64_t> win;
-    std::vector<int32_t> off{0};
-    std::vector<uint64_t> comp_base(static_cast<size_t>(T_), 0);
+    const int64_t W = c_.window_size;
+    win.clear();
+    off.assign(1, 0);
+    comp_base.assign(static_cast<size_t>(T_), 0);
     for (int64_t t = 0; t < T_; ++t) {
       const Row& row = this->row(t);
       const int s = row.session;
@@ -471,17 +471,39 @@ class CudaStep : public CudaLayerOps {
         for (int64_t i = 0; i < W - 1 - p; ++i) win.push_back(0);
         for (int64_t q = lo; q <= p; ++q) win.push_back(window_key(q));
       }
-      if (missing) {
-        step(FB_ERROR(kInternal) << "window row missing at layer " << l << " for position " << p);
-        return;
-      }
+      if (missing) return p;
       off.push_back(int32_t(win.size()));
       if (r.ratio > 0) comp_base[size_t(t)] = addr(sessions_[size_t(s)]->comp[size_t(r.kv_layer)].kv.get());
     }
+    return -1;
+  }
+
+  void attention(int l) {
+    OpScope op_scope_(this, "attention");
+    if (no_rows()) return;
+    const DevLayer& w = m_.layers_[size_t(l)];
+    const LayerRole& r = c_.roles[size_t(l)];
+    const int64_t hd = c_.head_dim;
+    const float scale = float(1.0 / std::sqrt(double(hd)));
     AttnKeys keys;
-    const auto [win_d, off_d, comp_base_d] = upload_all(win, off, comp_base);
-    keys.win = win_d;
-    keys.win_off = off_d;
+    uint64_t* comp_base_d = nullptr;
+    int max_win = 0;
+    if (!early_.empty()) {  // the step's tables, uploaded at its start (early_uploads)
+      const EarlyTables& e = early_[size_t(l)];
+      keys.win = e.win;
+      keys.win_off = e.off;
+      comp_base_d = e.comp_base;
+      max_win = e.max_win;
+    } else {
+      std::vector<uint64_t> win, comp_base;
+      std::vector<int32_t> off;
+      if (const int64_t p = window_tables(l, win, off, comp_base); p >= 0) {
+        step(FB_ERROR(kInternal) << "window row missing at layer " << l << " for position " << p);
+        return;
+      }
+      std::tie(keys.win, keys.win_off, comp_base_d) = upload_all(win, off, comp_base);
+      for (size_t t = 0; t + 1 < off.size(); ++t) max_win = std::max(max_win, off[t + 1] - off[t]);
+    }
     if (r.ratio > 0) {
       auto it = selections_.find(r.index_layer);
       if (it == selections_.end()) {
@@ -493,8 +515,6 @@ class CudaStep : public CudaLayerOps {
       keys.sel_ld = it->second.ld;
       keys.comp_base = comp_base_d;
     }
-    int max_win = 0;
-    for (size_t t = 0; t + 1 < off.size(); ++t) max_win = std::max(max_win, off[t + 1] - off[t]);
     const int max_keys = max_win + (keys.sel ? int(keys.sel_ld) : 0);
     if (tc_) {  // prefill rows: dots and P.V sums on tensor cores (tc_gemm.h)
       keys.max_keys = max_keys;
@@ -502,6 +522,69 @@ class CudaStep : public CudaLayerOps {
       return;
     }
     attend(l, keys, max_keys, w.attn_sink, scale);
+  }
+
+  // CudaRunOptions::early_uploads: a step of decode / verify rows uploads every layer's window
+  // tables and ring-write tables in one copy at its start instead of two copies per layer on the
+  // main stream (each a stream operation that also ends the PDL overlap of the kernel after it).
+  // They are what attention(l) and end_layer(l) would build: a layer's ring changes only in its
+  // own end_layer, and the compressed caches get this step's capacity first, so their bases hold.
+  struct EarlyTables {
+    const uint64_t* win = nullptr;
+    const int32_t* off = nullptr;
+    uint64_t* comp_base = nullptr;
+    const uint64_t *src = nullptr, *dst = nullptr;
+    int64_t n_writes = 0;
+    int max_win = 0;
+  };
+  void early_tables() {
+    if (!m_.early_uploads_ || T_ > kFastSmallMaxRows || !ok()) return;
+    for (int64_t t = 0; t < T_; ++t)
+      if (row(t).kind != RowKind::kDecode) return;
+    std::vector<int64_t> rows_of(sessions_.size(), 0);
+    for (int64_t t = 0; t < T_; ++t) ++rows_of[size_t(row(t).session)];
+    for (size_t s = 0; s < sessions_.size(); ++s)  // a step adds at most one entry per row to each compressed cache
+      for (size_t l = 0; l < sessions_[s]->comp.size() && rows_of[s]; ++l)
+        if (sessions_[s]->comp[l].ratio) step(sessions_[s]->reserve_compressed(int(l), sessions_[s]->comp[l].n_entries + rows_of[s], st_));
+    if (!ok()) return;
+    std::vector<uint8_t> pack;
+    auto put = [&](const auto& v) {
+      const size_t at = (pack.size() + 15) / 16 * 16, bytes = v.size() * sizeof(v[0]);
+      pack.resize(at + bytes);
+      if (bytes) std::memcpy(pack.data() + at, v.data(), bytes);
+      return at;
+    };
+    struct At {
+      size_t win, off, comp_base, src, dst;
+      int64_t n_writes;
+      int max_win;
+    };
+    std::vector<At> at(size_t(c_.n_layers));
+    std::vector<uint64_t> win, comp_base, src, dst;
+    std::vector<int32_t> off;
+    for (int l = 0; l < c_.n_layers; ++l) {
+      if (window_tables(l, win, off, comp_base) >= 0) return;  // attention(l) builds them and reports it
+      ring_tables(l, src, dst);
+      At& a = at[size_t(l)];
+      a.win = put(win), a.off = put(off), a.comp_base = put(comp_base), a.src = put(src), a.dst = put(dst);
+      a.n_writes = int64_t(src.size());
+      a.max_win = 0;
+      for (size_t t = 0; t + 1 < off.size(); ++t) a.max_win = std::max(a.max_win, off[t + 1] - off[t]);
+    }
+    uint8_t* base = upload(pack);
+    if (!base || !ok()) return;
+    early_.resize(size_t(c_.n_layers));
+    for (int l = 0; l < c_.n_layers; ++l) {
+      const At& a = at[size_t(l)];
+      EarlyTables& e = early_[size_t(l)];
+      e.win = reinterpret_cast<const uint64_t*>(base + a.win);
+      e.off = reinterpret_cast<const int32_t*>(base + a.off);
+      e.comp_base = reinterpret_cast<uint64_t*>(base + a.comp_base);
+      e.src = reinterpret_cast<const uint64_t*>(base + a.src);
+      e.dst = reinterpret_cast<const uint64_t*>(base + a.dst);
+      e.n_writes = a.n_writes;
+      e.max_win = a.max_win;
+    }
   }
 
   bool defer_ffn_post_ok(int l) const override {
@@ -514,26 +597,42 @@ class CudaStep : public CudaLayerOps {
     ProfScope prof_scope_(this, "end_layer");
     if (!ok()) return;
     // Ring writes after every row of the step attended; of rows sharing a slot the last wins.
-    std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
     for (int64_t t = 0; t < T_; ++t) {
-      const int s = row(t).session;
-      DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
-      const int64_t p = row(t).pos;
-      writes[(int64_t(s) << 40) + p % ring.slots] = {addr(kv_codes_ + t * row_bytes()), addr(ring.slot(p))};
-      ring.pos[size_t(p % ring.slots)] = p;
+      DevRing& ring = sessions_[size_t(row(t).session)]->rings[size_t(l)];
+      ring.pos[size_t(row(t).pos % ring.slots)] = row(t).pos;
     }
-    std::vector<uint64_t> src, dst;
-    for (auto& [k, v] : writes) {
-      src.push_back(v.first);
-      dst.push_back(v.second);
+    if (!early_.empty()) {
+      const EarlyTables& e = early_[size_t(l)];
+      step(copy_rows(e.src, e.dst, e.n_writes, row_bytes(), st_));
+    } else {
+      std::vector<uint64_t> src, dst;
+      ring_tables(l, src, dst);
+      const auto [src_d, dst_d] = upload_all(src, dst);
+      if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st_));
     }
-    const auto [src_d, dst_d] = upload_all(src, dst);
-    if (ok()) step(copy_rows(src_d, dst_d, int64_t(src.size()), row_bytes(), st_));
     if (taps_ && taps_->enabled) {
       if (taps_->after_block.size() < size_t(c_.n_layers)) taps_->after_block.resize(size_t(c_.n_layers));
       // Every row of the step (rows that left keep the stream they left with, as on the CPU).
       download(taps_->after_block[size_t(l)], X_first_, int64_t(step_.rows.size()) * c_.hc_mult * c_.dim);
       sync();
+    }
+  }
+
+  // The sources (the step's compact rows) and ring slots of layer l's ring writes; of rows sharing
+  // a slot the last wins.
+  void ring_tables(int l, std::vector<uint64_t>& src, std::vector<uint64_t>& dst) const {
+    std::map<int64_t, std::pair<uint64_t, uint64_t>> writes;  // key: session * 2^40 + slot
+    for (int64_t t = 0; t < T_; ++t) {
+      const int s = row(t).session;
+      const DevRing& ring = sessions_[size_t(s)]->rings[size_t(l)];
+      const int64_t p = row(t).pos;
+      writes[(int64_t(s) << 40) + p % ring.slots] = {addr(kv_codes_ + t * row_bytes()), addr(ring.slot(p))};
+    }
+    src.clear();
+    dst.clear();
+    for (auto& [k, v] : writes) {
+      src.push_back(v.first);
+      dst.push_back(v.second);
     }
   }
 
@@ -644,6 +743,7 @@ class CudaStep : public CudaLayerOps {
   model::StepOutput out_;
   std::vector<int64_t> first_row_, start_;
   int n_taps_ = 0;
+  std::vector<EarlyTables> early_;  // early_uploads: every layer's tables (empty: built per layer)
   double issue_ms_ = -1;  // host ms from the step's start to its first output copy (take_output)
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]

@@ -23,7 +23,6 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
-#include "cuda/fast_small.h"
 #include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
 
@@ -444,36 +443,6 @@ TEST(FastGemv, TcFp8Bf16xGrouped) {
   fp8_bf16x_case(rng, 8, 4096, 1024);  // wo_a at the released dims: 8 x (4096 -> 1024), 2 K chunks
   fp8_bf16x_case(rng, 2, 256, 64);     // the tiny fixtures' shape class
   fp8_bf16x_case(rng, 1, 5120, 96);    // ungrouped, 3 K chunks
-}
-
-// tc_fp8_gemv_x (act_quant in the GEMV's prologue, CudaRunOptions::fuse_act_quant) against
-// fast_act_quant followed by tc_fp8_gemv: the same bits, at row counts that stage 1, 3, 8 and 8 + 1
-// rows (zeros past M) and 64, with 1 to 4 K chunks and N not a multiple of 16.
-TEST(FastGemv, TcFp8QuantisingPrologueSameBits) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(23);
-  struct Case { int64_t N, K; };
-  for (Case c : {Case{5120, 8192}, Case{2048, 1280}, Case{1000, 2304}, Case{96, 2080}}) {
-    SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
-    const int64_t K = c.K, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    Dev<uint8_t> w(rng.e4m3(c.N * K)), s(rng.bytes(((c.N + 31) / 32) * KB, 118, 132));
-    const Fp8W W{w.p(), s.p(), c.N, K};
-    Dev<bf16_t> ya(size_t(kRows * c.N)), yb(size_t(kRows * c.N));
-    for (int64_t M : {1, 3, 8, 9, 64}) {
-      SCOPED_TRACE("M=" + std::to_string(M));
-      ya.poison();
-      yb.poison();
-      ASSERT_TRUE(fast_act_quant(dx.p(), M, K, q, nullptr).ok());
-      ASSERT_TRUE(tc_fp8_gemv(q, M, W, ya.p(), nullptr, nullptr, nullptr).ok());
-      ASSERT_TRUE(tc_fp8_gemv_x(dx.p(), M, W, yb.p(), nullptr).ok());
-      EXPECT_TRUE(ya.get() == yb.get()) << "prologue quantisation != fast_act_quant + tc_fp8_gemv";
-    }
-  }
 }
 
 // ---- scales by cp.async against plain loads ------------------------------------------------------

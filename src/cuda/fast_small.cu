@@ -43,6 +43,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Two e4m3 codes (RNE, the value already clamped to +-448) in the low 16 bits.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 // act_quant of the 8 values v of chunk c (8-element chunk index in the row) held by this lane:
 // amax over the 32-block (the 4 lanes of the block), scale, codes. Every lane of the warp calls it
@@ -60,7 +66,7 @@ __device__ __forceinline__ void quant8(const float* v, bool on, int64_t c, uint8
   uint32_t w[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    w[e] = dev::e4m3x2_rn(fminf(fmaxf(__fdiv_rn(v[2 * e], s), -448.0f), 448.0f), fminf(fmaxf(__fdiv_rn(v[2 * e + 1], s), -448.0f), 448.0f));
+    w[e] = e4m3x2(fminf(fmaxf(__fdiv_rn(v[2 * e], s), -448.0f), 448.0f), fminf(fmaxf(__fdiv_rn(v[2 * e + 1], s), -448.0f), 448.0f));
   *reinterpret_cast<uint2*>(codes_row + c * 8) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
 }
 

@@ -757,11 +757,6 @@ class CudaLayerOps {
       step(tc_fp8_gemm(*tc_, x, M, w, y, q_buf_, st_));
       return;
     }
-    const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0 && w.K % 32 == 0;
-    if (m_.fuse_act_quant_ && fast_small() && m_.fast_gemv_ && fast_gemv_tc() && M <= kFastGemvMaxRows && aligned) {
-      step(tc_fp8_gemv_x(x, M, w, y, st_));  // act_quant inside the GEMV (CudaRunOptions::fuse_act_quant; the same bits)
-      return;
-    }
     if (fast_small() && M <= kFastGemvMaxRows && w.K % 32 == 0) step(fast_act_quant(x, M, w.K, q_buf_, st_));
     else step(act_quant(x, M, w.K, q_buf_, st_));
     gemm_q(q_buf_, M, w, y);

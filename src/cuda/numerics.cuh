@@ -101,14 +101,6 @@ __device__ __forceinline__ float pow2_ceil_bits(float t) {
   const int k = e - 127 + (m != 0 ? 1 : 0);
   return ldexpf(1.0f, k);
 }
-// Two e4m3 codes (RNE, the value already clamped to +-448) in the low 16 bits (the fast class's
-// act_quant: fast_small.cu quant8, tc_gemv.cu's quantising prologue).
-__device__ __forceinline__ uint32_t e4m3x2_rn(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 __device__ __forceinline__ float fp8_block_scale(float amax) {
   amax = smax(amax, 1e-4f);
   return pow2_ceil_bits(fm::mul(amax, __uint_as_float(0x3B124925u)));  // f32(1/448)

@@ -369,46 +369,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       cp_async16(smem_u32(xt + j * xrow + q * 16), src + (ok ? q * 16 : 0), ok ? 16 : 0);
     }
     cp_async_commit();
-  } else if (bx_args.x) {
-    // FP8 with bf16 activations (tc_fp8_gemv_x): act_quant of this chunk's 32-blocks here, thread
-    // per (row, block), the codes and scales fast_act_quant gives (amax from +0, any order; the
-    // scale; RNE codes of the clamped quotients), zeros past M as the copies below give them
-    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
-    pdl_wait();  // the activations come from the step
-    const int64_t m0 = m * kRowGroup;
-    for (int i = tid; i < xr * nb; i += kThreads) {
-      const int j = i / nb, b = i % nb;
-      uint4 cw[2] = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
-      float s = 0.0f;
-      if (m0 + j < M) {
-        const uint4* src = reinterpret_cast<const uint4*>(bx_args.x + (m0 + j) * bx_args.ldx + k0 + b * 32);
-        float v[32];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 raw = src[q];
-          const uint32_t wq[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            v[8 * q + 2 * e] = __uint_as_float(wq[e] << 16);
-            v[8 * q + 2 * e + 1] = __uint_as_float(wq[e] & 0xFFFF0000u);
-          }
-        }
-        float amax = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
-        s = dev::fp8_block_scale(amax);
-        uint32_t c[16];
-#pragma unroll
-        for (int e = 0; e < 16; ++e)
-          c[e] = dev::e4m3x2_rn(fminf(fmaxf(__fdiv_rn(v[2 * e], s), -448.0f), 448.0f), fminf(fmaxf(__fdiv_rn(v[2 * e + 1], s), -448.0f), 448.0f));
-        cw[0] = make_uint4(c[0] | c[1] << 16, c[2] | c[3] << 16, c[4] | c[5] << 16, c[6] | c[7] << 16);
-        cw[1] = make_uint4(c[8] | c[9] << 16, c[10] | c[11] << 16, c[12] | c[13] << 16, c[14] | c[15] << 16);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(xt + j * xrow + b * 32);
-      dst[0] = cw[0];
-      dst[1] = cw[1];
-      xsc[j * kb_max + b] = s;
-    }
   } else {
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activation codes come from the step
@@ -825,14 +785,6 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
   return launch<kModeFp8>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
-}
-
-Status tc_fp8_gemv_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st) {
-  FB_CHECK(w.K % 32 == 0 && w.K > 0 && w.K < (int64_t(1) << 30)) << "tc fp8 gemv (bf16 x) K=" << w.K;
-  FB_CHECK(aligned16(w.w) && aligned16(x)) << "tc fp8 gemv (bf16 x): 16-byte weight rows and activation rows";
-  if (M == 0 || w.N == 0) return Status();
-  const TcPart pa{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y};
-  return launch<kModeFp8>(QuantBuf{}, M, 1, pa, TcPart{}, w.K, 0, 0, nullptr, st, BfxArgs{x, w.K, 1, 0});
 }
 
 Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb,

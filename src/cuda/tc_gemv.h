@@ -36,10 +36,6 @@ namespace fb::cuda {
 // ya = q . wa^T [M, wa.N] and, when wb != nullptr, yb = q . wb^T (wb->K == wa.K) in one launch.
 // K % 32 == 0; 16-byte aligned weights and codes.
 Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st);
-// y = act_quant(x) . w^T for bf16 activation rows x [M, K] (K % 32 == 0, 16-byte rows): every CTA
-// quantises its chunk's 32-blocks itself, giving the codes and scales of fast_act_quant (so the
-// bits of fast_act_quant followed by tc_fp8_gemv) without that launch (CudaRunOptions::fuse_act_quant).
-Status tc_fp8_gemv_x(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, cudaStream_t st);
 // Experts: row m reads activation row m / x_div and expert expert[m] (nullptr: 0; < 0: skipped,
 // y untouched) of wa (and of wb into yb when wb != nullptr; same shape and strides).
 // group_rows (rows of several tokens, 1 < M <= 64): the rows that chose the same expert share one

@@ -80,7 +80,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "defer_hc_post") return flag(o.defer_hc_post);
   if (name == "defer_combine") return flag(o.defer_combine);
   if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
-  if (name == "fuse_act_quant") return flag(o.fuse_act_quant);
+  if (name == "early_uploads") return flag(o.early_uploads);
   if (name == "expert_prefetch_min_rows" || name == "expert_prefetch_entries") {
     char* end = nullptr;
     const long long v = std::strtoll(value.c_str(), &end, 10);
@@ -93,7 +93,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, fuse_act_quant)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -122,7 +122,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   defer_hc_post_ = fast && o.defer_hc_post;
   defer_combine_ = defer_hc_post_ && o.defer_combine;
   fp4_early_tiles_ = fast && o.fp4_early_tiles;
-  fuse_act_quant_ = fast && o.fuse_act_quant;
+  early_uploads_ = o.early_uploads;
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 
