@@ -224,7 +224,7 @@ struct CudaRunOptions {
   bool defer_hc_post = true;          // kFast: a site's hc_post runs inside the next site's partial kernel (fast_small.h FastHcPost)
   bool defer_combine = true;          // kFast, with defer_hc_post: the MoE combine of a deferred FFN-site hc_post runs inside it too
   bool fp4_early_tiles = true;        // kFast: the routed w2 GEMV copies its expert tiles before its PDL wait
-  bool early_uploads = false;         // decode / verify steps: every layer's window and ring tables in one copy at the step's start
+  bool early_uploads = true;          // decode / verify steps: every layer's window and ring tables in one copy at the step's start
   // Cold prefill with tiered experts (issue 26, docs/tiers.md "Streaming experts during prefill"):
   // steps of at least expert_prefetch_min_rows rows copy the next tiered layer's non-resident
   // experts into a staging buffer (two, alternating) on a second copy stream while this layer
@@ -476,7 +476,7 @@ class CudaExecutor final : public model::Executor {
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query
   // path (same kernels, same bits; the gaps of one chain filled by the other).
   bool overlap_ = true;
-  bool defer_hc_post_ = true, defer_combine_ = true, fp4_early_tiles_ = true, early_uploads_ = false;
+  bool defer_hc_post_ = true, defer_combine_ = true, fp4_early_tiles_ = true, early_uploads_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
