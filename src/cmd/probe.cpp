@@ -155,10 +155,10 @@ int run_probe(const ProbeArgs& a) {
   memory::TierRates rates;
   rates.hbm_bytes_per_s = a.hbm_gbps > 0 ? a.hbm_gbps * kGB : 4.3e12;
   // The rate the decode kernels reach today, measured (not the copy roofline): the fast class on
-  // the H200 streams a synthetic released-dimension token's 12.8944 GB (FP8 wo_a) in 10.2374 ms at
-  // 4K context with every expert resident (session 14, commit 5759d47, docs/bench/h200-synthetic-s14-5759d47.csv;
-  // session 9: 12.2955 ms).
-  const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 12.8944e9 / 10.2374e-3;
+  // the H200 streams a synthetic released-dimension token's 12.8944 GB (FP8 wo_a) in 9.6924 ms at
+  // 4K context with every expert resident (session 16, commit bb0368f, docs/bench/h200-synthetic-s16-bb0368f.csv;
+  // session 14: 10.2374 ms, session 9: 12.2955 ms).
+  const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 12.8944e9 / 9.6924e-3;
   rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
   rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
   {
