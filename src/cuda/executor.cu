@@ -352,13 +352,13 @@ class CudaStep : public CudaLayerOps {
     sel.ld = c_.index_topk;
     sel.ids = alloc<int32_t>(T_ * sel.ld);
     sel.count = alloc<int32_t>(T_);
-    const int64_t* ns = upload(n_scored);
+    const int64_t* ns = early_.empty() ? upload(n_scored) : early_[size_t(l)].n_scored;
     uint8_t* new_pool = r.candidate_source ? alloc<uint8_t>(T_ * ld) : nullptr;
     Frame frame_(this);
     uint16_t* iq = alloc<uint16_t>(T_ * IH * ihd);
     uint16_t* wts = alloc<uint16_t>(T_ * IH);
     float* I = alloc<float>(T_ * ld);
-    const auto [nv, kb] = upload_all(n_vis, keys_base);
+    const auto [nv, kb] = early_.empty() ? upload_all(n_vis, keys_base) : std::make_tuple(early_[size_t(l)].n_vis, early_[size_t(l)].keys_base);
     if (!ok()) return;
     gemm_q(qrq_, T_, w.idx_wq_b, iq);
     step(rope(iq, T_, IH, ihd, c_.rope_head_dim, pos_, rp.cos.get<float>(), rp.sin.get<float>(), false, st_));
@@ -529,6 +529,7 @@ class CudaStep : public CudaLayerOps {
   // main stream (each a stream operation that also ends the PDL overlap of the kernel after it).
   // They are what attention(l) and end_layer(l) would build: a layer's ring changes only in its
   // own end_layer, and the compressed caches get this step's capacity first, so their bases hold.
+  // Also index_select's row tables (visible counts, key bases) of the indexer layers.
   struct EarlyTables {
     const uint64_t* win = nullptr;
     const int32_t* off = nullptr;
@@ -536,6 +537,8 @@ class CudaStep : public CudaLayerOps {
     const uint64_t *src = nullptr, *dst = nullptr;
     int64_t n_writes = 0;
     int max_win = 0;
+    int64_t *n_scored = nullptr, *n_vis = nullptr;  // index_select's (indexer layers)
+    uint64_t* keys_base = nullptr;
   };
   void early_tables() {
     if (!m_.early_uploads_ || T_ > kFastSmallMaxRows || !ok()) return;
@@ -555,7 +558,7 @@ class CudaStep : public CudaLayerOps {
       return at;
     };
     struct At {
-      size_t win, off, comp_base, src, dst;
+      size_t win, off, comp_base, src, dst, n_vis = 0, keys_base = 0;
       int64_t n_writes;
       int max_win;
     };
@@ -570,6 +573,16 @@ class CudaStep : public CudaLayerOps {
       a.n_writes = int64_t(src.size());
       a.max_win = 0;
       for (size_t t = 0; t + 1 < off.size(); ++t) a.max_win = std::max(a.max_win, off[t + 1] - off[t]);
+      const LayerRole& r = c_.roles[size_t(l)];
+      if (r.index_source) {  // index_select's visible counts (decode rows score what they see) and key bases
+        std::vector<int64_t> n_vis(static_cast<size_t>(T_));
+        std::vector<uint64_t> keys_base(static_cast<size_t>(T_));
+        for (int64_t t = 0; t < T_; ++t) {
+          n_vis[size_t(t)] = (row(t).pos + 1) / r.ratio;
+          keys_base[size_t(t)] = addr(sessions_[size_t(row(t).session)]->comp[size_t(r.kv_layer)].keys.get());
+        }
+        a.n_vis = put(n_vis), a.keys_base = put(keys_base);
+      }
     }
     uint8_t* base = upload(pack);
     if (!base || !ok()) return;
@@ -584,6 +597,10 @@ class CudaStep : public CudaLayerOps {
       e.dst = reinterpret_cast<const uint64_t*>(base + a.dst);
       e.n_writes = a.n_writes;
       e.max_win = a.max_win;
+      if (c_.roles[size_t(l)].index_source) {
+        e.n_scored = e.n_vis = reinterpret_cast<int64_t*>(base + a.n_vis);
+        e.keys_base = reinterpret_cast<uint64_t*>(base + a.keys_base);
+      }
     }
   }
 
