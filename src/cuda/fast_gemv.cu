@@ -43,6 +43,7 @@
 #include "cuda/numerics.cuh"
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
+#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
@@ -703,7 +704,7 @@ Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y,
   FB_CHECK(aligned16(w.w) && aligned16(q.codes)) << "fast fp8 gemv: 16-byte weight rows and codes";
   FB_CHECK(M * w.K <= q.capacity) << "fast fp8 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || w.N == 0) return Status();
-  if (fast_gemv_tc()) return tc_fp8_gemv(q, M, w, y, nullptr, nullptr, st);
+  if (fast_gemv_tc()) return fast_gemv_rg() ? rg_fp8_gemv(q, M, w, y, nullptr, nullptr, st) : tc_fp8_gemv(q, M, w, y, nullptr, nullptr, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, w, y, nullptr, nullptr, st); });
 }
 
@@ -714,7 +715,7 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
   if (M == 0) return Status();
   if (wa.N == 0) return fast_fp8_gemv_q(q, M, wb, yb, st);
   if (wb.N == 0) return fast_fp8_gemv_q(q, M, wa, ya, st);
-  if (fast_gemv_tc()) return tc_fp8_gemv(q, M, wa, ya, &wb, yb, st);
+  if (fast_gemv_tc()) return fast_gemv_rg() ? rg_fp8_gemv(q, M, wa, ya, &wb, yb, st) : tc_fp8_gemv(q, M, wa, ya, &wb, yb, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, wa, ya, &wb, yb, st); });
 }
 

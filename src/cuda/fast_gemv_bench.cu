@@ -6,6 +6,7 @@
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
 #include "cuda/ops.h"
+#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
@@ -313,6 +314,95 @@ Status fast_gemv_bench() {
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
+  std::fflush(stdout);
+  return Status();
+}
+
+
+// The register-streaming FP8 GEMVs (rg_gemv.h) against the tensor-core tiles (tc_gemv.h) at the
+// released decode shapes, PDL on, M = 1 and 6; rg at 3 / 5 / 8 steps per warp and 2 / 3 steps in
+// flight; two interleaved passes. Then the five FP8 GEMVs of a layer back to back (one weight set
+// per layer, a different one per call: the chain's cost with launch overlap).
+Status rg_gemv_bench() {
+  const size_t pool_bytes = size_t(1) << 30;
+  DeviceBuffer pool, scales, codes, qscales, out;
+  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
+  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
+  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
+  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
+  const int64_t kMaxRows = 16, kMaxK = 8192;
+  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
+  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
+  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
+  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));
+  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 32768 * 2));
+  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
+  uint8_t* wp = pool.get<uint8_t>();
+  uint8_t* sp = scales.get<uint8_t>();
+  uint16_t* y = out.get<uint16_t>();
+  cudaStream_t st = nullptr;
+  constexpr int kReps = 60;
+  const bool tc_was = fast_gemv_tc(), rg_was = fast_gemv_rg(), pdl_was = fast_pdl();
+  set_fast_gemv_tc(true);
+  set_fast_pdl(true);
+  struct Fp8Case { const char* name; int64_t Na, Nb, K; };
+  const Fp8Case cases[] = {{"wq_a+wkv", 1280, 512, 5120}, {"wq_b", 32768, 0, 1280}, {"wo_b", 5120, 0, 8192}, {"w1+w3 s", 2304, 2304, 5120},
+                           {"w2 s", 5120, 0, 2304}};
+  const auto one = [&](const Fp8Case& c, int64_t M, int64_t slot, int64_t slices) {
+    const int64_t ba = c.Na * c.K, bb = c.Nb * c.K, o = (slot % slices) * (ba + bb);
+    const Fp8W a{wp + o, sp, c.Na, c.K}, b{wp + o + ba, sp, c.Nb, c.K};
+    return c.Nb ? fast_fp8_gemv2_q(q, M, a, y, b, y + kMaxRows * 32768, st) : fast_fp8_gemv_q(q, M, a, y, st);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Fp8Case& c : cases) {
+      const int64_t bytes = (c.Na + c.Nb) * c.K, slices = int64_t(pool_bytes) / bytes;
+      for (int64_t M : {1, 6}) {
+        std::printf("rg bench pass %d %-9s M=%lld:", pass, c.name, (long long)M);
+        double ms = 0.0;
+        set_fast_gemv_rg(false);
+        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return one(c, M, i, slices); }, &ms));
+        std::printf(" tc %.1f us %.0f GB/s |", ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
+        set_fast_gemv_rg(true);
+        for (int depth : {2, 3})
+          for (int iters : {3, 5, 8}) {
+            rg_gemv_set_depth(depth);
+            rg_gemv_set_iters(iters);
+            FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return one(c, M, i, slices); }, &ms));
+            std::printf(" rg d%d i%d %.1f us %.0f GB/s;", depth, iters, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
+          }
+        std::printf("\n");
+      }
+    }
+    // a layer's five FP8 GEMVs back to back, a different weight set per layer
+    int64_t layer_bytes = 0;
+    for (const Fp8Case& c : cases) layer_bytes += (c.Na + c.Nb) * c.K;
+    const int64_t layers = int64_t(pool_bytes) / layer_bytes;
+    for (int rg = 0; rg < 2; ++rg) {
+      set_fast_gemv_rg(rg == 1);
+      rg_gemv_set_depth(0);
+      rg_gemv_set_iters(0);
+      double ms = 0.0;
+      FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                 [&](int i) -> Status {
+                                   const int64_t base = (i % layers) * layer_bytes;
+                                   int64_t off = 0;
+                                   for (const Fp8Case& c : cases) {
+                                     const int64_t ba = c.Na * c.K, bb = c.Nb * c.K;
+                                     const Fp8W a{wp + base + off, sp, c.Na, c.K}, b{wp + base + off + ba, sp, c.Nb, c.K};
+                                     FB_RETURN_IF_ERROR(c.Nb ? fast_fp8_gemv2_q(q, 1, a, y, b, y + kMaxRows * 32768, st) : fast_fp8_gemv_q(q, 1, a, y, st));
+                                     off += ba + bb;
+                                   }
+                                   return Status();
+                                 },
+                                 &ms));
+      std::printf("rg bench pass %d layer chain M=1 %s: %.1f us %.0f GB/s\n", pass, rg ? "rg" : "tc", ms * 1e3, double(layer_bytes) / (ms * 1e-3) / 1e9);
+    }
+  }
+  rg_gemv_set_depth(0);
+  rg_gemv_set_iters(0);
+  set_fast_gemv_rg(rg_was);
+  set_fast_gemv_tc(tc_was);
+  set_fast_pdl(pdl_was);
   std::fflush(stdout);
   return Status();
 }

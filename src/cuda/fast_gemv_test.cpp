@@ -23,6 +23,7 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
+#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
 
@@ -194,6 +195,60 @@ TEST(FastGemv, TcFp8) {
   fp8_cases();
 }
 
+// Switches the FP8 calls to the register-streaming kernels (rg_gemv.h) for a scope.
+struct RgOn {
+  RgOn() {
+    set_fast_gemv_tc(true);
+    set_fast_gemv_rg(true);
+  }
+  ~RgOn() {
+    set_fast_gemv_rg(false);
+    set_fast_gemv_tc(false);
+    rg_gemv_set_iters(0);
+    rg_gemv_set_depth(0);
+  }
+};
+
+TEST(FastGemv, RgFp8) {
+  NEED_GPU();
+  RgOn rg;
+  fp8_cases();
+}
+
+// Other chunkings (3 and 8 steps per warp: more or fewer warps per CTA, other sums) meet the same
+// gates; 3 steps in flight compute the bits of 2.
+TEST(FastGemv, RgFp8ChunksAndDepth) {
+  NEED_GPU();
+  RgOn rg;
+  EXPECT_EQ(rg_chunks(1280).nk, 2);   // 10 steps of 128 bytes, 5 per warp
+  EXPECT_EQ(rg_chunks(2080).nk, 4);   // 17 steps (the last one block)
+  EXPECT_EQ(rg_chunks(8192).nk, 13);  // 64 steps
+  for (int iters : {3, 8}) {
+    SCOPED_TRACE("iters " + std::to_string(iters));
+    rg_gemv_set_iters(iters);
+    fp8_cases();
+  }
+  rg_gemv_set_iters(0);
+  Rng rng(31);
+  for (int64_t K : {int64_t(1280), int64_t(2080), int64_t(8192)}) {
+    const int64_t N = 272, KB = K / 32;
+    Dev<bf16_t> dx(rng.act(kRows * K));
+    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(kRows * K));
+    Dev<float> qs(size_t(kRows * KB));
+    const QuantBuf q{qc.p(), qs.p(), kRows * K};
+    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+    Dev<bf16_t> dy(size_t(kRows * N));
+    std::vector<bf16_t> by_depth[2];
+    for (int d : {2, 3}) {
+      rg_gemv_set_depth(d);
+      dy.poison();
+      ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, Fp8W{dw.p(), dws.p(), N, K}, dy.p(), nullptr).ok());
+      by_depth[d - 2] = dy.get();
+    }
+    expect_rows_same(by_depth[1], by_depth[0], N, 0, kRows, "rg depth 3 vs 2");
+  }
+}
+
 // Two weights of one K over the same codes in one launch (wq_a + wkv, shared w1 + w3): each
 // output bit for bit the single call's, for shapes whose split-K factors differ, at 1, 7, 64 rows.
 void fp8_pair_cases() {
@@ -230,6 +285,12 @@ TEST(FastGemv, Fp8PairEqualsTwoCalls) {
 TEST(FastGemv, TcFp8PairEqualsTwoCalls) {
   NEED_GPU();
   TcOn tc;
+  fp8_pair_cases();
+}
+
+TEST(FastGemv, RgFp8PairEqualsTwoCalls) {
+  NEED_GPU();
+  RgOn rg;
   fp8_pair_cases();
 }
 
@@ -760,6 +821,11 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
     ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(FastGemv, RgBench) {
+  NEED_GPU();
+  ASSERT_TRUE(rg_gemv_bench().ok());
 }
 
 TEST(FastGemv, Bench) {
