@@ -142,11 +142,13 @@ TEST(CudaFastNumerics, SmoothModelFastAgainstExactEndToEnd) {
   smooth_model_gate("tc", cuda::CudaRunOptions{});
 }
 
-// The same gate with the FP8 GEMVs on the register-streaming kernels (CudaRunOptions::rg_fp8).
-TEST(CudaFastNumerics, SmoothModelRgFp8AgainstExactEndToEnd) {
+// The same gate with the FP8 and MXFP4 GEMVs on the register-streaming kernels
+// (CudaRunOptions::rg_fp8, rg_fp4).
+TEST(CudaFastNumerics, SmoothModelRgAgainstExactEndToEnd) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   cuda::CudaRunOptions o;
   o.rg_fp8 = true;
+  o.rg_fp4 = true;
   smooth_model_gate("rg", o);
 }
 

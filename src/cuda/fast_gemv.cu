@@ -723,7 +723,9 @@ Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& 
                        bool group_rows, ExpertPdl pdl) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
-  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows, pdl);
+  if (fast_gemv_tc())
+    return fast_gemv_rg4() ? rg_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows, pdl)
+                           : tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows, pdl);
   return launch_fp4<false>(q, M, x_div, w, w, expert, y, nullptr, st);
 }
 
@@ -733,7 +735,9 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
-  if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows, pdl);
+  if (fast_gemv_tc())
+    return fast_gemv_rg4() ? rg_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows, pdl)
+                           : tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows, pdl);
   return launch_fp4<true>(q, M, x_div, wa, wb, expert, ya, yb, st);
 }
 

@@ -321,7 +321,7 @@ Status fast_gemv_bench() {
 
 // The register-streaming FP8 GEMVs (rg_gemv.h) against the tensor-core tiles (tc_gemv.h) at the
 // released decode shapes, PDL on, M = 1 and 6; rg at 3 / 5 / 8 steps per warp and 2 / 3 steps in
-// flight; two interleaved passes. Then the five FP8 GEMVs of a layer back to back (one weight set
+// flight; MXFP4 experts likewise; two interleaved passes. Then the five FP8 GEMVs of a layer back to back (one weight set
 // per layer, a different one per call: the chain's cost with launch overlap).
 Status rg_gemv_bench() {
   const size_t pool_bytes = size_t(1) << 30;
@@ -342,7 +342,7 @@ Status rg_gemv_bench() {
   uint16_t* y = out.get<uint16_t>();
   cudaStream_t st = nullptr;
   constexpr int kReps = 60;
-  const bool tc_was = fast_gemv_tc(), rg_was = fast_gemv_rg(), pdl_was = fast_pdl();
+  const bool tc_was = fast_gemv_tc(), rg_was = fast_gemv_rg(), rg4_was = fast_gemv_rg4(), pdl_was = fast_pdl();
   set_fast_gemv_tc(true);
   set_fast_pdl(true);
   struct Fp8Case { const char* name; int64_t Na, Nb, K; };
@@ -373,6 +373,50 @@ Status rg_gemv_bench() {
         std::printf("\n");
       }
     }
+    // MXFP4 experts (D = 5120, I = 2304, 16 experts): one token's 6 rows, and 6 tokens' 36 rows grouped
+    {
+      const int64_t D = 5120, I = 2304, eb = I * D / 2, esb = I * D / 32, E = 16;
+      const int64_t set = 3 * E * (eb + esb), slices = std::max<int64_t>(1, int64_t(pool_bytes) / set);
+      const auto wset = [&](int64_t i, int which, int64_t N, int64_t K) {
+        const int64_t base = (i % slices) * set + which * E * (eb + esb);
+        return Fp4W{wp + base, wp + base + E * eb, N, K, eb, esb};
+      };
+      DeviceBuffer ex64;
+      FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
+      int32_t e64[64];
+      for (int i = 0; i < 64; ++i) e64[i] = (i * 5 + i / 6) % int(E);
+      FB_CUDA_TRY(cudaMemcpy(ex64.get(), e64, sizeof(e64), cudaMemcpyHostToDevice));
+      for (int64_t M : {6, 36}) {
+        const bool grp = M > 6;
+        for (int w2 = 0; w2 < 2; ++w2) {
+          const auto call = [&](int64_t i) {
+            return w2 ? fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st, grp)
+                      : fast_fp4_gemv2_q(q, M, 6, wset(i, 0, I, D), wset(i, 1, I, D), ex64.get<int32_t>(), y, y + kMaxRows * 32768, st, grp);
+          };
+          // bytes read: the distinct experts of the call
+          bool seen[64] = {};
+          int distinct = 0;
+          for (int64_t r = 0; r < M; ++r)
+            if (!seen[e64[r]]) seen[e64[r]] = true, ++distinct;
+          const double bytes = double(distinct) * (w2 ? 1 : 2) * (eb + esb);
+          std::printf("rg bench pass %d fp4 %s M=%lld:", pass, w2 ? "w2   " : "w1+w3", (long long)M);
+          double ms = 0.0;
+          set_fast_gemv_rg4(false);
+          FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return call(i); }, &ms));
+          std::printf(" tc %.1f us %.0f GB/s |", ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+          set_fast_gemv_rg4(true);
+          for (int depth : {2, 3})
+            for (int iters : {3, 5, 8}) {
+              rg_gemv_set_depth(depth);
+              rg_gemv_set_iters(iters);
+              FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return call(i); }, &ms));
+              std::printf(" rg d%d i%d %.1f us %.0f GB/s;", depth, iters, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+            }
+          std::printf("\n");
+          set_fast_gemv_rg4(false);
+        }
+      }
+    }
     // a layer's five FP8 GEMVs back to back, a different weight set per layer
     int64_t layer_bytes = 0;
     for (const Fp8Case& c : cases) layer_bytes += (c.Na + c.Nb) * c.K;
@@ -401,6 +445,7 @@ Status rg_gemv_bench() {
   rg_gemv_set_depth(0);
   rg_gemv_set_iters(0);
   set_fast_gemv_rg(rg_was);
+  set_fast_gemv_rg4(rg4_was);
   set_fast_gemv_tc(tc_was);
   set_fast_pdl(pdl_was);
   std::fflush(stdout);

@@ -223,6 +223,7 @@ TEST(FastGemv, RgFp8ChunksAndDepth) {
   EXPECT_EQ(rg_chunks(1280).nk, 2);   // 10 steps of 128 bytes, 5 per warp
   EXPECT_EQ(rg_chunks(2080).nk, 4);   // 17 steps (the last one block)
   EXPECT_EQ(rg_chunks(8192).nk, 13);  // 64 steps
+  EXPECT_EQ(rg_chunks(2560).nk, 4);   // MXFP4 K = 5120: 20 steps
   for (int iters : {3, 8}) {
     SCOPED_TRACE("iters " + std::to_string(iters));
     rg_gemv_set_iters(iters);
@@ -397,12 +398,20 @@ TEST(FastGemv, TcFp4Experts) {
   fp4_expert_cases();
 }
 
+TEST(FastGemv, RgFp4Experts) {
+  NEED_GPU();
+  RgOn rg;
+  set_fast_gemv_rg4(true);
+  fp4_expert_cases();
+  set_fast_gemv_rg4(false);
+}
+
 // Rows of several tokens grouped by expert (tc_fp4_gemv group_rows) compute every output bit for
 // bit as ungrouped, for w1 + w3 pairs and single weights: few experts (groups of more than 8 rows,
 // so several leaders per expert), skipped rows untouched, x_div 1 and 6, M up to 64, 2 K chunks.
-TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
-  NEED_GPU();
-  TcOn tc;
+// gemv(q, M, x_div, A, ya, B or nullptr, yb, expert ids, group_rows): tc_fp4_gemv or rg_fp4_gemv.
+template <typename F>
+void fp4_grouped_cases(F gemv) {
   Rng rng(31);
   struct Case { int64_t N, K, x_div; int experts; };
   for (Case c : {Case{2304, 5120, 6, 3}, Case{5120, 2304, 1, 2}, Case{200, 1024, 6, 16}, Case{77, 2080, 1, 5}}) {
@@ -422,19 +431,53 @@ TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
       for (int grouped = 0; grouped < 2; ++grouped) {
         ya.poison();
         yb.poison();
-        ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), nullptr, grouped == 1).ok());
+        ASSERT_TRUE(gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), grouped == 1).ok());
         out[grouped][0] = ya.get();
         out[grouped][1] = yb.get();
       }
       EXPECT_TRUE(out[1][0] == out[0][0]) << "w1 grouped != ungrouped";
       EXPECT_TRUE(out[1][1] == out[0][1]) << "w3 grouped != ungrouped";
       ya.poison();
-      ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), nullptr, nullptr, dex.p(), nullptr, true).ok());
+      ASSERT_TRUE(gemv(q, M, c.x_div, A, ya.p(), nullptr, nullptr, dex.p(), true).ok());
       EXPECT_TRUE(ya.get() == out[0][0]) << "single weight grouped != ungrouped";
       for (int64_t m = 0; m < M; ++m)
         if (ex[size_t(m)] < 0) expect_rows_same(out[1][0], std::vector<bf16_t>(size_t(kRows * N), 0xFFFF), N, m, 1, "skipped row untouched");
     }
   }
+}
+
+TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
+  NEED_GPU();
+  fp4_grouped_cases([](const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& A, bf16_t* ya, const Fp4W* B, bf16_t* yb, const int32_t* ex, bool grp) {
+    return tc_fp4_gemv(q, M, x_div, A, ya, B, yb, ex, nullptr, grp);
+  });
+}
+
+TEST(FastGemv, RgFp4GroupedEqualsUngrouped) {
+  NEED_GPU();
+  fp4_grouped_cases([](const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& A, bf16_t* ya, const Fp4W* B, bf16_t* yb, const int32_t* ex, bool grp) {
+    return rg_fp4_gemv(q, M, x_div, A, ya, B, yb, ex, nullptr, grp);
+  });
+}
+
+// The three ExpertPdl modes of rg_fp4_gemv compute the same bits (single launches: no
+// predecessor, the modes differ only in where the ids and weights are read).
+TEST(FastGemv, RgFp4PdlModesSameBits) {
+  NEED_GPU();
+  Rng rng(37);
+  const Fp4Set set(rng, 2304, 5120, 6, 8);
+  std::vector<int32_t> ex(kRows);
+  for (auto& e : ex) e = rng.uniform(-1, 7);
+  Dev<int32_t> dex(ex);
+  Dev<bf16_t> ya(size_t(kRows * set.N));
+  std::vector<bf16_t> out[3];
+  for (int mode = 0; mode < 3; ++mode) {
+    ya.poison();
+    ASSERT_TRUE(rg_fp4_gemv(set.q, 6, 6, set.A, ya.p(), nullptr, nullptr, dex.p(), nullptr, false, ExpertPdl(mode)).ok());
+    out[mode] = ya.get();
+  }
+  EXPECT_TRUE(out[1] == out[0]) << "kTriggerAfterWait";
+  EXPECT_TRUE(out[2] == out[0]) << "kIdsBeforeWait";
 }
 
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk

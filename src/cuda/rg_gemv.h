@@ -37,13 +37,22 @@ namespace fb::cuda {
 // K % 32 == 0, 16-byte aligned weights and codes (weight rows of K bytes: K % 16 == 0).
 Status rg_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st);
 
-// The split of a K (exposed for tests): nk warps per CTA, each over `iters` 128-byte steps of a
-// weight row (the last warp's range may be shorter).
+// Experts (fast_gemv.h fast_fp4_gemv_q's semantics): row m reads activation row m / x_div and
+// expert expert[m] (nullptr: 0; < 0: skipped, y untouched) of wa (and of wb into yb when wb !=
+// nullptr; same shape and strides). The 16-byte slab slice of a lane is one 32-block; a 4 x 4
+// word transpose in the quad gives every lane 8 elements of each of the slab's four blocks.
+// group_rows (1 < M <= 64): rows that chose the same expert share its reads as the mma's columns
+// (up to 8; the same bits). pdl: ExpertPdl (ops.h). K % 32 == 0, (K / 2) % 16 == 0.
+Status rg_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, uint16_t* ya, const Fp4W* wb, uint16_t* yb, const int32_t* expert,
+                   cudaStream_t st, bool group_rows = false, ExpertPdl pdl = ExpertPdl::kPlain);
+
+// The split of a weight row of row_bytes (FP8: K, MXFP4: K / 2; exposed for tests): nk warps per
+// CTA, each over `iters` 128-byte steps of the row (the last warp's range may be shorter).
 struct RgChunks {
   int nk = 1;
   int iters = 1;
 };
-RgChunks rg_chunks(int64_t K);
+RgChunks rg_chunks(int64_t row_bytes);
 // Bench only: the target 128-byte steps per warp (<= 0: the default). Process-wide; changes the
 // bits (the chunking is part of the order), never row invariance.
 void rg_gemv_set_iters(int iters);
@@ -54,6 +63,9 @@ void rg_gemv_set_depth(int depth);
 // (CudaRunOptions::rg_fp8). Other bits than tc_gemv.h's kernels, the same guarantees.
 void set_fast_gemv_rg(bool on);
 bool fast_gemv_rg();
+// Process-wide: the MXFP4 expert calls likewise go to rg_fp4_gemv (CudaRunOptions::rg_fp4).
+void set_fast_gemv_rg4(bool on);
+bool fast_gemv_rg4();
 
 // Weight-streaming rates of rg against tc_gemv.h at the released decode FP8 shapes, one line each to
 // stdout (fast_gemv_bench.cu; tests and the bench).
