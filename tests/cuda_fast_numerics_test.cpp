@@ -142,16 +142,6 @@ TEST(CudaFastNumerics, SmoothModelFastAgainstExactEndToEnd) {
   smooth_model_gate("tc", cuda::CudaRunOptions{});
 }
 
-// The same gate with the FP8 and MXFP4 GEMVs on the register-streaming kernels
-// (CudaRunOptions::rg_fp8, rg_fp4).
-TEST(CudaFastNumerics, SmoothModelRgAgainstExactEndToEnd) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  cuda::CudaRunOptions o;
-  o.rg_fp8 = true;
-  o.rg_fp4 = true;
-  smooth_model_gate("rg", o);
-}
-
 // CudaRunOptions::attn_fuse_rope: the fast attention kernels rotate q on load and un-rotate o
 // instead of two rope() launches per layer; the same bits end to end (prefill on the tensor-core
 // path, which keeps its launches, then decode steps on the folded path), in both settings' runs.
@@ -232,7 +222,7 @@ TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
   auto made = testing_util::write_test_tiny_model("fb_cuda_fast_switches_tiny", 13, true);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
-  const std::vector<std::string> names{"defer_hc_post", "defer_combine", "fp4_early_tiles", "early_uploads"};
+  const std::vector<std::string> names{"defer_hc_post", "defer_combine", "fp4_early_tiles", "early_uploads", "tc_fp4_prmt", "tc_fp8_widen_b"};
   auto load = [&](const std::vector<std::string>& on) {
     cuda::CudaLoadOptions o;
     for (const std::string& n : names) EXPECT_TRUE(cuda::set_run_option(o.run, n, std::count(on.begin(), on.end(), n) ? "1" : "0").ok()) << n;
@@ -245,7 +235,8 @@ TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
     want = run_two_sessions(**ex);
   }
   ASSERT_EQ(want.size(), size_t(2 + 6 + 10));
-  const std::vector<std::vector<std::string>> configs{{"defer_hc_post"}, {"defer_hc_post", "defer_combine"}, {"fp4_early_tiles"}, {"early_uploads"}, names};
+  const std::vector<std::vector<std::string>> configs{{"defer_hc_post"}, {"defer_hc_post", "defer_combine"}, {"fp4_early_tiles"}, {"early_uploads"},
+                                                      {"tc_fp4_prmt"}, {"tc_fp8_widen_b"}, names};
   for (const auto& on : configs) {
     std::string tag;
     for (const auto& n : on) tag += n + " ";

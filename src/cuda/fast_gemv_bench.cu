@@ -6,7 +6,6 @@
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
 #include "cuda/ops.h"
-#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
@@ -123,7 +122,7 @@ Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
 
 }  // namespace
 
-Status fast_gemv_bench() {
+Status fast_gemv_bench(bool switches_only) {
   // Weights are slices of a pool larger than L2 (50 MB on the H200), a different slice per call,
   // so every call streams from HBM. Values do not matter for speed: a byte pattern (finite e4m3
   // and e2m1 codes, e8m0 scales near 1).
@@ -148,10 +147,11 @@ Status fast_gemv_bench() {
   uint16_t* y = out.get<uint16_t>();
   cudaStream_t st = nullptr;
   constexpr int kReps = 50;
-  FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
+  if (!switches_only) FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
 
   // FP8 N = K = 4096 (16 MB of weight per call), and N = 16384 (64 MB: less launch overhead).
   for (int64_t N : {4096, 16384}) {
+    if (switches_only) break;
     const int64_t K = 4096, wbytes = N * K, sbytes = (N / 32) * (K / 32);
     const int64_t slices = int64_t(pool_bytes) / wbytes;
     for (int64_t M : {1, 2, 4, 6, 8}) {
@@ -170,7 +170,7 @@ Status fast_gemv_bench() {
   }
   // MXFP4 experts, D = 4096, I = 2048: w1 + w3 (gemv2, N = I, K = D) and w2 (N = D, K = I) for
   // one token's M routed rows (distinct experts of 8).
-  {
+  if (!switches_only) {
     const int64_t D = 4096, I = 2048, eb = I * D / 2, esb = I * D / 32;  // bytes per expert matrix
     const int64_t set = 2 * 8 * (eb + esb), slices = int64_t(pool_bytes) / set;
     for (int64_t M : {1, 6}) {
@@ -203,7 +203,7 @@ Status fast_gemv_bench() {
   // The released decode shapes (D = 5120, q_lora 1280, kv 512, 64 x 512 heads, o 8 x 1024, I = 2304),
   // CUDA-core kernels against the tensor-core ones (set_fast_gemv_tc), one line per shape and M.
   const bool tc_was = fast_gemv_tc();
-  {
+  if (!switches_only) {
     DeviceBuffer ex64;
     FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
     int32_t e64[64];
@@ -288,7 +288,7 @@ Status fast_gemv_bench() {
     std::printf("\n");
     return Status();
   };
-  for (int pass = 0; pass < 3; ++pass)
+  for (int pass = 0; pass < (switches_only ? 0 : 3); ++pass)
     for (int fold = 0; fold < 2; ++fold)
       for (int sc : {1, 2, 4, 8}) {
         const int pdl = pass < 2 ? 1 : 0;
@@ -299,11 +299,60 @@ Status fast_gemv_bench() {
         std::printf("tc chunk max fp8 %d fp4 %d pdl %d fold %s:", 512 * sc, 1024 * sc, pdl, fold ? "global" : "cluster");
         FB_RETURN_IF_ERROR(line());
       }
+  // The MXFP4 byte-permute widening and the FP8 widened activations off / on (set_tc_fp4_prmt,
+  // set_tc_fp8_widen_b) at the defaults with PDL, three interleaved passes; then a layer's FP8
+  // GEMVs and its routed w1 + w3 and w2 (6 experts) back to back, a different weight set per call.
+  set_tc_global_fold(fold_was);
+  tc_gemv_set_chunk_max(0, 0);
+  set_fast_pdl(true);
+  const bool prmt_was = tc_fp4_prmt(), wide_was = tc_fp8_widen_b();
+  for (int pass = 0; pass < 3; ++pass)
+    for (int on = 0; on < 2; ++on) {
+      set_tc_fp4_prmt(on == 1);
+      set_tc_fp8_widen_b(on == 1);
+      std::printf("tc prmt + widen_b %d:", on);
+      FB_RETURN_IF_ERROR(line());
+    }
+  {
+    struct Op { int64_t N, K; bool fp4; int parts; };
+    const Op ops[] = {{1280 + 512, 5120, false, 1}, {32768, 1280, false, 1}, {5120, 8192, false, 1}, {2304 * 2, 5120, false, 1},
+                      {5120, 2304, false, 1}, {2304, 5120, true, 2}, {5120, 2304, true, 1}};
+    int64_t layer = 0;
+    for (const Op& o : ops) layer += o.fp4 ? 16 * o.parts * o.N * o.K / 2 : o.N * o.K;
+    const int64_t layers = std::max<int64_t>(1, int64_t(pool_bytes) / layer);
+    for (int pass = 0; pass < 3; ++pass)
+      for (int on = 0; on < 2; ++on) {
+        set_tc_fp4_prmt(on == 1);
+        set_tc_fp8_widen_b(on == 1);
+        double ms = 0.0;
+        FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                   [&](int i) -> Status {
+                                     uint8_t* base = wp + (i % layers) * layer;
+                                     for (const Op& o : ops) {
+                                       if (!o.fp4) {
+                                         FB_RETURN_IF_ERROR(fast_fp8_gemv_q(q, 1, Fp8W{base, sp, o.N, o.K}, y, st));
+                                         base += o.N * o.K;
+                                         continue;
+                                       }
+                                       const int64_t eb1 = o.N * o.K / 2;
+                                       const Fp4W a{base, sp, o.N, o.K, eb1, o.N * o.K / 32}, b{base + 16 * eb1, sp, o.N, o.K, eb1, o.N * o.K / 32};
+                                       FB_RETURN_IF_ERROR(o.parts == 2 ? fast_fp4_gemv2_q(q, 6, 6, a, b, ex.get<int32_t>(), y, y + kMaxRows * 16384, st)
+                                                                       : fast_fp4_gemv_q(q, 6, 6, a, ex.get<int32_t>(), y, st));
+                                       base += 16 * o.parts * eb1;
+                                     }
+                                     return Status();
+                                   },
+                                   &ms));
+        std::printf("tc prmt + widen_b %d: a layer's GEMVs back to back %.1f us\n", on, ms * 1e3);
+      }
+  }
+  set_tc_fp4_prmt(prmt_was);
+  set_tc_fp8_widen_b(wide_was);
   // The lean loop off / on (set_tc_lean_loop) at the defaults with PDL, three interleaved passes.
   set_tc_global_fold(fold_was);
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(true);
-  for (int pass = 0; pass < 3; ++pass)
+  for (int pass = 0; pass < (switches_only ? 0 : 3); ++pass)
     for (int ll = 0; ll < 2; ++ll) {
       set_tc_lean_loop(ll == 1);
       std::printf("tc lean loop %d:", ll);
@@ -314,140 +363,6 @@ Status fast_gemv_bench() {
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(pdl_was);
   set_fast_gemv_tc(tc_was);
-  std::fflush(stdout);
-  return Status();
-}
-
-
-// The register-streaming FP8 GEMVs (rg_gemv.h) against the tensor-core tiles (tc_gemv.h) at the
-// released decode shapes, PDL on, M = 1 and 6; rg at 3 / 5 / 8 steps per warp and 2 / 3 steps in
-// flight; MXFP4 experts likewise; two interleaved passes. Then the five FP8 GEMVs of a layer back to back (one weight set
-// per layer, a different one per call: the chain's cost with launch overlap).
-Status rg_gemv_bench() {
-  const size_t pool_bytes = size_t(1) << 30;
-  DeviceBuffer pool, scales, codes, qscales, out;
-  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
-  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
-  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
-  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
-  const int64_t kMaxRows = 16, kMaxK = 8192;
-  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
-  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
-  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
-  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));
-  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 32768 * 2));
-  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
-  uint8_t* wp = pool.get<uint8_t>();
-  uint8_t* sp = scales.get<uint8_t>();
-  uint16_t* y = out.get<uint16_t>();
-  cudaStream_t st = nullptr;
-  constexpr int kReps = 60;
-  const bool tc_was = fast_gemv_tc(), rg_was = fast_gemv_rg(), rg4_was = fast_gemv_rg4(), pdl_was = fast_pdl();
-  set_fast_gemv_tc(true);
-  set_fast_pdl(true);
-  struct Fp8Case { const char* name; int64_t Na, Nb, K; };
-  const Fp8Case cases[] = {{"wq_a+wkv", 1280, 512, 5120}, {"wq_b", 32768, 0, 1280}, {"wo_b", 5120, 0, 8192}, {"w1+w3 s", 2304, 2304, 5120},
-                           {"w2 s", 5120, 0, 2304}};
-  const auto one = [&](const Fp8Case& c, int64_t M, int64_t slot, int64_t slices) {
-    const int64_t ba = c.Na * c.K, bb = c.Nb * c.K, o = (slot % slices) * (ba + bb);
-    const Fp8W a{wp + o, sp, c.Na, c.K}, b{wp + o + ba, sp, c.Nb, c.K};
-    return c.Nb ? fast_fp8_gemv2_q(q, M, a, y, b, y + kMaxRows * 32768, st) : fast_fp8_gemv_q(q, M, a, y, st);
-  };
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const Fp8Case& c : cases) {
-      const int64_t bytes = (c.Na + c.Nb) * c.K, slices = int64_t(pool_bytes) / bytes;
-      for (int64_t M : {1, 6}) {
-        std::printf("rg bench pass %d %-9s M=%lld:", pass, c.name, (long long)M);
-        double ms = 0.0;
-        set_fast_gemv_rg(false);
-        FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return one(c, M, i, slices); }, &ms));
-        std::printf(" tc %.1f us %.0f GB/s |", ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
-        set_fast_gemv_rg(true);
-        for (int depth : {2, 3})
-          for (int iters : {3, 5, 8}) {
-            rg_gemv_set_depth(depth);
-            rg_gemv_set_iters(iters);
-            FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return one(c, M, i, slices); }, &ms));
-            std::printf(" rg d%d i%d %.1f us %.0f GB/s;", depth, iters, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9);
-          }
-        std::printf("\n");
-      }
-    }
-    // MXFP4 experts (D = 5120, I = 2304, 16 experts): one token's 6 rows, and 6 tokens' 36 rows grouped
-    {
-      const int64_t D = 5120, I = 2304, eb = I * D / 2, esb = I * D / 32, E = 16;
-      const int64_t set = 3 * E * (eb + esb), slices = std::max<int64_t>(1, int64_t(pool_bytes) / set);
-      const auto wset = [&](int64_t i, int which, int64_t N, int64_t K) {
-        const int64_t base = (i % slices) * set + which * E * (eb + esb);
-        return Fp4W{wp + base, wp + base + E * eb, N, K, eb, esb};
-      };
-      DeviceBuffer ex64;
-      FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
-      int32_t e64[64];
-      for (int i = 0; i < 64; ++i) e64[i] = (i * 5 + i / 6) % int(E);
-      FB_CUDA_TRY(cudaMemcpy(ex64.get(), e64, sizeof(e64), cudaMemcpyHostToDevice));
-      for (int64_t M : {6, 36}) {
-        const bool grp = M > 6;
-        for (int w2 = 0; w2 < 2; ++w2) {
-          const auto call = [&](int64_t i) {
-            return w2 ? fast_fp4_gemv_q(q, M, 6, wset(i, 2, D, I), ex64.get<int32_t>(), y, st, grp)
-                      : fast_fp4_gemv2_q(q, M, 6, wset(i, 0, I, D), wset(i, 1, I, D), ex64.get<int32_t>(), y, y + kMaxRows * 32768, st, grp);
-          };
-          // bytes read: the distinct experts of the call
-          bool seen[64] = {};
-          int distinct = 0;
-          for (int64_t r = 0; r < M; ++r)
-            if (!seen[e64[r]]) seen[e64[r]] = true, ++distinct;
-          const double bytes = double(distinct) * (w2 ? 1 : 2) * (eb + esb);
-          std::printf("rg bench pass %d fp4 %s M=%lld:", pass, w2 ? "w2   " : "w1+w3", (long long)M);
-          double ms = 0.0;
-          set_fast_gemv_rg4(false);
-          FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return call(i); }, &ms));
-          std::printf(" tc %.1f us %.0f GB/s |", ms * 1e3, bytes / (ms * 1e-3) / 1e9);
-          set_fast_gemv_rg4(true);
-          for (int depth : {2, 3})
-            for (int iters : {3, 5, 8}) {
-              rg_gemv_set_depth(depth);
-              rg_gemv_set_iters(iters);
-              FB_RETURN_IF_ERROR(time_ms(st, kReps, [&](int i) { return call(i); }, &ms));
-              std::printf(" rg d%d i%d %.1f us %.0f GB/s;", depth, iters, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
-            }
-          std::printf("\n");
-          set_fast_gemv_rg4(false);
-        }
-      }
-    }
-    // a layer's five FP8 GEMVs back to back, a different weight set per layer
-    int64_t layer_bytes = 0;
-    for (const Fp8Case& c : cases) layer_bytes += (c.Na + c.Nb) * c.K;
-    const int64_t layers = int64_t(pool_bytes) / layer_bytes;
-    for (int rg = 0; rg < 2; ++rg) {
-      set_fast_gemv_rg(rg == 1);
-      rg_gemv_set_depth(0);
-      rg_gemv_set_iters(0);
-      double ms = 0.0;
-      FB_RETURN_IF_ERROR(time_ms(st, kReps,
-                                 [&](int i) -> Status {
-                                   const int64_t base = (i % layers) * layer_bytes;
-                                   int64_t off = 0;
-                                   for (const Fp8Case& c : cases) {
-                                     const int64_t ba = c.Na * c.K, bb = c.Nb * c.K;
-                                     const Fp8W a{wp + base + off, sp, c.Na, c.K}, b{wp + base + off + ba, sp, c.Nb, c.K};
-                                     FB_RETURN_IF_ERROR(c.Nb ? fast_fp8_gemv2_q(q, 1, a, y, b, y + kMaxRows * 32768, st) : fast_fp8_gemv_q(q, 1, a, y, st));
-                                     off += ba + bb;
-                                   }
-                                   return Status();
-                                 },
-                                 &ms));
-      std::printf("rg bench pass %d layer chain M=1 %s: %.1f us %.0f GB/s\n", pass, rg ? "rg" : "tc", ms * 1e3, double(layer_bytes) / (ms * 1e-3) / 1e9);
-    }
-  }
-  rg_gemv_set_depth(0);
-  rg_gemv_set_iters(0);
-  set_fast_gemv_rg(rg_was);
-  set_fast_gemv_rg4(rg4_was);
-  set_fast_gemv_tc(tc_was);
-  set_fast_pdl(pdl_was);
   std::fflush(stdout);
   return Status();
 }

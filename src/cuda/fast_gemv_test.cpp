@@ -23,7 +23,6 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
-#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
 
@@ -195,61 +194,6 @@ TEST(FastGemv, TcFp8) {
   fp8_cases();
 }
 
-// Switches the FP8 calls to the register-streaming kernels (rg_gemv.h) for a scope.
-struct RgOn {
-  RgOn() {
-    set_fast_gemv_tc(true);
-    set_fast_gemv_rg(true);
-  }
-  ~RgOn() {
-    set_fast_gemv_rg(false);
-    set_fast_gemv_tc(false);
-    rg_gemv_set_iters(0);
-    rg_gemv_set_depth(0);
-  }
-};
-
-TEST(FastGemv, RgFp8) {
-  NEED_GPU();
-  RgOn rg;
-  fp8_cases();
-}
-
-// Other chunkings (3 and 8 steps per warp: more or fewer warps per CTA, other sums) meet the same
-// gates; 3 steps in flight compute the bits of 2.
-TEST(FastGemv, RgFp8ChunksAndDepth) {
-  NEED_GPU();
-  RgOn rg;
-  EXPECT_EQ(rg_chunks(1280).nk, 2);   // 10 steps of 128 bytes, 5 per warp
-  EXPECT_EQ(rg_chunks(2080).nk, 4);   // 17 steps (the last one block)
-  EXPECT_EQ(rg_chunks(8192).nk, 13);  // 64 steps
-  EXPECT_EQ(rg_chunks(2560).nk, 4);   // MXFP4 K = 5120: 20 steps
-  for (int iters : {3, 8}) {
-    SCOPED_TRACE("iters " + std::to_string(iters));
-    rg_gemv_set_iters(iters);
-    fp8_cases();
-  }
-  rg_gemv_set_iters(0);
-  Rng rng(31);
-  for (int64_t K : {int64_t(1280), int64_t(2080), int64_t(8192)}) {
-    const int64_t N = 272, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    Dev<bf16_t> dy(size_t(kRows * N));
-    std::vector<bf16_t> by_depth[2];
-    for (int d : {2, 3}) {
-      rg_gemv_set_depth(d);
-      dy.poison();
-      ASSERT_TRUE(fast_fp8_gemv_q(q, kRows, Fp8W{dw.p(), dws.p(), N, K}, dy.p(), nullptr).ok());
-      by_depth[d - 2] = dy.get();
-    }
-    expect_rows_same(by_depth[1], by_depth[0], N, 0, kRows, "rg depth 3 vs 2");
-  }
-}
-
 // Two weights of one K over the same codes in one launch (wq_a + wkv, shared w1 + w3): each
 // output bit for bit the single call's, for shapes whose split-K factors differ, at 1, 7, 64 rows.
 void fp8_pair_cases() {
@@ -286,12 +230,6 @@ TEST(FastGemv, Fp8PairEqualsTwoCalls) {
 TEST(FastGemv, TcFp8PairEqualsTwoCalls) {
   NEED_GPU();
   TcOn tc;
-  fp8_pair_cases();
-}
-
-TEST(FastGemv, RgFp8PairEqualsTwoCalls) {
-  NEED_GPU();
-  RgOn rg;
   fp8_pair_cases();
 }
 
@@ -398,20 +336,12 @@ TEST(FastGemv, TcFp4Experts) {
   fp4_expert_cases();
 }
 
-TEST(FastGemv, RgFp4Experts) {
-  NEED_GPU();
-  RgOn rg;
-  set_fast_gemv_rg4(true);
-  fp4_expert_cases();
-  set_fast_gemv_rg4(false);
-}
-
 // Rows of several tokens grouped by expert (tc_fp4_gemv group_rows) compute every output bit for
 // bit as ungrouped, for w1 + w3 pairs and single weights: few experts (groups of more than 8 rows,
 // so several leaders per expert), skipped rows untouched, x_div 1 and 6, M up to 64, 2 K chunks.
-// gemv(q, M, x_div, A, ya, B or nullptr, yb, expert ids, group_rows): tc_fp4_gemv or rg_fp4_gemv.
-template <typename F>
-void fp4_grouped_cases(F gemv) {
+TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
+  NEED_GPU();
+  TcOn tc;
   Rng rng(31);
   struct Case { int64_t N, K, x_div; int experts; };
   for (Case c : {Case{2304, 5120, 6, 3}, Case{5120, 2304, 1, 2}, Case{200, 1024, 6, 16}, Case{77, 2080, 1, 5}}) {
@@ -431,53 +361,19 @@ void fp4_grouped_cases(F gemv) {
       for (int grouped = 0; grouped < 2; ++grouped) {
         ya.poison();
         yb.poison();
-        ASSERT_TRUE(gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), grouped == 1).ok());
+        ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), &B, yb.p(), dex.p(), nullptr, grouped == 1).ok());
         out[grouped][0] = ya.get();
         out[grouped][1] = yb.get();
       }
       EXPECT_TRUE(out[1][0] == out[0][0]) << "w1 grouped != ungrouped";
       EXPECT_TRUE(out[1][1] == out[0][1]) << "w3 grouped != ungrouped";
       ya.poison();
-      ASSERT_TRUE(gemv(q, M, c.x_div, A, ya.p(), nullptr, nullptr, dex.p(), true).ok());
+      ASSERT_TRUE(tc_fp4_gemv(q, M, c.x_div, A, ya.p(), nullptr, nullptr, dex.p(), nullptr, true).ok());
       EXPECT_TRUE(ya.get() == out[0][0]) << "single weight grouped != ungrouped";
       for (int64_t m = 0; m < M; ++m)
         if (ex[size_t(m)] < 0) expect_rows_same(out[1][0], std::vector<bf16_t>(size_t(kRows * N), 0xFFFF), N, m, 1, "skipped row untouched");
     }
   }
-}
-
-TEST(FastGemv, TcFp4GroupedEqualsUngrouped) {
-  NEED_GPU();
-  fp4_grouped_cases([](const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& A, bf16_t* ya, const Fp4W* B, bf16_t* yb, const int32_t* ex, bool grp) {
-    return tc_fp4_gemv(q, M, x_div, A, ya, B, yb, ex, nullptr, grp);
-  });
-}
-
-TEST(FastGemv, RgFp4GroupedEqualsUngrouped) {
-  NEED_GPU();
-  fp4_grouped_cases([](const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& A, bf16_t* ya, const Fp4W* B, bf16_t* yb, const int32_t* ex, bool grp) {
-    return rg_fp4_gemv(q, M, x_div, A, ya, B, yb, ex, nullptr, grp);
-  });
-}
-
-// The three ExpertPdl modes of rg_fp4_gemv compute the same bits (single launches: no
-// predecessor, the modes differ only in where the ids and weights are read).
-TEST(FastGemv, RgFp4PdlModesSameBits) {
-  NEED_GPU();
-  Rng rng(37);
-  const Fp4Set set(rng, 2304, 5120, 6, 8);
-  std::vector<int32_t> ex(kRows);
-  for (auto& e : ex) e = rng.uniform(-1, 7);
-  Dev<int32_t> dex(ex);
-  Dev<bf16_t> ya(size_t(kRows * set.N));
-  std::vector<bf16_t> out[3];
-  for (int mode = 0; mode < 3; ++mode) {
-    ya.poison();
-    ASSERT_TRUE(rg_fp4_gemv(set.q, 6, 6, set.A, ya.p(), nullptr, nullptr, dex.p(), nullptr, false, ExpertPdl(mode)).ok());
-    out[mode] = ya.get();
-  }
-  EXPECT_TRUE(out[1] == out[0]) << "kTriggerAfterWait";
-  EXPECT_TRUE(out[2] == out[0]) << "kIdsBeforeWait";
 }
 
 // The tensor-core kernels' K chunks (a cluster of nk CTAs): a function of K alone, every chunk
@@ -783,6 +679,47 @@ TEST(FastGemv, TcLeanLoopSameBits) {
   set_tc_lean_loop(was);
 }
 
+// The MXFP4 lean loop's widening by byte permutes (set_tc_fp4_prmt) computes every output bit for
+// bit as the e4m3 widening with conversion instructions: rows alone and grouped by expert, pairs,
+// skipped rows, special scale bytes (0 and 255: the NaN propagates the same way).
+TEST(FastGemv, TcFp4PrmtSameBits) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(41);
+  const bool was = tc_fp4_prmt();
+  const auto same = [](const char* what, auto call) {
+    set_tc_fp4_prmt(false);
+    const std::vector<bf16_t> plain = call();
+    set_tc_fp4_prmt(true);
+    const std::vector<bf16_t> prmt = call();
+    EXPECT_FALSE(plain.empty());
+    EXPECT_TRUE(plain == prmt) << what << ": byte-permute widening != conversion widening";
+  };
+  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {5120, 2304, 1}, {200, 1024, 2}, {77, 8320, 4}}, false, false}, same);
+  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {200, 1024, 2}}, true, false}, same);
+  set_tc_fp4_prmt(was);
+}
+
+// The FP8 kernel with its activations staged as f16 pairs (set_tc_fp8_widen_b) computes every
+// output bit for bit as with e4m3 rows widened at use: 1, 9 and 64 rows, pairs, partial stripes
+// and a partial last block range.
+TEST(FastGemv, TcFp8WidenBSameBits) {
+  NEED_GPU();
+  TcOn tc;
+  Rng rng(43);
+  const bool was = tc_fp8_widen_b();
+  const auto same = [](const char* what, auto call) {
+    set_tc_fp8_widen_b(false);
+    const std::vector<bf16_t> plain = call();
+    set_tc_fp8_widen_b(true);
+    const std::vector<bf16_t> wide = call();
+    EXPECT_FALSE(plain.empty());
+    EXPECT_TRUE(plain == wide) << what << ": widened activations != e4m3 activations";
+  };
+  tc_sweep(rng, TcSweep{{{1280, 512, 5120}, {32768, 0, 1280}, {5120, 0, 8192}, {96, 0, 2080}, {1000, 0, 4096}}, {}, false, false}, same);
+  set_tc_fp8_widen_b(was);
+}
+
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].
@@ -866,9 +803,9 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-TEST(FastGemv, RgBench) {
+TEST(FastGemv, SwitchBench) {
   NEED_GPU();
-  ASSERT_TRUE(rg_gemv_bench().ok());
+  ASSERT_TRUE(fast_gemv_bench(true).ok());
 }
 
 TEST(FastGemv, Bench) {

@@ -11,7 +11,6 @@
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
-#include "cuda/rg_gemv.h"
 #include "cuda/tc_gemv.h"
 
 #include "loader/bind.h"
@@ -65,8 +64,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
-  if (name == "rg_fp8") return flag(o.rg_fp8);
-  if (name == "rg_fp4") return flag(o.rg_fp4);
+  if (name == "tc_fp4_prmt") return flag(o.tc_fp4_prmt);
+  if (name == "tc_fp8_widen_b") return flag(o.tc_fp8_widen_b);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") {
@@ -95,7 +94,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, rg_fp8, rg_fp4, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, tc_fp4_prmt, tc_fp8_widen_b, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
 }
 
@@ -114,8 +113,8 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_lean_smem(o.tc_lean_smem);           // process-wide, same bits either way
   set_tc_global_fold(o.tc_global_fold);       // process-wide, same bits either way
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
-  set_fast_gemv_rg(o.rg_fp8);                 // process-wide; other bits, same guarantees
-  set_fast_gemv_rg4(o.rg_fp4);                // likewise
+  set_tc_fp4_prmt(o.tc_fp4_prmt);             // process-wide, same bits either way
+  set_tc_fp8_widen_b(o.tc_fp8_widen_b);       // process-wide, same bits either way
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
