@@ -206,8 +206,6 @@ struct CudaRunOptions {
   bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
   bool tc_global_fold = true;        // ... split-K chunks folded by the last CTA through a per-stream workspace, not a cluster (same bits)
   bool tc_lean_loop = true;          // ... MXFP4: tile loops without divisions, mma on pre-staged activations, scales by a shift (same bits)
-  bool tc_fp4_prmt = false;          // ... MXFP4: e2m1 widened to f16 by shifts and byte permutes, no conversion instruction (same bits)
-  bool tc_fp8_widen_b = false;       // ... FP8: activations staged once per CTA as the mma's f16 pairs (same bits)
   bool fast_index = true;            // kFast decode rows: the indexer's q.k dots on tensor cores (fast_attention.h fast_index_scores)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
@@ -238,7 +236,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
-// fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, tc_fp4_prmt, tc_fp8_widen_b, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
+// fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads (booleans 0/1), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);

@@ -62,8 +62,7 @@ bool fast_gemv_tc();
 
 // Weight-streaming rate of the fast and exact FP8 / MXFP4 GEMVs at a few decode shapes (cudaEvent
 // timing, averaged over repeats), one line each to stdout. For tests and the bench; allocates and
-// frees its own buffers, synchronises the device. switches_only: only the interleaved A/B of the
-// tc_gemv.h switches of session 17 (set_tc_fp4_prmt, set_tc_fp8_widen_b).
-Status fast_gemv_bench(bool switches_only = false);
+// frees its own buffers, synchronises the device.
+Status fast_gemv_bench();
 
 }  // namespace fb::cuda

@@ -122,7 +122,7 @@ Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
 
 }  // namespace
 
-Status fast_gemv_bench(bool switches_only) {
+Status fast_gemv_bench() {
   // Weights are slices of a pool larger than L2 (50 MB on the H200), a different slice per call,
   // so every call streams from HBM. Values do not matter for speed: a byte pattern (finite e4m3
   // and e2m1 codes, e8m0 scales near 1).
@@ -147,11 +147,10 @@ Status fast_gemv_bench(bool switches_only) {
   uint16_t* y = out.get<uint16_t>();
   cudaStream_t st = nullptr;
   constexpr int kReps = 50;
-  if (!switches_only) FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
+  FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
 
   // FP8 N = K = 4096 (16 MB of weight per call), and N = 16384 (64 MB: less launch overhead).
   for (int64_t N : {4096, 16384}) {
-    if (switches_only) break;
     const int64_t K = 4096, wbytes = N * K, sbytes = (N / 32) * (K / 32);
     const int64_t slices = int64_t(pool_bytes) / wbytes;
     for (int64_t M : {1, 2, 4, 6, 8}) {
@@ -170,7 +169,7 @@ Status fast_gemv_bench(bool switches_only) {
   }
   // MXFP4 experts, D = 4096, I = 2048: w1 + w3 (gemv2, N = I, K = D) and w2 (N = D, K = I) for
   // one token's M routed rows (distinct experts of 8).
-  if (!switches_only) {
+  {
     const int64_t D = 4096, I = 2048, eb = I * D / 2, esb = I * D / 32;  // bytes per expert matrix
     const int64_t set = 2 * 8 * (eb + esb), slices = int64_t(pool_bytes) / set;
     for (int64_t M : {1, 6}) {
@@ -203,7 +202,7 @@ Status fast_gemv_bench(bool switches_only) {
   // The released decode shapes (D = 5120, q_lora 1280, kv 512, 64 x 512 heads, o 8 x 1024, I = 2304),
   // CUDA-core kernels against the tensor-core ones (set_fast_gemv_tc), one line per shape and M.
   const bool tc_was = fast_gemv_tc();
-  if (!switches_only) {
+  {
     DeviceBuffer ex64;
     FB_RETURN_IF_ERROR(ex64.alloc(64 * 4));
     int32_t e64[64];
@@ -288,7 +287,7 @@ Status fast_gemv_bench(bool switches_only) {
     std::printf("\n");
     return Status();
   };
-  for (int pass = 0; pass < (switches_only ? 0 : 3); ++pass)
+  for (int pass = 0; pass < 3; ++pass)
     for (int fold = 0; fold < 2; ++fold)
       for (int sc : {1, 2, 4, 8}) {
         const int pdl = pass < 2 ? 1 : 0;
@@ -299,60 +298,11 @@ Status fast_gemv_bench(bool switches_only) {
         std::printf("tc chunk max fp8 %d fp4 %d pdl %d fold %s:", 512 * sc, 1024 * sc, pdl, fold ? "global" : "cluster");
         FB_RETURN_IF_ERROR(line());
       }
-  // The MXFP4 byte-permute widening and the FP8 widened activations off / on (set_tc_fp4_prmt,
-  // set_tc_fp8_widen_b) at the defaults with PDL, three interleaved passes; then a layer's FP8
-  // GEMVs and its routed w1 + w3 and w2 (6 experts) back to back, a different weight set per call.
-  set_tc_global_fold(fold_was);
-  tc_gemv_set_chunk_max(0, 0);
-  set_fast_pdl(true);
-  const bool prmt_was = tc_fp4_prmt(), wide_was = tc_fp8_widen_b();
-  for (int pass = 0; pass < 3; ++pass)
-    for (int on = 0; on < 2; ++on) {
-      set_tc_fp4_prmt(on == 1);
-      set_tc_fp8_widen_b(on == 1);
-      std::printf("tc prmt + widen_b %d:", on);
-      FB_RETURN_IF_ERROR(line());
-    }
-  {
-    struct Op { int64_t N, K; bool fp4; int parts; };
-    const Op ops[] = {{1280 + 512, 5120, false, 1}, {32768, 1280, false, 1}, {5120, 8192, false, 1}, {2304 * 2, 5120, false, 1},
-                      {5120, 2304, false, 1}, {2304, 5120, true, 2}, {5120, 2304, true, 1}};
-    int64_t layer = 0;
-    for (const Op& o : ops) layer += o.fp4 ? 16 * o.parts * o.N * o.K / 2 : o.N * o.K;
-    const int64_t layers = std::max<int64_t>(1, int64_t(pool_bytes) / layer);
-    for (int pass = 0; pass < 3; ++pass)
-      for (int on = 0; on < 2; ++on) {
-        set_tc_fp4_prmt(on == 1);
-        set_tc_fp8_widen_b(on == 1);
-        double ms = 0.0;
-        FB_RETURN_IF_ERROR(time_ms(st, kReps,
-                                   [&](int i) -> Status {
-                                     uint8_t* base = wp + (i % layers) * layer;
-                                     for (const Op& o : ops) {
-                                       if (!o.fp4) {
-                                         FB_RETURN_IF_ERROR(fast_fp8_gemv_q(q, 1, Fp8W{base, sp, o.N, o.K}, y, st));
-                                         base += o.N * o.K;
-                                         continue;
-                                       }
-                                       const int64_t eb1 = o.N * o.K / 2;
-                                       const Fp4W a{base, sp, o.N, o.K, eb1, o.N * o.K / 32}, b{base + 16 * eb1, sp, o.N, o.K, eb1, o.N * o.K / 32};
-                                       FB_RETURN_IF_ERROR(o.parts == 2 ? fast_fp4_gemv2_q(q, 6, 6, a, b, ex.get<int32_t>(), y, y + kMaxRows * 16384, st)
-                                                                       : fast_fp4_gemv_q(q, 6, 6, a, ex.get<int32_t>(), y, st));
-                                       base += 16 * o.parts * eb1;
-                                     }
-                                     return Status();
-                                   },
-                                   &ms));
-        std::printf("tc prmt + widen_b %d: a layer's GEMVs back to back %.1f us\n", on, ms * 1e3);
-      }
-  }
-  set_tc_fp4_prmt(prmt_was);
-  set_tc_fp8_widen_b(wide_was);
   // The lean loop off / on (set_tc_lean_loop) at the defaults with PDL, three interleaved passes.
   set_tc_global_fold(fold_was);
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(true);
-  for (int pass = 0; pass < (switches_only ? 0 : 3); ++pass)
+  for (int pass = 0; pass < 3; ++pass)
     for (int ll = 0; ll < 2; ++ll) {
       set_tc_lean_loop(ll == 1);
       std::printf("tc lean loop %d:", ll);

@@ -679,47 +679,6 @@ TEST(FastGemv, TcLeanLoopSameBits) {
   set_tc_lean_loop(was);
 }
 
-// The MXFP4 lean loop's widening by byte permutes (set_tc_fp4_prmt) computes every output bit for
-// bit as the e4m3 widening with conversion instructions: rows alone and grouped by expert, pairs,
-// skipped rows, special scale bytes (0 and 255: the NaN propagates the same way).
-TEST(FastGemv, TcFp4PrmtSameBits) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(41);
-  const bool was = tc_fp4_prmt();
-  const auto same = [](const char* what, auto call) {
-    set_tc_fp4_prmt(false);
-    const std::vector<bf16_t> plain = call();
-    set_tc_fp4_prmt(true);
-    const std::vector<bf16_t> prmt = call();
-    EXPECT_FALSE(plain.empty());
-    EXPECT_TRUE(plain == prmt) << what << ": byte-permute widening != conversion widening";
-  };
-  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {5120, 2304, 1}, {200, 1024, 2}, {77, 8320, 4}}, false, false}, same);
-  tc_sweep(rng, TcSweep{{}, {{2304, 5120, 6}, {200, 1024, 2}}, true, false}, same);
-  set_tc_fp4_prmt(was);
-}
-
-// The FP8 kernel with its activations staged as f16 pairs (set_tc_fp8_widen_b) computes every
-// output bit for bit as with e4m3 rows widened at use: 1, 9 and 64 rows, pairs, partial stripes
-// and a partial last block range.
-TEST(FastGemv, TcFp8WidenBSameBits) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(43);
-  const bool was = tc_fp8_widen_b();
-  const auto same = [](const char* what, auto call) {
-    set_tc_fp8_widen_b(false);
-    const std::vector<bf16_t> plain = call();
-    set_tc_fp8_widen_b(true);
-    const std::vector<bf16_t> wide = call();
-    EXPECT_FALSE(plain.empty());
-    EXPECT_TRUE(plain == wide) << what << ": widened activations != e4m3 activations";
-  };
-  tc_sweep(rng, TcSweep{{{1280, 512, 5120}, {32768, 0, 1280}, {5120, 0, 8192}, {96, 0, 2080}, {1000, 0, 4096}}, {}, false, false}, same);
-  set_tc_fp8_widen_b(was);
-}
-
 // ---- bf16 ---------------------------------------------------------------------------------------
 
 // One grouped case: G groups of x [M, K] (row stride ldx = G * K) times w [N, K], y [M, G * N].
@@ -801,11 +760,6 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
     ASSERT_TRUE(tc_fp4_gemv(q, 6, 1, Fp4W{w.p(), ws.p(), I, D, eb, esb}, y.p(), nullptr, nullptr, dex.p(), nullptr).ok());  // experts w1
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-}
-
-TEST(FastGemv, SwitchBench) {
-  NEED_GPU();
-  ASSERT_TRUE(fast_gemv_bench(true).ok());
 }
 
 TEST(FastGemv, Bench) {

@@ -185,28 +185,6 @@ __device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint
         "r"(b.w));
 }
 
-// The e2m1 widening to f16 without a conversion instruction (CudaRunOptions::tc_fp4_prmt): each
-// nibble becomes the high byte of the f16 of value * 2^-14 (magnitude bits e1 e0 m to f16 bits 11..9,
-// i.e. exponent e1e0 and mantissa m, subnormal for e = 0 exactly as e2m1 is; the sign to bit 15;
-// the low byte 0): lo = elements 0, 2, 4, 6 (as e2m1_lo_e4m3), hi = elements 1, 3, 5, 7.
-__device__ __forceinline__ uint32_t e2m1_lo_f16hi(uint32_t w) { return ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u); }
-__device__ __forceinline__ uint32_t e2m1_hi_f16hi(uint32_t w) { return ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u); }
-// f16 pair of high bytes 0, 1 (HI: 2, 3) of v, low bytes zero: one byte permute.
-template <bool HI = false>
-__device__ __forceinline__ uint32_t f16hi_pair(uint32_t v) { return __byte_perm(v, 0u, HI ? 0x3424u : 0x1404u); }
-// mma_e4m3_f16b with A given as f16 high bytes (e2m1_lo/hi_f16hi): the same pairs of the same
-// elements (values 2^-8 times the e4m3 widening's, exact), the same two m16n8k16.
-__device__ __forceinline__ void mma_f16hi_f16b(const uint32_t (&a)[4], const uint4& b, float (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(f16hi_pair(a[0])), "r"(f16hi_pair(a[1])), "r"(f16hi_pair(a[2])), "r"(f16hi_pair(a[3])), "r"(b.x), "r"(b.y), "f"(0.0f));
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(f16hi_pair<true>(a[0])), "r"(f16hi_pair<true>(a[1])), "r"(f16hi_pair<true>(a[2])), "r"(f16hi_pair<true>(a[3])), "r"(b.z), "r"(b.w));
-}
-
 // LL (MXFP4 with raw scales only; FP8 / bf16: 0): 0 the plain loop; 1 the lean loop
 // (set_tc_lean_loop: tile loops without a division per unit, B staged as the f16 pairs the mma
 // runs on, scales widened by a shift); 2 the lean loop with rows grouped by expert (B staged as
@@ -216,20 +194,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
                                                          bool rows_x, FoldWs fold, int pdl_mode) {
-  // LL 3 / 4: the lean loops 1 / 2 with the e2m1 weights widened to f16 by byte permutes (PR)
-  constexpr int LB = LL > 2 ? LL - 2 : LL;
-  constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0, PR = LF4 && LL > 2;
-  // FP8 with LL 1 (CudaRunOptions::tc_fp8_widen_b): the activation rows staged as the f16 pairs the
-  // mma runs on (mma_e4m3_f16b's B), converted once per CTA instead of at every use
-  constexpr bool WB = MODE == kModeFp8 && LL == 1;
-  if constexpr (LF4) grouped = LB == 2;
+  constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
+  if constexpr (LF4) grouped = LL == 2;
   // pdl_mode (MXFP4 experts; ExpertPdl in ops.h): 0 plain; 1 trigger after the wait; 2 read the
   // expert ids (through L2) and copy the tile and scales before the wait
   const bool late_trigger = FP4 && pdl_mode == 1, early = FP4 && pdl_mode == 2;
   if (!late_trigger) pdl_trigger();
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
-  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX || WB ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
+  const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
   uint8_t* wt = smem;                                                              // [16][rb]
   // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
   // registers, as rows past M are zeros in shared memory: the same products either way
@@ -237,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // LF4: [xr][x4row], per unit (two 32-blocks) and lane t its B words: ungrouped (one row) the 8
   // f16 pairs of mma_e4m3_f16b's B, 32 bytes; grouped (8 rows) the 4 e4m3 words, 16 bytes (half the
   // shared memory: 3 more CTAs per SM), rows 64 bytes apart mod 128 (conflict-free 16-byte loads)
-  const int x4row = !LF4 ? kc_max : LB == 1 ? 2 * kc_max + 16 : kc_max + 64;
+  const int x4row = !LF4 ? kc_max : LL == 1 ? 2 * kc_max + 16 : kc_max + 64;
   uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][x4row]
   float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * x4row : xr * xrow));      // FP8 / FP4 [xr][kb_max]; BFX none
   float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
@@ -361,12 +334,12 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         ev[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x6420);  // codes 8q, 8q+2, 8q+4, 8q+6
         od[q] = __byte_perm(w[2 * q], w[2 * q + 1], 0x7531);  // codes 8q+1, 8q+3, 8q+5, 8q+7
       }
-      if constexpr (LB == 1) {  // lane t's B of block b: {lo(ev[t]), lo(od[t]), hi(ev[t]), hi(od[t])} as f16 pairs
+      if constexpr (LL == 1) {  // lane t's B of block b: {lo(ev[t]), lo(od[t]), hi(ev[t]), hi(od[t])} as f16 pairs
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           *reinterpret_cast<uint4*>(xt + j * x4row + ((b >> 1) * 4 + q) * 32 + (b & 1) * 16) =
               make_uint4(e4m3x2_f16x2(ev[q]), e4m3x2_f16x2(od[q]), e4m3x2_f16x2<true>(ev[q]), e4m3x2_f16x2<true>(od[q]));
-      } else if constexpr (LB == 2) {  // lane t's words of block b: ev[t], od[t]
+      } else if constexpr (LL == 2) {  // lane t's words of block b: ev[t], od[t]
 #pragma unroll
         for (int q = 0; q < 4; ++q) *reinterpret_cast<uint2*>(xt + j * x4row + ((b >> 1) * 4 + q) * 16 + (b & 1) * 8) = make_uint2(ev[q], od[q]);
       } else {
@@ -400,25 +373,13 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
-    if constexpr (WB) {
-      // row j, block b, lane t: {lo(c0), lo(c1), hi(c0), hi(c1)} of codes c0 = k 4t.., c1 = k 16 + 4t..
-      const int per_row = nb * 4;
-      for (int i = tid; i < xr * per_row; i += kThreads) {
-        const int j = i / per_row, bt = i - j * per_row, b = bt >> 2, tt = bt & 3;
-        const bool ok = m0 + j < M;
-        const uint8_t* src = xc + (ok ? (m0 + j) * K + k0 + b * 32 + 4 * tt : 0);
-        const uint32_t c0 = ok ? *reinterpret_cast<const uint32_t*>(src) : 0u, c1 = ok ? *reinterpret_cast<const uint32_t*>(src + 16) : 0u;
-        *reinterpret_cast<uint4*>(xt + j * xrow + bt * 16) = make_uint4(e4m3x2_f16x2(c0), e4m3x2_f16x2(c1), e4m3x2_f16x2<true>(c0), e4m3x2_f16x2<true>(c1));
-      }
-    } else {
-      const int xupr = kc / 16;
-      for (int u = tid; u < xr * xupr; u += kThreads) {
-        const int j = u / xupr, q = u % xupr;
-        const bool ok = m0 + j < M;
-        cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
-      }
-      cp_async_commit();
+    const int xupr = kc / 16;
+    for (int u = tid; u < xr * xupr; u += kThreads) {
+      const int j = u / xupr, q = u % xupr;
+      const bool ok = m0 + j < M;
+      cp_async16(smem_u32(xt + j * xrow + q * 16), xc + (ok ? (m0 + j) * K + k0 + q * 16 : 0), ok ? 16 : 0);
     }
+    cp_async_commit();
     if (async_scales) {  // 4-byte cp.async, zeros past M: one round trip instead of one per iteration
       for (int i = tid; i < xr * nb; i += kThreads) {
         const int j = i / nb, b = i % nb;
@@ -470,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         // the same terms as the plain loop below in the same order: B pre-widened (8 f16 pairs per
         // lane and unit), the two blocks' raw scales of rows g and g + 8 in one 16-bit load each
         uint4 bx[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if constexpr (LB == 1) {
+        if constexpr (LL == 1) {
           if (g < cnt) {
             const uint4* src = reinterpret_cast<const uint4*>(xt + g * x4row + (u * 4 + t) * 32);
             bx[0] = src[0];
@@ -487,24 +448,16 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         // (d * 64) * (ws * sx), every factor a power of two, exact while the products stay normal
         float2 sx2 = 2 * t < cnt ? *reinterpret_cast<const float2*>(xsc + (2 * t) * kb_max + 2 * u) : make_float2(0.0f, 0.0f);
         float2 sx12 = make_float2(0.0f, 0.0f);
-        if (LB == 2 && 2 * t + 1 < cnt) sx12 = *reinterpret_cast<const float2*>(xsc + (2 * t + 1) * kb_max + 2 * u);
-        // PR: the f16 widening is value * 2^-14, so the activation scale takes 2^14 (d is 2^-8 times
-        // the e4m3 path's, the scale 2^8 times: the same products, the same bits)
-        constexpr float kWiden = PR ? 16384.0f : 64.0f;
-        sx2 = make_float2(__fmul_rn(sx2.x, kWiden), __fmul_rn(sx2.y, kWiden));
-        if constexpr (LB == 2) sx12 = make_float2(__fmul_rn(sx12.x, kWiden), __fmul_rn(sx12.y, kWiden));
+        if (LL == 2 && 2 * t + 1 < cnt) sx12 = *reinterpret_cast<const float2*>(xsc + (2 * t + 1) * kb_max + 2 * u);
+        sx2 = make_float2(__fmul_rn(sx2.x, 64.0f), __fmul_rn(sx2.y, 64.0f));
+        if constexpr (LL == 2) sx12 = make_float2(__fmul_rn(sx12.x, 64.0f), __fmul_rn(sx12.y, 64.0f));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (2 * u + h >= nb) break;
           const uint32_t w0 = r[2 * h], w1 = r[2 * h + 1];  // word t of block 2u + h, rows g and g + 8
+          const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
           float d[4];
-          if constexpr (PR) {
-            const uint32_t a[4] = {e2m1_lo_f16hi(w0), e2m1_lo_f16hi(w1), e2m1_hi_f16hi(w0), e2m1_hi_f16hi(w1)};
-            mma_f16hi_f16b(a, bx[h], d);
-          } else {
-            const uint32_t a[4] = {e2m1_lo_e4m3(w0), e2m1_lo_e4m3(w1), e2m1_hi_e4m3(w0), e2m1_hi_e4m3(w1)};
-            mma_e4m3_f16b(a, bx[h], d);
-          }
+          mma_e4m3_f16b(a, bx[h], d);
           // scale byte h of the pair: c << 23 is 2^(c - 127) for c = 1..254 (no special byte in the tile)
           const uint32_t c0 = (s0 >> (8 * h)) & 0xFFu, c8 = (s8 >> (8 * h)) & 0xFFu;
           const float ws0 = decltype(sp)::value ? e8m0_lean(c0) : __uint_as_float(c0 << 23);
@@ -512,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
           const float sx = h ? sx2.y : sx2.x;
           acc[0] = __fmaf_rn(d[0], __fmul_rn(ws0, sx), acc[0]);
           acc[2] = __fmaf_rn(d[2], __fmul_rn(ws8, sx), acc[2]);
-          if constexpr (LB == 2) {
+          if constexpr (LL == 2) {
             const float sx1 = h ? sx12.y : sx12.x;
             acc[1] = __fmaf_rn(d[1], __fmul_rn(ws0, sx1), acc[1]);
             acc[3] = __fmaf_rn(d[3], __fmul_rn(ws8, sx1), acc[3]);
@@ -572,15 +525,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         for (int i = 0; i < 4; ++i) acc[i] = __fmaf_rn(d[i], ws, acc[i]);
       } else {
         const int b = u;
+        const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
+        const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
         float d[4];
-        if constexpr (WB) {
-          const uint4 bx = g < xr ? *reinterpret_cast<const uint4*>(xt + g * xrow + (b * 4 + t) * 16) : make_uint4(0, 0, 0, 0);
-          mma_e4m3_f16b(r, bx, d);
-        } else {
-          const uint8_t* xb = xt + g * xrow + b * 32 + 4 * t;
-          const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
-          mma_e4m3(r, b0, b1, d);
-        }
+        mma_e4m3(r, b0, b1, d);
         const float ws = wsc[b];
         const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
         const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
@@ -671,8 +619,6 @@ std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
 std::atomic<bool> g_lean_loop{true};
-std::atomic<bool> g_fp4_prmt{false};
-std::atomic<bool> g_fp8_widen_b{false};
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -738,10 +684,10 @@ FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
 }
 
 size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll) {
-  const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x, wide = bfx || (mode == kModeFp8 && ll == 1);  // FP8 widened rows: 2 bytes a code
+  const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
   const int kb = kc_max / 32;
   const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
-  const size_t x = fp4 ? size_t(xr) * (ll == 1 ? 2 * kc_max + 16 : ll == 2 ? kc_max + 64 : kc_max) : size_t(xr) * ((wide ? 2 * kc_max : kc_max) + 16);
+  const size_t x = fp4 ? size_t(xr) * (ll == 1 ? 2 * kc_max + 16 : ll == 2 ? kc_max + 64 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
   return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
 }
@@ -760,17 +706,9 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const bool lean = g_lean.load(std::memory_order_relaxed);
   const int xr = FP4 ? (grouped ? kRowGroup : 1) : lean ? int(std::min<int64_t>(kRowGroup, M)) : kRowGroup;
   // the lean loop: MXFP4 with raw scales
-  const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean
-                     ? (grouped ? 2 : 1) + (g_fp4_prmt.load(std::memory_order_relaxed) ? 2 : 0)
-                 : MODE == kModeFp8 && g_fp8_widen_b.load(std::memory_order_relaxed) ? 1
-                                                                                     : 0;
-  const auto kernel = MODE == kModeFp8 && ll == 1 ? &tc_gemv_kernel<MODE, MODE == kModeFp8 ? 1 : 0>
-                      : !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0>
-                      : ll == 1       ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0>
-                      : ll == 2       ? &tc_gemv_kernel<MODE, FP4 ? 2 : 0>
-                      : ll == 3       ? &tc_gemv_kernel<MODE, FP4 ? 3 : 0>
-                                      : &tc_gemv_kernel<MODE, FP4 ? 4 : 0>;
-  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll > 2 ? ll - 2 : ll);
+  const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean ? (grouped ? 2 : 1) : 0;
+  const auto kernel = !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0>;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
   const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
@@ -818,10 +756,6 @@ void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
 void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
 bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
-void set_tc_fp4_prmt(bool on) { g_fp4_prmt.store(on, std::memory_order_relaxed); }
-bool tc_fp4_prmt() { return g_fp4_prmt.load(std::memory_order_relaxed); }
-void set_tc_fp8_widen_b(bool on) { g_fp8_widen_b.store(on, std::memory_order_relaxed); }
-bool tc_fp8_widen_b() { return g_fp8_widen_b.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
 int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }
 

@@ -91,19 +91,6 @@ bool tc_global_fold();
 // kernels are not affected. Process-wide, set from CudaRunOptions::tc_lean_loop.
 void set_tc_lean_loop(bool on);
 bool tc_lean_loop();
-// The MXFP4 lean loop's weight widening: on, each e2m1 nibble becomes the high byte of its f16
-// (value * 2^-14, shifts and masks) and one byte permute per pair feeds the f16 mma; off, the
-// nibbles widen to e4m3 and a conversion instruction per pair makes the f16. The same products
-// scaled by 2^-8, compensated in the activation scale: the same bits (test TcFp4PrmtSameBits).
-// Process-wide, set from CudaRunOptions::tc_fp4_prmt.
-void set_tc_fp4_prmt(bool on);
-bool tc_fp4_prmt();
-// The FP8 kernel's activations: on, staged once per CTA as the f16 pairs its mma runs on (plain
-// loads, converted as they are stored; twice the shared memory of the e4m3 rows); off, e4m3 codes
-// by cp.async, widened at every use. The same bits (test TcFp8WidenBSameBits). Process-wide, set
-// from CudaRunOptions::tc_fp8_widen_b.
-void set_tc_fp8_widen_b(bool on);
-bool tc_fp8_widen_b();
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 
 }  // namespace fb::cuda

@@ -64,8 +64,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
-  if (name == "tc_fp4_prmt") return flag(o.tc_fp4_prmt);
-  if (name == "tc_fp8_widen_b") return flag(o.tc_fp8_widen_b);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") {
@@ -94,7 +92,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, tc_fp4_prmt, tc_fp8_widen_b, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
 }
 
@@ -113,8 +111,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_lean_smem(o.tc_lean_smem);           // process-wide, same bits either way
   set_tc_global_fold(o.tc_global_fold);       // process-wide, same bits either way
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
-  set_tc_fp4_prmt(o.tc_fp4_prmt);             // process-wide, same bits either way
-  set_tc_fp8_widen_b(o.tc_fp8_widen_b);       // process-wide, same bits either way
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
