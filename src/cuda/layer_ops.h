@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "model/session_layout.h"
+#include "cuda/step_arena.h"
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
@@ -40,117 +41,6 @@ using model::Site;
 
 inline uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-// Per-step device allocations: bump-allocated from the executor's StepWorkspace (no cudaMalloc
-// once warmed up; uploads staged through its pinned buffer), with plain cudaMalloc as the
-// fallback when it is too small or already in use. The destructor synchronises the stream (the
-// step is over, so the next step may reuse the memory) and grows the workspace to this step's
-// high-water mark.
-class Arena {
- public:
-  Arena(cudaStream_t st, StepWorkspace* ws) : st_(st), ws_(ws && !ws->busy ? ws : nullptr) {
-    if (ws_) ws_->busy = true;
-  }
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-  ~Arena() {
-    if (!ws_) return;
-    if (ws_->capturing) {  // nothing may wait inside a capture; the workspace was warmed up
-      ws_->busy = false;
-      return;
-    }
-    cudaStreamSynchronize(st_);
-    ws_->dev_high = std::max(ws_->dev_high, dev_peak_);
-    ws_->pin_high = std::max(ws_->pin_high, pin_need_);
-    if (ws_->dev_high > ws_->dev.bytes()) {
-      // This step's fallback buffers go first (the stream is drained): the grown workspace
-      // replaces them, and holding both could need 2.25x the step. Then 1.25x the mark, else the
-      // mark itself; a failure is cleared (cudaMalloc's error would otherwise be reported by the
-      // next kernel launch: issue 26's "embed_rows_kernel: out of memory") and later steps of
-      // this size allocate per op.
-      bufs_.clear();
-      ws_->dev.reset();
-      bool grown = ws_->dev.alloc(ws_->dev_high + ws_->dev_high / 4).ok();
-      if (!grown) {
-        cudaGetLastError();
-        grown = ws_->dev.alloc(ws_->dev_high).ok();
-      }
-      if (!grown) {
-        ws_->dev.reset();
-        cudaGetLastError();
-      }
-    }
-    constexpr size_t kPinMax = size_t(256) << 20;
-    if (ws_->pin_high > ws_->pin_cap && ws_->pin_high <= kPinMax) {
-      if (ws_->pinned) cudaFreeHost(ws_->pinned);
-      ws_->pinned = nullptr;
-      ws_->pin_cap = 0;
-      const size_t want = std::max<size_t>(ws_->pin_high + ws_->pin_high / 4, size_t(1) << 20);
-      if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
-      else ws_->pinned = nullptr, cudaGetLastError();
-    }
-    ws_->busy = false;
-  }
-  template <typename T>
-  T* alloc(int64_t n, Status& status) {
-    if (!status.ok()) return nullptr;
-    const size_t bytes = round_up(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
-    if (ws_) {
-      const size_t off = dev_need_;
-      dev_need_ += bytes;
-      dev_peak_ = std::max(dev_peak_, dev_need_);
-      if (dev_need_ <= ws_->dev.bytes()) return reinterpret_cast<T*>(ws_->dev.get<uint8_t>() + off);
-    }
-    DeviceBuffer b;
-    status = b.alloc(bytes);
-    if (!status.ok()) return nullptr;
-    T* p = b.get<T>();
-    bufs_.push_back(std::move(b));
-    return p;
-  }
-  template <typename T>
-  T* upload(const std::vector<T>& v, Status& status) {
-    T* p = alloc<T>(int64_t(v.size()), status);
-    if (!p || v.empty()) return status.ok() ? p : nullptr;
-    const size_t bytes = v.size() * sizeof(T);
-    const void* src = v.data();
-    if (ws_) {
-      const size_t off = pin_need_;
-      pin_need_ += round_up(bytes);
-      if (pin_need_ <= ws_->pin_cap) {
-        void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
-        std::memcpy(stage, v.data(), bytes);
-        src = stage;
-      }
-    }
-    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
-    kprof_mark("upload");
-    return status.ok() ? p : nullptr;
-  }
-
-  // Frames: device memory allocated after mark() is reused by allocations after release(m).
-  // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
-  // never released (an upload's host copy may still be waiting for its transfer). Fallback
-  // buffers (the workspace was too small: a first step of a new size) made inside the frame are
-  // freed after the stream drains, so that step peaks at one op's temporaries too.
-  struct Mark {
-    size_t dev, bufs;
-  };
-  Mark mark() const { return {dev_need_, bufs_.size()}; }
-  void release(const Mark& m) {
-    dev_need_ = std::min(dev_need_, m.dev);
-    if (bufs_.size() > m.bufs && !(ws_ && ws_->capturing)) {
-      cudaStreamSynchronize(st_);
-      bufs_.resize(m.bufs);
-    }
-  }
-
- private:
-  static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
-  cudaStream_t st_;
-  StepWorkspace* ws_;
-  size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;
-  std::vector<DeviceBuffer> bufs_;
-};
 
 
 // ---------------------------------------------------------------------------------------------
@@ -181,7 +71,6 @@ class CudaLayerOps {
                                        int64_t(c_.engram_cat_dim()), int64_t(c_.dspark_target_layer_ids.size()) * D});
     int max_active = 1;
     for (const LayerRole& r : c_.roles) max_active = std::max(max_active, r.n_active);
-    max_active_ = max_active;
     q_buf_.capacity = T_ * std::max<int64_t>(k_max, int64_t(max_active) * c_.moe_inter_dim);
     if (m_.defer_combine_ && T_ <= kFastSmallMaxRows) {  // the MoE's outputs outlive its op (defer_combine)
       ye_keep_ = alloc<uint16_t>(T_ * max_active * D);
@@ -474,7 +363,7 @@ class CudaLayerOps {
     uint16_t* b = alloc<uint16_t>(ab_rows * I);
     // CudaRunOptions::defer_combine: the combine is left to the FFN site's deferred hc_post (which
     // then reads ye and ys in the next layer: step-lifetime buffers)
-    const bool defer_combine = ye_keep_ && fast_small() && m_.defer_hc_post_ && K <= max_active_ && defer_ffn_post_ok(l);
+    const bool defer_combine = ye_keep_ && fast_small() && m_.defer_hc_post_ && defer_ffn_post_ok(l);
     uint16_t* ye = defer_combine ? ye_keep_ : alloc<uint16_t>(n * D);
     uint16_t* ys = defer_combine ? ys_keep_ : alloc<uint16_t>(T_ * D);
     if (!ok()) return;
@@ -945,7 +834,6 @@ class CudaLayerOps {
   FastHcPost combine_;            // the MoE combine's inputs (ye, K, ys) not yet summed (defer_combine) ...
   bool combine_pending_ = false;  // ... when set
   uint16_t *ye_keep_ = nullptr, *ys_keep_ = nullptr;  // defer_combine: step-lifetime MoE outputs [T, max_active, D], [T, D]
-  int max_active_ = 1;
   bool rope_in_attn_ = false;  // attn_q left q un-rotated for attend()'s fast kernels
   bool o_unroped_ = false;     // attend() gave o already un-rotated: attn_output skips its rope
   uint16_t *X_ = nullptr, *residual_ = nullptr, *u_ = nullptr, *y_ = nullptr, *h_ = nullptr, *qr_ = nullptr, *q_ = nullptr, *kv_ = nullptr,
