@@ -205,6 +205,7 @@ struct CudaRunOptions {
   bool tc_async_scales = true;        // ... their scales staged by cp.async beside the tile (same bits)
   bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
   bool tc_global_fold = true;        // ... split-K chunks folded by the last CTA through a per-stream workspace, not a cluster (same bits)
+  int64_t tc_cluster_fold_ctas = 0;  // ... except launches of at most this many CTAs, folded through the cluster (same bits)
   bool tc_lean_loop = true;          // ... MXFP4: tile loops without divisions, mma on pre-staged activations, scales by a shift (same bits)
   bool fast_index = true;            // kFast decode rows: the indexer's q.k dots on tensor cores (fast_attention.h fast_index_scores)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
@@ -237,7 +238,7 @@ struct CudaRunOptions {
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
-// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads (booleans 0/1), expert_prefetch_min_rows (>= 1),
+// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 

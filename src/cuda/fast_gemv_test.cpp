@@ -644,14 +644,17 @@ TEST(FastGemv, TcGlobalFoldEqualsCluster) {
   for (const auto& c : sw.fp4) ASSERT_GT(tc_chunks(c.K, true).nk, 1);
   ASSERT_GT(tc_chunks(4096, false).nk, 1);  // bf16x
   tc_sweep(rng, sw, [](const char* what, auto call) {
-    std::vector<bf16_t> out[3];
-    for (int v = 0; v < 3; ++v) {
+    std::vector<bf16_t> out[4];
+    for (int v = 0; v < 4; ++v) {
       GlobalFoldAs g(v >= 1);
+      set_tc_cluster_fold_ctas(v == 3 ? 1000 : 0);  // 3: global on, launches of <= 1000 CTAs by the cluster
       out[v] = call();
     }
+    set_tc_cluster_fold_ctas(0);
     EXPECT_FALSE(out[0].empty());
     EXPECT_TRUE(out[1] == out[0]) << what << ": global fold != cluster fold";
     EXPECT_TRUE(out[2] == out[0]) << what << ": a second global fold differs (a counter left behind?)";
+    EXPECT_TRUE(out[3] == out[0]) << what << ": the mixed rule (tc_cluster_fold_ctas) differs";
   });
   EXPECT_GT(tc_global_fold_launches(), launches0) << "no launch folded through the workspace";
 }

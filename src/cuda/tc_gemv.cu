@@ -619,6 +619,7 @@ std::atomic<bool> g_async_scales{true};
 std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
 std::atomic<bool> g_lean_loop{true};
+std::atomic<int64_t> g_cluster_ctas{0};
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -715,7 +716,9 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const int64_t gx = rows_x ? rows : tiles, gy = rows_x ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
   // split K folds through global memory (no cluster) when on and a workspace is at hand
-  const FoldWs fold = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) ? fold_workspace(st, rows * (pa.stripes + pb.stripes), ch.nk) : FoldWs{};
+  // (launches of at most g_cluster_ctas CTAs fold through the cluster: no serial tail of a last CTA)
+  const bool global = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) && rows * tiles > g_cluster_ctas.load(std::memory_order_relaxed);
+  const FoldWs fold = global ? fold_workspace(st, rows * (pa.stripes + pb.stripes), ch.nk) : FoldWs{};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));
   cfg.blockDim = dim3(kThreads);
@@ -754,6 +757,7 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
+void set_tc_cluster_fold_ctas(int64_t ctas) { g_cluster_ctas.store(ctas, std::memory_order_relaxed); }
 void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
 bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }

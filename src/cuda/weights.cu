@@ -63,6 +63,13 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
+  if (name == "tc_cluster_fold_ctas") {
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end || v < 0) return FB_ERROR(kInvalidArgument) << "tc_cluster_fold_ctas must be an integer >= 0 (got \"" << value << "\")";
+    o.tc_cluster_fold_ctas = v;
+    return Status();
+  }
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
@@ -92,7 +99,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
 }
 
@@ -110,6 +117,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_async_scales(o.tc_async_scales);     // process-wide, same bits either way
   set_tc_lean_smem(o.tc_lean_smem);           // process-wide, same bits either way
   set_tc_global_fold(o.tc_global_fold);       // process-wide, same bits either way
+  set_tc_cluster_fold_ctas(o.tc_cluster_fold_ctas);  // likewise
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
