@@ -647,7 +647,7 @@ TEST(FastGemv, TcGlobalFoldEqualsCluster) {
     std::vector<bf16_t> out[4];
     for (int v = 0; v < 4; ++v) {
       GlobalFoldAs g(v >= 1);
-      set_tc_cluster_fold_ctas(v == 3 ? 1000 : 0);  // 3: global on, launches of <= 1000 CTAs by the cluster
+      set_tc_cluster_fold_ctas(v == 3 ? 1000 : 0);  // 3: global on, one-row launches of <= 1000 CTAs by the cluster
       out[v] = call();
     }
     set_tc_cluster_fold_ctas(0);

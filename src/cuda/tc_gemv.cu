@@ -716,8 +716,9 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   const int64_t gx = rows_x ? rows : tiles, gy = rows_x ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
   // split K folds through global memory (no cluster) when on and a workspace is at hand
-  // (launches of at most g_cluster_ctas CTAs fold through the cluster: no serial tail of a last CTA)
-  const bool global = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) && rows * tiles > g_cluster_ctas.load(std::memory_order_relaxed);
+  // (one-row launches of at most g_cluster_ctas CTAs fold through the cluster: no serial tail of a
+  // last CTA; measured for decode, where the 6-row verify launches of the same grids lost)
+  const bool global = ch.nk > 1 && g_global_fold.load(std::memory_order_relaxed) && (M > 1 || rows * tiles > g_cluster_ctas.load(std::memory_order_relaxed));
   const FoldWs fold = global ? fold_workspace(st, rows * (pa.stripes + pb.stripes), ch.nk) : FoldWs{};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(gx), unsigned(gy));

@@ -82,8 +82,9 @@ bool tc_async_scales();
 // need a larger workspace than its stream has folds through the cluster. Process-wide, set from
 // CudaRunOptions::tc_global_fold.
 void set_tc_global_fold(bool on);
-// With the global fold on, launches of at most `ctas` CTAs still fold through the cluster (their
-// last CTA's serial read of the partials is a larger share of a short launch). The same bits.
+// With the global fold on, launches of one activation row and at most `ctas` CTAs still fold
+// through the cluster (the last CTA's serial read of the partials is a larger share of a short
+// launch). The same bits.
 // Process-wide, set from CudaRunOptions::tc_cluster_fold_ctas (0: every split launch folds globally).
 void set_tc_cluster_fold_ctas(int64_t ctas);
 bool tc_global_fold();
