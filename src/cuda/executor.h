@@ -205,7 +205,7 @@ struct CudaRunOptions {
   bool tc_async_scales = true;        // ... their scales staged by cp.async beside the tile (same bits)
   bool tc_lean_smem = true;           // ... with shared memory sized by the launch's rows, raw MXFP4 scales (same bits; more CTAs per SM)
   bool tc_global_fold = true;        // ... split-K chunks folded by the last CTA through a per-stream workspace, not a cluster (same bits)
-  int64_t tc_cluster_fold_ctas = 0;  // ... except one-row launches of at most this many CTAs, folded through the cluster (same bits)
+  int64_t tc_cluster_fold_ctas = 1000;  // ... except one-row launches of at most this many CTAs, folded through the cluster (same bits; 0: none)
   bool tc_lean_loop = true;          // ... MXFP4: tile loops without divisions, mma on pre-staged activations, scales by a shift (same bits)
   bool fast_index = true;            // kFast decode rows: the indexer's q.k dots on tensor cores (fast_attention.h fast_index_scores)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
