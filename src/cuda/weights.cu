@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <type_traits>
 
 #include "base/check.h"
 #include "base/dtype.h"
@@ -37,17 +39,20 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
     b = value == "1";
     return Status();
   };
+  // an integer in [lo, hi] into out
+  auto integer = [&](long long lo, long long hi, auto& out) -> Status {
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end || v < lo || v > hi)
+      return FB_ERROR(kInvalidArgument) << "option " << name << " takes an integer in [" << lo << ", " << hi << "] (got \"" << value << "\")";
+    out = static_cast<std::remove_reference_t<decltype(out)>>(v);
+    return Status();
+  };
   if (name == "numerics") {
     o.numerics = FB_TRY(parse_numerics(value));
     return Status();
   }
-  if (name == "tc_prefill_min_rows") {
-    char* end = nullptr;
-    const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end || v < 1) return FB_ERROR(kInvalidArgument) << "tc_prefill_min_rows must be a positive integer (got \"" << value << "\")";
-    o.tc_prefill_min_rows = v;
-    return Status();
-  }
+  if (name == "tc_prefill_min_rows") return integer(1, std::numeric_limits<int64_t>::max(), o.tc_prefill_min_rows);
   if (name == "tc_prefill") return flag(o.tc_prefill);
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
   if (name == "fast_gemv") return flag(o.fast_gemv);
@@ -63,23 +68,11 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_async_scales") return flag(o.tc_async_scales);
   if (name == "tc_lean_smem") return flag(o.tc_lean_smem);
   if (name == "tc_global_fold") return flag(o.tc_global_fold);
-  if (name == "tc_cluster_fold_ctas") {
-    char* end = nullptr;
-    const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end || v < 0) return FB_ERROR(kInvalidArgument) << "tc_cluster_fold_ctas must be an integer >= 0 (got \"" << value << "\")";
-    o.tc_cluster_fold_ctas = v;
-    return Status();
-  }
+  if (name == "tc_cluster_fold_ctas") return integer(0, std::numeric_limits<int64_t>::max(), o.tc_cluster_fold_ctas);
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
-  if (name == "attn_heads_per_cta") {
-    char* end = nullptr;
-    const long v = std::strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end || v < 1 || v > 16) return FB_ERROR(kInvalidArgument) << "attn_heads_per_cta must be 1..16 (got \"" << value << "\")";
-    o.attn_heads_per_cta = int(v);
-    return Status();
-  }
+  if (name == "attn_heads_per_cta") return integer(1, 16, o.attn_heads_per_cta);
   if (name == "attn_split") return flag(o.attn_split);
   if (name == "attn_predequant") return flag(o.attn_predequant);
   if (name == "bounded_replay") return flag(o.bounded_replay);
@@ -88,15 +81,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "defer_combine") return flag(o.defer_combine);
   if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
   if (name == "early_uploads") return flag(o.early_uploads);
-  if (name == "expert_prefetch_min_rows" || name == "expert_prefetch_entries") {
-    char* end = nullptr;
-    const long long v = std::strtoll(value.c_str(), &end, 10);
-    const long long lo = name == "expert_prefetch_min_rows" ? 1 : 0;
-    if (value.empty() || *end || v < lo || v > (1ll << 30)) return FB_ERROR(kInvalidArgument) << name << " must be an integer >= " << lo << " (got \"" << value << "\")";
-    if (name == "expert_prefetch_min_rows") o.expert_prefetch_min_rows = v;
-    else o.expert_prefetch_entries = int(v);
-    return Status();
-  }
+  if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
+  if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "

@@ -1,0 +1,54 @@
+// The CUDA executor's run options from the command line (`--cuda-opt NAME=VALUE`, `bench --ab`):
+// cuda::set_run_option parses them without a device (host code only), so this runs everywhere
+// the CUDA executor is built. Label: fast.
+#include <gtest/gtest.h>
+
+#include "cuda/executor.h"
+
+namespace fb {
+namespace {
+
+TEST(CudaRunOptions, FlagsIntegersAndErrors) {
+  cuda::CudaRunOptions o;
+  EXPECT_TRUE(cuda::set_run_option(o, "numerics", "exact").ok());
+  EXPECT_EQ(o.numerics, cuda::Numerics::kExact);
+  EXPECT_FALSE(cuda::set_run_option(o, "numerics", "fastest").ok());
+  EXPECT_TRUE(cuda::set_run_option(o, "tc_global_fold", "0").ok());
+  EXPECT_FALSE(o.tc_global_fold);
+  EXPECT_FALSE(cuda::set_run_option(o, "tc_global_fold", "yes").ok());
+  // integers: in range accepted, out of range / not a number refused, the option unchanged
+  EXPECT_TRUE(cuda::set_run_option(o, "tc_cluster_fold_ctas", "0").ok());
+  EXPECT_EQ(o.tc_cluster_fold_ctas, 0);
+  EXPECT_TRUE(cuda::set_run_option(o, "tc_cluster_fold_ctas", "2500").ok());
+  EXPECT_EQ(o.tc_cluster_fold_ctas, 2500);
+  EXPECT_FALSE(cuda::set_run_option(o, "tc_cluster_fold_ctas", "-1").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "tc_cluster_fold_ctas", "12x").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "tc_cluster_fold_ctas", "").ok());
+  EXPECT_EQ(o.tc_cluster_fold_ctas, 2500);
+  EXPECT_TRUE(cuda::set_run_option(o, "attn_heads_per_cta", "8").ok());
+  EXPECT_EQ(o.attn_heads_per_cta, 8);
+  EXPECT_FALSE(cuda::set_run_option(o, "attn_heads_per_cta", "17").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "attn_heads_per_cta", "0").ok());
+  EXPECT_EQ(o.attn_heads_per_cta, 8);
+  EXPECT_FALSE(cuda::set_run_option(o, "tc_prefill_min_rows", "0").ok());
+  EXPECT_TRUE(cuda::set_run_option(o, "tc_prefill_min_rows", "128").ok());
+  EXPECT_EQ(o.tc_prefill_min_rows, 128);
+  EXPECT_TRUE(cuda::set_run_option(o, "expert_prefetch_entries", "0").ok());
+  EXPECT_EQ(o.expert_prefetch_entries, 0);
+  EXPECT_FALSE(cuda::set_run_option(o, "expert_prefetch_min_rows", "0").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "expert_prefetch_entries", "2000000000").ok());
+  // an unknown name is refused with the list of known ones
+  const Status st = cuda::set_run_option(o, "tc_fold", "1");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.to_string().find("tc_cluster_fold_ctas"), std::string::npos) << st.to_string();
+}
+
+TEST(CudaRunOptions, DefaultsOfTheFastClass) {
+  const cuda::CudaRunOptions o;
+  EXPECT_EQ(o.numerics, cuda::Numerics::kFast);
+  EXPECT_TRUE(o.tc_gemv && o.tc_global_fold && o.pdl);
+  EXPECT_EQ(o.tc_cluster_fold_ctas, 1000);  // docs/results.md: the one-row launches' cluster fold
+}
+
+}  // namespace
+}  // namespace fb
