@@ -149,10 +149,7 @@ int run(const BenchArgs& a) {
   }
   Csv csv(out, *dev);
   auto lim = bench::measure_limits(a.reps);
-  if (!lim.ok()) {
-    std::fprintf(stderr, "bench: %s\n", lim.status().to_string().c_str());
-    return 1;
-  }
+  if (!lim.ok()) return bench_failed(lim.status());
   csv.row("hbm_d2d_copy", 0, lim->d2d_gbps, "GB/s (read+write)");
   csv.row("h2d_pinned", 0, lim->h2d_pinned_gbps, "GB/s");
   csv.row("h2d_pageable", 0, lim->h2d_pageable_gbps, "GB/s");
@@ -165,10 +162,7 @@ int run(const BenchArgs& a) {
     // and generation time of 16 per layer), and only the slots live in HBM.
     constexpr int kDistinct = 16;
     auto snap = loader::synthetic_snapshot(cfg, 1, a.expert_slots > 0 ? kDistinct : 0);
-    if (!snap.ok()) {
-      std::fprintf(stderr, "bench: %s\n", snap.status().to_string().c_str());
-      return 1;
-    }
+    if (!snap.ok()) return bench_failed(snap.status());
     auto map = (*snap)->engram_token_map();
     cuda::CudaLoadOptions lo;
     lo.expert_slots = a.expert_slots;
@@ -185,10 +179,7 @@ int run(const BenchArgs& a) {
       for (const std::string& spec : ab_specs(a.ab_env))
         if (st.ok()) st = OptionAb(spec).check();
       if (st.ok() && !a.prefill_ab_env.empty()) st = OptionAb(a.prefill_ab_env).check();
-      if (!st.ok()) {
-        std::fprintf(stderr, "bench: %s\n", st.to_string().c_str());
-        return 1;
-      }
+      if (!st.ok()) return bench_failed(st);
       std::fprintf(stderr, "bench: numerics %s\n", cuda::numerics_name(lo.run.numerics));
     }
     std::shared_ptr<bench::SwitchExperts> drive_src;
@@ -197,18 +188,12 @@ int run(const BenchArgs& a) {
       auto tiers = bench::make_drive_tiers(
           **snap, a.expert_drives, a.drive_records, a.host_experts,
           [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); });
-      if (!tiers.ok()) {
-        std::fprintf(stderr, "bench: drive tier: %s\n", tiers.status().to_string().c_str());
-        return 1;
-      }
+      if (!tiers.ok()) return bench_failed(tiers.status(), "drive tier");
       drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
       lo.experts = drive_src;
     }
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
-    if (!ex.ok()) {
-      std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
-      return 1;
-    }
+    if (!ex.ok()) return bench_failed(ex.status());
     std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer, %s) ready, %.1f s CPU\n", a.experts,
                  a.expert_slots > 0 ? (std::to_string(a.expert_slots) + " HBM slots per layer").c_str() : "all resident",
                  double(std::clock() - t0) / CLOCKS_PER_SEC);
@@ -221,15 +206,9 @@ int run(const BenchArgs& a) {
       decode_progress.update(n_contexts++);
       auto s = (*ex)->new_session();
       Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
-      if (!st.ok()) {
-        std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, st.to_string().c_str());
-        return 1;
-      }
+      if (!st.ok()) return bench_failed(st, "context " + std::to_string(L));
       auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
-      if (!t.ok()) {
-        std::fprintf(stderr, "bench: context %lld: %s\n", (long long)L, t.status().to_string().c_str());
-        return 1;
-      }
+      if (!t.ok()) return bench_failed(t.status(), "context " + std::to_string(L));
       decode_progress.hide();  // the rows and notes below go to the same terminal
       report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps,
                     !(lo.run.numerics == cuda::Numerics::kFast && lo.run.wo_a_fp8 && lo.run.fast_gemv));
@@ -294,10 +273,7 @@ int run(const BenchArgs& a) {
           st = run.go();
           cx.set_profile(false);
           cx.set_kernel_profile(false);
-          if (!st.ok()) {
-            std::fprintf(stderr, "bench: profile (%s) at %lld: %s\n", run.what, (long long)L, st.to_string().c_str());
-            return 1;
-          }
+          if (!st.ok()) return bench_failed(st, "profile (" + std::string(run.what) + ") at " + std::to_string(L));
           std::vector<std::pair<double, std::string>> rows;
           for (const auto& [name, p] : cx.profile()) rows.push_back({p.ms / a.steps, name});
           std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
@@ -319,10 +295,7 @@ int run(const BenchArgs& a) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s0 = 0; s0 < N; s0 += a.prefill_chunk) {
         const model::Step st = prefill_step((*ex)->config(), s0, std::min(N, s0 + a.prefill_chunk), N, 5);
-        if (auto o = (*ex)->forward(st, ss); !o.ok()) {
-          std::fprintf(stderr, "bench: prefill %lld: %s\n", (long long)N, o.status().to_string().c_str());
-          return 1;
-        }
+        if (auto o = (*ex)->forward(st, ss); !o.ok()) return bench_failed(o.status(), "prefill " + std::to_string(N));
         prefill_progress.update(std::min(N, s0 + a.prefill_chunk));
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -354,17 +327,11 @@ int run(const BenchArgs& a) {
         }
         auto s = (*ex)->new_session();
         Status fs = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L - C, uint64_t(L) + 17);
-        if (!fs.ok()) {
-          std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, fs.to_string().c_str());
-          return 1;
-        }
+        if (!fs.ok()) return bench_failed(fs, "prefill at " + std::to_string(L));
         std::vector<model::SessionState*> ss{s.get()};
         const model::Step st = prefill_step((*ex)->config(), L - C, L, L, 5);
         const auto t0 = std::chrono::steady_clock::now();
-        if (auto o = (*ex)->forward(st, ss); !o.ok()) {
-          std::fprintf(stderr, "bench: prefill at %lld: %s\n", (long long)L, o.status().to_string().c_str());
-          return 1;
-        }
+        if (auto o = (*ex)->forward(st, ss); !o.ok()) return bench_failed(o.status(), "prefill at " + std::to_string(L));
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!prof) {
           sec = t;
@@ -427,10 +394,7 @@ int run(const BenchArgs& a) {
       // weights, each GEMM alone (median of 3), against the measured tensor-core rates.
       const int layer = (*ex)->config().n_layers / 2;
       auto t = (*ex)->time_prefill_gemms(M, layer, 3);
-      if (!t.ok()) {
-        std::fprintf(stderr, "bench: prefill gemms %lld: %s\n", (long long)M, t.status().to_string().c_str());
-        return 1;
-      }
+      if (!t.ok()) return bench_failed(t.status(), "prefill gemms " + std::to_string(M));
       double fl = 0, ms = 0;
       std::fprintf(stderr, "bench: tensor-core GEMM work of a %lld-row prefill chunk (layer %d; bf16 operands, f32 accumulate):\n", (long long)M,
                    layer);
@@ -461,10 +425,7 @@ int run(const BenchArgs& a) {
       auto pts = bench::run_kv_restore(
           **ex, ko, [&c](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 5); },
           [](const std::string& line) { std::fprintf(stderr, "bench: kv restore: %s\n", line.c_str()); });
-      if (!pts.ok()) {
-        std::fprintf(stderr, "bench: kv restore: %s\n", pts.status().to_string().c_str());
-        return 1;
-      }
+      if (!pts.ok()) return bench_failed(pts.status(), "kv restore");
       csv.row("kv_dir_tmpfs", 0, tmpfs ? 1.0 : 0.0, "1 = the state files' folder is a tmpfs (RAM, not a disk)");
       bench::report_kv_restore(*pts, c, lim->h2d_pageable_gbps,
                                [&csv](const std::string& n, int64_t L, double v, const char* u, double share) { csv.row(n, L, v, u, share); });
@@ -498,10 +459,7 @@ int run(const BenchArgs& a) {
       }
       so.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
       auto sr = engine::run_session_rounds(**ex, so);
-      if (!sr.ok()) {
-        std::fprintf(stderr, "bench: sessions: %s\n", sr.status().to_string().c_str());
-        return 1;
-      }
+      if (!sr.ok()) return bench_failed(sr.status(), "sessions");
       const int64_t L = a.sessions_context;
       const double one = sr->rows.empty() || sr->rows[0].sessions != 1 ? 0 : sr->rows[0].tok_s;
       for (const engine::SessionRoundsRow& r : sr->rows) {
@@ -545,10 +503,7 @@ int run(const BenchArgs& a) {
     for (int pass = 0; pass < (a.dspark_sweep ? (a.sweep_schedule ? 2 : 1) : 0); ++pass) {
       const bool sched = pass == 1;
       auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, sched ? -1 : (*ex)->config().dspark_block_size);
-      if (!rep.ok()) {
-        std::fprintf(stderr, "bench: dspark sweep: %s\n", rep.status().to_string().c_str());
-        return 1;
-      }
+      if (!rep.ok()) return bench_failed(rep.status(), "dspark sweep");
       for (const auto& r : *rep) {
         char tag[40];
         std::snprintf(tag, sizeof tag, sched ? "dspark_sched_p%.2f_" : "dspark_p%.2f_", r.p);
@@ -566,22 +521,13 @@ int run(const BenchArgs& a) {
   }
   if (!a.model.empty()) {
     auto ex = cuda::CudaExecutor::load(a.model);
-    if (!ex.ok()) {
-      std::fprintf(stderr, "bench: %s\n", ex.status().to_string().c_str());
-      return 1;
-    }
+    if (!ex.ok()) return bench_failed(ex.status());
     auto s = (*ex)->new_session();
     std::vector<model::SessionState*> ss{s.get()};
     const model::Step st = prefill_step((*ex)->config(), 0, a.prompt_len, a.prompt_len, 3);
-    if (auto o = (*ex)->forward(st, ss); !o.ok()) {
-      std::fprintf(stderr, "bench: prefill: %s\n", o.status().to_string().c_str());
-      return 1;
-    }
+    if (auto o = (*ex)->forward(st, ss); !o.ok()) return bench_failed(o.status(), "prefill");
     auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
-    if (!t.ok()) {
-      std::fprintf(stderr, "bench: %s\n", t.status().to_string().c_str());
-      return 1;
-    }
+    if (!t.ok()) return bench_failed(t.status());
     csv.row("model_decode_ms", a.prompt_len, t->decode_ms, "ms/token");
     csv.row("model_decode_tok_s", a.prompt_len, 1000.0 / t->decode_ms, "tok/s");
   }

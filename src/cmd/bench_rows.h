@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "bench/drive_tier.h"
 #include "bench/limits.h"
 #include "cuda/executor.h"
@@ -91,6 +92,13 @@ class Csv {
   FILE* f_;
   bench::DeviceInfo d_;
 };
+
+// A bench stage that failed: "bench: WHAT: error" on stderr ("bench: error" without a WHAT) and
+// the command's exit code 1, so a stage is checked as `if (!r.ok()) return bench_failed(r.status(), "what");`.
+inline int bench_failed(const Status& s, const std::string& what = "") {
+  std::fprintf(stderr, "bench: %s%s%s\n", what.c_str(), what.empty() ? "" : ": ", s.to_string().c_str());
+  return 1;
+}
 
 // Prefill rows [s0, s1) of an `end`-token prompt of synthetic token ids (p * 7919 + salt), the last
 // prompt row asking for logits, and the DSpark taps asked for as the engine's generator does.

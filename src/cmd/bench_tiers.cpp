@@ -119,10 +119,7 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   bench::ColdPrefillPlan plan;
   auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
   std::fprintf(stderr, "bench: cold prefill: %.1f GiB of prefetch staging\n", double(plan.staging_bytes) / kGiB);
-  if (!runs.ok()) {
-    std::fprintf(stderr, "bench: cold prefill: %s\n", runs.status().to_string().c_str());
-    return 1;
-  }
+  if (!runs.ok()) return bench_failed(runs.status(), "cold prefill");
   return 0;
 }
 
@@ -138,10 +135,7 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
   o.pool_warm_steps = a.tier_warm_steps;
   o.drive_warm_steps = a.drive_warm_steps;
   auto pts = bench::run_drive_tier(ex, *s, src, o);
-  if (!pts.ok()) {
-    std::fprintf(stderr, "bench: drive tier: %s\n", pts.status().to_string().c_str());
-    return 1;
-  }
+  if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
   csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
   csv.row("drive_tier_host_experts", L, double(a.host_experts), "host cache records (page-locked)");
   csv.row("drive_tier_records", L, double(a.drive_records), "expert records per drive file");
@@ -176,10 +170,7 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
   const model::Config& c = ex.config();
   auto pts = bench::run_tier_sweep(ex, *s, o, h2d_peak_gbps,
                                    [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
-  if (!pts.ok()) {
-    std::fprintf(stderr, "bench: tier sweep: %s\n", pts.status().to_string().c_str());
-    return 1;
-  }
+  if (!pts.ok()) return bench_failed(pts.status(), "tier sweep");
   csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
   csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
   csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
