@@ -46,6 +46,7 @@
 #include "loader/bind.h"
 #include "cmd/bench_rows.h"
 #include "cmd/commands.h"
+#include "cmd/cuda_run_flags.h"
 #include "cuda/executor.h"
 #include "cuda/host_memory.h"
 #include "engine/generator.h"
@@ -169,13 +170,7 @@ int run(const BenchArgs& a) {
     lo.expert_staging = a.expert_staging;
     lo.lfu_aging = a.lfu_aging;
     {
-      Status st = cuda::set_run_option(lo.run, "numerics", a.numerics);
-      for (const auto& kv : a.cuda_opts) {
-        if (!st.ok()) break;
-        const size_t eq = kv.find('=');
-        st = eq == std::string::npos ? FB_ERROR(kInvalidArgument) << "--cuda-opt wants NAME=VALUE (got " << kv << ")"
-                                     : cuda::set_run_option(lo.run, kv.substr(0, eq), kv.substr(eq + 1));
-      }
+      Status st = apply_cuda_run_flags(lo.run, a.numerics, a.cuda_opts);
       for (const std::string& spec : ab_specs(a.ab_env))
         if (st.ok()) st = OptionAb(spec).check();
       if (st.ok() && !a.prefill_ab_env.empty()) st = OptionAb(a.prefill_ab_env).check();

@@ -6,6 +6,7 @@
 #include "cmd/commands.h"
 #include "cpu/executor.h"
 #ifdef FB_HAVE_CUDA_EXECUTOR
+#include "cmd/cuda_run_flags.h"
 #include "cuda/executor.h"
 #endif
 #include "engine/executor_factory.h"
@@ -70,14 +71,7 @@ int run(const Args& a) {
       // snapshot (cuda/expert_slots.h); the outputs must not change.
       cuda::CudaLoadOptions lo;
       lo.expert_slots = int(a.expert_slots);
-      auto nm = cuda::parse_numerics(a.numerics);
-      if (!nm.ok()) return nm.status();
-      lo.run.numerics = *nm;
-      for (const auto& kv : a.cuda_opts) {
-        const size_t eq = kv.find('=');
-        if (eq == std::string::npos) return FB_ERROR(kInvalidArgument) << "--cuda-opt wants NAME=VALUE (got " << kv << ")";
-        FB_RETURN_IF_ERROR(cuda::set_run_option(lo.run, kv.substr(0, eq), kv.substr(eq + 1)));
-      }
+      FB_RETURN_IF_ERROR(apply_cuda_run_flags(lo.run, a.numerics, a.cuda_opts));
       if (a.expert_slots > 0) {
         // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
