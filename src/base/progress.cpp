@@ -210,4 +210,25 @@ void Progress::hide() {
   line_open_ = false;
 }
 
+void PhaseProgress::report(const std::string& phase, int64_t done, int64_t total, const std::string& unit) {
+  if (!p_ || phase != phase_) {
+    finish();
+    phase_ = phase;
+    p_ = std::make_unique<Progress>(phase, total, unit, opt_);
+  }
+  p_->set_total(total);
+  p_->update(done);
+  if (total > 0 && done >= total) finish();  // its final line before the caller's own lines
+}
+
+void PhaseProgress::finish() {
+  if (p_) p_->finish();
+  p_.reset();
+  phase_.clear();
+}
+
+void PhaseProgress::hide() {
+  if (p_) p_->hide();
+}
+
 }  // namespace fb

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -93,6 +94,29 @@ class Progress {
   ProgressOptions opt_;
   double start_ = 0, last_draw_ = 0;
   std::mutex mu_;
+};
+
+// Progress of work that lives below the command (bench loops in src/bench, the engine's session
+// rounds), reported through one callback: report(phase, done, total, unit) draws `phase`'s line,
+// writes its final line when done reaches total, and a phase of another name first finishes the
+// line before it. Loops take a ProgressFn (empty:
+// nothing reported); the command owns a PhaseProgress and hands them fn().
+using ProgressFn = std::function<void(const std::string& phase, int64_t done, int64_t total, const std::string& unit)>;
+
+class PhaseProgress {
+ public:
+  explicit PhaseProgress(ProgressOptions opt = {}) : opt_(std::move(opt)) {}
+  void report(const std::string& phase, int64_t done, int64_t total, const std::string& unit);
+  void finish();  // the open phase's final line
+  void hide();    // before other lines go to the same terminal
+  ProgressFn fn() {
+    return [this](const std::string& phase, int64_t done, int64_t total, const std::string& unit) { report(phase, done, total, unit); };
+  }
+
+ private:
+  ProgressOptions opt_;
+  std::string phase_;
+  std::unique_ptr<Progress> p_;
 };
 
 }  // namespace fb

@@ -165,5 +165,36 @@ TEST(Progress, EtaFormats) {
   EXPECT_EQ(Progress::format_eta(3725.0), "1h02m");
 }
 
+// Phases reported through one callback: each phase its own line, a new name finishing the line of
+// the one before (its final line first), the total taken from every report.
+TEST(PhaseProgress, EachPhaseItsLineAndANewNameFinishesTheLast) {
+  Harness h;
+  PhaseProgress pp(h.opts());
+  ProgressFn f = pp.fn();
+  f("bench tier sweep", 0, 4, "points");  // a phase starts with its first report
+  EXPECT_TRUE(h.writes.empty());
+  h.t += 1;
+  f("bench tier sweep", 1, 4, "points");
+  ASSERT_EQ(h.writes.size(), 1u);
+  EXPECT_EQ(h.writes[0], "\rbench tier sweep: 1/4 points (25%), 1.00 points/s, ETA 3 s\033[K");
+  h.t += 1;
+  f("bench tier sweep", 2, 5, "points");  // the total grew
+  ASSERT_EQ(h.writes.size(), 2u);
+  EXPECT_EQ(h.writes[1], "\rbench tier sweep: 2/5 points (40%), 1.00 points/s, ETA 3 s\033[K");
+  pp.hide();
+  EXPECT_EQ(h.writes.back(), "\r\033[K");
+  h.t += 2;
+  f("bench dspark sweep", 0, 3, "runs");
+  ASSERT_EQ(h.writes.size(), 4u);
+  EXPECT_EQ(h.writes[3], "\rbench tier sweep: 2 points in 4.0 s (0.50 points/s)\033[K\n");  // the last phase's final line first
+  h.t += 1;
+  f("bench dspark sweep", 3, 3, "runs");  // done: the final line at once
+  EXPECT_EQ(h.writes.back(), "\rbench dspark sweep: 3 runs in 1.0 s (3.00 runs/s)\033[K\n");
+  const size_t n = h.writes.size();
+  pp.finish();  // nothing open
+  pp.hide();
+  EXPECT_EQ(h.writes.size(), n);
+}
+
 }  // namespace
 }  // namespace fb

@@ -16,12 +16,14 @@ namespace fb::bench {
 
 namespace {
 
-Status run_prompt(cuda::CudaExecutor& ex, int64_t N, int64_t C, const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step) {
+Status run_prompt(cuda::CudaExecutor& ex, int64_t N, int64_t C, const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step,
+                  const std::function<void(int64_t)>& on_chunk) {
   auto s = ex.new_session();
   std::vector<model::SessionState*> ss{s.get()};
   for (int64_t s0 = 0; s0 < N; s0 += C) {
     auto o = ex.forward(prefill_step(s0, std::min(N, s0 + C), N), ss);
     if (!o.ok()) return o.status();
+    if (on_chunk) on_chunk(std::min(N, s0 + C));
   }
   return Status();
 }
@@ -170,7 +172,11 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       slots->evict_all();
       slots->reset_stats();
       const auto t0 = std::chrono::steady_clock::now();
-      const Status st = run_prompt(ex, N, C, prefill_step);
+      const std::string phase = "bench cold prefill " + std::to_string(N) + (on ? " streamed" : " serial");
+      if (opt.progress) opt.progress(phase, 0, N, "tokens");
+      const Status st = run_prompt(ex, N, C, prefill_step, [&](int64_t done) {
+        if (opt.progress) opt.progress(phase, done, N, "tokens");
+      });
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!st.ok())
         return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens in " << C << "-row chunks, " << (on ? "streamed" : "serial")

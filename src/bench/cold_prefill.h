@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/step.h"
@@ -27,6 +28,7 @@ struct ColdPrefillOptions {
   int64_t serial_upto = INT64_MAX;       // also run prompts of at most this many tokens with expert_prefetch off (0: none)
   double deadline_s = 0;                 // > 0: skip a prompt whose predicted time (from the last streamed rate) would end past this
   std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
+  ProgressFn progress;                   // tokens prefilled in each run (optional)
 };
 
 struct ColdPrefillRun {

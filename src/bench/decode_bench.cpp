@@ -78,7 +78,7 @@ model::Step decode_row_step(const model::Config& c, int64_t L, int k) {
   return st;
 }
 
-Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows, std::vector<double>* ms) {
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows, std::vector<double>* ms, const std::function<void()>& on_step) {
   std::vector<model::SessionState*> ss{&s};
   const int64_t L = s.n_pos();
   for (int k = 0; k < steps; ++k) {
@@ -91,6 +91,7 @@ Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, 
     FB_TRY(ex.forward(st, ss));
     if (ms) ms->push_back(now_ms() - t0);
     FB_RETURN_IF_ERROR(s.rollback(L));
+    if (on_step) on_step();
   }
   return Status();
 }

@@ -26,7 +26,9 @@ model::Step decode_row_step(const model::Config& c, int64_t L, int k);
 
 // `steps` decode steps of `rows` rows at the session's context, each rolled back (profiling, the
 // tier benches); ms: each step's forward wall time appended when not null.
-Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows = 1, std::vector<double>* ms = nullptr);
+// on_step (optional) after each step: progress of long runs.
+Status run_decode_steps(model::Executor& ex, model::SessionState& s, int steps, int rows = 1, std::vector<double>* ms = nullptr,
+                        const std::function<void()>& on_step = {});
 // `n` DSpark draft calls at the session's context (for profiling; no-op without draft stages).
 Status run_drafts(model::Executor& ex, model::SessionState& s, int n);
 

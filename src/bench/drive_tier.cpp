@@ -60,13 +60,24 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
   if (n_exp == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
   ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
-  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms); };
+  std::string phase;
+  int64_t done = 0;
+  const int64_t total = int64_t(opt.pool_warm_steps) + 2 * (int64_t(opt.drive_warm_steps) + opt.steps);
+  const std::function<void()> tick = [&] {
+    if (opt.progress) opt.progress(phase, ++done, total, "steps");
+  };
+  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms, tick); };
   storage::TieredExperts& tiers = src.drives();
   std::vector<DriveTierPoint> out;
   Status st;
   for (double share : opt.skews) {
     DriveTierPoint p;
     p.top10_share = share;
+    char name[64];
+    std::snprintf(name, sizeof name, "bench drive tier top-10 share %.2f", share);
+    phase = name;
+    done = 0;
+    if (opt.progress) opt.progress(phase, 0, total, "steps");
     draw->set_skew(share);
     src.use_drives(false);
     st = decode_steps(opt.pool_warm_steps, nullptr);

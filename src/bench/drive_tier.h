@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/weights.h"
@@ -48,6 +49,7 @@ struct DriveTierOptions {
   int drive_warm_steps = 8;   // then through the drives (the host cache fills), per A/B arm
   int steps = 8;              // timed decode steps per arm
   uint64_t seed = 7;
+  ProgressFn progress;        // decode steps of each point (optional)
 };
 
 struct DriveTierPoint {

@@ -7,13 +7,15 @@
 
 #include <vector>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "engine/dspark_harness.h"
 #include "model/executor.h"
 
 namespace fb::bench {
 
+// progress (optional): the plain run and each p, as runs.
 Result<std::vector<engine::ForcedAcceptanceReport>> dspark_sweep(model::Executor& ex, int64_t prompt_len, int64_t n_tokens,
-                                                                 const std::vector<double>& ps, int verify_rows);
+                                                                 const std::vector<double>& ps, int verify_rows, const ProgressFn& progress = {});
 
 }  // namespace fb::bench

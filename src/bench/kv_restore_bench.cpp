@@ -110,9 +110,13 @@ Status read_all(const std::string& path, std::string& b) {
   return Status();
 }
 
-Status run_prefill(cuda::CudaExecutor& ex, model::SessionState& s, int64_t L, int64_t chunk, const PrefillStepFn& step) {
+Status run_prefill(cuda::CudaExecutor& ex, model::SessionState& s, int64_t L, int64_t chunk, const PrefillStepFn& step,
+                   const std::function<void(int64_t)>& on_chunk = {}) {
   std::vector<model::SessionState*> ss{&s};
-  for (int64_t s0 = s.n_pos(); s0 < L; s0 += chunk) FB_TRY(ex.forward(step(s0, std::min(L, s0 + chunk), L), ss));
+  for (int64_t s0 = s.n_pos(); s0 < L; s0 += chunk) {
+    FB_TRY(ex.forward(step(s0, std::min(L, s0 + chunk), L), ss));
+    if (on_chunk) on_chunk(std::min(L, s0 + chunk));
+  }
   return Status();
 }
 
@@ -169,8 +173,12 @@ Result<std::vector<KvRestorePoint>> run_kv_restore(cuda::CudaExecutor& ex, const
     pt.context = L;
     auto s = ex.new_session();
     if (o.full_prefill) {
+      const std::string phase = "bench kv restore: prefill " + std::to_string(L);
+      if (o.progress) o.progress(phase, 0, L, "tokens");
       const double t0 = now_ms();
-      FB_RETURN_IF_ERROR(run_prefill(ex, *s, L, o.prefill_chunk, step));
+      FB_RETURN_IF_ERROR(run_prefill(ex, *s, L, o.prefill_chunk, step, [&](int64_t done) {
+        if (o.progress) o.progress(phase, done, L, "tokens");
+      }));
       pt.prefill_s = (now_ms() - t0) * 1e-3;
     } else {
       pt.prefill_measured = false;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/step.h"
@@ -31,6 +32,7 @@ struct KvRestoreOptions {
                                 // and estimate the prefill from chunks at four context frontiers
   int64_t prefill_chunk = 2048;
   int reps = 3;                 // save and restore: median of this many
+  ProgressFn progress;          // tokens of each context's prefill (optional)
 };
 
 struct KvRestorePoint {

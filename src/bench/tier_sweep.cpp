@@ -38,7 +38,12 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
   ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
 
-  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms); };
+  std::string phase;
+  int64_t done = 0, total = 0;
+  const std::function<void()> tick = [&] {
+    if (opt.progress) opt.progress(phase, ++done, std::max(total, done), "steps");
+  };
+  auto decode_steps = [&](int n, std::vector<double>* ms) { return run_decode_steps(ex, s, n, 1, ms, tick); };
   const double expert_bytes = double(slots->slot_bytes());
   const double peak = h2d_peak_gbps * 1e9;
   std::vector<TierPoint> out;
@@ -48,6 +53,12 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   for (double share : shares) {
     TierPoint p;
     p.top10_share = share;
+    char name[64];
+    std::snprintf(name, sizeof name, share <= 0 ? "bench tiers all-hit" : "bench tiers top-10 share %.2f", share);
+    phase = name;
+    done = 0;
+    total = int64_t(opt.warm_steps) + opt.steps;
+    if (opt.progress) opt.progress(phase, 0, total, "steps");
     if (share <= 0) {
       draw->set_skew(0, 10, S);  // uniform over each layer's S hottest: every lookup hits once warm
       p.static_hit = 1.0;
@@ -59,6 +70,7 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     if (share <= 0)  // the baseline must start with every pool expert resident: warm until a block misses none
       for (int b = 0; b < 64; ++b) {
         slots->reset_stats();
+        total += 16;
         FB_RETURN_IF_ERROR(decode_steps(16, nullptr));
         if (slots->stats().misses == 0) break;
       }

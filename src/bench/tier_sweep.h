@@ -14,6 +14,7 @@
 #include <functional>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/step.h"
@@ -26,6 +27,7 @@ struct TierSweepOptions {
   int steps = 24;        // timed decode steps
   int64_t prefill_rows = 0;  // > 0: also one prefill chunk of this many rows per skew
   uint64_t seed = 7;
+  ProgressFn progress;       // decode steps of each point (optional)
 };
 
 struct TierPoint {

@@ -414,6 +414,8 @@ int run(const BenchArgs& a) {
       ko.dir = a.kv_dir.empty() ? std::filesystem::temp_directory_path().string() : a.kv_dir;
       ko.full_prefill = !a.kv_restore_estimate;
       ko.prefill_chunk = a.prefill_chunk;
+      PhaseProgress kv_progress;  // on a terminal only
+      ko.progress = kv_progress.fn();
       const bool tmpfs = bench::dir_on_tmpfs(ko.dir);
       std::fprintf(stderr, "bench: kv restore: state files in %s%s\n", ko.dir.c_str(), tmpfs ? " (a tmpfs: RAM, not a disk)" : "");
       const model::Config& c = (*ex)->config();
@@ -497,7 +499,8 @@ int run(const BenchArgs& a) {
     // --sweep-schedule also under the confidence scheduler and its back-off (the default path).
     for (int pass = 0; pass < (a.dspark_sweep ? (a.sweep_schedule ? 2 : 1) : 0); ++pass) {
       const bool sched = pass == 1;
-      auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, sched ? -1 : (*ex)->config().dspark_block_size);
+      PhaseProgress sweep_progress;  // on a terminal only
+      auto rep = bench::dspark_sweep(**ex, 256, a.sweep_tokens, a.accept, sched ? -1 : (*ex)->config().dspark_block_size, sweep_progress.fn());
       if (!rep.ok()) return bench_failed(rep.status(), "dspark sweep");
       for (const auto& r : *rep) {
         char tag[40];

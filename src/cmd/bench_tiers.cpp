@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "base/progress.h"
 #include "bench/cold_prefill.h"
 #include "bench/decode_bench.h"
 #include "bench/fake_context.h"
@@ -65,6 +66,8 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   o.chunk = a.cold_prefill_chunk;
   o.serial_upto = a.cold_prefill_serial == 1 ? INT64_MAX : a.cold_prefill_serial;
   o.deadline_s = a.cold_prefill_deadline;
+  PhaseProgress progress;  // on a terminal only
+  o.progress = progress.fn();
   constexpr double kGiB = double(1ull << 30);
   std::vector<bench::ColdPrefillRun> done;
   o.on_run = [&](const bench::ColdPrefillRun& r) {
@@ -134,6 +137,8 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
   o.steps = a.steps;
   o.pool_warm_steps = a.tier_warm_steps;
   o.drive_warm_steps = a.drive_warm_steps;
+  PhaseProgress progress;  // on a terminal only
+  o.progress = progress.fn();
   auto pts = bench::run_drive_tier(ex, *s, src, o);
   if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
   csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
@@ -167,6 +172,8 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
   o.steps = a.steps;
   o.warm_steps = a.tier_warm_steps;
   o.prefill_rows = a.tier_prefill_rows;
+  PhaseProgress progress;  // on a terminal only
+  o.progress = progress.fn();
   const model::Config& c = ex.config();
   auto pts = bench::run_tier_sweep(ex, *s, o, h2d_peak_gbps,
                                    [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });

@@ -6,6 +6,7 @@
 
 #include "cuda/gpu_test_util.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -534,6 +535,60 @@ TEST(CudaMemoryLedger, ExpertSlotsEngramOnHostAndDrives) {
     EXPECT_EQ(m1.host.experts, tiers->host_bytes());
     EXPECT_GT(m1.drive.expert_bytes_read, m0.drive.expert_bytes_read) << "the step's misses were read from the drives";
     EXPECT_EQ(m1.drive.expert_bytes_read, tiers->stats().drive_bytes);
+  }
+}
+
+// What the dashboard's step time by op family and Engram card read from the CUDA executor (issue
+// 24): with profiling on, a prompt step and a decode step file device times under every family
+// the tiny model runs (each with calls and time > 0, less in all than the host's wall clock of the
+// two steps, which waits for their logits); off, no op times. Engram rows read in place with the
+// tables in HBM, every row exposed (fetched on the host inside the step) with them on the host.
+TEST(CudaExecutorStats, OpTimesByFamilyAndEngramRows) {
+  std::string why;
+  const std::string dir = runnable_fixture("tiny-s0", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  for (EngramPlace place : {EngramPlace::kHbm, EngramPlace::kHost}) {
+    for (bool profile : {true, false}) {
+      SCOPED_TRACE(std::string(place == EngramPlace::kHbm ? "tables in HBM" : "tables on the host") + (profile ? ", profiled" : ""));
+      CudaLoadOptions lo;
+      lo.engram = place;
+      auto loaded = CudaExecutor::load(dir + "/checkpoint", {}, lo);
+      ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+      CudaExecutor& ex = **loaded;
+      ex.set_profile(profile);
+      auto s = ex.new_session();
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status ran = run_prompt_and_decode(ex, *s);
+      const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_TRUE(ran.ok()) << ran.to_string();
+      const model::ExecutorStats st = ex.stats();
+      EXPECT_EQ(st.has_op_times, profile);
+      if (profile) {
+        EXPECT_EQ(st.ops.steps, 2u);
+        using model::OpFamily;
+        for (OpFamily f : {OpFamily::kEmbed, OpFamily::kEngram, OpFamily::kMhc, OpFamily::kAttnProj, OpFamily::kIndex, OpFamily::kAttention,
+                           OpFamily::kMoe, OpFamily::kHead}) {
+          EXPECT_GT(st.ops.calls[size_t(f)], 0u) << model::op_family_name(f);
+          EXPECT_GT(st.ops.s[size_t(f)], 0.0) << model::op_family_name(f);
+        }
+        EXPECT_LT(st.ops.total_s(), wall_s);
+      } else {
+        EXPECT_EQ(st.ops.steps, 0u);
+        EXPECT_EQ(st.ops.total_s(), 0.0);
+      }
+      ASSERT_TRUE(st.has_engram);
+      const model::Config& c = ex.config();
+      const uint64_t per_row = uint64_t(c.engram_layer_ids.size()) * uint64_t(c.engram_max_ngram - 1) * uint64_t(c.engram_n_heads);
+      EXPECT_EQ(st.engram.rows, 17 * per_row) << "17 positions, every Engram layer, order and head";
+      EXPECT_EQ(st.engram.hidden, 0u);
+      if (place == EngramPlace::kHbm) {
+        EXPECT_EQ(st.engram.exposed, 0u);
+        EXPECT_EQ(st.engram.in_place(), st.engram.rows);
+      } else {
+        EXPECT_EQ(st.engram.exposed, st.engram.rows);
+        EXPECT_GT(st.engram.exposed_s, 0.0);
+      }
+    }
   }
 }
 

@@ -51,7 +51,8 @@ Result<model::DraftOutput> ForcedAcceptanceExecutor::draft(model::SessionState& 
 
 Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executor& ex, std::span<const int32_t> prompt,
                                                                   int64_t n_tokens, std::span<const double> ps,
-                                                                  GeneratorOptions opt, uint64_t seed) {
+                                                                  GeneratorOptions opt, uint64_t seed,
+                                                                  const std::function<void(int64_t, int64_t)>& on_run) {
   GeneratorOptions off = opt;
   off.dspark = false;
   // The transcript runs a block past n_tokens, so the last round's drafts are known too.
@@ -59,6 +60,8 @@ Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executo
   std::vector<int32_t> plain;
   double plain_s = 0;
   FB_RETURN_IF_ERROR(generate(ex, prompt, n_plain, off, &plain, nullptr, &plain_s));
+  const int64_t n_runs = 1 + int64_t(ps.size());
+  if (on_run) on_run(1, n_runs);
   std::vector<int32_t> transcript(prompt.begin(), prompt.end());
   transcript.insert(transcript.end(), plain.begin(), plain.end());
   plain.resize(size_t(n_tokens));
@@ -105,6 +108,7 @@ Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executo
     r.plain_tok_per_s = plain_s > 0 ? double(n_plain) / plain_s : 0;
     r.matches_plain = spec == plain;
     reports.push_back(std::move(r));
+    if (on_run) on_run(1 + int64_t(reports.size()), n_runs);
   }
   return reports;
 }

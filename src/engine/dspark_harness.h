@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -56,8 +57,10 @@ struct ForcedAcceptanceReport {
 // Plain greedy generation of n_tokens after `prompt` (the transcript and the baseline speed),
 // then DSpark greedy with forced acceptance p for each p in ps. `opt` sets the schedule (force
 // dspark_verify for a fixed L, or give/measure a cost table). Deterministic for a given seed.
+// on_run (optional): (runs done, runs in all) after the plain run and after each p.
 Result<std::vector<ForcedAcceptanceReport>> run_forced_acceptance(model::Executor& ex, std::span<const int32_t> prompt,
                                                                   int64_t n_tokens, std::span<const double> ps,
-                                                                  GeneratorOptions opt, uint64_t seed = 1);
+                                                                  GeneratorOptions opt, uint64_t seed = 1,
+                                                                  const std::function<void(int64_t, int64_t)>& on_run = {});
 
 }  // namespace fb::engine

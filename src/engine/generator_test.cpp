@@ -277,8 +277,10 @@ TEST_P(GeneratorFixture, ManyRejectionsStayExact) {
   GeneratorOptions opt;
   opt.dspark_verify = ex->config().dspark_block_size;
   const std::vector<double> ps = {0.3, 0.7};
-  auto r = run_forced_acceptance(*ex, prompt, 40, ps, opt, 11);
+  std::vector<std::pair<int64_t, int64_t>> runs;  // progress: (done, total) after the plain run and each p
+  auto r = run_forced_acceptance(*ex, prompt, 40, ps, opt, 11, [&](int64_t done, int64_t total) { runs.emplace_back(done, total); });
   ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {2, 3}, {3, 3}}));
   for (const auto& x : *r) {
     EXPECT_TRUE(x.matches_plain) << "p=" << x.p;
     int64_t multi = 0;  // rounds that rejected >= 2 rows
