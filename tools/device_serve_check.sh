@@ -2,7 +2,10 @@
 # The dashboard's CUDA side (issue 24) on the GPU machine: `flashbox serve --backend "$BACKEND" --op-times`
 # on a fresh tiny model, a few requests, then /v1/stats read back and checked: device op times by
 # family, the memory ledger by tier (HBM rows), Engram rows, the backend named. Prints one line per
-# check and "serve-check: PASS|FAIL" last. Needs build/device/flashbox (tools/device_run.sh builds it).
+# check and "serve-check: PASS|FAIL" last. Needs a flashbox built with the server and make-tiny
+# (PCRE2 and cpp-httplib: tools/setup.sh on Debian; the lent H200 machine has neither, so there the
+# GPU test CudaExecutorStats.OpTimesByFamilyAndEngramRows checks what the page reads instead).
+# FB_BIN picks the binary (default build/device/flashbox), FB_SERVE_BACKEND the backend (default cuda).
 # Usage, in the repo root on the GPU machine: tools/device_serve_check.sh [PORT]
 set -u
 PORT=${1:-18431}
