@@ -4,7 +4,8 @@ written, is a real PNG of a sensible size with more than a blank canvas in it, a
 the same files (docs/results.md links them). The figures themselves, drawn in this process: every
 axes has a title or a figure title, an x label, a y label with its unit in parentheses, a legend,
 and lines whose points are the CSV's values (read here with the csv module, not through the
-script's reader); the decode plot has one line per session file and the roofline. A bench folder
+script's reader); the decode plot has one line per session file and the roofline, and its 4K and
+128K by-session lines; the verify ratios and the DSpark lines of every session are the CSVs' values. A bench folder
 missing a CSV must fail, not plot nothing. Needs matplotlib (tools/test.sh installs it into build/pyenv; the test fails without it).
 """
 import csv, importlib.util, os, re, shutil, struct, subprocess, sys, tempfile, zlib
@@ -93,6 +94,13 @@ def check_figures(bench_dir):
         want = csv_values(os.path.join(bench_dir, pb.DECODE_FILES[-1][1]), "decode_roofline_ms")
         if len(roof) != 1 or list(roof[0].get_ydata()) != [want[c] for c in sorted(want)]:
             fail("decode plot: the roofline is not the last file's decode_roofline_ms")
+        # Below it, one line per context every session ran: each session's decode_ms at that context.
+        by = figs[0].axes[1]
+        for c in (4096, 131072):
+            got = [l for l in by.get_lines() if l.get_label() == f"context {c // 1024}K"]
+            want = [csv_values(os.path.join(bench_dir, name), "decode_ms")[c] for _, name in pb.DECODE_FILES]
+            if len(got) != 1 or list(got[0].get_ydata()) != want:
+                fail(f"decode by session, {c}: {[list(l.get_ydata()) for l in got]} vs the CSVs' {want}")
         # Verify rows: the first context's line is the file's verify_rows_N_ms, N = 1, 2, ...
         verify = figs[1].axes[0]
         first = verify.get_lines()[0]
@@ -100,6 +108,31 @@ def check_figures(bench_dir):
         want = [csv_values(os.path.join(bench_dir, pb.VERIFY_FILE), f"verify_rows_{int(n)}_ms")[ctx] for n in first.get_xdata()]
         if list(first.get_ydata()) != want:
             fail(f"verify plot: {list(first.get_ydata())} vs the CSV's {want}")
+        # Beside it: each session's verify_rows_N_ms / verify_rows_1_ms per context.
+        ratios = {l.get_label(): l for l in figs[1].axes[1].get_lines()}
+        for label, name in pb.VERIFY_FILES:
+            path = os.path.join(bench_dir, name)
+            for c in sorted(csv_values(path, "verify_rows_1_ms")):
+                got = [l for k, l in ratios.items() if k.startswith(label + " (") and k.endswith(f", {c // 1024}K")]
+                if len(got) != 1:
+                    fail(f"verify ratios: {len(got)} lines for {label} at {c}")
+                want = [csv_values(path, f"verify_rows_{int(n)}_ms")[c] / csv_values(path, "verify_rows_1_ms")[c]
+                        for n in got[0].get_xdata()]
+                if list(got[0].get_ydata()) != want:
+                    fail(f"verify ratios, {label} at {c}: {list(got[0].get_ydata())} vs the CSV's {want}")
+        # DSpark: each session's full-block (and scheduled) line is its CSV's tok/s at each p.
+        dspark = {l.get_label(): l for l in figs[2].axes[0].get_lines()}
+        for label, full, sched in pb.DSPARK_FILES:
+            for name, prefix, kind in ((full, "dspark", "full blocks"), (sched, "dspark_sched", "scheduled")):
+                if name is None:
+                    continue
+                got = [l for k, l in dspark.items() if k.startswith(label + " (") and kind in k]
+                if len(got) != 1:
+                    fail(f"DSpark plot: {len(got)} {kind} lines for {label}")
+                want = [v for p in got[0].get_xdata()
+                        for v in csv_values(os.path.join(bench_dir, name), f"{prefix}_p{p:.2f}_tok_s").values()]
+                if len(want) < 2 or list(got[0].get_ydata()) != want:
+                    fail(f"DSpark plot, {label} {kind}: {list(got[0].get_ydata())} vs {name}'s {want}")
     finally:
         pb.plt.close = real_close
         for f in figs:
