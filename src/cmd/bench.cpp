@@ -218,6 +218,13 @@ int run(const BenchArgs& a) {
           csv.row("decode_graph_nodes", L, double(g->nodes), "graph nodes (kernels + copies) of one decode step");
         }
       }
+      if (a.trace_steps > 0) {
+        const int vr = std::max(1, a.verify_rows);
+        for (int rows : vr > 1 ? std::vector<int>{1, vr} : std::vector<int>{1}) {
+          const int rc = trace_decode_rows(a, csv, **ex, *s, L, rows);
+          if (rc != 0) return rc;
+        }
+      }
       for (const std::string& spec : ab_specs(a.ab_env)) {
         // Interleaved A/B of a run option (one after the other when several): one-row steps and
         // steps of --verify-rows rows.
@@ -568,6 +575,10 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for --ab)");
   app.add_flag("--graph-step", a->graph_step,
                "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
+  app.add_option("--trace-steps", a->trace_steps,
+                 "with --synthetic: trace N decode steps (and N of --verify-rows rows) at each context with CUPTI, as they run in production "
+                 "(PDL and the side stream on): span, busy and idle GPU time, kernels by time");
+  app.add_option("--trace-csv", a->trace_csv, "with --trace-steps: write the median traced step's kernels and copies (start, end, stream) here");
   app.add_flag("--profile-kernels", a->profile_kernels,
                "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
   app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");

@@ -40,6 +40,8 @@ struct BenchArgs {
   bool profile = false;
   bool profile_kernels = false;
   bool graph_step = false;
+  int trace_steps = 0;    // --trace-steps: CUPTI timeline of this many decode (and verify) steps
+  std::string trace_csv;  // --trace-csv: the median traced steps' records
   std::vector<int64_t> prefill_at;
   std::vector<int64_t> prefill_gemms;
   std::string ab_env;
@@ -117,5 +119,9 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
 int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src);
 
 int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps);
+
+// issue 19: --trace-steps steps of `rows` decode rows at context L traced with CUPTI
+// (bench/kernel_trace.h): the median step's span, busy and idle time, kernels by time.
+int trace_decode_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, model::SessionState& s, int64_t L, int rows);
 
 }  // namespace fb::cmd

@@ -1,0 +1,48 @@
+// The device timeline of a few steps as they really run (issue 19): every kernel and copy with
+// its GPU start and end, from CUPTI's activity records (concurrent-kernel mode, so PDL overlap and
+// the side stream stay as in production; ncu serialises kernels and cannot show the time between
+// them). Then the numbers that say where a step's time goes: its span, the time some kernel or copy
+// runs (busy) and the time nothing does (idle), and per kernel name its calls and time.
+// CUDA builds with CUPTI only (FB_HAVE_CUPTI); `flashbox bench --trace-steps N`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace fb::bench {
+
+struct TraceRecord {
+  std::string name;  // demangled kernel name without arguments, or "memcpy HtoD" / "memcpy DtoH" / ...
+  uint32_t stream = 0;
+  uint64_t start_ns = 0, end_ns = 0;  // GPU timestamps
+  uint32_t grid = 0;                  // blocks (x * y * z); 0 for copies
+  bool kernel = true;
+};
+
+// Span, busy and idle time of one traced step; the records' intervals unioned.
+struct TraceSummary {
+  double span_us = 0;  // first start to last end
+  double busy_us = 0;  // time covered by at least one record
+  double idle_us = 0;  // span - busy: nothing on the GPU
+  double kernel_us = 0;  // sum of kernel durations (overlapping ones counted each)
+  int64_t kernels = 0, copies = 0;
+  double main_gap_us = 0;      // on the stream with the most kernels: sum of positive gaps between consecutive records
+  double main_overlap_us = 0;  // ... and of negative ones (the next starts before the last ends: PDL)
+};
+TraceSummary summarize(const std::vector<TraceRecord>& recs);
+
+// Kernel name from a mangled or demangled CUPTI name: arguments and the fb::cuda / anonymous
+// namespace prefixes dropped, template arguments kept ("tc_gemv_kernel<1, 1>").
+std::string short_kernel_name(const std::string& demangled);
+
+bool kernel_trace_available();
+
+// Records the device activity of whatever `work` enqueues (it must return after its work has
+// finished on the device, e.g. after a synchronising copy), each call traced on its own.
+Result<std::vector<TraceRecord>> trace(const std::function<Status()>& work);
+
+}  // namespace fb::bench

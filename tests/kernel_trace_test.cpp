@@ -1,0 +1,57 @@
+// The arithmetic of `bench --trace-steps` (bench/kernel_trace.h) on hand-made records: span, busy
+// and idle time with overlapping records on two streams, the main stream's gaps and PDL overlap,
+// and kernel names as CUPTI reports them. Host code only (no device, no CUPTI). Label: fast.
+#include <gtest/gtest.h>
+
+#include "bench/kernel_trace.h"
+
+namespace fb {
+namespace {
+
+bench::TraceRecord rec(uint32_t stream, uint64_t s, uint64_t e, bool kernel = true) {
+  bench::TraceRecord r;
+  r.name = kernel ? "k" : "memcpy HtoD";
+  r.stream = stream;
+  r.start_ns = s;
+  r.end_ns = e;
+  r.kernel = kernel;
+  return r;
+}
+
+TEST(KernelTrace, SpanBusyIdleAndMainStreamGaps) {
+  // stream 7 (main, 3 kernels): [0,10us) [8,20us) (PDL overlap 2us) [25,30us) (gap 5us)
+  // stream 9: a kernel [12,27us) covering part of the main gap; a copy [40,45us) after an idle 10us
+  std::vector<bench::TraceRecord> r = {rec(7, 0, 10000), rec(7, 8000, 20000), rec(7, 25000, 30000), rec(9, 12000, 27000),
+                                       rec(9, 40000, 45000, false)};
+  const bench::TraceSummary t = bench::summarize(r);
+  EXPECT_DOUBLE_EQ(t.span_us, 45.0);
+  EXPECT_DOUBLE_EQ(t.busy_us, 35.0);  // [0,30) and [40,45)
+  EXPECT_DOUBLE_EQ(t.idle_us, 10.0);
+  EXPECT_DOUBLE_EQ(t.kernel_us, 10.0 + 12.0 + 5.0 + 15.0);
+  EXPECT_EQ(t.kernels, 4);
+  EXPECT_EQ(t.copies, 1);
+  EXPECT_DOUBLE_EQ(t.main_gap_us, 5.0);
+  EXPECT_DOUBLE_EQ(t.main_overlap_us, 2.0);
+}
+
+TEST(KernelTrace, EmptyAndUnorderedRecords) {
+  EXPECT_DOUBLE_EQ(bench::summarize({}).span_us, 0.0);
+  // out of order, one nested inside another: busy is the union, nothing idle
+  std::vector<bench::TraceRecord> r = {rec(1, 5000, 6000), rec(1, 0, 10000), rec(1, 10000, 12000)};
+  const bench::TraceSummary t = bench::summarize(r);
+  EXPECT_DOUBLE_EQ(t.span_us, 12.0);
+  EXPECT_DOUBLE_EQ(t.busy_us, 12.0);
+  EXPECT_DOUBLE_EQ(t.idle_us, 0.0);
+}
+
+TEST(KernelTrace, ShortNames) {
+  // mangled: void fb::cuda::(anonymous namespace)::tc_gemv_kernel<1, 2>(float const*, int)
+  EXPECT_EQ(bench::short_kernel_name("_ZN2fb4cuda12_GLOBAL__N_114tc_gemv_kernelILi1ELi2EEEvPKfi"), "tc_gemv_kernel<1, 2>");
+  EXPECT_EQ(bench::short_kernel_name("void fb::cuda::rms_norm_kernel(float*, int)"), "rms_norm_kernel");
+  EXPECT_EQ(bench::short_kernel_name("memcpy HtoD"), "memcpy HtoD");
+  // parentheses inside template arguments stay
+  EXPECT_EQ(bench::short_kernel_name("void fb::cuda::k<(int)3>(int)"), "k<(int)3>");
+}
+
+}  // namespace
+}  // namespace fb
