@@ -73,6 +73,7 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -193,7 +194,7 @@ template <int MODE, int LL>
 __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int64_t x_div,
                                                          TcPart pa, TcPart pb, int K, int nk, int kc_max, int64_t w_stride, int64_t s_stride,
                                                          const int32_t* __restrict__ expert, BfxArgs bx_args, bool async_scales, int xr, bool lean, bool grouped,
-                                                         bool rows_x, FoldWs fold, int pdl_mode) {
+                                                         bool rows_x, FoldWs fold, int pdl_mode, int spc) {
   constexpr bool FP4 = MODE == kModeFp4, BFX = MODE == kModeBf16x, LF4 = FP4 && LL > 0;
   if constexpr (LF4) grouped = LL == 2;
   // pdl_mode (MXFP4 experts; ExpertPdl in ops.h): 0 plain; 1 trigger after the wait; 2 read the
@@ -203,7 +204,10 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   extern __shared__ __align__(16) uint8_t smem[];
   // activation row bytes: e4m3 codes (+16), or bf16 values (+16): conflict-free B loads
   const int rb = FP4 ? kc_max / 2 : kc_max, xrow = (BFX ? 2 * kc_max : kc_max) + 16, kb_max = kc_max / 32;
-  uint8_t* wt = smem;                                                              // [16][rb]
+  // spc > 1 (set_tc_stripes): this CTA runs spc stripes of its chunk one after the other, the next
+  // stripe's tile (and raw weight scales) copied into the other of two buffers while this one computes
+  const int nbuf = spc > 1 ? 2 : 1, tile_bytes = kStripe * rb;
+  uint8_t* const wt0 = smem;                                                       // [nbuf][16][rb]
   // FP8 / BFX stage xr <= 8 activation rows (min(M, 8): one at decode); rows past xr are zeros in
   // registers, as rows past M are zeros in shared memory: the same products either way
   // (MXFP4: xr = 1 expert row, or 8 when grouped: the rows of one expert, see below)
@@ -211,29 +215,38 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   // f16 pairs of mma_e4m3_f16b's B, 32 bytes; grouped (8 rows) the 4 e4m3 words, 16 bytes (half the
   // shared memory: 3 more CTAs per SM), rows 64 bytes apart mod 128 (conflict-free 16-byte loads)
   const int x4row = !LF4 ? kc_max : LL == 1 ? 2 * kc_max + 16 : kc_max + 64;
-  uint8_t* xt = wt + kStripe * rb;                                                 // FP8 / BFX [xr][xrow]; FP4 [xr][x4row]
+  uint8_t* xt = wt0 + nbuf * tile_bytes;                                           // FP8 / BFX [xr][xrow]; FP4 [xr][x4row]
   float* xsc = reinterpret_cast<float*>(xt + (FP4 ? xr * x4row : xr * xrow));      // FP8 / FP4 [xr][kb_max]; BFX none
   float* wsc = xsc + (BFX ? 0 : xr * kb_max);                                      // FP8 / BFX [kb_max]; FP4 plain loads [16][kb_max]
   float* red = wsc + (FP4 ? (async_scales && lean ? 0 : kStripe * kb_max) : kb_max);  // [warps][32][4]
   float* part = red + kWarps * 128;                                                // [32][4]
-  uint8_t* wsr = reinterpret_cast<uint8_t*>(part + 128);                           // FP4 async_scales: raw e8m0 [16][kb_max], widened at use
+  // raw e8m0 weight scales per buffer, widened at use: FP4 async_scales [16][kb_max]; FP8 with
+  // spc > 1 the stripe's one scale row [kb_max] (both by 4-byte cp.async)
+  const int wsr_bytes = FP4 ? kStripe * kb_max : spc > 1 ? kb_max : 0;
+  uint8_t* const wsr0 = reinterpret_cast<uint8_t*>(part + 128);                    // [nbuf][wsr_bytes]
   // FP4 grouping: count, expert, rows. In the dynamic block, after everything else: a static
   // __shared__ array would move the dynamic block's base off the 128-byte alignment the tile's
   // ldmatrix swizzle relies on (the MXFP4 GEMVs ran 12-15% slower with one, session 11)
-  int32_t* grp = reinterpret_cast<int32_t*>(wsr + kStripe * kb_max);
+  int32_t* grp = reinterpret_cast<int32_t*>(wsr0 + nbuf * wsr_bytes);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // rows_x (MXFP4 always; FP8 / bf16 of more than one row group): x = row (group), y = tile (stripe
   // * nk + chunk), so the rows of a tile are scheduled together and read its tile from L2 (rows
   // sharing an expert; FP8 row groups); otherwise x = tile, y = row group.
-  const int64_t tile = rows_x ? int64_t(blockIdx.y) : int64_t(blockIdx.x), xa = pa.stripes * nk;
+  // a tile here is (group of spc stripes, chunk), the chunk fastest: a part's groups are
+  // ceil(stripes / spc), its last one may hold fewer stripes
+  const int64_t tile = rows_x ? int64_t(blockIdx.y) : int64_t(blockIdx.x), xa = (pa.stripes + spc - 1) / spc * nk;
   const bool second = tile >= xa;
   const int64_t bx = second ? tile - xa : tile;
-  const int64_t N = second ? pb.N : pa.N, n0 = (bx / nk) * kStripe;
+  const int64_t s_first = (bx / nk) * spc, stripe_base = second ? pa.stripes : 0;  // (fold ids count both parts' stripes)
+  const int64_t left = (second ? pb.stripes : pa.stripes) - s_first;
+  const int ns = left < spc ? int(left) : spc;
+  const int64_t N = second ? pb.N : pa.N;
+  int64_t n0 = s_first * kStripe;
   uint16_t* __restrict__ y = second ? pb.y : pa.y;
   const uint8_t* W = second ? pb.W : pa.W;
   const uint8_t* S = second ? pb.S : pa.S;
-  const int k0 = int(bx % nk) * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
+  const int chunk = int(bx % nk), k0 = chunk * kc_max, kc = min(kc_max, K - k0), nb = kc / 32, KB = K / 32;
   const int64_t m = rows_x ? int64_t(blockIdx.x) : int64_t(blockIdx.y);  // FP4: the row; FP8: the row group
 
   // MXFP4 rows: ungrouped, this CTA computes row m alone (B column 0). Grouped (M <= 64), the rows
@@ -283,39 +296,50 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     W += e * w_stride;
     S += e * s_stride;
   }
-  // 1. the weight tile
-  {
+  // 1. the weight tile of stripe i of this CTA into buffer i & 1, with its raw weight scales:
+  // stripes 0 and 1 now (dense FP8: before the PDL wait, weights never depend on the step), stripe
+  // i + 2 once stripe i has been computed
+  const auto issue_tile = [&](int i) {
+    const int64_t ni0 = (s_first + i) * kStripe;
+    uint8_t* const wti = wt0 + (i & 1) * tile_bytes;
+    uint8_t* const wsi = wsr0 + (i & 1) * wsr_bytes;
     const int upr = (FP4 ? kc / 2 : kc) / 16;
     const int64_t gstride = FP4 ? K / 2 : K, gk0 = FP4 ? k0 / 2 : k0;
     const auto copy = [&](int r, int j) {
-      const int64_t n = n0 + r < N ? n0 + r : N - 1;
-      cp_async16(smem_u32(wt + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
+      const int64_t n = ni0 + r < N ? ni0 + r : N - 1;
+      cp_async16(smem_u32(wti + tile_off(r, j, rb)), W + n * gstride + gk0 + j * 16, 16);
     };
     if constexpr (LF4) {
       for_units(kStripe, upr, copy);
     } else {
       for (int u = tid; u < kStripe * upr; u += kThreads) copy(u / upr, u % upr);
     }
+    if constexpr (FP4) {
+      if (async_scales) {
+        // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
+        // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
+        // f32 after the wait
+        const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
+        const auto copy4 = [&](int r, int q) {
+          const int64_t n = ni0 + r < N ? ni0 + r : N - 1;
+          cp_async4(smem_u32(wsi + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
+        };
+        if constexpr (LF4) {
+          for_units(kStripe, nw, copy4);
+        } else {
+          for (int q = tid; q < kStripe * nw; q += kThreads) copy4(q / nw, q % nw);
+        }
+      }
+    } else if (!BFX && spc > 1) {  // FP8: the stripe's scale row (16 rows inside one 32-row block), raw
+      for (int q = tid; q < nb / 4; q += kThreads) cp_async4(smem_u32(wsi + 4 * q), S + (ni0 / 32) * KB + k0 / 32 + 4 * q, 4);
+    }
     cp_async_commit();
-  }
+  };
+  issue_tile(0);
+  if (ns > 1) issue_tile(1);
   // 2. scales and activations
   if constexpr (FP4) {
-    if (async_scales) {
-      // the 16 rows' raw scale bytes as 4-byte cp.async beside the tile (one round trip; the plain
-      // loop below waits for each iteration's global load: 10 iterations at K = 5120), widened to
-      // f32 after the wait
-      const int nw = (nb + 3) / 4;  // KB % 4 == 0 and k0 % 128 == 0: aligned, never past the row
-      const auto copy = [&](int r, int q) {
-        const int64_t n = n0 + r < N ? n0 + r : N - 1;
-        cp_async4(smem_u32(wsr + r * kb_max + 4 * q), S + n * KB + k0 / 32 + 4 * q, 4);
-      };
-      if constexpr (LF4) {
-        for_units(kStripe, nw, copy);
-      } else {
-        for (int i = tid; i < kStripe * nw; i += kThreads) copy(i / nw, i % nw);
-      }
-      cp_async_commit();
-    } else {
+    if (!async_scales) {
       for (int i = tid; i < kStripe * nb; i += kThreads) {
         const int r = i / nb, b = i % nb;
         const int64_t n = n0 + r < N ? n0 + r : N - 1;
@@ -370,7 +394,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     }
     cp_async_commit();
   } else {
-    for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
+    if (spc == 1)
+      for (int b = tid; b < nb; b += kThreads) wsc[b] = dev::e8m0_val(S[(n0 / 32) * KB + k0 / 32 + b]);
     pdl_wait();  // the activation codes come from the step
     const int64_t m0 = m * kRowGroup;
     const int xupr = kc / 16;
@@ -394,7 +419,18 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       }
     }
   }
-  cp_async_wait_all();
+  // One pass per stripe: wait for its tile (the first pass also for the activations; later passes
+  // leave the newest group, the next stripe's tile, in flight), compute, fold, store; then the
+  // buffer takes stripe i + 2.
+  for (int i = 0; i < ns; ++i) {
+  if (i == 0 || i + 1 >= ns) {
+    cp_async_wait_all();
+  } else {
+    cp_async_wait_but_newest();
+  }
+  uint8_t* const wt = wt0 + (i & 1) * tile_bytes;
+  const uint8_t* const wsr = wsr0 + (i & 1) * wsr_bytes;
+  n0 = (s_first + i) * kStripe;
   // LF4: does any weight scale of the tile need dev::e8m0_val's special cases (0: 2^-127, 255: NaN)?
   // Each thread looks at the scale words it copied; the loop widens them by a shift when none does.
   bool special = false;
@@ -529,7 +565,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
         const uint32_t b0 = g < xr ? *reinterpret_cast<const uint32_t*>(xb) : 0u, b1 = g < xr ? *reinterpret_cast<const uint32_t*>(xb + 16) : 0u;
         float d[4];
         mma_e4m3(r, b0, b1, d);
-        const float ws = wsc[b];
+        const float ws = spc > 1 ? dev::e8m0_val(wsr[b]) : wsc[b];
         const float x0 = 2 * t < xr ? xsc[(2 * t) * kb_max + b] : 0.0f, x1 = 2 * t + 1 < xr ? xsc[(2 * t + 1) * kb_max + b] : 0.0f;
         const float s0 = __fmul_rn(ws, x0), s1 = __fmul_rn(ws, x1);
         acc[0] = __fmaf_rn(d[0], s0, acc[0]);
@@ -557,8 +593,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
   if (nk > 1 && fold.parts) {
     // no cluster: publish this chunk's partial, count arrivals; the last CTA of the stripe folds
     if (warp == 0) {
-      const int64_t id = m * (pa.stripes + pb.stripes) + tile / nk;  // (row [group], stripe)
-      const int rank = int(tile % nk);
+      const int64_t id = m * (pa.stripes + pb.stripes) + stripe_base + s_first + i;  // (row [group], stripe)
+      const int rank = chunk;
       __stcg(fold.parts + (id * nk + rank) * 32 + lane, reinterpret_cast<const float4*>(part)[lane]);
       __threadfence();
       __syncwarp();
@@ -613,6 +649,11 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     }
   }
   if (nk > 1 && !fold.parts) cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+  if (i + 1 < ns) {
+    __syncthreads();  // red, part and buffer i & 1 are free again
+    if (i + 2 < ns) issue_tile(i + 2);
+  }
+  }
 }
 
 std::atomic<bool> g_async_scales{true};
@@ -620,6 +661,10 @@ std::atomic<bool> g_lean{true};
 std::atomic<bool> g_global_fold{true};
 std::atomic<bool> g_lean_loop{true};
 std::atomic<int64_t> g_cluster_ctas{0};
+std::atomic<int64_t> g_stripes{0};
+std::atomic<int64_t> g_stripe_launches{0};  // launches that ran several stripes per CTA (tests)
+// set_tc_stripes: a launch keeps at least this many CTAs (two per SM of the H200's 132)
+constexpr int64_t kStripesMinCtas = 264;
 std::atomic<int64_t> g_global_folds{0};  // launches that folded through a workspace (tests)
 
 // Fold workspaces, one per stream (launches on one stream never overlap their folds: a kernel's
@@ -684,13 +729,14 @@ FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   return slot->ws;
 }
 
-size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll) {
+size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll, int spc) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
-  const int kb = kc_max / 32;
-  const size_t w = size_t(kStripe) * (fp4 ? kc_max / 2 : kc_max);
+  const int kb = kc_max / 32, nbuf = spc > 1 ? 2 : 1;
+  const size_t w = size_t(nbuf) * kStripe * (fp4 ? kc_max / 2 : kc_max);
   const size_t x = fp4 ? size_t(xr) * (ll == 1 ? 2 * kc_max + 16 : ll == 2 ? kc_max + 64 : kc_max) : size_t(xr) * ((bfx ? 2 * kc_max : kc_max) + 16);
   const size_t sc = fp4 ? size_t(kb) * 4 * (xr + (raw_scales ? 0 : kStripe)) : bfx ? size_t(kb) * 4 : size_t(kb) * 4 * (xr + 1);
-  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + (fp4 ? size_t(kStripe) * kb + 10 * 4 : 0);  // + FP4 raw scales, grouping
+  const size_t raw = fp4 ? size_t(kStripe) * kb : spc > 1 ? size_t(kb) : 0;  // raw weight scales per buffer
+  return w + x + sc + size_t(kWarps) * 128 * 4 + 128 * 4 + nbuf * raw + (fp4 ? 10 * 4 : 0);  // + FP4 grouping
 }
 
 template <int MODE>
@@ -709,9 +755,17 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   // the lean loop: MXFP4 with raw scales
   const int ll = FP4 && g_lean_loop.load(std::memory_order_relaxed) && async_scales && lean ? (grouped ? 2 : 1) : 0;
   const auto kernel = !FP4 || ll == 0 ? &tc_gemv_kernel<MODE, 0> : ll == 1 ? &tc_gemv_kernel<MODE, FP4 ? 1 : 0> : &tc_gemv_kernel<MODE, FP4 ? 2 : 0>;
-  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll);
+  const int64_t rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
+  // stripes per CTA (set_tc_stripes): the MXFP4 lean loop and FP8 with 4-byte aligned scale rows
+  // only (raw scales by cp.async), and never below kStripesMinCtas CTAs per launch
+  const auto a4s = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+  int spc = int(std::max<int64_t>(1, g_stripes.load(std::memory_order_relaxed)));
+  if (MODE == kModeBf16x || (FP4 && ll == 0) || (MODE == kModeFp8 && (K % 128 != 0 || !a4s(pa.S) || (pb.stripes > 0 && !a4s(pb.S))))) spc = 1;
+  const auto groups = [&](int s) { return rows * ((pa.stripes + s - 1) / s + (pb.stripes + s - 1) / s) * ch.nk; };
+  while (spc > 1 && groups(spc) < kStripesMinCtas) --spc;
+  const size_t smem = smem_bytes(MODE, ch.kc, xr, async_scales && lean, ll, spc);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
-  const int64_t tiles = (pa.stripes + pb.stripes) * ch.nk, rows = FP4 ? M : (M + kRowGroup - 1) / kRowGroup;
+  const int64_t tiles = ((pa.stripes + spc - 1) / spc + (pb.stripes + spc - 1) / spc) * ch.nk;
   const bool rows_x = FP4 || (rows > 1 && tiles <= 65535);  // the grid's order only: the same bits
   const int64_t gx = rows_x ? rows : tiles, gy = rows_x ? tiles : rows;
   FB_CHECK(gx < (int64_t(1) << 31) && gy <= 65535) << "tc gemv grid " << gx << " x " << gy;
@@ -733,6 +787,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
     ++na;
   }
   if (fold.parts) g_global_folds.fetch_add(1, std::memory_order_relaxed);
+  if (spc > 1) g_stripe_launches.fetch_add(1, std::memory_order_relaxed);
   if (ch.nk > 1 && !fold.parts) {
     attr[na].id = cudaLaunchAttributeClusterDimension;
     attr[na].val.clusterDim.x = rows_x ? 1u : unsigned(ch.nk);  // the nk chunks of a tile
@@ -743,7 +798,7 @@ Status launch(const QuantBuf& q, int64_t M, int64_t x_div, const TcPart& pa, con
   cfg.attrs = na ? attr : nullptr;
   cfg.numAttrs = unsigned(na);
   FB_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint8_t*>(q.codes), static_cast<const float*>(q.scales), M, x_div, pa, pb, int(K),
-                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold, pdl_mode));
+                                 ch.nk, ch.kc, w_stride, s_stride, expert, bfx, async_scales, xr, lean, grouped, rows_x, fold, pdl_mode, spc));
   FB_CUDA_LAUNCHED("tc_gemv_kernel");
   return Status();
 }
@@ -759,10 +814,12 @@ std::atomic<int> g_chunk_max[2] = {kFp8ChunkMax, kFp4ChunkMax};  // [fp4]
 void set_tc_lean_smem(bool on) { g_lean.store(on, std::memory_order_relaxed); }
 void set_tc_global_fold(bool on) { g_global_fold.store(on, std::memory_order_relaxed); }
 void set_tc_cluster_fold_ctas(int64_t ctas) { g_cluster_ctas.store(ctas, std::memory_order_relaxed); }
+void set_tc_stripes(int64_t stripes) { g_stripes.store(stripes, std::memory_order_relaxed); }
 void set_tc_lean_loop(bool on) { g_lean_loop.store(on, std::memory_order_relaxed); }
 bool tc_lean_loop() { return g_lean_loop.load(std::memory_order_relaxed); }
 bool tc_global_fold() { return g_global_fold.load(std::memory_order_relaxed); }
 int64_t tc_global_fold_launches() { return g_global_folds.load(std::memory_order_relaxed); }
+int64_t tc_stripes_launches() { return g_stripe_launches.load(std::memory_order_relaxed); }
 
 void set_tc_async_scales(bool on) { g_async_scales.store(on, std::memory_order_relaxed); }
 bool tc_async_scales() { return g_async_scales.load(std::memory_order_relaxed); }

@@ -88,6 +88,13 @@ void set_tc_global_fold(bool on);
 // Process-wide, set from CudaRunOptions::tc_cluster_fold_ctas (0: every split launch folds globally).
 void set_tc_cluster_fold_ctas(int64_t ctas);
 bool tc_global_fold();
+// Stripes per CTA: 0 or 1, every CTA computes one 16-row stripe of its K chunk (copy its tile,
+// then compute); S >= 2, a CTA computes up to S stripes of the same chunk one after the other,
+// the next stripe's tile copied into a second buffer while it computes this one (MXFP4 with the
+// lean loop, FP8 with K % 128 == 0; a launch keeps >= 264 CTAs). The same sums in the same order:
+// the same bits (test TcStripesSameBits). Process-wide, set from CudaRunOptions::tc_stripes.
+void set_tc_stripes(int64_t stripes);
+int64_t tc_stripes_launches();  // launches that ran several stripes per CTA so far (tests)
 
 // The MXFP4 kernel's lean loop: on, its tile loops run without a division per unit, its mma loop
 // reads activations staged in its own order (ungrouped: as the f16 pairs sm_90 runs an e4m3 mma
