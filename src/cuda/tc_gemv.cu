@@ -297,8 +297,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     S += e * s_stride;
   }
   // 1. the weight tile of stripe i of this CTA into buffer i & 1, with its raw weight scales:
-  // stripes 0 and 1 now (dense FP8: before the PDL wait, weights never depend on the step), stripe
-  // i + 2 once stripe i has been computed
+  // stripe 0 now (dense FP8: before the PDL wait, weights never depend on the step), stripe 1 after
+  // the activations, stripe i + 2 once stripe i has been computed
   const auto issue_tile = [&](int i) {
     const int64_t ni0 = (s_first + i) * kStripe;
     uint8_t* const wti = wt0 + (i & 1) * tile_bytes;
@@ -336,8 +336,7 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
     cp_async_commit();
   };
   issue_tile(0);
-  if (ns > 1) issue_tile(1);
-  // 2. scales and activations
+  // 2. scales and activations (then stripe 1's tile: the first pass waits for everything but it)
   if constexpr (FP4) {
     if (!async_scales) {
       for (int i = tid; i < kStripe * nb; i += kThreads) {
@@ -419,14 +418,15 @@ __global__ void __launch_bounds__(kThreads) tc_gemv_kernel(const uint8_t* __rest
       }
     }
   }
-  // One pass per stripe: wait for its tile (the first pass also for the activations; later passes
-  // leave the newest group, the next stripe's tile, in flight), compute, fold, store; then the
-  // buffer takes stripe i + 2.
+  if (ns > 1) issue_tile(1);
+  // One pass per stripe: wait for its tile (the first pass also for the activations), leaving the
+  // newest group, the next stripe's tile, in flight; compute, fold, store; then the buffer takes
+  // stripe i + 2.
   for (int i = 0; i < ns; ++i) {
-  if (i == 0 || i + 1 >= ns) {
-    cp_async_wait_all();
-  } else {
+  if (i + 1 < ns) {
     cp_async_wait_but_newest();
+  } else {
+    cp_async_wait_all();
   }
   uint8_t* const wt = wt0 + (i & 1) * tile_bytes;
   const uint8_t* const wsr = wsr0 + (i & 1) * wsr_bytes;
