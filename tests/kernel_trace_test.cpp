@@ -49,6 +49,10 @@ TEST(KernelTrace, ShortNames) {
   EXPECT_EQ(bench::short_kernel_name("_ZN2fb4cuda12_GLOBAL__N_114tc_gemv_kernelILi1ELi2EEEvPKfi"), "tc_gemv_kernel<1, 2>");
   EXPECT_EQ(bench::short_kernel_name("void fb::cuda::rms_norm_kernel(float*, int)"), "rms_norm_kernel");
   EXPECT_EQ(bench::short_kernel_name("memcpy HtoD"), "memcpy HtoD");
+  // an argument of a type in an anonymous namespace, and a function pointer argument
+  EXPECT_EQ(bench::short_kernel_name("void fb::cuda::(anonymous namespace)::tc_gemv_kernel<0, 0>(unsigned char const*, fb::cuda::(anonymous "
+                                     "namespace)::TcPart, void (*)(int))"),
+            "tc_gemv_kernel<0, 0>");
   // parentheses inside template arguments stay
   EXPECT_EQ(bench::short_kernel_name("void fb::cuda::k<(int)3>(int)"), "k<(int)3>");
 }

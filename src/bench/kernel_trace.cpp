@@ -23,19 +23,23 @@ std::string short_kernel_name(const std::string& name) {
     std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(s.c_str(), nullptr, nullptr, &status), std::free);
     if (status == 0 && d) s = d.get();
   }
-  // The argument list: the last top-level '(' (template arguments may hold parentheses too).
-  int depth = 0;
-  size_t cut = std::string::npos;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') ++depth;
-    else if (s[i] == '>') --depth;
-    else if (s[i] == '(' && depth == 0 && i > 0) cut = i;
-  }
-  if (cut != std::string::npos) s.resize(cut);
-  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   for (const std::string& p : {std::string("(anonymous namespace)::"), std::string("fb::cuda::"), std::string("fb::")}) {
     for (size_t at; (at = s.find(p)) != std::string::npos;) s.erase(at, p.size());
   }
+  // The argument list starts at the first '(' outside template arguments (argument types may hold
+  // parentheses of their own: function pointers, casts in template arguments).
+  int depth = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') {
+      ++depth;
+    } else if (s[i] == '>') {
+      --depth;
+    } else if (s[i] == '(' && depth == 0 && i > 0) {
+      s.resize(i);
+      break;
+    }
+  }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   return s;
 }
 
@@ -146,20 +150,34 @@ Status cupti_status(CUptiResult r, const char* what) {
 
 bool kernel_trace_available() { return true; }
 
-Result<std::vector<TraceRecord>> trace(const std::function<Status()>& work) {
+Result<std::unique_ptr<KernelTracer>> KernelTracer::start() {
   static const Status registered = cupti_status(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "register");
   FB_RETURN_IF_ERROR(registered);
+  FB_RETURN_IF_ERROR(cupti_status(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels"));
+  if (Status st = cupti_status(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copies"); !st.ok()) {
+    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    return st;
+  }
+  return std::unique_ptr<KernelTracer>(new KernelTracer());
+}
+
+KernelTracer::~KernelTracer() {
+  cudaDeviceSynchronize();
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  cuptiActivityFlushAll(1);  // (no sink: dropped)
+}
+
+Result<std::vector<TraceRecord>> KernelTracer::capture(const std::function<Status()>& work) {
+  cudaDeviceSynchronize();
+  FB_RETURN_IF_ERROR(cupti_status(cuptiActivityFlushAll(1), "flush"));  // earlier work's records, dropped
   std::vector<TraceRecord> out;
   {
     std::lock_guard<std::mutex> lk(g_mu);
     g_sink = &out;
   }
-  Status st = cupti_status(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
-  if (st.ok()) st = cupti_status(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copies");
-  if (st.ok()) st = work();
+  Status st = work();
   cudaDeviceSynchronize();
-  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
   const Status flushed = cupti_status(cuptiActivityFlushAll(1), "flush");
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -175,8 +193,12 @@ Result<std::vector<TraceRecord>> trace(const std::function<Status()>& work) {
 
 bool kernel_trace_available() { return false; }
 
-Result<std::vector<TraceRecord>> trace(const std::function<Status()>&) {
+Result<std::unique_ptr<KernelTracer>> KernelTracer::start() {
   return FB_ERROR(kUnsupported) << "this build has no CUPTI (kernel traces need the CUDA toolkit's CUPTI)";
+}
+KernelTracer::~KernelTracer() = default;
+Result<std::vector<TraceRecord>> KernelTracer::capture(const std::function<Status()>&) {
+  return FB_ERROR(kUnsupported) << "this build has no CUPTI";
 }
 
 #endif

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,20 @@ std::string short_kernel_name(const std::string& demangled);
 
 bool kernel_trace_available();
 
-// Records the device activity of whatever `work` enqueues (it must return after its work has
-// finished on the device, e.g. after a synchronising copy), each call traced on its own.
-Result<std::vector<TraceRecord>> trace(const std::function<Status()>& work);
+// CUPTI activity recording from start() to destruction (enabling it costs the first launch after
+// it most of a millisecond: trace several steps under one tracer and drop the first).
+class KernelTracer {
+ public:
+  static Result<std::unique_ptr<KernelTracer>> start();
+  ~KernelTracer();
+  KernelTracer(const KernelTracer&) = delete;
+  KernelTracer& operator=(const KernelTracer&) = delete;
+  // The device activity of whatever `work` enqueues (the device is synchronised after it), sorted
+  // by start; records of earlier work not yet delivered are dropped.
+  Result<std::vector<TraceRecord>> capture(const std::function<Status()>& work);
+
+ private:
+  KernelTracer() = default;
+};
 
 }  // namespace fb::bench
