@@ -44,6 +44,18 @@ TEST(KernelTrace, EmptyAndUnorderedRecords) {
   EXPECT_DOUBLE_EQ(t.idle_us, 0.0);
 }
 
+TEST(KernelTrace, RecordsAfterTheNthNamedOne) {
+  std::vector<bench::TraceRecord> r = {rec(1, 0, 10), rec(1, 20, 30, false), rec(1, 40, 50, false), rec(1, 60, 70), rec(1, 80, 90, false)};
+  uint64_t end = 0;
+  auto after = bench::records_after(r, "memcpy HtoD", 2, &end);  // rec(..., false) is named "memcpy HtoD"
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0].start_ns, 60u);
+  EXPECT_EQ(end, 50u);
+  after = bench::records_after(r, "memcpy HtoD", 4, &end);  // fewer than 4: all, boundary 0
+  EXPECT_EQ(after.size(), r.size());
+  EXPECT_EQ(end, 0u);
+}
+
 TEST(KernelTrace, ShortNames) {
   // mangled: void fb::cuda::(anonymous namespace)::tc_gemv_kernel<1, 2>(float const*, int)
   EXPECT_EQ(bench::short_kernel_name("_ZN2fb4cuda12_GLOBAL__N_114tc_gemv_kernelILi1ELi2EEEvPKfi"), "tc_gemv_kernel<1, 2>");

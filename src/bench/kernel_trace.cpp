@@ -93,6 +93,17 @@ TraceSummary summarize(const std::vector<TraceRecord>& recs) {
   return t;
 }
 
+std::vector<TraceRecord> records_after(const std::vector<TraceRecord>& recs, const std::string& name, int n, uint64_t* boundary_end_ns) {
+  *boundary_end_ns = 0;
+  int seen = 0;
+  for (size_t i = 0; i < recs.size(); ++i)
+    if (recs[i].name == name && ++seen == n) {
+      *boundary_end_ns = recs[i].end_ns;
+      return std::vector<TraceRecord>(recs.begin() + std::ptrdiff_t(i) + 1, recs.end());
+    }
+  return recs;
+}
+
 #ifdef FB_HAVE_CUPTI
 
 namespace {

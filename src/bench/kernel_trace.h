@@ -36,6 +36,11 @@ struct TraceSummary {
 };
 TraceSummary summarize(const std::vector<TraceRecord>& recs);
 
+// The records (sorted by start) after the n-th one named `name`, e.g. the second of two steps
+// traced together after the first step's two result copies; *boundary_end_ns: that record's end
+// (0 and every record when there are fewer than n).
+std::vector<TraceRecord> records_after(const std::vector<TraceRecord>& recs, const std::string& name, int n, uint64_t* boundary_end_ns);
+
 // Kernel name from a mangled or demangled CUPTI name: arguments and the fb::cuda / anonymous
 // namespace prefixes dropped, template arguments kept ("tc_gemv_kernel<1, 1>").
 std::string short_kernel_name(const std::string& demangled);

@@ -16,18 +16,28 @@ int trace_decode_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, mode
   struct Traced {
     std::vector<bench::TraceRecord> recs;
     bench::TraceSummary sum;
+    double lead_us = 0;  // from the first step's last result copy to this step's first record
   };
   auto started = bench::KernelTracer::start();
   if (!started.ok()) return bench_failed(started.status(), "--trace-steps");
   std::unique_ptr<bench::KernelTracer> tracer = std::move(started).value();
   std::vector<Traced> steps;
-  for (int k = 0; k <= a.trace_steps; ++k) {  // the first carries the tracer's start-up: dropped
-    auto recs = tracer->capture([&] { return bench::run_decode_steps(ex, s, 1, rows); });
+  // Two steps back to back per capture, as in a decode loop; the second is the one measured, from
+  // the first's last result copy (logits, then taps: two device-to-host copies) on, so its span
+  // and idle time include the host's work between steps and before the step's first copy.
+  for (int k = 0; k <= a.trace_steps; ++k) {  // the first capture carries the tracer's start-up: dropped
+    auto recs = tracer->capture([&] { return bench::run_decode_steps(ex, s, 2, rows); });
     if (!recs.ok()) return bench_failed(recs.status(), "trace at " + std::to_string(L));
     if (k == 0) continue;
+    uint64_t t0 = 0;
     Traced t;
-    t.sum = bench::summarize(*recs);
-    t.recs = std::move(*recs);
+    t.recs = bench::records_after(*recs, "memcpy DtoH", 2, &t0);
+    t.sum = bench::summarize(t.recs);
+    if (t0 > 0 && !t.recs.empty() && t.recs.front().start_ns > t0) {
+      t.lead_us = double(t.recs.front().start_ns - t0) * 1e-3;
+      t.sum.span_us += t.lead_us;
+      t.sum.idle_us += t.lead_us;
+    }
     steps.push_back(std::move(t));
   }
   tracer.reset();  // tracing off before anything else is timed
@@ -36,12 +46,14 @@ int trace_decode_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, mode
   const bench::TraceSummary& m = med.sum;
   const std::string what = rows == 1 ? "decode step" : std::to_string(rows) + "-row step";
   std::fprintf(stderr,
-               "bench: trace of a %s at context %lld (median span of %zu): span %.1f us, GPU busy %.1f us, idle %.1f us (%.1f%%); "
+               "bench: trace of a %s at context %lld (median span of %zu, from the previous step's last copy): span %.1f us, GPU busy %.1f us, "
+               "idle %.1f us (%.1f%%; %.1f us of it before the step's first copy); "
                "%lld kernels (sum of their times %.1f us), %lld copies; main stream: gaps %.1f us, PDL overlap %.1f us\n",
-               what.c_str(), (long long)L, steps.size(), m.span_us, m.busy_us, m.idle_us, m.span_us > 0 ? 100 * m.idle_us / m.span_us : 0.0,
+               what.c_str(), (long long)L, steps.size(), m.span_us, m.busy_us, m.idle_us, m.span_us > 0 ? 100 * m.idle_us / m.span_us : 0.0, med.lead_us,
                (long long)m.kernels, m.kernel_us, (long long)m.copies, m.main_gap_us, m.main_overlap_us);
   const std::string tag = rows == 1 ? "trace_decode_" : "trace_rows" + std::to_string(rows) + "_";
-  csv.row(tag + "span_us", L, m.span_us, "us, first start to last end on the GPU (median traced step)");
+  csv.row(tag + "span_us", L, m.span_us, "us, the previous step's last copy to this step's last end (median traced step)");
+  csv.row(tag + "lead_us", L, med.lead_us, "us from the previous step's last copy to this step's first (host work between steps)");
   csv.row(tag + "busy_us", L, m.busy_us, "us with at least one kernel or copy running");
   csv.row(tag + "idle_us", L, m.idle_us, "us with nothing running", m.span_us > 0 ? m.idle_us / m.span_us : -1);
   csv.row(tag + "kernel_sum_us", L, m.kernel_us, "us, kernel durations summed (overlaps counted twice)");

@@ -1,8 +1,6 @@
 // MoE, Engram, the ratio-2 compressor pooling and the DSpark draft head of the CUDA executor.
 // Mirrors cpu::route / swiglu_row, the f32 fold of CpuLayerOps::moe, CpuStep::engram,
 // CpuStep::compress (pooling) and CpuDraftStep::markov_chain.
-#include <atomic>
-
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
@@ -42,11 +40,8 @@ __global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, con
 }
 
 __global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
-                             float* weights, bool early_trigger) {
-  // PDL (pdl.cuh): plain stream order unless launched with the attribute. Late (no trigger: the
-  // dependents launch as this grid exits), the routed experts' CTAs do not sit on the SMs waiting
-  // for the routing while the shared expert on the side stream could run (set_route_late_trigger).
-  if (early_trigger) pdl_trigger();
+                             float* weights) {
+  pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
   pdl_wait();
   extern __shared__ float sm[];
   float* score = sm;
@@ -246,11 +241,7 @@ __global__ void confidence_kernel(const uint16_t* hH, int64_t D, const uint16_t*
   if (threadIdx.x == 0) *out = z;
 }
 
-std::atomic<bool> g_route_late{false};
-
 }  // namespace
-
-void set_route_late_trigger(bool on) { g_route_late.store(on, std::memory_order_relaxed); }
 
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
              const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights,
@@ -265,7 +256,7 @@ Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, in
                          vec, score, biased));
   FB_CUDA_LAUNCHED("route_scores_kernel");
   FB_CUDA_TRY(launch_pdl(pdl, route_kernel, dim3(unsigned(T)), dim3(256), size_t(2 * E) * sizeof(float), st, score, biased, E, top_k, norm_topk,
-                         route_scale, experts, weights, !g_route_late.load(std::memory_order_relaxed)));
+                         route_scale, experts, weights));
   FB_CUDA_LAUNCHED("route_kernel");
   return Status();
 }

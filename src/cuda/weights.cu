@@ -71,6 +71,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_cluster_fold_ctas") return integer(0, std::numeric_limits<int64_t>::max(), o.tc_cluster_fold_ctas);
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
   if (name == "tc_stripes") return integer(0, 64, o.tc_stripes);
+  if (name == "tc_stripes_kinds") return integer(0, 3, o.tc_stripes_kinds);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") return integer(1, 16, o.attn_heads_per_cta);
@@ -82,13 +83,12 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "defer_combine") return flag(o.defer_combine);
   if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
   if (name == "early_uploads") return flag(o.early_uploads);
-  if (name == "route_late_trigger") return flag(o.route_late_trigger);
   if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, route_late_trigger)";
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, tc_stripes_kinds, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -107,8 +107,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_global_fold(o.tc_global_fold);       // process-wide, same bits either way
   set_tc_cluster_fold_ctas(o.tc_cluster_fold_ctas);  // likewise
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
-  set_tc_stripes(o.tc_stripes);               // likewise
-  set_route_late_trigger(o.route_late_trigger);  // likewise
+  set_tc_stripes(o.tc_stripes, o.tc_stripes_kinds);  // likewise
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
