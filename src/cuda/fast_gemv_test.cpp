@@ -685,7 +685,8 @@ TEST(FastGemv, TcLeanLoopSameBits) {
 // Several stripes per CTA (set_tc_stripes: the next stripe's tile copied while this one computes)
 // give every output bit for bit as one stripe per CTA: FP8 pairs with 1 to 4 K chunks, MXFP4
 // experts at the released w1 / w3 and w2 shapes and a ragged 5-stripe shape (a CTA's last group
-// short of S stripes), rows 1 to 64, grouped or not, folded through the workspace or the cluster.
+// short of S stripes), rows 1 to 64, grouped or not, folded through the workspace or the cluster;
+// both kinds on (the product runs grouped MXFP4 launches only).
 TEST(FastGemv, TcStripesSameBits) {
   NEED_GPU();
   TcOn tc;
@@ -693,17 +694,17 @@ TEST(FastGemv, TcStripesSameBits) {
   const int64_t launches0 = tc_stripes_launches();
   const TcSweep sw{{{5120, 0, 8192}, {1280, 512, 5120}, {96, 0, 2080}}, {{2304, 5120, 6}, {5120, 2304, 1}, {77, 8320, 4}}, true, false};
   tc_sweep(rng, sw, [](const char* what, auto call) {
-    set_tc_stripes(0);
+    set_tc_stripes(0, 3);
     const std::vector<bf16_t> one = call();
     EXPECT_FALSE(one.empty());
     for (int64_t s : {2, 3, 7})
       for (bool global : {true, false}) {
         GlobalFoldAs g(global);
-        set_tc_stripes(s);
+        set_tc_stripes(s, 3);
         EXPECT_TRUE(call() == one) << what << ": " << s << " stripes per CTA (" << (global ? "global" : "cluster") << " fold) != one";
       }
-    set_tc_stripes(0);
   });
+  set_tc_stripes(4, 2);  // the product's
   EXPECT_GT(tc_stripes_launches(), launches0) << "no launch ran several stripes per CTA";
 }
 

@@ -89,12 +89,13 @@ void set_tc_global_fold(bool on);
 void set_tc_cluster_fold_ctas(int64_t ctas);
 bool tc_global_fold();
 // Stripes per CTA: 0 or 1, every CTA computes one 16-row stripe of its K chunk (copy its tile,
-// then compute); S >= 2, in launches of more than one activation row, a CTA computes up to S
+// then compute); S >= 2, in launches of more than one activation row of the kinds asked for (1:
+// FP8 with K % 128 == 0, 2: MXFP4 with rows grouped by expert, 3: both), a CTA computes up to S
 // stripes of the same chunk one after the other, the next stripe's tile copied into a second
-// buffer while it computes this one (kinds: 1 FP8 with K % 128 == 0, 2 MXFP4 with the lean loop,
-// 3 both; a launch keeps >= 264 CTAs). The same sums in the same order: the same bits (test
-// TcStripesSameBits). Process-wide, set from CudaRunOptions::tc_stripes and tc_stripes_kinds.
-void set_tc_stripes(int64_t stripes, int64_t kinds = 3);
+// buffer while it computes this one (a launch keeps >= 264 CTAs). The same sums in the same order:
+// the same bits (test TcStripesSameBits). Process-wide, set from CudaRunOptions::tc_stripes (the
+// product: 4, grouped MXFP4 only; kinds 1 and 3 lost their A/B and stay for the test).
+void set_tc_stripes(int64_t stripes, int64_t kinds);
 int64_t tc_stripes_launches();  // launches that ran several stripes per CTA so far (tests)
 
 // The MXFP4 kernel's lean loop: on, its tile loops run without a division per unit, its mma loop
