@@ -205,14 +205,14 @@ std::vector<std::vector<float>> run_two_sessions(model::Executor& ex) {
 }
 
 // The launch-saving switches of the fast class (CudaRunOptions defer_hc_post, defer_combine,
-// fp4_early_tiles, early_uploads, pinned_outputs) change where and when kernels run, never what they compute: the same bits as
+// fp4_early_tiles, early_uploads) change where and when kernels run, never what they compute: the same bits as
 // with every switch off, over prompts, multi-session verify steps and decode.
 TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
   auto made = testing_util::write_test_tiny_model("fb_cuda_fast_switches_tiny", 13, true);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
-  const std::vector<std::string> names{"defer_hc_post", "defer_combine", "fp4_early_tiles", "early_uploads", "pinned_outputs"};
+  const std::vector<std::string> names{"defer_hc_post", "defer_combine", "fp4_early_tiles", "early_uploads"};
   auto load = [&](const std::vector<std::string>& on) {
     cuda::CudaLoadOptions o;
     for (const std::string& n : names) EXPECT_TRUE(cuda::set_run_option(o.run, n, std::count(on.begin(), on.end(), n) ? "1" : "0").ok()) << n;
@@ -225,7 +225,7 @@ TEST(CudaFastNumerics, LaunchSavingSwitchesSameBits) {
     want = run_two_sessions(**ex);
   }
   ASSERT_EQ(want.size(), size_t(2 + 6 + 10));
-  const std::vector<std::vector<std::string>> configs{{"defer_hc_post"}, {"defer_hc_post", "defer_combine"}, {"fp4_early_tiles"}, {"early_uploads"}, {"pinned_outputs"}, names};
+  const std::vector<std::vector<std::string>> configs{{"defer_hc_post"}, {"defer_hc_post", "defer_combine"}, {"fp4_early_tiles"}, {"early_uploads"}, names};
   for (const auto& on : configs) {
     std::string tag;
     for (const auto& n : on) tag += n + " ";

@@ -665,32 +665,15 @@ class CudaStep : public CudaLayerOps {
       }
     float* logits = alloc<float>(int64_t(rows.size()) * c_.vocab_size);
     head_rows(rows, m_.norm_, logits, nullptr);
-    // The copies below wait for the GPU: the step's host issue time ends here.
+    // The copies to pageable vectors below wait for the GPU: the step's host issue time ends here.
     issue_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
+    download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
     // Tap rows from step_.taps_from_row on (the caller reads no earlier row).
     const int64_t n_rows = int64_t(step_.rows.size());
     const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, n_rows);
-    const int64_t n_logits = int64_t(rows.size()) * c_.vocab_size, n_tap = (n_rows - from) * tw;
     out_.taps_first_row = from;
-    // pinned_outputs: both results into the page-locked staging buffer with two asynchronous
-    // copies and one wait, then into the vectors (a pageable copy waits for the GPU, then stages
-    // through the driver's buffer before the next copy is even issued)
-    const size_t logit_bytes = (size_t(n_logits) * sizeof(float) + 255) & ~size_t(255);
-    uint8_t* pin = m_.pinned_outputs_ ? static_cast<uint8_t*>(arena_.pinned_out(logit_bytes + size_t(n_tap) * 2)) : nullptr;
-    if (pin) {
-      if (n_logits > 0) step(cuda_status(cudaMemcpyAsync(pin, logits, size_t(n_logits) * sizeof(float), cudaMemcpyDeviceToHost, st_), "logits"));
-      if (n_tap > 0) step(cuda_status(cudaMemcpyAsync(pin + logit_bytes, taps_first_ + from * tw, size_t(n_tap) * 2, cudaMemcpyDeviceToHost, st_), "taps"));
-      sync();
-      if (!ok()) return;
-      const float* lp = reinterpret_cast<const float*>(pin);
-      const uint16_t* tp = reinterpret_cast<const uint16_t*>(pin + logit_bytes);
-      out_.logits.assign(lp, lp + n_logits);
-      out_.taps.assign(tp, tp + n_tap);
-    } else {
-      download(out_.logits, logits, n_logits);
-      download(out_.taps, taps_first_ + from * tw, n_tap);
-      sync();
-    }
+    download(out_.taps, taps_first_ + from * tw, (n_rows - from) * tw);
+    sync();
     if (!ok()) return;
     for (size_t s = 0; s < sessions_.size(); ++s) {
       int64_t n = 0;

@@ -101,16 +101,6 @@ class Arena {
     return status.ok() ? p : nullptr;
   }
 
-  // Page-locked host memory for the step's results (`bytes`, 256-byte aligned) from the same
-  // staging buffer as the uploads, or nullptr while it is too small (its high-water mark grows it
-  // for the next step) or there is no workspace.
-  void* pinned_out(size_t bytes) {
-    if (!ws_ || ws_->capturing) return nullptr;
-    const size_t off = pin_need_;
-    pin_need_ += round_up(bytes);
-    return pin_need_ <= ws_->pin_cap ? static_cast<uint8_t*>(ws_->pinned) + off : nullptr;
-  }
-
   // Frames: device memory allocated after mark() is reused by allocations after release(m).
   // Safe because every kernel of a step runs on one stream in issue order. Pinned staging is
   // never released (an upload's host copy may still be waiting for its transfer). Fallback
