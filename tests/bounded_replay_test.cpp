@@ -59,12 +59,7 @@ Prefilled prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const std::vecto
 
 std::vector<float> decode(const cpu::CpuModel& m, cpu::SessionCache& s, int32_t token) {
   model::Step st;
-  model::Row r;
-  r.pos = s.next_pos;
-  r.token = token;
-  r.kind = model::RowKind::kDecode;
-  r.want_logits = true;
-  st.rows.push_back(r);
+  st.rows.push_back(model::decode_row(s.next_pos, token));
   auto out = m.forward_cpu(st, {&s});
   EXPECT_TRUE(out.ok()) << out.status().to_string();
   return out.ok() ? out->logits : std::vector<float>{};

@@ -41,12 +41,7 @@ std::vector<float> prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const s
 
 std::vector<float> decode(const cpu::CpuModel& m, cpu::SessionCache& s, int32_t token) {
   model::Step st;
-  model::Row r;
-  r.pos = s.next_pos;
-  r.token = token;
-  r.kind = model::RowKind::kDecode;
-  r.want_logits = true;
-  st.rows.push_back(r);
+  st.rows.push_back(model::decode_row(s.next_pos, token));
   auto out = m.forward_cpu(st, {&s});
   EXPECT_TRUE(out.ok());
   return out->logits;

@@ -31,12 +31,7 @@ void prefill(const cpu::CpuModel& m, cpu::SessionCache& s, const std::vector<int
 
 void decode(const cpu::CpuModel& m, cpu::SessionCache& s, int32_t token) {
   model::Step st;
-  model::Row r;
-  r.pos = s.next_pos;
-  r.token = token;
-  r.kind = model::RowKind::kDecode;
-  r.want_logits = true;
-  st.rows.push_back(r);
+  st.rows.push_back(model::decode_row(s.next_pos, token));
   ASSERT_TRUE(m.forward_cpu(st, {&s}).ok());
 }
 

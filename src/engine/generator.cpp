@@ -546,12 +546,8 @@ Status Generator::finish_next(const model::StepOutput& o, const SamplingParams& 
 }
 
 void Generator::plan_plain(int session, model::Step* st) {
-  model::Row r;
+  model::Row r = model::decode_row(int64_t(history_.size()), pending_token_);
   r.session = session;
-  r.pos = int64_t(history_.size());
-  r.token = pending_token_;
-  r.kind = model::RowKind::kDecode;
-  r.want_logits = true;
   st->rows.push_back(r);
   round_.kind = Round::Kind::kPlain;
 }
@@ -585,14 +581,7 @@ Status Generator::calibrate_verify_cost() {
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: one untimed row warms up (lazy allocations, caches)
     for (int64_t n = 1; n <= (rep < 0 ? 1 : rows_max); ++n) {
       model::Step st;
-      for (int64_t i = 0; i < n; ++i) {
-        model::Row r;
-        r.pos = H + i;
-        r.token = pending_token_;
-        r.kind = model::RowKind::kDecode;
-        r.want_logits = true;
-        st.rows.push_back(r);
-      }
+      for (int64_t i = 0; i < n; ++i) st.rows.push_back(model::decode_row(H + i, pending_token_));
       model::StepOutput o;
       const double a = now_s();
       FB_RETURN_IF_ERROR(forward_rows(st, &o));
@@ -694,12 +683,8 @@ Status Generator::plan_verify(const SamplingParams& sp, int session, model::Step
   if (!greedy) FB_CHECK_GE(int64_t(rd.q.size()), L);
   // VERIFY: one target step over [anchor, d1..dL], decode rows (same arithmetic as plain decode).
   for (int64_t i = 0; i <= L; ++i) {
-    model::Row r;
+    model::Row r = model::decode_row(p + 1 + i, i == 0 ? rd.anchor : d.ids[size_t(i)]);
     r.session = session;
-    r.pos = p + 1 + i;
-    r.token = i == 0 ? rd.anchor : d.ids[size_t(i)];
-    r.kind = model::RowKind::kDecode;
-    r.want_logits = true;
     st->rows.push_back(r);
   }
   rd.L = L;

@@ -66,12 +66,7 @@ Result<ModeRun> run_mode(model::Executor& ex, const ReplayQualityOptions& opt, i
   for (int64_t k = 1; k <= steps; ++k) {
     if (own_chain) chain->push_back(argmax(&run.rows[size_t((k - 1) * V)], V));
     model::Step st;
-    model::Row r;
-    r.pos = N + k - 1;
-    r.token = (*chain)[size_t(k - 1)];
-    r.kind = model::RowKind::kDecode;
-    r.want_logits = true;
-    st.rows.push_back(r);
+    st.rows.push_back(model::decode_row(N + k - 1, (*chain)[size_t(k - 1)]));
     model::StepOutput out = FB_TRY(ex.forward(st, ss));
     run.rows.insert(run.rows.end(), out.logits.begin(), out.logits.end());
   }

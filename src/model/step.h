@@ -52,6 +52,16 @@ inline Row prefill_row(int64_t p, int32_t token, int64_t end, int64_t replay_sta
   return r;
 }
 
+// A decode row at position p (the session's next position) with its logits.
+inline Row decode_row(int64_t p, int32_t token) {
+  Row r;
+  r.pos = p;
+  r.token = token;
+  r.kind = RowKind::kDecode;
+  r.want_logits = true;
+  return r;
+}
+
 struct Step {
   std::vector<Row> rows;
   std::vector<uint16_t> embeddings;  // bf16 [n, dim] for rows with embed_row >= 0
