@@ -526,7 +526,7 @@ Result<FixtureReport> check_fixture(const std::string& dir,
   int draft_rows = 0, draft_id_match = 0, draft_id_total = 0, draft_conf_rows = 0;
   for (int64_t k = 1; k <= n_steps; ++k) {
     model::Step st;
-    st.rows.push_back(model::decode_row(N + k - 1, greedy[size_t(k - 1)]));
+    const model::Row& r = st.rows.emplace_back(model::decode_row(N + k - 1, greedy[size_t(k - 1)]));
     model::StepOutput out = FB_TRY(ex->forward(st, sess, nullptr));
     compare_row(k, out.logits.data());
     if (ref) {
