@@ -231,13 +231,14 @@ int run(const BenchArgs& a) {
         const OptionAb ab(spec);
         const std::string& name = ab.name;
         const std::vector<std::string>& values = ab.values;
-        std::map<std::string, std::vector<double>> ms, mv;
+        std::map<std::string, std::vector<double>> ms, mv, md;
         const int vr = std::max(1, a.verify_rows);
         ab.rounds(a.ab_rounds, **ex, [&](const std::string& v) {
           auto tv = bench::time_decode(**ex, *s, a.steps, vr);
           if (tv.ok()) {
             ms[v].push_back(tv->decode_ms);
             mv[v].push_back(tv->verify_ms.back());
+            if (tv->draft_ms > 0) md[v].push_back(tv->draft_ms);
           } else {
             std::fprintf(stderr, "bench: A/B %s=%s: %s\n", name.c_str(), v.c_str(), tv.status().to_string().c_str());
           }
@@ -252,6 +253,11 @@ int run(const BenchArgs& a) {
                        (long long)L, name.c_str(), v.c_str(), x[x.size() / 2], vr, y[y.size() / 2], x.size());
           csv.row("ab_" + name + "=" + v + "_decode_ms", L, x[x.size() / 2], "ms/token, interleaved A/B, median");
           csv.row("ab_" + name + "=" + v + "_verify_rows_" + std::to_string(vr) + "_ms", L, y[y.size() / 2], "ms/step, interleaved A/B, median");
+          auto& d = md[v];
+          if (d.empty()) continue;
+          std::sort(d.begin(), d.end());
+          std::fprintf(stderr, "bench: context %lld: A/B %s=%s: draft block %.3f ms\n", (long long)L, name.c_str(), v.c_str(), d[d.size() / 2]);
+          csv.row("ab_" + name + "=" + v + "_draft_ms", L, d[d.size() / 2], "ms/draft block (greedy), interleaved A/B, median");
         }
       }
       if (a.profile || a.profile_kernels) {

@@ -14,6 +14,7 @@ class CudaDraftStep : public CudaLayerOps {
     CudaSession* s = nullptr;
     int32_t anchor = 0;
     int64_t p = 0;
+    bool logits = true;  // download this block's Markov-corrected rows (model::DraftJob::want_logits)
   };
   CudaDraftStep(const CudaExecutor& m, std::vector<Job> jobs)
       : CudaLayerOps(m, int64_t(jobs.size()) * m.cfg_.dspark_block_size), jobs_(std::move(jobs)), B_(m.cfg_.dspark_block_size) {
@@ -77,12 +78,28 @@ class CudaDraftStep : public CudaLayerOps {
     for (int64_t j = 0; j < J; ++j) std::fill_n(first.begin() + j * (B_ + 1), B_ + 1, jobs_[size_t(j)].anchor);
     int32_t* ids = upload(first);  // [J, B + 1]
     float* conf = alloc<float>(T_);
+    // one launch per chain token (markov_step: the same bits as the three kernels, which stay
+    // for shapes it does not take)
+    const bool fused = m_.markov_step_ && markov_step_fits(V, r, m_.draft_.markov_embed, m_.draft_.markov_head);
+    MarkovScratch ms;
+    if (fused) {
+      ms.ctas = markov_step_ctas();
+      ms.part_v = alloc<float>(ms.ctas);
+      ms.part_i = alloc<int64_t>(ms.ctas);
+      ms.counter = alloc<unsigned>(1);
+      if (ok()) step(cuda_status(cudaMemsetAsync(ms.counter, 0, sizeof(unsigned), st_), "markov counter"));
+    }
     if (!ok()) return;
     for (int64_t j = 0; j < J; ++j) {
       int32_t* idj = ids + j * (B_ + 1);
       for (int64_t k = 1; k <= B_; ++k) {
         const int64_t t = j * B_ + k - 1;
         float* lk = U_ + t * V;
+        if (fused) {
+          step(markov_step(lk, V, r, m_.draft_.markov_embed, m_.draft_.markov_head, idj + k - 1, hH_ + t * D, D, m_.draft_.confidence, idj + k,
+                           conf + t, ms, st_));
+          continue;
+        }
         step(markov_bias(lk, V, r, m_.draft_.markov_embed, m_.draft_.markov_head, idj + k - 1, st_));
         step(argmax(lk, V, idj + k, st_));
         step(confidence(hH_ + t * D, D, m_.draft_.markov_embed, r, idj + k - 1, m_.draft_.confidence, conf + t, st_));
@@ -90,7 +107,17 @@ class CudaDraftStep : public CudaLayerOps {
     }
     download(ids_, ids, J * (B_ + 1));
     download(conf_, conf, T_);
-    download(logits_, U_, T_ * V);
+    // the rows of the jobs that read them (2.6 MB a released-size block: greedy blocks skip them)
+    const int64_t want = std::count_if(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.logits; });
+    if (want == J) {
+      download(logits_, U_, T_ * V);
+    } else if (want > 0) {
+      logits_.resize(size_t(T_ * V));
+      for (int64_t j = 0; j < J; ++j)
+        if (jobs_[size_t(j)].logits && ok())
+          step(cuda_status(cudaMemcpyAsync(logits_.data() + j * B_ * V, U_ + j * B_ * V, size_t(B_ * V) * sizeof(float), cudaMemcpyDeviceToHost, st_),
+                           "download"));
+    }
     sync();
   }
 
@@ -99,10 +126,11 @@ class CudaDraftStep : public CudaLayerOps {
     if (j == 0) flush_profile();
     model::DraftOutput o;
     const int64_t V = c_.vocab_size, J = int64_t(jobs_.size());
-    if (int64_t(ids_.size()) != J * (B_ + 1) || int64_t(conf_.size()) != T_ || int64_t(logits_.size()) != T_ * V) return o;
+    const bool rows = jobs_[j].logits;
+    if (int64_t(ids_.size()) != J * (B_ + 1) || int64_t(conf_.size()) != T_ || (rows && int64_t(logits_.size()) != T_ * V)) return o;
     o.ids.assign(ids_.begin() + int64_t(j) * (B_ + 1), ids_.begin() + int64_t(j + 1) * (B_ + 1));
     o.confidence.assign(conf_.begin() + int64_t(j) * B_, conf_.begin() + int64_t(j + 1) * B_);
-    o.logits.assign(logits_.begin() + int64_t(j) * B_ * V, logits_.begin() + int64_t(j + 1) * B_ * V);
+    if (rows) o.logits.assign(logits_.begin() + int64_t(j) * B_ * V, logits_.begin() + int64_t(j + 1) * B_ * V);
     return o;
   }
 
@@ -203,7 +231,7 @@ std::vector<Result<model::DraftOutput>> CudaExecutor::draft_many(const std::vect
       out[i] = st;
       continue;
     }
-    todo.push_back({s, j.anchor, j.p});
+    todo.push_back({s, j.anchor, j.p, j.want_logits || j.pick != nullptr});
     index.push_back(i);
   }
   constexpr int64_t kDraftMaxRows = 64;  // layer_ops.h kFastGemvMaxRows

@@ -227,6 +227,7 @@ struct CudaRunOptions {
   bool defer_combine = true;          // kFast, with defer_hc_post: the MoE combine of a deferred FFN-site hc_post runs inside it too
   bool fp4_early_tiles = true;        // kFast: the routed w2 GEMV copies its expert tiles before its PDL wait
   bool early_uploads = true;          // decode / verify steps: every layer's window and ring tables in one copy at the step's start
+  bool markov_step = true;            // DSpark drafts: a chain token's Markov bias, argmax and confidence in one launch (same bits; both classes)
   // Cold prefill with tiered experts (issue 26, docs/tiers.md "Streaming experts during prefill"):
   // steps of at least expert_prefetch_min_rows rows copy the next tiered layer's non-resident
   // experts into a staging buffer (two, alternating) on a second copy stream while this layer
@@ -239,7 +240,7 @@ struct CudaRunOptions {
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
-// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
+// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
@@ -478,7 +479,7 @@ class CudaExecutor final : public model::Executor {
   // GEMVs beside the router and the routed experts, the window KV's norm/RoPE/QDQ beside the query
   // path (same kernels, same bits; the gaps of one chain filled by the other).
   bool overlap_ = true;
-  bool defer_hc_post_ = true, defer_combine_ = true, fp4_early_tiles_ = true, early_uploads_ = true;
+  bool defer_hc_post_ = true, defer_combine_ = true, fp4_early_tiles_ = true, early_uploads_ = true, markov_step_ = true;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,

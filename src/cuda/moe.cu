@@ -1,6 +1,8 @@
 // MoE, Engram, the ratio-2 compressor pooling and the DSpark draft head of the CUDA executor.
 // Mirrors cpu::route / swiglu_row, the f32 fold of CpuLayerOps::moe, CpuStep::engram,
 // CpuStep::compress (pooling) and CpuDraftStep::markov_chain.
+#include <algorithm>
+
 #include "base/check.h"
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
@@ -241,6 +243,108 @@ __global__ void confidence_kernel(const uint16_t* hH, int64_t D, const uint16_t*
   if (threadIdx.x == 0) *out = z;
 }
 
+// One token of the Markov chain in one launch (markov_step): the bias of markov_bias_kernel, the
+// argmax of argmax_kernel and the confidence of confidence_kernel, the same operations in the same
+// order per value (so the same bits): each warp takes kMarkovRows vocabulary rows at a time, their
+// 16-byte loads issued together (lane L holds elements [L*8 + 256c, +8) of chunk c, as
+// warp_dot_bf16_vec), e(prev) in registers once. The first index of the maximum is found as
+// (value, index) pairs: per lane, per CTA, then by the last CTA to arrive over the CTAs' pairs (the
+// maximum with the lower index on ties is order-free, so the grid's shape changes no result).
+constexpr int kMarkovRows = 8;
+constexpr int kMarkovThreads = 256;
+
+__device__ __forceinline__ void argmax_merge(float& v, int64_t& i, float ov, int64_t oi) {
+  if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) {
+    v = ov;
+    i = oi;
+  }
+}
+
+template <int NC>
+__global__ void __launch_bounds__(kMarkovThreads) markov_step_kernel(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM,
+                                                                     const int32_t* prev_id, const uint16_t* hH, int64_t D, const uint16_t* wc,
+                                                                     int32_t* next_id, float* conf, float* part_v, int64_t* part_i,
+                                                                     unsigned* counter) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), nwarp = kMarkovThreads / 32;
+  const int32_t prev = *prev_id;
+  const uint16_t* e = EM + int64_t(prev) * r;
+  uint4 ev[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) ev[c] = lane * 8 + 256 * c < r ? __ldg(reinterpret_cast<const uint4*>(e + lane * 8 + 256 * c)) : make_uint4(0, 0, 0, 0);
+  float best = 0.0f;
+  int64_t best_i = -1;
+  const int64_t gw = int64_t(blockIdx.x) * nwarp + warp, stride = int64_t(gridDim.x) * nwarp * kMarkovRows;
+  for (int64_t v0 = gw * kMarkovRows; v0 < V; v0 += stride) {
+    uint4 h[kMarkovRows][NC];
+#pragma unroll
+    for (int j = 0; j < kMarkovRows; ++j)
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        h[j][c] = v0 + j < V && lane * 8 + 256 * c < r ? __ldg(reinterpret_cast<const uint4*>(HM + (v0 + j) * r + lane * 8 + 256 * c)) : make_uint4(0, 0, 0, 0);
+    const float old = lane < kMarkovRows && v0 + lane < V ? lk[v0 + lane] : 0.0f;
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMarkovRows; ++j) {
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        if (lane * 8 + 256 * c < r) bf16x8_acc(s, ev[c], h[j][c]);
+      for (int off = 16; off >= 1; off >>= 1) s = fm::add(s, __shfl_xor_sync(kFull, s, off));
+      if (lane == j) mine = s;
+    }
+    if (lane < kMarkovRows && v0 + lane < V) {
+      const float x = fm::add(old, mine);
+      lk[v0 + lane] = x;
+      if (x == x) argmax_merge(best, best_i, x, v0 + lane);
+    }
+  }
+  for (int off = 16; off >= 1; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, best, off);
+    const int64_t oi = __shfl_xor_sync(kFull, best_i, off);
+    argmax_merge(best, best_i, ov, oi);
+  }
+  __shared__ float sv[kMarkovThreads / 32];
+  __shared__ int64_t si[kMarkovThreads / 32];
+  __shared__ bool last;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __threadfence();  // this thread's lk stores before the arrival count (the last CTA reads lk[0])
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nwarp; ++w) argmax_merge(best, best_i, sv[w], si[w]);
+    part_v[blockIdx.x] = best;
+    part_i[blockIdx.x] = best_i;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp == 0) {
+    float v = 0.0f;
+    int64_t i = -1;
+    for (int b = lane; b < int(gridDim.x); b += 32) argmax_merge(v, i, __ldcg(part_v + b), __ldcg(part_i + b));
+    for (int off = 16; off >= 1; off >>= 1) {
+      const float ov = __shfl_xor_sync(kFull, v, off);
+      const int64_t oi = __shfl_xor_sync(kFull, i, off);
+      argmax_merge(v, i, ov, oi);
+    }
+    if (lane == 0) {
+      const float x0 = V > 0 ? __ldcg(lk) : 0.0f;
+      *next_id = (V == 0 || x0 != x0 || i < 0) ? 0 : int32_t(i);
+      *counter = 0;  // for the next launch on the stream
+    }
+  } else if (warp == 1) {  // confidence_kernel's dot
+    const float z = warp_lanes32(D + r, [&](int64_t k) {
+      const float a = k < D ? bf(hH[k]) : bf(e[k - D]);
+      return fm::mul(a, bf(wc[k]));
+    });
+    if (lane == 0) *conf = z;
+  }
+}
+
 }  // namespace
 
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
@@ -318,6 +422,31 @@ Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16
 Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st) {
   argmax_kernel<<<1, 1024, 0, st>>>(x, n, out);
   FB_CUDA_LAUNCHED("argmax_kernel");
+  return Status();
+}
+
+int markov_step_ctas() {
+  static const int ctas = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 0;
+    return sms > 0 ? 4 * sms : 528;
+  }();
+  return ctas;
+}
+
+bool markov_step_fits(int64_t V, int r, const uint16_t* EM, const uint16_t* HM) {
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return V > 0 && r > 0 && r % 8 == 0 && r <= 4 * 256 && a16(EM) && a16(HM);
+}
+
+Status markov_step(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, const uint16_t* hH, int64_t D,
+                   const uint16_t* wc, int32_t* next_id, float* conf, const MarkovScratch& ws, cudaStream_t st) {
+  FB_CHECK(markov_step_fits(V, r, EM, HM) && ws.part_v && ws.part_i && ws.counter && ws.ctas >= 1) << "markov_step r=" << r;
+  const unsigned g = unsigned(std::min<int64_t>(ws.ctas, (V + kMarkovRows * 8 - 1) / (kMarkovRows * 8)));
+  const int nc = (r + 255) / 256;
+  const auto k = nc == 1 ? &markov_step_kernel<1> : nc == 2 ? &markov_step_kernel<2> : &markov_step_kernel<4>;
+  k<<<g, kMarkovThreads, 0, st>>>(lk, V, r, EM, HM, prev_id, hH, D, wc, next_id, conf, ws.part_v, ws.part_i, ws.counter);
+  FB_CUDA_LAUNCHED("markov_step_kernel");
   return Status();
 }
 

@@ -177,6 +177,19 @@ Status ratio2_pool(const uint64_t* even, const uint64_t* odd, int64_t n, int64_t
 // lk[v] += e(prev) . HM[v] for all v (prev = *prev_id); then *next_id = argmax (first max).
 Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, cudaStream_t st);
 Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st);
+// markov_bias, argmax and confidence of one chain token in one launch, the same bits
+// (markov_step_fits: r % 8 == 0, r <= 1024, 16-byte aligned EM and HM). Scratch: ctas (value,
+// index) pairs and an arrival counter that starts at 0 (the kernel leaves it at 0).
+struct MarkovScratch {
+  float* part_v = nullptr;
+  int64_t* part_i = nullptr;
+  unsigned* counter = nullptr;
+  int ctas = 0;
+};
+int markov_step_ctas();
+bool markov_step_fits(int64_t V, int r, const uint16_t* EM, const uint16_t* HM);
+Status markov_step(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, const uint16_t* hH, int64_t D,
+                   const uint16_t* wc, int32_t* next_id, float* conf, const MarkovScratch& ws, cudaStream_t st);
 // *out = f32([hH | e(prev)]) . wc over D + r
 Status confidence(const uint16_t* hH, int64_t D, const uint16_t* EM, int r, const int32_t* prev_id, const uint16_t* wc, float* out,
                   cudaStream_t st);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -681,6 +682,55 @@ TEST(CudaOps, MarkovArgmaxConfidence) {
   }
 }
 
+
+// markov_step (one launch per chain token) against markov_bias + argmax + confidence: the same
+// bits for lk, the id and the confidence; any grid (1, 3, 4 per SM CTAs); its counter returns to 0
+// (two tokens in a row on one scratch); ties, NaN entries, lk[0] NaN and an all-NaN row.
+TEST(CudaOps, MarkovStepSameBitsAsThreeKernels) {
+  NEED_GPU();
+  Rng rng(31);
+  const int64_t D = 320;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int r : {32, 256, 520}) {
+    for (const int64_t V : {int64_t(17), int64_t(1000), int64_t(129280)}) {
+      const auto em = rng.act(V * r, 0.1f), hm = rng.act(V * r, 0.1f), hH = rng.act(D), wc = rng.act(D + r, 0.05f);
+      Dev<bf16_t> dem(em), dhm(hm), dhH(hH), dwc(wc);
+      ASSERT_TRUE(markov_step_fits(V, r, dem.p(), dhm.p()));
+      for (const int kind : {0, 1, 2, 3}) {  // 0 plain, 1 ties and NaNs, 2 lk[0] NaN, 3 all NaN
+        for (const int ctas : {1, 3, markov_step_ctas()}) {
+          SCOPED_TRACE(::testing::Message() << "r " << r << " V " << V << " kind " << kind << " ctas " << ctas);
+          auto lk = rng.f32(2 * V, 1.0f);  // two chain tokens' rows
+          if (kind == 1)
+            for (int64_t v = 3; v < 2 * V; v += 7) lk[size_t(v)] = v % 2 ? nan : 1e9f;
+          if (kind == 2) lk[0] = lk[size_t(V)] = nan;
+          if (kind == 3) std::fill(lk.begin(), lk.end(), nan);
+          // the three kernels, token 1 then token 2 (token 2's prev = token 1's id)
+          Dev<float> a_lk(lk), a_conf(2);
+          Dev<int32_t> a_ids(std::vector<int32_t>{11, 0, 0});
+          for (int k = 0; k < 2; ++k) {
+            ASSERT_TRUE(markov_bias(a_lk.p() + k * V, V, r, dem.p(), dhm.p(), a_ids.p() + k, nullptr).ok());
+            ASSERT_TRUE(argmax(a_lk.p() + k * V, V, a_ids.p() + k + 1, nullptr).ok());
+            ASSERT_TRUE(confidence(dhH.p(), D, dem.p(), r, a_ids.p() + k, dwc.p(), a_conf.p() + k, nullptr).ok());
+          }
+          Dev<float> b_lk(lk), b_conf(2), pv(ctas);
+          Dev<int64_t> pi(ctas);
+          Dev<uint32_t> counter(std::vector<uint32_t>{0});
+          Dev<int32_t> b_ids(std::vector<int32_t>{11, 0, 0});
+          const MarkovScratch ms{pv.p(), pi.p(), counter.p(), ctas};
+          for (int k = 0; k < 2; ++k)
+            ASSERT_TRUE(markov_step(b_lk.p() + k * V, V, r, dem.p(), dhm.p(), b_ids.p() + k, dhH.p(), D, dwc.p(), b_ids.p() + k + 1,
+                                    b_conf.p() + k, ms, nullptr)
+                            .ok());
+          const auto ai = a_ids.get(), bi = b_ids.get();
+          expect_same(b_lk.get(), a_lk.get(), "markov lk");
+          EXPECT_EQ(bi, ai);
+          expect_same(b_conf.get(), a_conf.get(), "confidence");
+          EXPECT_EQ(counter.get()[0], 0u);
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace fb::cuda

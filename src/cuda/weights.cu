@@ -82,12 +82,13 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "defer_combine") return flag(o.defer_combine);
   if (name == "fp4_early_tiles") return flag(o.fp4_early_tiles);
   if (name == "early_uploads") return flag(o.early_uploads);
+  if (name == "markov_step") return flag(o.markov_step);
   if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -119,6 +120,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   defer_combine_ = defer_hc_post_ && o.defer_combine;
   fp4_early_tiles_ = fast && o.fp4_early_tiles;
   early_uploads_ = o.early_uploads;
+  markov_step_ = o.markov_step;  // same bits either way, both classes
   set_fast_pdl(fast && o.pdl);  // process-wide; launches only (same bits either way)
 }
 

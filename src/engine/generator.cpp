@@ -636,7 +636,10 @@ Status Generator::prepare_draft(const SamplingParams& sp, Rng& rng) {
   rd.job.anchor = rd.anchor;
   rd.job.tap_row = tap_.data();
   rd.job.p = p;
-  if (greedy && !sp.constraint) return Status();
+  if (greedy && !sp.constraint) {
+    rd.job.want_logits = false;  // verification reads the target's rows, never the draft's
+    return Status();
+  }
   if (greedy) {
     // Under a grammar the greedy proposals are the argmax of the MASKED draft rows: exactness
     // never depends on the proposals (verification masks the target rows), acceptance does.

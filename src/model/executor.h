@@ -71,6 +71,9 @@ struct DraftJob {
   const uint16_t* tap_row = nullptr;
   int64_t p = 0;
   const DraftPicker* pick = nullptr;
+  // false: the caller reads only ids and confidences, so an executor may leave DraftOutput::logits
+  // empty (a greedy block's rows are 2.6 MB at the released size; a picker always gets its rows)
+  bool want_logits = true;
 };
 
 // draft_sampled's default on a greedy block `d`: keeps its rows while `pick` agrees with its chain
