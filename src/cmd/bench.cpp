@@ -474,8 +474,8 @@ int run(const BenchArgs& a) {
       const double one = sr->rows.empty() || sr->rows[0].sessions != 1 ? 0 : sr->rows[0].tok_s;
       for (const engine::SessionRoundsRow& r : sr->rows) {
         const std::string tag = "sessions_" + std::to_string(r.sessions) + "_";
-        std::fprintf(stderr, "bench: %d sessions at %lld: %.1f tok/s (%.2fx one), %.1f rows/step, round p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-                     r.sessions, (long long)L, r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.rows_per_step, r.gap_p50_ms, r.gap_p99_ms,
+        std::fprintf(stderr, "bench: %d sessions at %lld: %.1f tok/s (%.2fx one), %.1f rows/step, round p50 %.2f ms (step %.2f), p99 %.2f ms, max %.2f ms\n",
+                     r.sessions, (long long)L, r.tok_s, one > 0 ? r.tok_s / one : 0.0, r.rows_per_step, r.gap_p50_ms, r.step_p50_ms, r.gap_p99_ms,
                      r.gap_max_ms);
         csv.row(tag + "tok_s", L, r.tok_s, "tok/s, all sessions together (shared steps)");
         if (one > 0) csv.row(tag + "speedup", L, r.tok_s / one, "x one session's tok/s");
@@ -483,6 +483,7 @@ int run(const BenchArgs& a) {
         csv.row(tag + "gap_p50_ms", L, r.gap_p50_ms, "ms, round time = each session's inter-token gap, median");
         csv.row(tag + "gap_p99_ms", L, r.gap_p99_ms, "ms, p99");
         csv.row(tag + "gap_max_ms", L, r.gap_max_ms, "ms, max");
+        csv.row(tag + "step_p50_ms", L, r.step_p50_ms, "ms, the round's forward() step, median (the rest of a round is host work)");
         // Session 0's greedy tokens beside the others against its run with the first count (the
         // common prefix: DSpark rounds may emit more): equal unless batching changed its bits.
         const std::vector<int32_t>& a0 = sr->rows[0].first_session_tokens;

@@ -51,6 +51,7 @@ struct SessionRoundsRow {
   double tok_s = 0;            // tokens of all sessions / time of the timed rounds
   double rows_per_step = 0;
   double gap_p50_ms = 0, gap_p99_ms = 0, gap_max_ms = 0;  // round times
+  double step_p50_ms = 0;  // the executor's forward() of the round (the rest: host planning, drafts, sampling)
   std::vector<int32_t> first_session_tokens;  // session 0's tokens over the timed rounds
 };
 
