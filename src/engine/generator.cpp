@@ -412,6 +412,7 @@ model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int
                           int64_t tap_w) {
   model::StepOutput o;
   const int64_t end = first_row + n_rows;
+  o.logits.reserve(size_t(std::min<int64_t>(int64_t(all.logit_rows.size()), n_rows) * vocab));
   for (size_t i = 0; i < all.logit_rows.size(); ++i) {
     const int r = all.logit_rows[i];
     if (r < first_row || r >= end) continue;
@@ -461,10 +462,11 @@ Status Generator::constrain_emitted(const SamplingParams& sp, std::span<const in
 }
 
 Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp,
-                                   int top_n) {
-  const int32_t t = sample(processed_row(logits_.data(), sp), vocab_, sp, rng);
+                                   int top_n, const float* row) {
+  const float* x = row ? row : logits_.data();
+  const int32_t t = sample(processed_row(x, sp), vocab_, sp, rng);
   FB_RETURN_IF_ERROR(constrain_emitted(sp, std::span<const int32_t>(&t, 1)));
-  if (lp && top_n >= 0) lp->push_back(token_logprob(logits_.data(), vocab_, t, top_n));  // raw logprobs (spec/16 §4)
+  if (lp && top_n >= 0) lp->push_back(token_logprob(x, vocab_, t, top_n));  // raw logprobs (spec/16 §4)
   generated_.add(t);
   out->push_back(t);
   pending_ = true;
@@ -563,9 +565,7 @@ Status Generator::finish_plain(const model::StepOutput& o, const SamplingParams&
     FB_RETURN_IF_ERROR(commit_taps(H, o.taps.data(), 1));
     tap_ = o.taps;
   }
-  logits_ = o.logits;
-  have_logits_ = true;
-  return emit_from_logits(sp, rng, out, lp, top_n);
+  return emit_from_logits(sp, rng, out, lp, top_n, o.logits.data());  // straight from the step's row (no copy)
 }
 
 Status Generator::calibrate_verify_cost() {

@@ -203,7 +203,9 @@ class Generator {
   // Drafted rows to verify this round (forced, or the scheduler over the confidences).
   // survival (optional): the S_j the scheduler used (empty for forced lengths).
   int64_t verify_len(const model::DraftOutput& d, bool greedy, std::vector<double>* survival = nullptr) const;
-  Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n);
+  // Emits one token from `row` (nullptr: logits_, the prompt's last row).
+  Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n,
+                          const float* row = nullptr);
 
   model::Executor* ex_;
   GeneratorOptions opt_;
