@@ -33,26 +33,26 @@ std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const BenchArgs& a, 
   return slots;
 }
 
-// The start of the drive-tier and tier-sweep rows: the synthetic experts page-locked (the pool the
-// slots settle from) and one session holding a fake context of the first --contexts value (4096
-// when none). No session when either fails (said on stderr).
-struct TierStart {
-  std::shared_ptr<cuda::DevExpertSlots> slots;
-  std::unique_ptr<model::SessionState> session;
-  int64_t context = 0;
-};
-TierStart start_tier_bench(const BenchArgs& a, cuda::CudaExecutor& ex) {
-  TierStart t;
-  t.slots = pin_synthetic_experts(a, ex);
-  if (!t.slots) return t;
-  t.context = a.contexts.empty() ? 4096 : a.contexts.front();
+// The drive-tier and tier-sweep rows: the synthetic experts page-locked (the pool the slots settle
+// from), one session holding a fake context of the first --contexts value (4096 when none) and the
+// options both take from the flags (--skews, --steps, progress on a terminal); then
+// rows(options, session, context, slots). 1 when the start fails (said on stderr).
+template <class Options, class Rows>
+int run_tier_rows(const BenchArgs& a, cuda::CudaExecutor& ex, Rows rows) {
+  auto slots = pin_synthetic_experts(a, ex);
+  if (!slots) return 1;
+  const int64_t context = a.contexts.empty() ? 4096 : a.contexts.front();
   auto s = ex.new_session();
-  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), t.context, uint64_t(t.context)); !st.ok()) {
-    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)t.context, st.to_string().c_str());
-    return t;
+  if (Status st = bench::fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), context, uint64_t(context)); !st.ok()) {
+    std::fprintf(stderr, "bench: context %lld: %s\n", (long long)context, st.to_string().c_str());
+    return 1;
   }
-  t.session = std::move(s);
-  return t;
+  Options o;
+  o.skews = a.skews;
+  o.steps = a.steps;
+  PhaseProgress progress;  // on a terminal only
+  o.progress = progress.fn();
+  return rows(o, *s, context, *slots);
 }
 
 // issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
@@ -128,79 +128,67 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
 
 // issue 22: the drive tier (bench/drive_tier.h) at the first --contexts value.
 int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, bench::SwitchExperts& src) {
-  TierStart start = start_tier_bench(a, ex);
-  if (!start.session) return 1;
-  const int64_t L = start.context;
-  auto& s = start.session;
-  bench::DriveTierOptions o;
-  o.skews = a.skews;
-  o.steps = a.steps;
-  o.pool_warm_steps = a.tier_warm_steps;
-  o.drive_warm_steps = a.drive_warm_steps;
-  PhaseProgress progress;  // on a terminal only
-  o.progress = progress.fn();
-  auto pts = bench::run_drive_tier(ex, *s, src, o);
-  if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
-  csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
-  csv.row("drive_tier_host_experts", L, double(a.host_experts), "host cache records (page-locked)");
-  csv.row("drive_tier_records", L, double(a.drive_records), "expert records per drive file");
-  csv.row("drive_tier_drives", L, double(a.expert_drives.size()), "replica dirs");
-  for (const bench::DriveTierPoint& p : *pts) {
-    char k[64];
-    std::snprintf(k, sizeof k, "drive_tier_s%02d", int(p.top10_share * 100 + 0.5));
-    const std::string key(k);
-    csv.row(key + "_hbm_hit", L, p.hbm_hit, "HBM slot hit rate");
-    const char* arm[2] = {"_routed", "_asked"};
-    for (int i = 0; i < 2; ++i) {
-      csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");
-      csv.row(key + arm[i] + "_wait_ms_token", L, p.wait_ms_token[i], "exposed drive wait, ms per token");
-      csv.row(key + arm[i] + "_host_hits_token", L, p.host_hits_token[i], "host cache hits per token");
-      csv.row(key + arm[i] + "_drive_reads_token", L, p.drive_reads_token[i], "drive reads per token");
-      csv.row(key + arm[i] + "_drive_gbps", L, p.drive_gbps[i], "GB/s read from the drives (wall)");
+  return run_tier_rows<bench::DriveTierOptions>(a, ex, [&](bench::DriveTierOptions& o, model::SessionState& s, int64_t L,
+                                                           const cuda::DevExpertSlots&) {
+    o.pool_warm_steps = a.tier_warm_steps;
+    o.drive_warm_steps = a.drive_warm_steps;
+    auto pts = bench::run_drive_tier(ex, s, src, o);
+    if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
+    csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+    csv.row("drive_tier_host_experts", L, double(a.host_experts), "host cache records (page-locked)");
+    csv.row("drive_tier_records", L, double(a.drive_records), "expert records per drive file");
+    csv.row("drive_tier_drives", L, double(a.expert_drives.size()), "replica dirs");
+    for (const bench::DriveTierPoint& p : *pts) {
+      char k[64];
+      std::snprintf(k, sizeof k, "drive_tier_s%02d", int(p.top10_share * 100 + 0.5));
+      const std::string key(k);
+      csv.row(key + "_hbm_hit", L, p.hbm_hit, "HBM slot hit rate");
+      const char* arm[2] = {"_routed", "_asked"};
+      for (int i = 0; i < 2; ++i) {
+        csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");
+        csv.row(key + arm[i] + "_wait_ms_token", L, p.wait_ms_token[i], "exposed drive wait, ms per token");
+        csv.row(key + arm[i] + "_host_hits_token", L, p.host_hits_token[i], "host cache hits per token");
+        csv.row(key + arm[i] + "_drive_reads_token", L, p.drive_reads_token[i], "drive reads per token");
+        csv.row(key + arm[i] + "_drive_gbps", L, p.drive_gbps[i], "GB/s read from the drives (wall)");
+      }
     }
-  }
-  return 0;
+    return 0;
+  });
 }
 
 int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, double h2d_peak_gbps) {
-  TierStart start = start_tier_bench(a, ex);
-  if (!start.session) return 1;
-  const int64_t L = start.context;
-  auto& s = start.session;
-  bench::TierSweepOptions o;
-  o.skews = a.skews;
-  o.steps = a.steps;
-  o.warm_steps = a.tier_warm_steps;
-  o.prefill_rows = a.tier_prefill_rows;
-  PhaseProgress progress;  // on a terminal only
-  o.progress = progress.fn();
-  const model::Config& c = ex.config();
-  auto pts = bench::run_tier_sweep(ex, *s, o, h2d_peak_gbps,
-                                   [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
-  if (!pts.ok()) return bench_failed(pts.status(), "tier sweep");
-  csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
-  csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
-  csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
-  csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
-  csv.row("tier_expert_mb", L, double(start.slots->slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
-  for (const bench::TierPoint& p : *pts) {
-    const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
-    csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
-    csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
-    csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
-    csv.row(k + "_misses_per_token", L, p.misses_per_token, "expert copies per token");
-    csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
-    csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
-    csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");
-    csv.row(k + "_plan_ms", L, p.plan_ms, "ms/token, plan: all-hit step + static-placement misses at the pinned peak", p.ms_token / p.plan_ms);
-    if (p.prefill_s > 0) {
-      csv.row(k + "_prefill_chunk_s", a.tier_prefill_rows, p.prefill_s, "s per prefill chunk (expert sweep included)");
-      csv.row(k + "_prefill_hbm_hit", a.tier_prefill_rows, p.prefill_hit_rate, "HBM slot hit rate in the chunk");
-      csv.row(k + "_prefill_misses", a.tier_prefill_rows, p.prefill_misses, "expert copies in the chunk");
-      csv.row(k + "_prefill_copy_gbps", a.tier_prefill_rows, p.prefill_copy_gbps, "GB/s H2D", h2d_peak_gbps > 0 ? p.prefill_copy_gbps / h2d_peak_gbps : -1);
+  return run_tier_rows<bench::TierSweepOptions>(a, ex, [&](bench::TierSweepOptions& o, model::SessionState& s, int64_t L,
+                                                           const cuda::DevExpertSlots& slots) {
+    o.warm_steps = a.tier_warm_steps;
+    o.prefill_rows = a.tier_prefill_rows;
+    const model::Config& c = ex.config();
+    auto pts = bench::run_tier_sweep(ex, s, o, h2d_peak_gbps,
+                                     [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
+    if (!pts.ok()) return bench_failed(pts.status(), "tier sweep");
+    csv.row("tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
+    csv.row("tier_staging_per_layer", L, double(a.expert_staging), "staging slots per tiered layer (LFU admission)");
+    csv.row("tier_lfu_aging", L, double(a.lfu_aging), "LFU counts halve every N x slots lookups");
+    csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
+    csv.row("tier_expert_mb", L, double(slots.slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
+    for (const bench::TierPoint& p : *pts) {
+      const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
+      csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
+      csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
+      csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
+      csv.row(k + "_misses_per_token", L, p.misses_per_token, "expert copies per token");
+      csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
+      csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
+      csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");
+      csv.row(k + "_plan_ms", L, p.plan_ms, "ms/token, plan: all-hit step + static-placement misses at the pinned peak", p.ms_token / p.plan_ms);
+      if (p.prefill_s > 0) {
+        csv.row(k + "_prefill_chunk_s", a.tier_prefill_rows, p.prefill_s, "s per prefill chunk (expert sweep included)");
+        csv.row(k + "_prefill_hbm_hit", a.tier_prefill_rows, p.prefill_hit_rate, "HBM slot hit rate in the chunk");
+        csv.row(k + "_prefill_misses", a.tier_prefill_rows, p.prefill_misses, "expert copies in the chunk");
+        csv.row(k + "_prefill_copy_gbps", a.tier_prefill_rows, p.prefill_copy_gbps, "GB/s H2D", h2d_peak_gbps > 0 ? p.prefill_copy_gbps / h2d_peak_gbps : -1);
+      }
     }
-  }
-  return 0;
+    return 0;
+  });
 }
 
 }  // namespace fb::cmd

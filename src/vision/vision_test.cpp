@@ -21,13 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The vision_config of the released config.json (tests/data): 32 layers of 1024, patch 14,
+// downsample 3, 1024 tokens, min_pixels 544^2.
 model::VisionConfig release_config() {
-  model::VisionConfig vc;
-  vc.n_layers = 32;
-  vc.dim = 1024;
-  vc.n_heads = 16;
-  vc.inter_dim = 2816;
-  return vc;  // patch 14, downsample 3, 1024 tokens, min_pixels 544^2 by default
+  auto c = model::Config::from_file(std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json");
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? c->vision : model::VisionConfig{};
 }
 
 TEST(VisionPlan, WorkedExamplesOfSpec14) {
