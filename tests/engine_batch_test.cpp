@@ -44,7 +44,12 @@ class DraftCounter final : public model::Executor {
   int64_t preferred_prefill_chunk() const override { return in_->preferred_prefill_chunk(); }
   std::unique_ptr<model::SessionState> new_session() const override { return in_->new_session(); }
   Result<model::StepOutput> forward(const model::Step& st, const std::vector<model::SessionState*>& ss, model::Taps* t) override {
-    return in_->forward(st, ss, t);
+    auto r = in_->forward(st, ss, t);
+    if (r.ok() && !st.logits_to_host) {  // the greedy rows' argmax only
+      ++argmax_steps;
+      if (!r->logits.empty() || r->argmax.size() != r->logit_rows.size()) ++argmax_bad;
+    }
+    return r;
   }
   Status draft_commit(model::SessionState& s, int64_t p, const uint16_t* r, int64_t n) override { return in_->draft_commit(s, p, r, n); }
   Result<model::DraftOutput> draft(model::SessionState& s, int32_t a, const uint16_t* r, int64_t p) override { return in_->draft(s, a, r, p); }
@@ -59,6 +64,7 @@ class DraftCounter final : public model::Executor {
     return in_->draft_many(jobs);
   }
   std::atomic<int64_t> calls{0}, blocks{0}, max_blocks{0};  // written by the engine thread
+  std::atomic<int64_t> argmax_steps{0}, argmax_bad{0};
 
  private:
   std::unique_ptr<model::Executor> in_;
@@ -194,6 +200,40 @@ TEST_P(EngineBatch, ConcurrentGreedyEqualsSolo) {
     EXPECT_GT(s.draft_blocks, s.draft_calls) << "the sessions' drafts share executor calls";
   } else {
     EXPECT_EQ(s.draft_calls, 0);
+  }
+}
+
+// Greedy requests that ask for no logprobs read only their rows' argmax (Step::logits_to_host
+// false: the executor returns no logits rows); their text equals the same requests' with logprobs
+// (which read the rows), alone and beside others, DSpark on and off.
+TEST_P(EngineBatch, GreedyWithoutLogprobsReadsArgmaxOnly) {
+  const bool dspark = GetParam();
+  std::vector<Request> with = workload(), without = workload();
+  for (Request& r : without) r.logprobs = -1;
+  auto text_of = [](EventQueue& q) {
+    std::string t;
+    Event ev;
+    while (q.pop(&ev, 60000)) {
+      if (ev.kind == Event::Kind::kText || ev.kind == Event::Kind::kReasoning) t += ev.text;
+      if (ev.kind == Event::Kind::kError) return std::string("error: ") + ev.status.to_string();
+      if (ev.kind == Event::Kind::kDone) return t + "|done " + std::to_string(ev.usage.completion_tokens);
+    }
+    return std::string("timeout");
+  };
+  for (const int sessions : {1, 8}) {
+    SCOPED_TRACE(sessions);
+    std::vector<std::string> a, b;
+    DraftCounter* dc = nullptr;
+    for (auto* rs : {&with, &without}) {
+      auto e = make_engine(sessions, dspark, 64, 0, &dc);
+      std::vector<EventQueue> qs(rs->size());
+      for (size_t i = 0; i < rs->size(); ++i) ASSERT_TRUE(e->submit((*rs)[i], qs[i].sink()).ok());
+      for (EventQueue& q : qs) (rs == &with ? a : b).push_back(text_of(q));
+      if (rs == &with) EXPECT_EQ(dc->argmax_steps.load(), 0) << "logprobs read the rows";
+      else EXPECT_GT(dc->argmax_steps.load(), 0) << "no step left the rows on the device";
+      EXPECT_EQ(dc->argmax_bad.load(), 0) << "a step without rows returned logits, or no argmax per row";
+    }
+    EXPECT_EQ(a, b);
   }
 }
 

@@ -504,8 +504,11 @@ class CpuStep : public CpuLayerOps {
     for (int64_t t = 0; t < T_; ++t)
       if (step_.rows[size_t(t)].want_logits) out_.logit_rows.push_back(int(t));
     out_.logits.resize(out_.logit_rows.size() * size_t(c_.vocab_size));
-    for (size_t i = 0; i < out_.logit_rows.size(); ++i)
+    for (size_t i = 0; i < out_.logit_rows.size(); ++i) {
       head_row(out_.logit_rows[i], m_.w_.norm, &out_.logits[i * size_t(c_.vocab_size)], nullptr);
+      out_.argmax.push_back(model::logits_argmax(&out_.logits[i * size_t(c_.vocab_size)], c_.vocab_size));
+    }
+    if (!step_.logits_to_host) out_.logits.clear();  // as the CUDA executor (the caller reads argmax)
     for (size_t s = 0; s < sessions_.size(); ++s) {
       int64_t n = 0;
       for (const Row& r : step_.rows) n += r.session == int(s);

@@ -667,7 +667,12 @@ class CudaStep : public CudaLayerOps {
     head_rows(rows, m_.norm_, logits, nullptr);
     // The copies to pageable vectors below wait for the GPU: the step's host issue time ends here.
     issue_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin_).count();
-    download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
+    if (!rows.empty()) {  // each row's greedy token; the rows themselves only when the caller reads them
+      int32_t* best = alloc<int32_t>(int64_t(rows.size()));
+      if (ok()) step(rows_argmax(logits, int64_t(rows.size()), c_.vocab_size, best, st_));
+      download(out_.argmax, best, int64_t(rows.size()));
+    }
+    if (step_.logits_to_host) download(out_.logits, logits, int64_t(rows.size()) * c_.vocab_size);
     // Tap rows from step_.taps_from_row on (the caller reads no earlier row).
     const int64_t n_rows = int64_t(step_.rows.size());
     const int64_t tw = n_taps_ * c_.dim, from = std::clamp<int64_t>(step_.taps_from_row, 0, n_rows);

@@ -345,6 +345,39 @@ __global__ void __launch_bounds__(kMarkovThreads) markov_step_kernel(float* lk, 
   }
 }
 
+// model::logits_argmax of each row (one CTA a row): the first index of the largest non-NaN value,
+// 0 when all are NaN. Per thread a strided scan (strict >: its first), then the (value, index)
+// pairs merged with the lower index on ties: the same result as the sequential scan.
+__global__ void rows_argmax_kernel(const float* x, int64_t V, int32_t* out) {
+  const float* r = x + int64_t(blockIdx.x) * V;
+  float v = 0.0f;
+  int64_t idx = -1;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float xi = r[i];
+    if (xi == xi && (idx < 0 || xi > v)) {
+      v = xi;
+      idx = i;
+    }
+  }
+  for (int off = 16; off >= 1; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, off);
+    const int64_t oi = __shfl_xor_sync(kFull, idx, off);
+    argmax_merge(v, idx, ov, oi);
+  }
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nw = int(blockDim.x >> 5);
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nw; ++w) argmax_merge(v, idx, sv[w], si[w]);
+    out[blockIdx.x] = idx < 0 ? 0 : int32_t(idx);
+  }
+}
+
 }  // namespace
 
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
@@ -422,6 +455,14 @@ Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16
 Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st) {
   argmax_kernel<<<1, 1024, 0, st>>>(x, n, out);
   FB_CUDA_LAUNCHED("argmax_kernel");
+  return Status();
+}
+
+Status rows_argmax(const float* x, int64_t rows, int64_t V, int32_t* out, cudaStream_t st) {
+  if (rows == 0) return Status();
+  FB_CHECK(V > 0 && rows < (int64_t(1) << 31)) << "rows_argmax V=" << V;
+  rows_argmax_kernel<<<unsigned(rows), 1024, 0, st>>>(x, V, out);
+  FB_CUDA_LAUNCHED("rows_argmax_kernel");
   return Status();
 }
 

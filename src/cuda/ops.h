@@ -177,6 +177,8 @@ Status ratio2_pool(const uint64_t* even, const uint64_t* odd, int64_t n, int64_t
 // lk[v] += e(prev) . HM[v] for all v (prev = *prev_id); then *next_id = argmax (first max).
 Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, cudaStream_t st);
 Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st);
+// out[r] = model::logits_argmax of row r of x [rows, V] (the sampler's greedy pick: NaN skipped)
+Status rows_argmax(const float* x, int64_t rows, int64_t V, int32_t* out, cudaStream_t st);
 // markov_bias, argmax and confidence of one chain token in one launch, the same bits
 // (markov_step_fits: r % 8 == 0, r <= 1024, 16-byte aligned EM and HM). Scratch: ctas (value,
 // index) pairs and an arrival counter that starts at 0 (the kernel leaves it at 0).

@@ -25,6 +25,7 @@
 #include "cuda/ops.h"
 #include "cuda/ops_test_util.h"
 #include "cuda/tc_gemm.h"
+#include "model/step.h"
 
 namespace fb::cuda {
 namespace {
@@ -682,6 +683,28 @@ TEST(CudaOps, MarkovArgmaxConfidence) {
   }
 }
 
+
+// rows_argmax against model::logits_argmax (the sampler's greedy pick): ties, NaN entries, a NaN
+// first value, an all-NaN row, -inf rows, rows of 1 and of the released vocabulary.
+TEST(CudaOps, RowsArgmaxEqualsTheSampler) {
+  NEED_GPU();
+  Rng rng(37);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const int64_t V : {int64_t(1), int64_t(777), int64_t(129280)}) {
+    const int64_t rows = 6;
+    auto x = rng.f32(rows * V, 3.0f);
+    for (int64_t i = 0; i < V; i += 5) x[size_t(1 * V + i)] = 7.5f;  // ties: the first wins
+    for (int64_t i = 0; i < V; i += 3) x[size_t(2 * V + i)] = nan;
+    x[size_t(3 * V)] = nan;
+    std::fill(x.begin() + 4 * V, x.begin() + 5 * V, nan);
+    std::fill(x.begin() + 5 * V, x.begin() + 6 * V, -inf);
+    Dev<float> dx(x);
+    Dev<int32_t> out(rows);
+    ASSERT_TRUE(rows_argmax(dx.p(), rows, V, out.p(), nullptr).ok());
+    const auto got = out.get();
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], model::logits_argmax(&x[size_t(r * V)], V)) << "V " << V << " row " << r;
+  }
+}
 
 // markov_step (one launch per chain token) against markov_bias + argmax + confidence: the same
 // bits for lk, the id and the confidence; any grid (1, 3, 4 per SM CTAs); its counter returns to 0

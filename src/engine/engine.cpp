@@ -503,6 +503,9 @@ void Engine::round(std::vector<std::unique_ptr<Active>>& active) {
       ++step_prompts;
     }
   if (st.rows.empty()) return;
+  // Greedy rows that nobody reads beyond their argmax leave their logits on the device.
+  st.logits_to_host = prefill_rows > 0;
+  for (const Active* p : in_step) st.logits_to_host = st.logits_to_host || reads_logit_rows(p->job.req.sampling, p->job.req.logprobs >= 0);
   const model::ExecutorStats x0 = ex_->stats();  // this thread runs the steps: no race
   const double ts = now_s();
   auto r = ex_->forward(st, sess, nullptr);

@@ -412,12 +412,13 @@ model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int
                           int64_t tap_w) {
   model::StepOutput o;
   const int64_t end = first_row + n_rows;
-  o.logits.reserve(size_t(std::min<int64_t>(int64_t(all.logit_rows.size()), n_rows) * vocab));
+  if (!all.logits.empty()) o.logits.reserve(size_t(std::min<int64_t>(int64_t(all.logit_rows.size()), n_rows) * vocab));
   for (size_t i = 0; i < all.logit_rows.size(); ++i) {
     const int r = all.logit_rows[i];
     if (r < first_row || r >= end) continue;
     o.logit_rows.push_back(int(r - first_row));
-    o.logits.insert(o.logits.end(), all.logits.begin() + int64_t(i) * vocab, all.logits.begin() + int64_t(i + 1) * vocab);
+    if (i < all.argmax.size()) o.argmax.push_back(all.argmax[i]);
+    if (!all.logits.empty()) o.logits.insert(o.logits.end(), all.logits.begin() + int64_t(i) * vocab, all.logits.begin() + int64_t(i + 1) * vocab);
   }
   const int64_t tfr = std::min(all.taps_first_row, n_step_rows);
   if (tap_w > 0 && int64_t(all.taps.size()) == (n_step_rows - tfr) * tap_w) {
@@ -467,6 +468,15 @@ Status Generator::emit_from_logits(const SamplingParams& sp, Rng& rng, std::vect
   const int32_t t = sample(processed_row(x, sp), vocab_, sp, rng);
   FB_RETURN_IF_ERROR(constrain_emitted(sp, std::span<const int32_t>(&t, 1)));
   if (lp && top_n >= 0) lp->push_back(token_logprob(x, vocab_, t, top_n));  // raw logprobs (spec/16 §4)
+  return emit_checked(t, out);
+}
+
+Status Generator::emit_token(const SamplingParams& sp, int32_t t, std::vector<int32_t>* out) {
+  FB_RETURN_IF_ERROR(constrain_emitted(sp, std::span<const int32_t>(&t, 1)));
+  return emit_checked(t, out);
+}
+
+Status Generator::emit_checked(int32_t t, std::vector<int32_t>* out) {
   generated_.add(t);
   out->push_back(t);
   pending_ = true;
@@ -479,6 +489,7 @@ Status Generator::next(const SamplingParams& sp, Rng& rng, std::vector<int32_t>*
   model::Step st;
   FB_RETURN_IF_ERROR(plan_next(sp, rng, 0, &st, out, lp, top_n));
   if (!awaiting_step()) return Status();
+  st.logits_to_host = reads_logit_rows(sp, lp && top_n >= 0) || has_prefill_rows(st);
   model::StepOutput o;
   Status s = forward_rows(st, &o);
   if (!s.ok()) {
@@ -557,7 +568,9 @@ void Generator::plan_plain(int session, model::Step* st) {
 Status Generator::finish_plain(const model::StepOutput& o, const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out,
                                std::vector<TokenLogprob>* lp, int top_n) {
   const int64_t H = int64_t(history_.size());
-  FB_CHECK_EQ(int64_t(o.logits.size()), vocab_);
+  const bool rows = !o.logits.empty();  // else the step returned only the row's argmax (Step::logits_to_host)
+  FB_CHECK(rows ? int64_t(o.logits.size()) == vocab_ : o.argmax.size() == 1 && !reads_logit_rows(sp, lp && top_n >= 0))
+      << "decode row without its logits";
   history_.push_back(pending_token_);
   pending_ = false;
   if (dspark_ok_) {
@@ -565,6 +578,7 @@ Status Generator::finish_plain(const model::StepOutput& o, const SamplingParams&
     FB_RETURN_IF_ERROR(commit_taps(H, o.taps.data(), 1));
     tap_ = o.taps;
   }
+  if (!rows) return emit_token(sp, o.argmax[0], out);
   return emit_from_logits(sp, rng, out, lp, top_n, o.logits.data());  // straight from the step's row (no copy)
 }
 
@@ -704,7 +718,10 @@ Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams
   // In a shared step this is the time from the draft's end to here: the step and the other
   // sessions' drafts included.
   const double t2 = now_s();
-  FB_CHECK_EQ(int64_t(o.logits.size()), (L + 1) * vocab_);
+  const bool rows = !o.logits.empty();  // else only the rows' argmax (Step::logits_to_host)
+  FB_CHECK(rows ? int64_t(o.logits.size()) == (L + 1) * vocab_
+                : int64_t(o.argmax.size()) == L + 1 && !reads_logit_rows(sp, lp && top_n >= 0))
+      << "verify rows without their logits";
   FB_CHECK(o.taps_first_row == 0 && int64_t(o.taps.size()) == (L + 1) * tap_w_) << "verify rows without their tap rows";
   // ACCEPT (spec/13 §6): greedy = prefix of drafts equal to the target's argmax, then one more
   // token; sampled = rejection sampling against the processed target rows pi_i.
@@ -716,8 +733,9 @@ Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams
     return processed_row(&o.logits[size_t(i * vocab_)], sp, std::span<const int32_t>(d.ids.data() + 1, size_t(i)));
   };
   if (greedy) {
-    while (a < L && d.ids[size_t(a + 1)] == argmax(target_row(a), vocab_)) ++a;
-    t_next = argmax(target_row(a), vocab_);
+    auto best = [&](int64_t i) { return rows ? argmax(target_row(i), vocab_) : o.argmax[size_t(i)]; };
+    while (a < L && d.ids[size_t(a + 1)] == best(a)) ++a;
+    t_next = best(a);
   } else {
     std::vector<std::optional<Candidates>> pi(size_t(L + 1));
     auto target = [&](int64_t i) -> const Candidates& {
@@ -732,7 +750,7 @@ Status Generator::finish_dspark(const model::StepOutput& o, const SamplingParams
     ++counters_.sampled_steps;
     counters_.residual_draws += v.residual;
   }
-  const float* last = &o.logits[size_t(a * vocab_)];
+  const float* last = rows ? &o.logits[size_t(a * vocab_)] : nullptr;  // (logprobs imply rows)
   {
     std::vector<int32_t> emitted(d.ids.begin() + 1, d.ids.begin() + 1 + a);
     emitted.push_back(t_next);

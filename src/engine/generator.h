@@ -203,6 +203,9 @@ class Generator {
   // Drafted rows to verify this round (forced, or the scheduler over the confidences).
   // survival (optional): the S_j the scheduler used (empty for forced lengths).
   int64_t verify_len(const model::DraftOutput& d, bool greedy, std::vector<double>* survival = nullptr) const;
+  // Emits token t: emit_token checks the response format first, emit_checked after the check.
+  Status emit_token(const SamplingParams& sp, int32_t t, std::vector<int32_t>* out);
+  Status emit_checked(int32_t t, std::vector<int32_t>* out);
   // Emits one token from `row` (nullptr: logits_, the prompt's last row).
   Status emit_from_logits(const SamplingParams& sp, Rng& rng, std::vector<int32_t>* out, std::vector<TokenLogprob>* lp, int top_n,
                           const float* row = nullptr);
@@ -265,6 +268,18 @@ class Generator {
 // The outputs of rows [first_row, first_row + n_rows) of a step, as if they had been a step of
 // their own: their logits rows, and their tap rows from max(first_row, the step's taps_first_row)
 // (taps_first_row relative to first_row). tap_w = n_taps * dim (0: no taps).
+// Whether a request reads its logits rows (sampling, processed or constrained rows, logprobs);
+// false: its greedy tokens come from StepOutput::argmax (Step::logits_to_host).
+inline bool reads_logit_rows(const SamplingParams& sp, bool logprobs) {
+  return logprobs || !sp.greedy() || sp.processes_logits() || sp.constraint != nullptr;
+}
+// Whether the step holds prompt rows (the last one's logits row is kept: checkpoints, the first token).
+inline bool has_prefill_rows(const model::Step& st) {
+  for (const model::Row& r : st.rows)
+    if (r.kind == model::RowKind::kPrefill) return true;
+  return false;
+}
+
 model::StepOutput rows_of(const model::StepOutput& all, int64_t n_step_rows, int64_t first_row, int64_t n_rows, int64_t vocab,
                           int64_t tap_w);
 

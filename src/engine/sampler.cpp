@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "model/step.h"
+
 namespace fb::engine {
 
 namespace {
@@ -55,14 +57,7 @@ uint64_t Rng::next_u64() {
 
 double Rng::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isnan(x[i])) continue;
-    if (best < 0 || x[i] > x[best]) best = i;
-  }
-  return int32_t(best < 0 ? 0 : best);
-}
+int32_t argmax(const float* x, int64_t n) { return model::logits_argmax(x, n); }
 
 Candidates sampling_distribution(const float* logits, int64_t n, const SamplingParams& p) {
   Candidates c;

@@ -75,6 +75,8 @@ Result<RoundOut> run_round(model::Executor& ex, const std::vector<Sess*>& ss, Ge
   }
   out.rows = int64_t(st.rows.size());
   if (st.rows.empty()) return out;
+  st.logits_to_host = out.prefill_rows > 0;  // as Engine::round: greedy rows read only their argmax
+  for (const Sess* s : planned) st.logits_to_host = st.logits_to_host || reads_logit_rows(s->sp, false);
   const double ts = now_s();
   auto r = ex.forward(st, sess);
   out.step_s = now_s() - ts;

@@ -69,12 +69,28 @@ struct Step {
   // rows from here (StepOutput::taps_first_row). A 2,048-row prefill step then neither copies nor
   // allocates ~60 MB of taps the draft never reads (it keeps the last window of them).
   int64_t taps_from_row = 0;
+  // [policy] false: the caller reads only StepOutput::argmax (greedy rows that neither process,
+  // constrain nor report their logits), so the executor may return no logits rows: a released-size
+  // row is 517 KB the GPU would copy to the host and the host scan.
+  bool logits_to_host = true;
 };
+
+// The greedy token of a logits row: the first index of its largest non-NaN value, 0 when every
+// value is NaN (the sampler's greedy pick; executors compute it for StepOutput::argmax).
+inline int32_t logits_argmax(const float* x, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != x[i]) continue;
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  return int32_t(best < 0 ? 0 : best);
+}
 
 // Outputs of a step for the rows that asked for them.
 struct StepOutput {
   std::vector<int> logit_rows;   // row index of each logits row
-  std::vector<float> logits;     // f32 [logit_rows.size(), vocab]
+  std::vector<float> logits;     // f32 [logit_rows.size(), vocab]; empty when !Step::logits_to_host
+  std::vector<int32_t> argmax;   // per logits row: logits_argmax of it (always)
   std::vector<uint16_t> taps;    // bf16 [rows - taps_first_row, n_taps * dim]: DSpark tap rows
   int64_t taps_first_row = 0;    // = the step's taps_from_row (clamped to the row count)
 };

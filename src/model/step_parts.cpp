@@ -34,12 +34,14 @@ Step part_step(const Step& st, const StepPart& p) {
   s.rows.assign(st.rows.begin() + p.begin, st.rows.begin() + p.end);
   s.embeddings = st.embeddings;
   s.taps_from_row = std::clamp<int64_t>(st.taps_from_row - p.begin, 0, p.end - p.begin);
+  s.logits_to_host = st.logits_to_host;
   return s;
 }
 
 void append_part_output(StepOutput* all, StepOutput&& part, const StepPart& p, int64_t step_rows, int64_t taps_from_row) {
   for (int r : part.logit_rows) all->logit_rows.push_back(int(p.begin) + r);
   all->logits.insert(all->logits.end(), part.logits.begin(), part.logits.end());
+  all->argmax.insert(all->argmax.end(), part.argmax.begin(), part.argmax.end());
   all->taps.insert(all->taps.end(), part.taps.begin(), part.taps.end());
   all->taps_first_row = std::clamp<int64_t>(taps_from_row, 0, step_rows);
 }

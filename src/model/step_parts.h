@@ -26,11 +26,11 @@ struct StepPart {
 std::vector<StepPart> split_step(const Step& st, int64_t max_rows);
 
 // Part `p` of `st` as a step: its rows, every embedding (rows keep their embed_row), and the
-// step's taps_from_row relative to the part's first row.
+// step's taps_from_row relative to the part's first row, its logits_to_host.
 Step part_step(const Step& st, const StepPart& p);
 
-// Appends a part's output to the step's: logit row indices shifted by the part's first row, logits
-// and tap rows concatenated. Parts must be appended in order, starting with `all` empty;
+// Appends a part's output to the step's: logit row indices shifted by the part's first row, logits,
+// their argmax and tap rows concatenated. Parts must be appended in order, starting with `all` empty;
 // `taps_from_row` is the whole step's (the joined output's taps_first_row).
 void append_part_output(StepOutput* all, StepOutput&& part, const StepPart& p, int64_t step_rows, int64_t taps_from_row);
 
