@@ -502,6 +502,8 @@ int run(const BenchArgs& a) {
                      (long long)a.arrival_prompt, a.arrival_streams, (long long)L, ar.worst_gap_ms, ar.median_gap_ms,
                      ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, (long long)ar.prefilled_rows, ar.prefill_s,
                      (long long)ar.rounds, (long long)ar.reference_steps, (long long)ar.last_chunk);
+        std::fprintf(stderr, "bench: the worst gap: round %lld of the prompt, %lld prompt rows, its step %.2f ms\n", (long long)ar.worst_round,
+                     (long long)ar.worst_prefill_rows, ar.worst_step_ms);
         csv.row("arrival_worst_gap_ms", a.arrival_prompt, ar.worst_gap_ms, "ms, the streams' worst gap while the prompt prefilled");
         csv.row("arrival_median_gap_ms", a.arrival_prompt, ar.median_gap_ms, "ms, their median gap before it arrived");
         csv.row("arrival_gap_ratio", a.arrival_prompt, ar.median_gap_ms > 0 ? ar.worst_gap_ms / ar.median_gap_ms : 0.0, "worst / median");

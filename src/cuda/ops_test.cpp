@@ -21,10 +21,12 @@
 #include "base/fmath.h"
 #include "cpu/ops.h"
 #include "cuda/device.h"
+#include "cuda/executor.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
 #include "cuda/ops_test_util.h"
 #include "cuda/tc_gemm.h"
+#include "model/rope.h"
 #include "model/step.h"
 
 namespace fb::cuda {
@@ -683,6 +685,27 @@ TEST(CudaOps, MarkovArgmaxConfidence) {
   }
 }
 
+
+// DevRope::ensure grown in steps (a short context, then a long prompt's positions filled on every
+// core, then a few more) holds model::RopeTable::at's values bit for bit at every position.
+TEST(CudaOps, RopeTablesGrownOnEveryCoreEqualTheHost) {
+  NEED_GPU();
+  DevRope r;
+  r.table = model::make_rope_table(64, 10000.0, true, 16.0, 4096, 32.0, 1.0);
+  const int half = 32;
+  for (const int64_t n : {int64_t(300), int64_t(4100), int64_t(40000), int64_t(40007)}) ASSERT_TRUE(r.ensure(n, nullptr).ok());
+  const int64_t n = r.n_pos;
+  std::vector<float> c(size_t(n * half)), s(c.size());
+  ASSERT_EQ(cudaMemcpy(c.data(), r.cos.get(), c.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(s.data(), r.sin.get(), s.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> wc(half), ws(half);
+  int64_t bad = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    r.table.at(p, wc.data(), ws.data());
+    bad += std::memcmp(wc.data(), &c[size_t(p * half)], half * sizeof(float)) != 0 || std::memcmp(ws.data(), &s[size_t(p * half)], half * sizeof(float)) != 0;
+  }
+  EXPECT_EQ(bad, 0) << "positions whose cos/sin differ from the host table";
+}
 
 // rows_argmax against model::logits_argmax (the sampler's greedy pick): ties, NaN entries, a NaN
 // first value, an all-NaN row, -inf rows, rows of 1 and of the released vocabulary.

@@ -2,6 +2,8 @@
 // device RoPE tables. Mirrors cpu/session_cache.cpp: same slot rule, same rollback rule.
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "base/check.h"
 #include "cuda/executor.h"
@@ -138,7 +140,21 @@ Status DevRope::ensure(int64_t n, cudaStream_t st) {
     capacity = cap;
   }
   std::vector<float> hc(size_t((n - n_pos) * half)), hs(hc.size());
-  for (int64_t p = n_pos; p < n; ++p) table.at(p, &hc[size_t((p - n_pos) * half)], &hs[size_t((p - n_pos) * half)]);
+  // Positions are independent: a long prompt's first step (e.g. 4K -> 32K positions, ~3M libm
+  // calls, ~55 ms on one core: the worst round of the other sessions) fills them on every core.
+  const auto fill = [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) table.at(p, &hc[size_t((p - n_pos) * half)], &hs[size_t((p - n_pos) * half)]);
+  };
+  const int64_t span = n - n_pos, cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t parts = std::min<int64_t>(cores, span / 1024);
+  if (parts <= 1) {
+    fill(n_pos, n);
+  } else {
+    std::vector<std::thread> pool;
+    for (int64_t k = 1; k < parts; ++k) pool.emplace_back(fill, n_pos + span * k / parts, n_pos + span * (k + 1) / parts);
+    fill(n_pos, n_pos + span / parts);
+    for (std::thread& t : pool) t.join();
+  }
   FB_CUDA_TRY(cudaMemcpy(cos.get<float>() + n_pos * half, hc.data(), hc.size() * sizeof(float), cudaMemcpyHostToDevice));
   FB_CUDA_TRY(cudaMemcpy(sin.get<float>() + n_pos * half, hs.data(), hs.size() * sizeof(float), cudaMemcpyHostToDevice));
   n_pos = n;

@@ -218,7 +218,15 @@ Result<SessionRoundsResult> run_session_rounds(model::Executor& ex, const Sessio
     while (pf.prefill_rows_left() > 0) {
       const RoundOut r = FB_TRY(run_round(ex, ss, &pf, pol.rows(true), nullptr));
       pol.observe(r.rows - r.prefill_rows, r.prefill_rows, r.step_s);
-      a.worst_gap_ms = std::max(a.worst_gap_ms, r.wall_s * 1e3);
+      if (r.wall_s * 1e3 > a.worst_gap_ms) {
+        a.worst_gap_ms = r.wall_s * 1e3;
+        a.worst_round = a.rounds;
+        a.worst_prefill_rows = r.prefill_rows;
+        a.worst_step_ms = r.step_s * 1e3;
+      }
+      if (a.rounds < 3)
+        say("arrival: round %lld: %lld prompt rows beside %lld, %.2f ms (its step %.2f ms)", (long long)a.rounds, (long long)r.prefill_rows,
+            (long long)(r.rows - r.prefill_rows), r.wall_s * 1e3, r.step_s * 1e3);
       ++a.rounds;
       if (o.log_every_rounds > 0 && a.rounds % o.log_every_rounds == 0)
         say("arrival: %lld of %lld rows after %lld rounds, worst gap %.2f ms, chunk %lld rows", (long long)pf.prefill_done(),

@@ -58,6 +58,9 @@ struct SessionRoundsRow {
 struct ArrivalResult {
   double median_gap_ms = 0;  // the streams' rounds before the prompt arrived
   double worst_gap_ms = 0;   // ... while it prefilled (its last chunk included)
+  int64_t worst_round = -1;  // which round (0 = the first with the prompt), its prompt rows and its step time
+  int64_t worst_prefill_rows = 0;
+  double worst_step_ms = 0;
   double prefill_s = 0;      // arrival to the prompt's last chunk
   int64_t rounds = 0;        // rounds while it prefilled (reference steps included)
   int64_t reference_steps = 0;
