@@ -22,32 +22,16 @@ const uint8_t* Ring::find(int64_t p) const {
 
 SessionCache::SessionCache(const model::Config& c) : config_(&c) { reset(); }
 
-void SessionRegistry::add(const SessionCache* s) {
-  std::lock_guard<std::mutex> l(mu_);
-  live_.insert(s);
-}
-
-void SessionRegistry::remove(const SessionCache* s) {
-  std::lock_guard<std::mutex> l(mu_);
-  live_.erase(s);
-}
-
 SessionRegistry::Totals SessionRegistry::totals() const {
-  std::lock_guard<std::mutex> l(mu_);
   Totals t;
-  for (const SessionCache* s : live_) {
+  for_each([&t](const SessionCache& s) {
     ++t.sessions;
-    t.bytes += s->bytes();
-  }
+    t.bytes += s.bytes();
+  });
   return t;
 }
 
-void SessionCache::track(std::shared_ptr<SessionRegistry> registry) {
-  if (tracker_.registry) tracker_.registry->remove(this);
-  tracker_.registry = std::move(registry);
-  tracker_.self = this;
-  if (tracker_.registry) tracker_.registry->add(this);
-}
+void SessionCache::track(std::shared_ptr<SessionRegistry> registry) { tracker_.track(std::move(registry), this); }
 
 uint64_t SessionCache::bytes() const {
   const auto vb = [](const auto& v) { return uint64_t(v.capacity()) * sizeof(v[0]); };

@@ -15,6 +15,7 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/live_sessions.h"
 #include "model/executor.h"
 #include "model/session_layout.h"
 
@@ -50,19 +51,15 @@ class SessionCache;
 
 // The live sessions of one CpuModel, for its memory ledger (stats()). add/remove lock; totals()
 // reads the sessions' sizes, so call it where no step changes them (the thread that runs the steps).
-class SessionRegistry {
+class SessionCache;
+// The CPU executor's live sessions (model::LiveSessions) and their totals.
+class SessionRegistry : public model::LiveSessions<SessionCache> {
  public:
-  void add(const SessionCache* s);
-  void remove(const SessionCache* s);
   struct Totals {
     int64_t sessions = 0;
     uint64_t bytes = 0;
   };
   Totals totals() const;
-
- private:
-  mutable std::mutex mu_;
-  std::set<const SessionCache*> live_;
 };
 
 class SessionCache final : public model::SessionState {
@@ -99,18 +96,8 @@ class SessionCache final : public model::SessionState {
   Status restore(std::string_view bytes, uint64_t model_id);
 
  private:
-  struct Tracker {
-    std::shared_ptr<SessionRegistry> registry;
-    const SessionCache* self = nullptr;
-    Tracker() = default;
-    Tracker(const Tracker&) {}
-    Tracker& operator=(const Tracker&) { return *this; }
-    ~Tracker() {
-      if (registry) registry->remove(self);
-    }
-  };
   const model::Config* config_;
-  Tracker tracker_;
+  model::LiveTracker<SessionCache> tracker_;
 };
 
 }  // namespace fb::cpu

@@ -26,6 +26,7 @@
 #include "loader/snapshot.h"
 #include "model/config.h"
 #include "model/engram_constants.h"
+#include "model/live_sessions.h"
 #include "model/executor.h"
 #include "model/rope.h"
 #include "model/session_layout.h"
@@ -58,19 +59,15 @@ class CudaSession;
 // The live sessions of one CudaExecutor, for its memory ledger (stats()), as cpu::SessionRegistry:
 // add/remove lock; totals() reads the sessions' buffer sizes, so call it where no step changes them
 // (the thread that runs the steps).
-class CudaSessionRegistry {
+class CudaSession;
+// The CUDA executor's live sessions (model::LiveSessions) and their totals.
+class CudaSessionRegistry : public model::LiveSessions<CudaSession> {
  public:
-  void add(const CudaSession* s);
-  void remove(const CudaSession* s);
   struct Totals {
     int64_t sessions = 0;
     uint64_t device_bytes = 0, host_bytes = 0;
   };
   Totals totals() const;
-
- private:
-  mutable std::mutex mu_;
-  std::set<const CudaSession*> live_;
 };
 
 class CudaSession final : public model::SessionState {
@@ -99,19 +96,9 @@ class CudaSession final : public model::SessionState {
   std::vector<DevRing> draft_rings;    // per draft stage, window slots
 
  private:
-  struct Tracker {
-    std::shared_ptr<CudaSessionRegistry> registry;
-    const CudaSession* self = nullptr;
-    Tracker() = default;
-    Tracker(const Tracker&) {}
-    Tracker& operator=(const Tracker&) { return *this; }
-    ~Tracker() {
-      if (registry) registry->remove(self);
-    }
-  };
   const model::Config* config_;
   bool allocated_ = false;
-  Tracker tracker_;
+  model::LiveTracker<CudaSession> tracker_;
 };
 
 // Device copies of one layer's weights (model::LayerWeights), stored formats kept.

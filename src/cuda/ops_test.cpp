@@ -500,6 +500,20 @@ struct IndexRef {
   }
 };
 
+// topk_select over the scores dI [T, ld] (scored / visible counts dns / dnv, optional mask) against
+// the expected ids and counts; ids past a row's count are not compared.
+void expect_topk(Dev<float>& dI, int64_t T, int64_t ld, const Dev<int64_t>& dns, const Dev<int64_t>& dnv, const uint8_t* mask, int64_t topk,
+                 const std::vector<int32_t>& want_sel, const std::vector<int32_t>& want_cnt) {
+  Dev<int32_t> dsel(static_cast<size_t>(T * topk)), dcnt(static_cast<size_t>(T));
+  ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), mask, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
+  auto sel = dsel.get();
+  const auto cnt = dcnt.get();
+  expect_same(cnt, want_cnt, "top-k count");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = cnt[size_t(t)]; i < topk; ++i) sel[size_t(t * topk + i)] = 0;
+  expect_same(sel, want_sel, "top-k ids");
+}
+
 void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector<int64_t>& n_scored, bool with_pool) {
   const int IH = 32, ihd = 128;
   const int64_t T = int64_t(n_vis.size()), kb = ihd / 2 + ihd / 32, topk = 512, bs = 64, keep = 8;
@@ -533,7 +547,6 @@ void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector
   Dev<bf16_t> diq(iq), dwts(wts);
   Dev<int64_t> dnv(n_vis), dns(n_scored);
   Dev<float> dI(static_cast<size_t>(T * ld));
-  Dev<int32_t> dsel(static_cast<size_t>(T * topk)), dcnt(static_cast<size_t>(T));
   ASSERT_TRUE(index_scores(diq.p(), dwts.p(), T, IH, ihd, dbase.p(), kb, dnv.p(), dns.p(), dI.p(), ld, nullptr).ok());
   {
     auto I = dI.get();
@@ -577,13 +590,7 @@ void indexer_case(Rng& rng, const std::vector<int64_t>& n_vis, const std::vector
     std::printf("[ tc ] index scores T=%lld n_vis<=%lld: worst |tc - cpu| = %.3g x tolerance\n", (long long)T, (long long)(n_keys - 1), worst);
   }
   if (with_pool) ASSERT_TRUE(candidate_pool(dI.p(), T, ld, dns.p(), dnv.p(), bs, keep, dmask.p(), nullptr).ok());
-  ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), with_pool ? dmask.p() : nullptr, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
-  auto sel = dsel.get();
-  auto cnt = dcnt.get();
-  expect_same(cnt, want_cnt, "top-k count");
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = cnt[size_t(t)]; i < topk; ++i) sel[size_t(t * topk + i)] = 0;
-  expect_same(sel, want_sel, "top-k ids");
+  expect_topk(dI, T, ld, dns, dnv, with_pool ? dmask.p() : nullptr, topk, want_sel, want_cnt);
 }
 
 TEST(CudaOps, IndexerScoresPoolTopK) {
@@ -634,14 +641,7 @@ TEST(CudaOps, TopKSelectWideKeysAndTies) {
     Dev<float> dI(I);
     Dev<uint8_t> dmask(mask);
     Dev<int64_t> dns(ns), dnv(nv);
-    Dev<int32_t> dsel(static_cast<size_t>(T * topk)), dcnt(static_cast<size_t>(T));
-    ASSERT_TRUE(topk_select(dI.p(), T, ld, dns.p(), dnv.p(), with_mask ? dmask.p() : nullptr, ld, dns.p(), topk, dsel.p(), dcnt.p(), nullptr).ok());
-    auto sel = dsel.get();
-    const auto cnt = dcnt.get();
-    expect_same(cnt, want_cnt, "top-k count");
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = cnt[size_t(t)]; i < topk; ++i) sel[size_t(t * topk + i)] = 0;
-    expect_same(sel, want_sel, "top-k ids");
+    expect_topk(dI, T, ld, dns, dnv, with_mask ? dmask.p() : nullptr, topk, want_sel, want_cnt);
   }
 }
 

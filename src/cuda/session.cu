@@ -15,33 +15,17 @@ using model::Config;
 
 // ---- sessions ---------------------------------------------------------------------------------
 
-void CudaSessionRegistry::add(const CudaSession* s) {
-  std::lock_guard<std::mutex> l(mu_);
-  live_.insert(s);
-}
-
-void CudaSessionRegistry::remove(const CudaSession* s) {
-  std::lock_guard<std::mutex> l(mu_);
-  live_.erase(s);
-}
-
 CudaSessionRegistry::Totals CudaSessionRegistry::totals() const {
-  std::lock_guard<std::mutex> l(mu_);
   Totals t;
-  for (const CudaSession* s : live_) {
+  for_each([&t](const CudaSession& s) {
     ++t.sessions;
-    t.device_bytes += s->device_bytes();
-    t.host_bytes += s->host_bytes();
-  }
+    t.device_bytes += s.device_bytes();
+    t.host_bytes += s.host_bytes();
+  });
   return t;
 }
 
-void CudaSession::track(std::shared_ptr<CudaSessionRegistry> registry) {
-  if (tracker_.registry) tracker_.registry->remove(this);
-  tracker_.registry = std::move(registry);
-  tracker_.self = this;
-  if (tracker_.registry) tracker_.registry->add(this);
-}
+void CudaSession::track(std::shared_ptr<CudaSessionRegistry> registry) { tracker_.track(std::move(registry), this); }
 
 uint64_t CudaSession::device_bytes() const {
   uint64_t n = 0;
