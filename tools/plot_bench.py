@@ -41,20 +41,23 @@ DECODE_FILES = [("session 3", "h200-synthetic-final-s3-20261129.csv"),
                 ("session 14", "h200-synthetic-s14-5759d47.csv"),
                 ("session 16", "h200-synthetic-s16-bb0368f.csv"),
                 ("session 17", "h200-synthetic-s17-743fa0d.csv"),
-                ("session 18", "h200-synthetic-s18-8ebbcfb.csv")]
+                ("session 18", "h200-synthetic-s18-8ebbcfb.csv"),
+                ("session 19", "h200-synthetic-s19-af9cce4.csv")]
 # The files docs/results.md names as the current figures of each kind.
-VERIFY_FILE = "h200-synthetic-s18-8ebbcfb.csv"
+VERIFY_FILE = "h200-synthetic-s19-af9cce4.csv"
 # Sessions whose verify rows are compared as multiples of one row (the last is VERIFY_FILE).
 VERIFY_FILES = [("session 14", "h200-synthetic-s14-5759d47.csv"),
                 ("session 16", "h200-synthetic-s16-bb0368f.csv"),
                 ("session 17", "h200-synthetic-s17-743fa0d.csv"),
-                ("session 18", VERIFY_FILE)]
+                ("session 18", "h200-synthetic-s18-8ebbcfb.csv"),
+                ("session 19", VERIFY_FILE)]
 # Session -> (its full-block DSpark sweep, its scheduled sweep or None); the last is the current one.
 DSPARK_FILES = [("session 11", "h200-synthetic-s11-b9542c3-dspark.csv", "h200-synthetic-s11-b9542c3-dspark.csv"),
                 ("session 14", "h200-synthetic-s14-5759d47.csv", "h200-dspark-sweep-s14-5759d47.csv"),
                 ("session 16", "h200-synthetic-s16-bb0368f.csv", None),
                 ("session 17", "h200-synthetic-s17-743fa0d.csv", None),
-                ("session 18", "h200-synthetic-s18-8ebbcfb.csv", None)]
+                ("session 18", "h200-synthetic-s18-8ebbcfb.csv", None),
+                ("session 19", "h200-dspark-s19-95cc4a8-600-tokens.csv", None)]
 # The DSpark goals, (p, x plain): scheduled at p = 0 no slower than 0.95x, p = 0.8 at 2x.
 DSPARK_GOALS = [(0.0, 0.95), (0.8, 2.0)]
 TIERS_FILE = "h200-tiers-fast-s14-5759d47.csv"
