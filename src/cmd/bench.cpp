@@ -573,7 +573,7 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
   app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
   app.add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
-  app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run");
+  app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run (default 240; the tokens per round at a forced acceptance are a random draw: fewer rounds, noisier ratios)");
   app.add_option("--ab", a->ab_env,
                  "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0); "
                  "several, one after the other: NAME=v1,v2;NAME2=v1,v2");

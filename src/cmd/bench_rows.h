@@ -36,7 +36,7 @@ struct BenchArgs {
   std::vector<int64_t> prefill;  // prompt lengths for --synthetic prefill rows
   int64_t prefill_chunk = 2048;
   std::vector<double> accept = {0.0, 0.5, 0.8, 1.0};
-  int64_t sweep_tokens = 24;
+  int64_t sweep_tokens = 240;  // ~60 rounds at p = 0.8: 24 tokens (~7 rounds) could not read the ratio (session 19)
   bool profile = false;
   bool profile_kernels = false;
   bool graph_step = false;
