@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "bench/fake_context.h"
-#include "cpu/session_layout.h"
+#include "model/session_layout.h"
 
 namespace fb::bench {
 
@@ -226,7 +226,7 @@ Result<std::vector<KvRestorePoint>> run_kv_restore(cuda::CudaExecutor& ex, const
     std::vector<double> parse_ms;
     for (int r = 0; r < std::max(1, o.reps); ++r) {
       t0 = now_ms();
-      const bool ok = cpu::parse_session_layout(ex.config(), back, ex.identity()).ok();
+      const bool ok = model::parse_session_layout(ex.config(), back, ex.identity()).ok();
       parse_ms.push_back(now_ms() - t0);
       if (!ok) return FB_ERROR(kInternal) << "the saved state at context " << L << " does not parse";
     }
@@ -246,7 +246,7 @@ Result<std::vector<KvRestorePoint>> run_kv_restore(cuda::CudaExecutor& ex, const
 
 void report_kv_restore(const std::vector<KvRestorePoint>& pts, const model::Config& c, double h2d_pageable_gbps, const RowFn& row) {
   const SpecStateBytes spec = spec_state_bytes(c);
-  const double empty = double(cpu::session_layout(c, 0).total_bytes);  // our state at position 0
+  const double empty = double(model::session_layout(c, 0).total_bytes);  // our state at position 0
   for (const KvRestorePoint& p : pts) {
     const int64_t L = p.context;
     const double B = double(p.state_bytes), restore_total_ms = p.read_ms + p.restore_ms;
