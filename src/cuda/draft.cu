@@ -107,17 +107,8 @@ class CudaDraftStep : public CudaLayerOps {
     }
     download(ids_, ids, J * (B_ + 1));
     download(conf_, conf, T_);
-    // the rows of the jobs that read them (2.6 MB a released-size block: greedy blocks skip them)
-    const int64_t want = std::count_if(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.logits; });
-    if (want == J) {
-      download(logits_, U_, T_ * V);
-    } else if (want > 0) {
-      logits_.resize(size_t(T_ * V));
-      for (int64_t j = 0; j < J; ++j)
-        if (jobs_[size_t(j)].logits && ok())
-          step(cuda_status(cudaMemcpyAsync(logits_.data() + j * B_ * V, U_ + j * B_ * V, size_t(B_ * V) * sizeof(float), cudaMemcpyDeviceToHost, st_),
-                           "download"));
-    }
+    // the rows only when some job reads them (2.6 MB a released-size block: greedy blocks skip them)
+    if (std::any_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.logits; })) download(logits_, U_, T_ * V);
     sync();
   }
 
