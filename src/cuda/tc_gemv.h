@@ -114,10 +114,10 @@ bool tc_lean_loop();
 void set_tc_stream(int kinds);
 int tc_stream();
 void tc_stream_set_ctas(int64_t ctas);  // tests: the grid's CTAs (0: SMs x CTAs per SM)
-// CTAs per SM (1..4, fewer when their rings of >= 2 stages do not fit; the same bits). Process-wide,
-// set from CudaRunOptions::tc_stream_per_sm.
-void set_tc_stream_per_sm(int ctas);
-int tc_stream_per_sm();
+// Consumer groups of 4 warps per CTA (1..4; each group takes whole units: the same bits). Process-
+// wide, set from CudaRunOptions::tc_stream_groups.
+void set_tc_stream_groups(int groups);
+int tc_stream_groups();
 int64_t tc_stream_launches();           // launches the streaming kernels ran so far (tests)
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 
