@@ -114,10 +114,6 @@ bool tc_lean_loop();
 void set_tc_stream(int kinds);
 int tc_stream();
 void tc_stream_set_ctas(int64_t ctas);  // tests: the grid's CTAs (0: SMs x CTAs per SM)
-// Consumer groups of 4 warps per CTA (1..4; each group takes whole units: the same bits). Process-
-// wide, set from CudaRunOptions::tc_stream_groups.
-void set_tc_stream_groups(int groups);
-int tc_stream_groups();
 int64_t tc_stream_launches();           // launches the streaming kernels ran so far (tests)
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 

@@ -44,9 +44,8 @@ using dev::to_bf;
 namespace {
 
 constexpr int kRows = 16;        // output rows per stripe (the mma's m)
-constexpr int kConsumers = 4;    // warps per consumer group: the tile kernel's 4 (the same units and warp fold)
-constexpr int kMaxGroups = 4;    // consumer groups per CTA (set_tc_stream_groups), each taking whole units
-__host__ __device__ constexpr int stream_threads(int groups) { return (kConsumers * groups + 1) * 32; }
+constexpr int kConsumers = 4;    // consumer warps: the tile kernel's 4 (the same units and warp fold)
+constexpr int kStreamThreads = (kConsumers + 1) * 32;
 constexpr int kMaxStages = 8;
 constexpr int kMaxFp8Rows = 8;   // FP8: one row group (the mma's n)
 
@@ -97,13 +96,10 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// Named barriers: 1 + group among a group's 4 warps; 15 among every consumer warp.
-__device__ __forceinline__ void group_sync(int group) { asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(kConsumers * 32) : "memory"); }
-__device__ __forceinline__ void consumers_sync(int groups) { asm volatile("bar.sync 15, %0;" ::"r"(groups * kConsumers * 32) : "memory"); }
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory"); }
 
-// Shared memory: [full[8], empty[8] mbarriers][red: per group 2 x 4 warps x 32 float4][activations][ring].
-constexpr int kRedOff = 2 * kMaxStages * 8;
-__host__ __device__ constexpr int act_off(int groups) { return kRedOff + groups * 2 * kConsumers * 32 * 16; }
+// Shared memory: [full[8], empty[8] mbarriers][red: 2 x 4 warps x 32 float4][activations][ring].
+constexpr int kRedOff = 2 * kMaxStages * 8, kActOff = kRedOff + 2 * kConsumers * 32 * 16;
 __host__ __device__ constexpr int64_t round128(int64_t v) { return (v + 127) / 128 * 128; }
 // Activation bytes per staged row: MXFP4 the lean loop's f16 pairs (2 bytes per k) + f32 scales;
 // FP8 the codes (+16: conflict-free B loads) + f32 scales.
@@ -131,8 +127,8 @@ __device__ __forceinline__ Unit unit_of(const StreamArgs& a, int64_t unit, bool 
   return u;
 }
 
-template <bool FP4, int G>
-__global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __grid_constant__ StreamArgs a) {
+template <bool FP4>
+__global__ void __launch_bounds__(kStreamThreads) tc_stream_kernel(const __grid_constant__ StreamArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const bool late_trigger = FP4 && a.pdl_mode == 1, early = FP4 && a.pdl_mode == 2;
@@ -142,9 +138,9 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
   const auto empty = [&](int s) { return bars + 8 * (kMaxStages + s); };
   const int K = a.K, KB = K / 32, nk = a.nk, kb_max = a.kc / 32, S = a.stages;
   const int64_t I0 = int64_t(blockIdx.x) * a.items / gridDim.x, I1 = int64_t(blockIdx.x + 1) * a.items / gridDim.x;
-  uint8_t* const xt = smem + act_off(G);
+  uint8_t* const xt = smem + kActOff;
   float* const xsc = reinterpret_cast<float*>(xt + a.xrows * act_row_bytes(FP4, K));
-  uint8_t* const ring = smem + round128(act_off(G) + a.xrows * (act_row_bytes(FP4, K) + 4 * KB));
+  uint8_t* const ring = smem + round128(kActOff + a.xrows * (act_row_bytes(FP4, K) + 4 * KB));
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 1 + 32);         // the producer's expect_tx arrival + its 32 lanes' cp.async arrivals
@@ -154,7 +150,7 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
   }
   __syncthreads();
 
-  if (warp == kConsumers * G) {  // ---- the producer warp ----
+  if (warp == kConsumers) {  // ---- the producer warp ----
     if (FP4 && !early) pdl_wait();  // the expert ids come from the step
     if (late_trigger) pdl_trigger();
     uint32_t pos = 0;
@@ -199,9 +195,7 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
   // ---- the consumer warps ----
   pdl_wait();  // the activations (and the expert ids) come from the step
   if (late_trigger) pdl_trigger();
-  // group grp's warps (wg = 0..3) take the units u with (u - the CTA's first unit) % G == grp
-  const int ctid = tid, g = lane >> 2, t = lane & 3, grp = warp / kConsumers, wg = warp % kConsumers;
-  const int64_t unit0 = I0 / nk;
+  const int ctid = tid, g = lane >> 2, t = lane & 3;
   // the activation rows of this CTA's items: FP4 rows m / x_div of its first to last unit; FP8 the
   // launch's rows (<= 8)
   int64_t xm0 = 0, xn = a.M;
@@ -217,7 +211,7 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
   if constexpr (FP4) {
     // row j's block B as the lean loop stages it: lane t's B words of unit B / 2 at ((B / 2) * 4 + t) * 32
     // + (B & 1) * 16, as the f16 pairs of mma_e4m3_f16b (tc_gemv.cu's stage(), over the whole K)
-    for (int64_t i = ctid; i < xn * KB; i += G * kConsumers * 32) {
+    for (int64_t i = ctid; i < xn * KB; i += kConsumers * 32) {
       const int j = int(i / KB), B = int(i - int64_t(j) * KB);
       const int64_t xm = xm0 + j;
       const uint4* src = reinterpret_cast<const uint4*>(a.xc + xm * K + B * 32);
@@ -233,17 +227,17 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
     }
   } else {
     const int upr = K / 16;
-    for (int64_t i = ctid; i < xn * upr; i += G * kConsumers * 32) {
+    for (int64_t i = ctid; i < xn * upr; i += kConsumers * 32) {
       const int j = int(i / upr), q = int(i - int64_t(j) * upr);
       *reinterpret_cast<uint4*>(xt + j * act_row_bytes(false, K) + q * 16) = *reinterpret_cast<const uint4*>(a.xc + int64_t(j) * K + q * 16);
     }
-    for (int64_t i = ctid; i < xn * KB; i += G * kConsumers * 32) xsc[i] = a.xs[i];
+    for (int64_t i = ctid; i < xn * KB; i += kConsumers * 32) xsc[i] = a.xs[i];
   }
-  consumers_sync(G);
+  consumers_sync();
 
   const int xr = int(xn);  // FP8: rows past M are zeros in registers (the tile kernel's lean staging)
   const int li = lane >> 3, lr = (lane & 7) + 8 * (li & 1);  // ldmatrix: this lane addresses matrix li's row lr
-  float4* const red = reinterpret_cast<float4*>(smem + kRedOff) + grp * 2 * kConsumers * 32;  // this group's [2][warps][32]
+  float4* const red = reinterpret_cast<float4*>(smem + kRedOff);  // [2][warps][32]
   float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);           // warp 0: the unit's chunks so far
   uint32_t pos = 0;
   int rb = 0;
@@ -256,7 +250,6 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
     const int s = int(pos % S);
     const uint32_t use = pos / S;
     ++pos;
-    if (G > 1 && (unit - unit0) % G != grp) continue;  // another group's unit
     mbar_wait(full(s), use & 1);
     const uint8_t* const tile = ring + s * a.stage_bytes;
     const uint8_t* const sc = tile + kRows * a.trow;
@@ -277,7 +270,7 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
       const float* const xsr = xsc + xj * KB + k0 / 32;
       const int ub = k0 / 64, units = (nb + 1) / 2;
       const auto run = [&](auto sp) {
-        for (int v = wg; v < units; v += kConsumers) {
+        for (int v = warp; v < units; v += kConsumers) {
           uint32_t r[4];
           ldsm_x4(smem_u32(tile + lr * a.trow + (2 * v + (li >> 1)) * 16), r);
           uint4 bx[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
@@ -312,7 +305,7 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
         run(std::false_type{});
       }
     } else {
-      for (int v = wg; v < nb; v += kConsumers) {
+      for (int v = warp; v < nb; v += kConsumers) {
         uint32_t r[4];
         ldsm_x4(smem_u32(tile + lr * a.trow + (2 * v + (li >> 1)) * 16), r);
         const uint8_t* xb = xt + g * act_row_bytes(false, K) + k0 + v * 32 + 4 * t;
@@ -331,9 +324,9 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(s));  // the stage is free for the producer
     // the warps' partials in warp order (red is double-buffered: one barrier per item)
-    red[(rb * kConsumers + wg) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    group_sync(grp);
-    if (wg == 0) {
+    red[(rb * kConsumers + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    consumers_sync();
+    if (warp == 0) {
       float4 v = red[(rb * kConsumers) * 32 + lane];
       for (int w = 1; w < kConsumers; ++w) {
         const float4 o = red[(rb * kConsumers + w) * 32 + lane];
@@ -390,18 +383,17 @@ __global__ void __launch_bounds__(stream_threads(G)) tc_stream_kernel(const __gr
 
 std::atomic<int> g_stream{0};  // kinds: 1 FP8, 2 MXFP4
 std::atomic<int64_t> g_stream_ctas{0};
-std::atomic<int> g_stream_groups{2};
 std::atomic<int64_t> g_stream_launches{0};
 
 // CTAs per SM of kernel at smem bytes (cached: the occupancy query per launch costs host time).
-int ctas_per_sm(const void* kernel, size_t smem, int threads) {
+int ctas_per_sm(const void* kernel, size_t smem) {
   static std::mutex mu;
   static std::vector<std::pair<std::pair<const void*, size_t>, int>> cache;
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& e : cache)
     if (e.first.first == kernel && e.first.second == smem) return e.second;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamThreads, smem) != cudaSuccess) {
     cudaGetLastError();
     n = 0;
   }
@@ -440,8 +432,7 @@ Status stream_launch(StreamArgs a, cudaStream_t st, bool* taken) {
   if (sms <= 0) return Status();
   a.trow = int(FP4 ? ch.kc / 2 : ch.kc) + 16;  // +16: the 8 rows of an ldmatrix in 8 distinct 16-byte bank groups
   a.stage_bytes = int(round128(int64_t(kRows) * a.trow + (FP4 ? kRows * (ch.kc / 32) : ch.kc / 32)));
-  const int G = std::clamp(g_stream_groups.load(std::memory_order_relaxed), 1, kMaxGroups);
-  const auto kernel = G == 1 ? &tc_stream_kernel<FP4, 1> : G == 2 ? &tc_stream_kernel<FP4, 2> : G == 3 ? &tc_stream_kernel<FP4, 3> : &tc_stream_kernel<FP4, 4>;
+  const auto kernel = &tc_stream_kernel<FP4>;
   const int64_t forced = g_stream_ctas.load(std::memory_order_relaxed);
   // two CTAs per SM (8 consumer warps) when a ring of >= 3 stages fits, else one with a deeper ring
   for (int per_sm : {2, 1}) {
@@ -453,13 +444,13 @@ Status stream_launch(StreamArgs a, cudaStream_t st, bool* taken) {
         if (I1 > I0) xrows = std::max<int64_t>(xrows, ((I1 - 1) / a.nk / st_all) / a.x_div - (I0 / a.nk / st_all) / a.x_div + 1);
       }
     }
-    const int64_t fixed = round128(act_off(G) + xrows * (act_row_bytes(FP4, K) + 4 * (K / 32)));
+    const int64_t fixed = round128(kActOff + xrows * (act_row_bytes(FP4, K) + 4 * (K / 32)));
     const int64_t budget = per_sm == 2 ? 113 * 1024 : 227 * 1024;
     const int64_t stages = std::min<int64_t>(kMaxStages, (budget - fixed) / a.stage_bytes);
     if (stages < (per_sm == 2 ? 3 : 2)) continue;
     const size_t smem = size_t(fixed + stages * a.stage_bytes);
     FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
-    const int occ = ctas_per_sm(reinterpret_cast<const void*>(kernel), smem, stream_threads(G));
+    const int occ = ctas_per_sm(reinterpret_cast<const void*>(kernel), smem);
     if (occ <= 0) return Status();
     if (forced <= 0) grid = std::min<int64_t>(a.items, int64_t(sms) * std::min(occ, per_sm));
     // a unit whose chunks two CTAs share folds through the stream's workspace
@@ -474,7 +465,7 @@ Status stream_launch(StreamArgs a, cudaStream_t st, bool* taken) {
     a.stages = int(stages);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(grid));
-    cfg.blockDim = dim3(unsigned(stream_threads(G)));
+    cfg.blockDim = dim3(kStreamThreads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr[1];
@@ -496,8 +487,6 @@ Status stream_launch(StreamArgs a, cudaStream_t st, bool* taken) {
 void set_tc_stream(int kinds) { g_stream.store(kinds & 3, std::memory_order_relaxed); }
 int tc_stream() { return g_stream.load(std::memory_order_relaxed); }
 void tc_stream_set_ctas(int64_t ctas) { g_stream_ctas.store(ctas, std::memory_order_relaxed); }
-void set_tc_stream_groups(int groups) { g_stream_groups.store(std::clamp(groups, 1, kMaxGroups), std::memory_order_relaxed); }
-int tc_stream_groups() { return g_stream_groups.load(std::memory_order_relaxed); }
 int64_t tc_stream_launches() { return g_stream_launches.load(std::memory_order_relaxed); }
 
 Status tc_fp8_stream(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, const Fp8W* wb, uint16_t* yb, cudaStream_t st, bool* taken) {
