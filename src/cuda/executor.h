@@ -195,7 +195,6 @@ struct CudaRunOptions {
   int64_t tc_cluster_fold_ctas = 1000;  // ... except one-row launches of at most this many CTAs, folded through the cluster (same bits; 0: none)
   bool tc_lean_loop = true;          // ... MXFP4: tile loops without divisions, mma on pre-staged activations, scales by a shift (same bits)
   int64_t tc_stripes = 4;            // ... MXFP4 rows grouped by expert (verify, draft, sessions): a CTA runs up to this many 16-row stripes, the next one's tile copied while this one computes (same bits; 0/1: one)
-  int64_t tc_stream = 0;             // ... on a persistent grid streaming tiles through a ring per CTA (tc_gemv.h set_tc_stream; 1 FP8, 2 MXFP4, 3 both; same bits)
   bool fast_index = true;            // kFast decode rows: the indexer's q.k dots on tensor cores (fast_attention.h fast_index_scores)
   bool group_expert_rows = true;      // ... steps of several tokens: rows sharing an expert share its MXFP4 reads (same bits)
   bool fast_small = true;             // kFast: fused small ops of decode rows (fast_small.h: mHC site, hc_post in place, norm/quant)
@@ -228,7 +227,7 @@ struct CudaRunOptions {
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`:
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
-// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), tc_stream (0..3), expert_prefetch_min_rows (>= 1),
+// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 

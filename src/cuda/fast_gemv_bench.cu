@@ -309,15 +309,6 @@ Status fast_gemv_bench() {
       FB_RETURN_IF_ERROR(line());
     }
   set_tc_lean_loop(ll_was);
-  // The streaming kernels off / on (set_tc_stream: FP8 and MXFP4), three interleaved passes.
-  const int stream_was = tc_stream();
-  for (int pass = 0; pass < 3; ++pass)
-    for (int sm : {0, 3}) {
-      set_tc_stream(sm);
-      std::printf("tc stream %d:", sm);
-      FB_RETURN_IF_ERROR(line());
-    }
-  set_tc_stream(stream_was);
   set_tc_global_fold(fold_was);
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(pdl_was);

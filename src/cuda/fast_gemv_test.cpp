@@ -554,8 +554,6 @@ struct TcSweep {
   std::vector<Fp4Case> fp4;
   bool special_scales = false;
   bool bf16x = true;
-  std::vector<int64_t> fp8_rows = {1, 9, 64};
-  std::vector<int64_t> fp4_rows = {1, 6, 64};
 };
 template <typename Same>
 void tc_sweep(Rng& rng, const TcSweep& sw, Same same) {
@@ -571,7 +569,7 @@ void tc_sweep(Rng& rng, const TcSweep& sw, Same same) {
     Dev<uint8_t> wb(rng.e4m3(std::max<int64_t>(c.Nb, 1) * K)), sb(rng.bytes(std::max<int64_t>((c.Nb + 31) / 32, 1) * KB, 118, 132));
     const Fp8W A{wa.p(), sa.p(), c.Na, K}, B{wb.p(), sb.p(), c.Nb, K};
     Dev<bf16_t> ya(size_t(kRows * c.Na)), yb(size_t(kRows * std::max<int64_t>(c.Nb, 1)));
-    for (int64_t M : sw.fp8_rows) {
+    for (int64_t M : {1, 9, 64}) {
       SCOPED_TRACE("M=" + std::to_string(M));
       same("fp8", [&] {
         ya.poison();
@@ -602,7 +600,7 @@ void tc_sweep(Rng& rng, const TcSweep& sw, Same same) {
     ex[2] = 0;
     Dev<int32_t> dex(ex);
     Dev<bf16_t> ya(size_t(kRows * c.N)), yb(size_t(kRows * c.N));
-    for (int64_t M : sw.fp4_rows)
+    for (int64_t M : {1, 6, 64})
       for (bool grouped : {false, true}) {
         SCOPED_TRACE("M=" + std::to_string(M) + (grouped ? " grouped" : ""));
         same("fp4", [&] {
@@ -708,49 +706,6 @@ TEST(FastGemv, TcStripesSameBits) {
   });
   set_tc_stripes(4, 2);  // the product's
   EXPECT_GT(tc_stripes_launches(), launches0) << "no launch ran several stripes per CTA";
-}
-
-// The streaming kernels (set_tc_stream) compute every output bit for bit as the tile kernels: FP8
-// pairs and single weights at 1 to 4 K chunks and 1 to 8 rows (9 rows and a K that is not a
-// multiple of 128 stay on the tile kernel), MXFP4 experts at the released w1 / w3 and w2 shapes, a
-// ragged 3-chunk shape with a part stripe and a small one, rows 1 to 12 with skipped rows (grouped
-// launches stay on the tile kernel), weight scales with the e8m0 codes 0 and 255; on the natural
-// grid and on forced grids of 7 CTAs (many units per CTA, some split between two) and 1,000 (a CTA
-// holds less than a unit: chunks folded through the workspace), each run twice (a fold counter
-// left non-zero would break the second).
-TEST(FastGemv, TcStreamSameBits) {
-  NEED_GPU();
-  TcOn tc;
-  Rng rng(41);
-  const int was = tc_stream();
-  const int64_t launches0 = tc_stream_launches();
-  const auto same = [](const char* what, auto call) {
-    set_tc_stream(0);
-    tc_stream_set_ctas(0);
-    const std::vector<bf16_t> tile = call();
-    EXPECT_FALSE(tile.empty());
-    for (int64_t ctas : {0, 7, 1000}) {
-      tc_stream_set_ctas(ctas);
-      set_tc_stream(3);
-      EXPECT_TRUE(call() == tile) << what << ": streamed (" << ctas << " CTAs) != tile kernel";
-      EXPECT_TRUE(call() == tile) << what << ": streamed (" << ctas << " CTAs), second run != tile kernel";
-    }
-    set_tc_stream(0);
-    tc_stream_set_ctas(0);
-  };
-  TcSweep sw{{{5120, 0, 8192}, {1280, 512, 5120}, {32768, 0, 1280}, {96, 0, 2080}},
-             {{2304, 5120, 6}, {5120, 2304, 1}, {77, 8320, 4}, {200, 1024, 2}},
-             false,
-             false};
-  sw.fp8_rows = {1, 3, 6, 8, 9};
-  sw.fp4_rows = {1, 6, 12};
-  tc_sweep(rng, sw, same);
-  sw.fp8 = {};
-  sw.fp4 = {{2304, 5120, 6}, {200, 1024, 2}};
-  sw.special_scales = true;
-  tc_sweep(rng, sw, same);
-  set_tc_stream(was);
-  EXPECT_GT(tc_stream_launches(), launches0) << "no launch ran on the streaming kernels";
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

@@ -33,13 +33,11 @@
 #include "cuda/fast_small.h"
 #include "cuda/numerics.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/tc_gemv_dev.cuh"
 
 namespace fb::cuda {
 
 namespace cg = cooperative_groups;
 using dev::to_bf;
-using namespace tcdev;
 
 namespace {
 
@@ -62,6 +60,41 @@ struct TcPart {
   int64_t stripes = 0;
   uint16_t* y = nullptr;
 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (the source is not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// 4 bytes global -> shared (src_bytes 0: zeros, the source not read).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d = A (16 x 32 e4m3, row) . B (32 x 8 e4m3, col), f32, from zero.
+__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Eight e2m1 nibbles (nibble i = element i) -> the e4m3 bytes of value * 2^-6, exactly: the
+// magnitude bits e1 e0 m go to e4m3 bits 4..2 (exponent 00e1e0, mantissa m00: 2^(e-7) (1 + m/2)
+// for e > 0, and e = 0, m = 1 is the subnormal 2^-7 = 0.5 * 2^-6), the sign to bit 7.
+// lo: the low nibbles (elements 0, 2, 4, 6) as bytes 0..3; hi: the high nibbles (1, 3, 5, 7).
+__device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+__device__ __forceinline__ uint32_t e2m1_hi_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
 
 // Two e4m3 codes (low byte = first element) -> the bf16 pair of the same values (exact: e4m3 ->
 // f16 -> f32 -> bf16 never rounds), low half = first element.
@@ -91,6 +124,14 @@ struct BfxArgs {
 
 constexpr int kModeFp8 = 0, kModeFp4 = 1, kModeBf16x = 2;
 
+// The split-K fold through global memory (tc_global_fold): one 32 x float4 partial per (row or
+// row group, stripe, chunk) and one arrival counter per (row or row group, stripe). The CTA that
+// arrives last sums the partials in rank order (the cluster fold's order: the same bits) and
+// returns the counter to zero for the next launch on the stream. parts == nullptr: the cluster fold.
+struct FoldWs {
+  float4* parts = nullptr;
+  unsigned* counters = nullptr;
+};
 
 // Byte offset of 16-byte unit j of tile row r (row bytes rb, a multiple of 128).
 __device__ __forceinline__ int tile_off(int r, int j, int rb) { return r * rb + (((j & ~7) | ((j ^ r) & 7)) << 4); }
@@ -112,6 +153,39 @@ __device__ __forceinline__ void for_units(int rows, int per_row, F f) {
     }
   }
 }
+// dev::e8m0_val without its pow2i branch: c << 23 is the value for c = 1..254, 0x00400000 = 2^-127
+// is c = 0's, and 255 is NaN (the lean loop's path for tiles that hold a 0 or 255 scale byte).
+__device__ __forceinline__ float e8m0_lean(uint32_t c) {
+  const float v = __uint_as_float(max(c << 23, 0x00400000u));
+  return c == 0xFFu ? __uint_as_float(0x7FC00000u) : v;
+}
+// Two e4m3 codes (bytes 0, 1 of v; HI: bytes 2, 3) -> the f16 pair of the same values (exact).
+template <bool HI = false>
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
+  uint32_t h;
+  if constexpr (HI) {
+    asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, u;\n}" : "=r"(h) : "r"(v));
+  } else {
+    asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(h) : "r"(v));
+  }
+  return h;
+}
+// mma.m16n8k32 e4m3 as sm_90 runs it (the compiler widens both operands to f16 and issues two
+// m16n8k16: k 4t, 4t+1 of every fragment register first, then k 4t+2, 4t+3), with the B operand
+// already widened (b = {lo(b0), lo(b1), hi(b0), hi(b1)}) and no final "+ 0.0" (the compiler's
+// canonicalisation of a -0 sum, which the callers' "acc + d * s" from acc = +0 makes moot).
+__device__ __forceinline__ void mma_e4m3_f16b(const uint32_t (&a)[4], const uint4& b, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(e4m3x2_f16x2(a[0])), "r"(e4m3x2_f16x2(a[1])), "r"(e4m3x2_f16x2(a[2])), "r"(e4m3x2_f16x2(a[3])), "r"(b.x), "r"(b.y), "f"(0.0f));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(e4m3x2_f16x2<true>(a[0])), "r"(e4m3x2_f16x2<true>(a[1])), "r"(e4m3x2_f16x2<true>(a[2])), "r"(e4m3x2_f16x2<true>(a[3])), "r"(b.z),
+        "r"(b.w));
+}
+
 // LL (MXFP4 with raw scales only; FP8 / bf16: 0): 0 the plain loop; 1 the lean loop
 // (set_tc_lean_loop: tile loops without a division per unit, B staged as the f16 pairs the mma
 // runs on, scales widened by a shift); 2 the lean loop with rows grouped by expert (B staged as
@@ -616,10 +690,9 @@ void free_slot(FoldSlot& f) {
   f = FoldSlot{};
 }
 
-}  // namespace
-
-// (tc_gemv_dev.cuh) grown outside graph capture only.
-FoldWs tcdev::fold_workspace(cudaStream_t st, int64_t ids, int nk) {
+// The workspace for ids (row [group], stripe) pairs of nk partials each on stream st, or an
+// empty one (the cluster fold) when it cannot be had now.
+FoldWs fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   std::lock_guard<std::mutex> lock(g_fold_mu);
   const int64_t parts = ids * nk;
   FoldSlot* slot = nullptr;
@@ -656,8 +729,6 @@ FoldWs tcdev::fold_workspace(cudaStream_t st, int64_t ids, int nk) {
   *slot = f;
   return slot->ws;
 }
-
-namespace {
 
 size_t smem_bytes(int mode, int kc_max, int xr, bool raw_scales, int ll, int spc) {
   const bool fp4 = mode == kModeFp4, bfx = mode == kModeBf16x;
@@ -784,9 +855,6 @@ Status tc_fp8_gemv(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, c
   auto part = [](const Fp8W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   if (pa.stripes + pb.stripes == 0) return Status();
-  bool taken = false;
-  FB_RETURN_IF_ERROR(tc_fp8_stream(q, M, wa, ya, wb, yb, st, &taken));
-  if (taken) return Status();
   return launch<kModeFp8>(q, M, 1, pa, pb, wa.K, 0, 0, nullptr, st);
 }
 
@@ -800,11 +868,6 @@ Status tc_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   auto part = [](const Fp4W& w, uint16_t* y) { return TcPart{w.w, w.s, w.N, (w.N + kStripe - 1) / kStripe, y}; };
   const TcPart pa = part(wa, ya), pb = wb ? part(*wb, yb) : TcPart{};
   const bool grouped = group_rows && expert != nullptr && M > 1 && M <= kMaxGroupRows;
-  if (!grouped) {
-    bool taken = false;
-    FB_RETURN_IF_ERROR(tc_fp4_stream(q, M, x_div, wa, ya, wb, yb, expert, st, pdl, &taken));
-    if (taken) return Status();
-  }
   return launch<kModeFp4>(q, M, x_div, pa, pb, wa.K, wa.w_stride, wa.s_stride, expert, st, {}, grouped, expert ? int(pdl) : 0);
 }
 

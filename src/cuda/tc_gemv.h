@@ -105,16 +105,6 @@ int64_t tc_stripes_launches();  // launches that ran several stripes per CTA so 
 // kernels are not affected. Process-wide, set from CudaRunOptions::tc_lean_loop.
 void set_tc_lean_loop(bool on);
 bool tc_lean_loop();
-
-// The streaming form (tc_stream.cu): for the kinds asked for (1: the FP8 launches of at most 8
-// rows, 2: the ungrouped MXFP4 expert launches, 3: both; K % 128 == 0), launches run on a persistent grid whose CTAs stream their items'
-// tiles through a ring of shared-memory stages (a producer warp with bulk copies, four consumer
-// warps running the tile kernel's loop) instead of one tile per CTA; the same bits (test
-// TcStreamSameBits). Process-wide, set from CudaRunOptions::tc_stream.
-void set_tc_stream(int kinds);
-int tc_stream();
-void tc_stream_set_ctas(int64_t ctas);  // tests: the grid's CTAs (0: SMs x CTAs per SM)
-int64_t tc_stream_launches();           // launches the streaming kernels ran so far (tests)
 int64_t tc_global_fold_launches();  // launches that folded through a workspace so far (tests)
 
 }  // namespace fb::cuda

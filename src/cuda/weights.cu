@@ -71,7 +71,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_cluster_fold_ctas") return integer(0, std::numeric_limits<int64_t>::max(), o.tc_cluster_fold_ctas);
   if (name == "tc_lean_loop") return flag(o.tc_lean_loop);
   if (name == "tc_stripes") return integer(0, 64, o.tc_stripes);
-  if (name == "tc_stream") return integer(0, 3, o.tc_stream);
   if (name == "fast_index") return flag(o.fast_index);
   if (name == "group_expert_rows") return flag(o.group_expert_rows);
   if (name == "attn_heads_per_cta") return integer(1, 16, o.attn_heads_per_cta);
@@ -88,7 +87,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
-                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, tc_stream, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
+                                       "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step)";
 }
 
@@ -109,7 +108,6 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   set_tc_cluster_fold_ctas(o.tc_cluster_fold_ctas);  // likewise
   set_tc_lean_loop(o.tc_lean_loop);           // process-wide, same bits either way
   set_tc_stripes(o.tc_stripes, 2);            // likewise (grouped MXFP4 launches only)
-  set_tc_stream(int(o.tc_stream));            // likewise
   fast_attention_set_heads_per_cta(o.attn_heads_per_cta);  // process-wide, like the above
   fast_small_ = fast && o.fast_small;
   fast_attn_ = fast && o.fast_attn;
