@@ -296,11 +296,12 @@ void ReplicaReader::complete(const IoDone& io, uint64_t t) {
   if (res > 0) {
     // Every landed read measures its drive, also the loser of a hedge: a slow drive's estimate
     // falls even when the other replica serves its chunks.
-    const uint64_t service = t - std::max(f.submit_ns, d.last_done_ns);
-    d.last_done_ns = t;
-    if (service > 0) {
-      const double sample = double(res) * 1e9 / double(service);
-      d.rate = d.measured ? (1 - opt_.ewma_alpha) * d.rate + opt_.ewma_alpha * sample : sample;  // the prior only until the first measurement
+    const uint64_t from = std::max(f.submit_ns, d.last_done_ns);
+    d.last_done_ns = std::max(t, d.last_done_ns);
+    d.est.alpha = opt_.ewma_alpha;
+    d.est.add(double(res), t > from ? double(t - from) : 0.0);
+    if (d.est.valid()) {  // the prior only until the first measurement
+      d.rate = d.est.bytes_per_s();
       d.measured = true;
     }
   }

@@ -70,6 +70,32 @@ struct ReadRange {
   uint8_t* dst = nullptr;  // nbytes of room; direct into it when offset, nbytes and dst are 4 KiB aligned
 };
 
+// A drive's read rate: the bytes its reads delivered over the time it was busy delivering them
+// (each read counts the time since its submission or the drive's previous completion, whichever is
+// later: 0 for reads reaped together), taken over windows of at least 2 ms of busy time, then an
+// EWMA over the windows. Not a mean of per-read rates: reads that land in a burst have near-zero
+// gaps, and such a mean (the estimator before session 20) read 2.7-11 GB/s from a 1 GB/s disk on
+// the H200, so reads queued behind 16 MiB were hedged after 2 ms, adding 29% more reads to the disk
+// (docs/tiers.md).
+struct RateEstimate {
+  double alpha = 0.2;
+  double window_ns = 2e6;
+  double pending_bytes = 0, pending_ns = 0;  // the open window
+  double rate = 0;                           // bytes/s, once a window has closed
+  bool started = false;
+  void add(double nbytes, double busy_ns) {
+    pending_bytes += nbytes;
+    pending_ns += busy_ns;
+    if (pending_ns < window_ns) return;
+    const double sample = pending_bytes * 1e9 / pending_ns;
+    rate = started ? (1 - alpha) * rate + alpha * sample : sample;
+    started = true;
+    pending_bytes = pending_ns = 0;
+  }
+  bool valid() const { return started; }
+  double bytes_per_s() const { return rate; }
+};
+
 struct DriveStats {
   std::string root;
   double bytes_per_s = 0;
@@ -120,6 +146,7 @@ class ReplicaReader {
     std::string root;
     double rate = 0;
     bool measured = false;           // rate is a measurement (else the prior or set_rate's)
+    RateEstimate est;
     uint64_t queued_bytes = 0;
     int in_flight = 0;
     uint64_t last_done_ns = 0;

@@ -345,6 +345,31 @@ TEST(SlotCache, LfuHistorySurvivesEviction) {
   lfu.release(c2.slot);
 }
 
+// The rate estimate is bytes over busy time: a read that took 8 ms and seven more that landed
+// within microseconds of it (a burst, or one reap of several completions) are 8 MiB in ~8 ms, about
+// 1 GB/s; a mean of per-read rates would say hundreds of GB/s. Reads reaped together (0 ns) add
+// their bytes; nothing is estimated before 2 ms of busy time; a steady 2 GB/s stream reads as
+// 2 GB/s; the estimate follows a drive that slows.
+TEST(RateEstimate, BytesOverBusyTime) {
+  const double mib = 1 << 20;
+  RateEstimate r;
+  EXPECT_FALSE(r.valid());
+  r.add(mib, 0);  // reaped with an earlier read: no time of its own yet
+  r.add(mib, 1e6);
+  EXPECT_FALSE(r.valid());
+  for (int burst = 0; burst < 20; ++burst) {
+    r.add(mib, 8e6 - 7 * 1.4e3);
+    for (int i = 0; i < 7; ++i) r.add(mib, 1.4e3);
+  }
+  EXPECT_GT(r.bytes_per_s(), 0.8e9);
+  EXPECT_LT(r.bytes_per_s(), 1.6e9);
+  RateEstimate steady;
+  for (int i = 0; i < 50; ++i) steady.add(mib, mib / 2e9 * 1e9);
+  EXPECT_NEAR(steady.bytes_per_s(), 2e9, 1e6);
+  for (int i = 0; i < 50; ++i) steady.add(mib, mib / 0.5e9 * 1e9);  // the drive slows to 0.5 GB/s
+  EXPECT_NEAR(steady.bytes_per_s(), 0.5e9, 0.05e9);
+}
+
 TEST(ReaderFault, Parses) {
   auto f = parse_reader_fault("1@40:truncate");
   ASSERT_TRUE(f.ok());
