@@ -254,7 +254,7 @@ int run_probe(const ProbeArgs& a) {
       sim.decode(r, 300);
       memory::DecodeLoad lf = l;
       lf.hbm_hit = sim.result().hit_rate;
-      lf.host_hit = std::max(0.0, l.hbm_hit + l.host_hit - lf.hbm_hit);
+      lf.host_hit = memory::lfu_host_hit(l.hbm_hit, l.host_hit, lf.hbm_hit, plan->hbm_slots_per_layer, host_per_layer);
       const memory::DecodeBound bf = memory::decode_bound(lf, rates);
       std::printf("    LFU slots (aging 64, simulated steady state): HBM %.1f%% -> %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped\n",
                   lf.hbm_hit * 100, bf.serial_s * 1e3, bf.floor_tok_per_s(), bf.overlapped_s * 1e3);

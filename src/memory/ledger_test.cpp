@@ -197,5 +197,16 @@ TEST(TierModel, AllInHbmIsTheHbmRoofline) {
   EXPECT_NEAR(zipf_top_share(384, 384, s), 1.0, 1e-12);
 }
 
+// LFU slots that lose hits against static placement send them to the drives unless the host cache
+// is large enough to hold what the slots evicted (the H200 drive-tier bench: 128 slots, 1.5 host
+// records per layer, 0.0 host hits; the plan had counted the whole loss as host hits).
+TEST(TierModel, LfuLossReachesTheHostOnlyAsFarAsItsSize) {
+  // skew 0.60 at 128 slots: static HBM 90.6%, host (1.5 records per layer) 0.1%, LFU HBM 87.8%
+  EXPECT_NEAR(lfu_host_hit(0.906, 0.001, 0.878, 128, 1.5), 0.001 + 0.028 * 1.5 / 128, 1e-12);
+  EXPECT_NEAR(lfu_host_hit(0.906, 0.05, 0.878, 128, 128), 0.078, 1e-12);   // a host cache the size of the slots
+  EXPECT_NEAR(lfu_host_hit(0.906, 0.05, 0.878, 128, 500), 0.078, 1e-12);   // larger: still at most the loss
+  EXPECT_NEAR(lfu_host_hit(0.80, 0.05, 0.82, 128, 10), 0.03, 1e-12);       // the policy beat static placement
+}
+
 }  // namespace
 }  // namespace fb::memory

@@ -38,4 +38,11 @@ double zipf_exponent_for_top_share(int n, int top, double share) {
   return 0.5 * (lo + hi);
 }
 
+double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int slots, double host_per_layer) {
+  const double lost = static_hbm - lfu_hbm;
+  if (lost <= 0) return std::max(0.0, static_hbm + static_host - lfu_hbm);  // the policy beat static placement
+  const double catch_share = slots > 0 ? std::min(1.0, std::max(0.0, host_per_layer) / double(slots)) : 1.0;
+  return static_host + lost * catch_share;
+}
+
 }  // namespace fb::memory

@@ -34,4 +34,13 @@ DecodeBound decode_bound(const DecodeLoad& load, const TierRates& rates);
 double zipf_exponent_for_top_share(int n, int top, double share);
 double zipf_top_share(int n, int k, double exponent);
 
+// The host cache's share of a layer's expert loads when the HBM slots run a dynamic policy (LFU)
+// that hits `lfu_hbm` where a static placement of the most popular experts would hit `static_hbm`,
+// and the host cache holds the next `host_per_layer` experts (share `static_host`): the host keeps
+// its own static share, and catches the loads the policy loses in HBM only in proportion to its
+// size against the HBM slots' (`slots`): a host cache as large as the slots can hold what they
+// evicted, a cache of 1.5 records per layer cannot (the H200 drive-tier bench, 64 host records:
+// 0.0 host hits per token; docs/tiers.md). The rest goes to the drives.
+double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int slots, double host_per_layer);
+
 }  // namespace fb::memory
