@@ -4,7 +4,12 @@
 //                                 inputs greedy_ids[0..K-1] of steps.json (teacher forcing)
 //   --model DIR --prompt-len N    a checkpoint and N pseudo-random prompt ids (--seed); the decode
 //                                 inputs are the exact run's own greedy chain of --steps tokens
-// Prints one summary line (and per-row lines with -v); exit 0, or 2 when it could not run.
+//   --prefer-resident M1,M2,...   instead of bounded replay: cache-conditional routing (issue 22,
+//                                 [approx-approved]) on the CPU with the routed experts behind
+//                                 --expert-slots N per layer and --host-experts H records (the
+//                                 snapshot's shards as the drive), one run per margin (0: the tiers
+//                                 alone) against the plain CPU executor
+// Prints one summary line per run (and per-row lines with -v); exit 0, or 2 when it could not run.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +18,9 @@
 #include "base/mapped_file.h"
 #include "cmd/commands.h"
 #include "engine/executor_factory.h"
+#include "cpu/executor.h"
 #include "engine/replay_quality.h"
+#include "storage/tiered_experts.h"
 
 namespace fb::cmd {
 
@@ -27,6 +34,8 @@ struct Args {
   uint64_t seed = 1;
   int reps = 1;
   bool verbose = false;
+  std::vector<float> prefer_resident;  // margins (cache-conditional routing); empty: bounded replay
+  int64_t expert_slots = 2, host_experts = 0;
 };
 
 Result<std::vector<int32_t>> read_i32(const std::string& path) {
@@ -79,6 +88,33 @@ int run(const Args& a) {
       opt.prompt.push_back(int32_t(lo + int64_t((x * 0x2545F4914F6CDD1Dull) >> 33) % (hi - lo)));
     }
   }
+  if (!a.prefer_resident.empty()) {
+    if (a.backend != "cpu") return fail(FB_ERROR(kUnsupported) << "--prefer-resident runs on the cpu backend");
+    for (float margin : a.prefer_resident) {
+      auto m = cpu::CpuModel::load(model_dir);
+      if (!m.ok()) return fail(m.status());
+      storage::TieredOptions to;
+      to.slots_per_layer = int(a.expert_slots);
+      to.host_experts = a.host_experts;
+      auto src = storage::tiered_experts_for(m.value()->snapshot(), {}, to);
+      if (!src.ok()) return fail(src.status());
+      std::shared_ptr<storage::TieredExperts> tiers = src.value();
+      m.value()->set_expert_source(tiers);
+      if (margin > 0.0f) m.value()->set_route_preference(margin, [tiers](int l, int e) { return tiers->resident(l, e); });
+      auto rep = engine::approx_quality(**ex, *m.value(), opt);
+      if (!rep.ok()) return fail(rep.status());
+      const storage::TierStats t = tiers->stats();
+      const uint64_t lookups = t.slot_hits + t.slot_misses;
+      std::printf("route-quality %s: margin=%g slots=%lld host=%lld rows=%zu kl_prompt=%.3e mean_kl=%.3e max_kl=%.3e top1=%d/%zu swaps=%lld "
+                  "slot_hits=%llu slot_misses=%llu host_hits=%llu drive_reads=%llu slot_hit_rate=%.3f\n",
+                  name.c_str(), double(margin), (long long)a.expert_slots, (long long)a.host_experts, rep->kl.size(),
+                  rep->kl.empty() ? 0.0 : rep->kl[0], rep->mean_kl(), rep->max_kl(), rep->top1_agree(), rep->top1_same.size(),
+                  (long long)m.value()->route_swaps(), (unsigned long long)t.slot_hits, (unsigned long long)t.slot_misses,
+                  (unsigned long long)t.host_hits, (unsigned long long)t.drive_reads, lookups ? double(t.slot_hits) / double(lookups) : 0.0);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   auto rep = engine::replay_quality(**ex, opt);
   if (!rep.ok()) return fail(rep.status());
   if (a.verbose)
@@ -102,6 +138,11 @@ Runner add_replay_quality(CLI::App& app) {
   app.add_option("--reps", a->reps, "timed prefills per mode (minimum reported)");
   app.add_option("--backend", a->backend, "executor (bounded replay runs on cpu)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("-v,--verbose", a->verbose, "one line per logits row");
+  app.add_option("--prefer-resident", a->prefer_resident,
+                 "cache-conditional routing margins (biased-score units) to measure instead of bounded replay; 0: the tiers alone")
+      ->delimiter(',');
+  app.add_option("--expert-slots", a->expert_slots, "with --prefer-resident: first-tier expert slots per layer")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--host-experts", a->host_experts, "with --prefer-resident: host cache records (0: none)")->check(CLI::Range(0, 1 << 30));
   return [a] { return run(*a); };
 }
 

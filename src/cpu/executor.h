@@ -3,6 +3,7 @@
 // path must reproduce; it is checked against the official fixtures (check-fixture).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -89,6 +90,15 @@ class CpuModel final : public model::Executor {
   // Engram rows fetched ahead of their layer by a task started at the step's hashing (default
   // on); off: each Engram op fetches its own rows (the same bytes; every row exposed).
   void set_engram_prefetch(bool on) { engram_prefetch_ = on; }
+  // Cache-conditional routing [approx-approved], off by default (cpu/ops.h RoutePreference): with
+  // margin > 0, a chosen expert that resident(layer, e) says is not resident gives way to an
+  // unchosen resident one within `margin` of its biased score. The outputs then depend on what the
+  // tiers hold (history), not on the rows alone: for measuring its cost (replay-quality).
+  void set_route_preference(float margin, std::function<bool(int, int)> resident) {
+    route_margin_ = margin;
+    route_resident_ = std::move(resident);
+  }
+  int64_t route_swaps() const { return route_swaps_.load(); }  // experts replaced so far
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
@@ -117,6 +127,9 @@ class CpuModel final : public model::Executor {
   model::OpTimes op_times_;
   model::EngramRows engram_rows_;  // forward()'s steps
   bool engram_prefetch_ = true;
+  float route_margin_ = 0.0f;
+  std::function<bool(int, int)> route_resident_;
+  mutable std::atomic<int64_t> route_swaps_{0};
   // Memory ledger: the live sessions new_session() made; host weight bytes with every tensor
   // mapped, and with the routed experts left out (served by a tiered source).
   std::shared_ptr<SessionRegistry> sessions_ = std::make_shared<SessionRegistry>();

@@ -190,7 +190,15 @@ class CpuLayerOps {
     std::vector<Routing> routes(static_cast<size_t>(T_));
     for_rows([&](int64_t t) {
       const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
-      routes[size_t(t)] = route(&u_[size_t(t * D)], D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale);
+      RoutePreference pref;
+      const bool prefer = m_.route_margin_ > 0.0f && m_.route_resident_;
+      if (prefer) {
+        pref.margin = m_.route_margin_;
+        pref.resident = [&](int e) { return m_.route_resident_(l, e); };
+      }
+      routes[size_t(t)] = route(&u_[size_t(t * D)], D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+                                prefer ? &pref : nullptr);
+      if (routes[size_t(t)].swaps) m_.route_swaps_.fetch_add(routes[size_t(t)].swaps);
     });
     {
       std::vector<int> picked;

@@ -331,8 +331,38 @@ void hc_post(const bf16_t* y, const bf16_t* x, int hc, int64_t dim, const model:
 
 // ---- router -------------------------------------------------------------------------------------
 
+std::vector<int> prefer_resident(const std::vector<int>& topk, const float* biased, int64_t n_experts, const RoutePreference& p, int* swaps) {
+  std::vector<int> set = topk;
+  if (swaps) *swaps = 0;
+  if (p.margin <= 0.0f || !p.resident) return set;
+  const auto higher = [&](int a, int b) {
+    if (biased[a] != biased[b]) return biased[a] > biased[b];
+    return a < b;
+  };
+  std::vector<char> chosen(size_t(n_experts), 0);
+  for (int e : set) chosen[size_t(e)] = 1;
+  std::vector<int> cand;  // unchosen resident experts, best first
+  for (int64_t e = 0; e < n_experts; ++e)
+    if (!chosen[size_t(e)] && p.resident(int(e))) cand.push_back(int(e));
+  std::sort(cand.begin(), cand.end(), higher);
+  size_t next = 0;
+  // the weakest chosen expert first: the best candidate replaces it when within the margin; a
+  // stronger chosen expert cannot be nearer to a candidate no better than this one
+  for (size_t i = set.size(); i-- > 0 && next < cand.size();) {
+    const int e = set[i];
+    if (p.resident(e)) continue;
+    const int c = cand[next];
+    if (biased[c] < biased[e] - p.margin) break;
+    set[i] = c;
+    ++next;
+    if (swaps) ++*swaps;
+  }
+  std::sort(set.begin(), set.end(), higher);
+  return set;
+}
+
 Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const float* bias, int top_k, float gate_temp, bool norm_topk,
-              float route_scale) {
+              float route_scale, const RoutePreference* prefer) {
   const int64_t E = gate_w.dim(0);
   const bf16_t* W = gate_w.as<bf16_t>();
   std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
@@ -352,6 +382,7 @@ Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const floa
   Routing r;
   r.margin = model::selection_margin(biased.data(), E, top_k);
   r.experts.assign(idx.begin(), idx.begin() + top_k);
+  if (prefer) r.experts = prefer_resident(r.experts, biased.data(), E, *prefer, &r.swaps);
   float sum = 0.0f;
   for (int e : r.experts) {
     r.weights.push_back(score[size_t(e)]);

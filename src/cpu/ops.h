@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "base/dtype.h"
@@ -80,9 +81,21 @@ struct Routing {
   std::vector<int> experts;     // top-k in the reference's order (descending biased score)
   std::vector<float> weights;   // normalised x route_scale
   float margin = 0.0f;          // model::selection_margin of the biased scores (near-tie report)
+  int swaps = 0;                // experts a RoutePreference replaced
+};
+// Cache-conditional routing [approx-approved], off by default (issue 22; quality in
+// docs/tiers.md): a chosen expert whose bytes are not resident gives way to the best unchosen
+// resident one whose biased score is within `margin` of its own (the weakest chosen expert first;
+// each resident expert taken once). The weights are the new set's scores, normalised as usual.
+struct RoutePreference {
+  float margin = 0.0f;                  // in biased-score units; <= 0: off
+  std::function<bool(int)> resident;    // expert e of this layer is resident
 };
 Routing route(const bf16_t* u, int64_t dim, const TensorView& gate_w, const float* bias, int top_k, float gate_temp, bool norm_topk,
-              float route_scale);
+              float route_scale, const RoutePreference* prefer = nullptr);
+// The preference's swaps on a sorted top-k (tested alone): returns the new set in descending
+// biased score (ties to the lower id); `swaps` (optional) counts the replaced experts.
+std::vector<int> prefer_resident(const std::vector<int>& topk, const float* biased, int64_t n_experts, const RoutePreference& p, int* swaps = nullptr);
 
 // SwiGLU with the release's clamps, routing weight applied before the down projection:
 // h = silu(min(a, limit)) * clamp(b, -limit, limit) * w; returns bf16(h).

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "base/mapped_file.h"
 
@@ -181,6 +182,31 @@ TEST_F(OpVectors, Router) {
       EXPECT_NEAR(r.weights[k], weights[t * 6 + k], 1e-6f * weights[t * 6 + k]);
     }
   }
+}
+
+// Cache-conditional routing (prefer_resident): the weakest non-resident chosen expert gives way
+// first, to the best unchosen resident one when within the margin; it stops at the first that is
+// not; a resident chosen expert stays; each resident expert is taken once; margin 0 changes
+// nothing; the result is in descending biased score.
+TEST(PreferResident, SwapsWithinTheMarginWeakestFirst) {
+  const float b[8] = {0.90f, 0.80f, 0.75f, 0.70f, 0.50f, 0.45f, 0.20f, 0.10f};
+  const std::vector<int> top = {0, 1, 2};
+  const auto resident = [](std::set<int> r) { return [r](int e) { return r.count(e) > 0; }; };
+  RoutePreference p;
+  p.resident = resident({0, 3, 4});
+  int swaps = -1;
+  EXPECT_EQ(prefer_resident(top, b, 8, p, &swaps), top);  // margin 0: off
+  EXPECT_EQ(swaps, 0);
+  p.margin = 0.06f;  // 2 (0.75) -> 3 (0.70); 1 (0.80) vs 4 (0.50): too far, stop
+  EXPECT_EQ(prefer_resident(top, b, 8, p, &swaps), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(swaps, 1);
+  p.margin = 0.31f;  // 2 -> 3, 1 -> 4 (0.50 >= 0.49)
+  EXPECT_EQ(prefer_resident(top, b, 8, p, &swaps), (std::vector<int>{0, 3, 4}));
+  EXPECT_EQ(swaps, 2);
+  p.margin = 1.0f;
+  p.resident = resident({2, 5});  // 2 stays; 1 -> 5; 0 has no candidate left
+  EXPECT_EQ(prefer_resident(top, b, 8, p, &swaps), (std::vector<int>{0, 2, 5}));
+  EXPECT_EQ(swaps, 1);
 }
 
 }  // namespace

@@ -73,6 +73,8 @@ Result<ModeRun> run_mode(model::Executor& ex, const ReplayQualityOptions& opt, i
   return run;
 }
 
+void compare_rows(const ModeRun& exact, const ModeRun& replay, int64_t V, ReplayQualityReport* out);
+
 }  // namespace
 
 double softmax_kl(const float* a, const float* b, int64_t n) {
@@ -134,6 +136,32 @@ Result<ReplayQualityReport> replay_quality(model::Executor& ex, const ReplayQual
   std::vector<int32_t> chain = opt.forced;
   ModeRun exact = FB_TRY(run_mode(ex, opt, 0, &chain));
   ModeRun replay = FB_TRY(run_mode(ex, opt, rep.replay_start, &chain));
+  compare_rows(exact, replay, V, &rep);
+  return rep;
+}
+
+Result<ReplayQualityReport> approx_quality(model::Executor& exact_ex, model::Executor& approx_ex, const ReplayQualityOptions& opt) {
+  const model::Config& c = exact_ex.config();
+  const int64_t N = int64_t(opt.prompt.size()), V = c.vocab_size;
+  if (N == 0) return FB_ERROR(kInvalidArgument) << "empty prompt";
+  if (approx_ex.config().vocab_size != V) return FB_ERROR(kInvalidArgument) << "the two executors run different models";
+  ReplayQualityReport rep;
+  rep.prompt_len = N;
+  rep.window = c.window_size;
+  rep.decoder_start = c.decoder_start;
+  rep.n_layers = c.n_layers;
+  std::vector<int32_t> chain = opt.forced;
+  ModeRun exact = FB_TRY(run_mode(exact_ex, opt, 0, &chain));
+  ModeRun approx = FB_TRY(run_mode(approx_ex, opt, 0, &chain));
+  compare_rows(exact, approx, V, &rep);
+  return rep;
+}
+
+namespace {
+
+// Row k of `other` against row k of `exact`: KL, top-1, the exact row's margin and entropy.
+void compare_rows(const ModeRun& exact, const ModeRun& replay, int64_t V, ReplayQualityReport* out) {
+  ReplayQualityReport& rep = *out;
   rep.exact_prefill_s = exact.prefill_s;
   rep.replay_prefill_s = replay.prefill_s;
   const int64_t rows = int64_t(exact.rows.size()) / V;
@@ -152,7 +180,8 @@ Result<ReplayQualityReport> replay_quality(model::Executor& ex, const ReplayQual
     for (int64_t i = 0; i < V; ++i) h -= std::exp(double(a[i]) - la) * (double(a[i]) - la);
     rep.exact_entropy.push_back(h);
   }
-  return rep;
 }
+
+}  // namespace
 
 }  // namespace fb::engine

@@ -43,4 +43,9 @@ double softmax_kl(const float* a, const float* b, int64_t n);
 // window are allowed: both runs are then the same and every KL is 0.
 Result<ReplayQualityReport> replay_quality(model::Executor& ex, const ReplayQualityOptions& opt);
 
+// The same comparison for an approximation that lives in a second executor (cache-conditional
+// routing, issue 22): the prompt and decode steps on `exact` and on `approx`, fresh sessions,
+// the same teacher-forced tokens; every logits row of `approx` against `exact`'s (replay_start 0).
+Result<ReplayQualityReport> approx_quality(model::Executor& exact, model::Executor& approx, const ReplayQualityOptions& opt);
+
 }  // namespace fb::engine

@@ -348,6 +348,14 @@ void TieredExperts::unpin(int layer, int slot) const {
   layers_[size_t(layer)].slots->release(slot);
 }
 
+bool TieredExperts::resident(int layer, int e) const {
+  std::lock_guard lock(mu_);
+  if (layer < 0 || layer >= int(layers_.size())) return false;
+  const Layer& L = layers_[size_t(layer)];
+  if (!opt_.host_views && L.slots && L.slots->find(e) >= 0) return true;
+  return host_ && host_->n_slots() > 0 && host_->find(host_key(layer, e)) >= 0;
+}
+
 model::ExpertWeights TieredExperts::expert(int layer, int e) const {
   std::lock_guard lock(mu_);
   if (layer != epoch_layer_) {

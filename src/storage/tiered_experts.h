@@ -93,6 +93,9 @@ class TieredExperts final : public model::ExpertSource {
   void prefetch(int layer, const std::vector<int>& experts) const override;
   // Turns reads at routing time on or off (A/B in the bench); pending reads still complete.
   void set_prefetch(bool on);
+  // Whether (layer, e)'s bytes are in the first tier or the host cache now, i.e. a lookup would
+  // read no drive (cache-conditional routing's question; cpu::RoutePreference).
+  bool resident(int layer, int e) const;
   Result<ExpertLease> acquire(int layer, int e) const;
   TierStats stats() const;
   // One line per replica drive: reads, bytes, estimated rate, errors, hedges, failed and why.
