@@ -17,8 +17,8 @@
 
 #include "base/mapped_file.h"
 #include "cmd/commands.h"
-#include "engine/executor_factory.h"
 #include "cpu/executor.h"
+#include "engine/executor_factory.h"
 #include "engine/replay_quality.h"
 #include "storage/tiered_experts.h"
 

@@ -189,8 +189,7 @@ void TieredExperts::prefetch(int layer, const std::vector<int>& experts) const {
     if (e < 0 || e >= loc_->n_experts(layer)) continue;
     const int64_t key = host_key(layer, e);
     if (pending_.count(key)) continue;
-    if (!opt_.host_views && layers_[size_t(layer)].slots->find(e) >= 0) continue;  // in the first tier
-    if (host_->n_slots() > 0 && host_->find(key) >= 0) continue;                   // in the host cache
+    if (resident_locked(layer, e)) continue;  // in the first tier or the host cache
     Pending p;
     p.host_slot = host_reserve_locked(layer, e);
     if (p.host_slot < 0 && pending_buffers_ >= opt_.prefetch_buffers) continue;  // expert() reads it when asked
@@ -350,7 +349,10 @@ void TieredExperts::unpin(int layer, int slot) const {
 
 bool TieredExperts::resident(int layer, int e) const {
   std::lock_guard lock(mu_);
-  if (layer < 0 || layer >= int(layers_.size())) return false;
+  return layer >= 0 && layer < int(layers_.size()) && resident_locked(layer, e);
+}
+
+bool TieredExperts::resident_locked(int layer, int e) const {
   const Layer& L = layers_[size_t(layer)];
   if (!opt_.host_views && L.slots && L.slots->find(e) >= 0) return true;
   return host_ && host_->n_slots() > 0 && host_->find(host_key(layer, e)) >= 0;

@@ -124,6 +124,8 @@ class TieredExperts final : public model::ExpertSource {
   // pinned (release with host_->release); -1: no host cache, every slot pinned, or no ledger room.
   Result<int> host_slot_locked(int layer, int e) const;
   void unpin(int layer, int slot) const;
+  // With mu_ held: resident() for a valid layer.
+  bool resident_locked(int layer, int e) const;
   uint64_t shrink_host(uint64_t want);
   struct Pending {  // a prefetched read
     ReplicaReader::Job job = 0;
