@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "bench/fake_context.h"
 #include "cuda/expert_slots.h"
 #include "memory/prefill_budget.h"
+#include "storage/route_sim.h"
 
 namespace fb::bench {
 
@@ -84,8 +86,28 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
     o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, chunk);
     ex.set_run_options(o);
   };
+  // The routing override (route_share >= 0), counting the distinct experts of each call.
+  uint64_t route_calls = 0, route_distinct = 0;
+  if (opt.route_share >= 0) {
+    int n_exp = 0;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (slots->slots(l) > 0) n_exp = std::max(n_exp, c.roles[size_t(l)].n_experts);
+    auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.route_seed);
+    draw->set_skew(opt.route_share, 10, n_exp);
+    ex.set_route_override([draw, &route_calls, &route_distinct](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) {
+      draw->draw(layer, ids, rows, top_k);
+      std::vector<char> seen(size_t(draw->n_experts()), 0);
+      for (int32_t e : ids)
+        if (!seen[size_t(e)]) {
+          seen[size_t(e)] = 1;
+          ++route_distinct;
+        }
+      ++route_calls;
+    });
+  }
   auto fail = [&](Status st) {
     ex.set_run_options(before);
+    ex.set_route_override(nullptr);
     return st;
   };
 
@@ -171,6 +193,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       // experts)
       slots->evict_all();
       slots->reset_stats();
+      route_calls = route_distinct = 0;
       const auto t0 = std::chrono::steady_clock::now();
       const std::string phase = "bench cold prefill " + std::to_string(N) + (on ? " streamed" : " serial");
       if (opt.progress) opt.progress(phase, 0, N, "tokens");
@@ -208,15 +231,17 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       r.predicted_tc = counted.tc;
       r.budget_bytes = budget;
       r.free_bytes = free_b;
+      r.experts_per_layer_call = route_calls ? double(route_distinct) / double(route_calls) : 0;
       if (on) last_tok_s = r.tok_s;
       // One line per run as it ends (a run cut short by a timeout keeps the ones before it).
-      std::fprintf(stderr, "bench: cold prefill run: %lld tokens in %lld chunk(s) of %lld, %s: %.2f s, %.0f tok/s\n", (long long)N,
-                   (long long)r.chunks, (long long)r.chunk, on ? "streamed" : "serial", sec, r.tok_s);
+      std::fprintf(stderr, "bench: cold prefill run: %lld tokens in %lld chunk(s) of %lld, %s: %.2f s, %.0f tok/s; %.1f distinct experts per MoE call\n",
+                   (long long)N, (long long)r.chunks, (long long)r.chunk, on ? "streamed" : "serial", sec, r.tok_s, r.experts_per_layer_call);
       runs.push_back(r);
       if (opt.on_run) opt.on_run(r);
     }
   }
   ex.set_run_options(before);
+  ex.set_route_override(nullptr);
   return runs;
 }
 

@@ -27,6 +27,14 @@ struct ColdPrefillOptions {
   double margin_frac = 0.02;             // ... plus this share of the device (allocator, cuBLASLt, what the count misses)
   int64_t serial_upto = INT64_MAX;       // also run prompts of at most this many tokens with expert_prefetch off (0: none)
   double deadline_s = 0;                 // > 0: skip a prompt whose predicted time (from the last streamed rate) would end past this
+  // Whose routing the runs use. < 0: the synthetic model's router (its random weights send a
+  // prompt's rows to a few dozen of a layer's 384 experts, so few experts cross PCIe: session 14's
+  // finding); 0 (default): each row's k experts drawn uniformly from the layer's experts, so a
+  // chunk of thousands of rows reaches nearly every expert, as a real prompt does; > 0: Zipf
+  // routing whose 10 hottest experts of a layer carry this share (storage::ZipfRouting, the tier
+  // sweep's draw). [policy] benchmark-only, like the rest of the bench: traffic and time are measured.
+  double route_share = 0;
+  uint64_t route_seed = 26;
   std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
   ProgressFn progress;                   // tokens prefilled in each run (optional)
 };
@@ -44,6 +52,7 @@ struct ColdPrefillRun {
   uint64_t workspace_high = 0, predicted_bytes = 0;  // the step arena's high-water mark vs memory::prefill_step_bytes(...).arena()
   uint64_t tc_bytes = 0, predicted_tc = 0;            // tc_gemm's scratch held vs counted
   uint64_t budget_bytes = 0, free_bytes = 0;          // the prompt's sizing: free HBM and the budget after the margin
+  double experts_per_layer_call = 0;  // distinct experts a tiered layer's MoE call needed, mean over calls (route_share >= 0 only)
 };
 
 struct ColdPrefillPlan {

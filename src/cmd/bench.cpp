@@ -614,6 +614,10 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--cold-prefill-chunk", a->cold_prefill_chunk, "cold prefill: rows per chunk (0: the largest the free HBM allows)");
   app.add_option("--cold-prefill-serial", a->cold_prefill_serial,
                  "cold prefill: also run prompts with serial copies: 1 every prompt, 0 none, N > 1 prompts of at most N tokens");
+  app.add_option("--cold-prefill-routing", a->cold_prefill_routing,
+                 "cold prefill: whose routing: uniform (each row's experts drawn uniformly: a chunk reaches nearly every expert, as a "
+                 "real prompt does), router (the synthetic router's own picks: a few dozen experts a layer), or a share in (0, 1) "
+                 "carried by each layer's 10 hottest experts (Zipf)");
   app.add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
                  "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
   app.add_option("--kv-restore", a->kv_restore,

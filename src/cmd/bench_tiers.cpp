@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "base/progress.h"
 #include "bench/cold_prefill.h"
@@ -66,6 +67,20 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   o.chunk = a.cold_prefill_chunk;
   o.serial_upto = a.cold_prefill_serial == 1 ? INT64_MAX : a.cold_prefill_serial;
   o.deadline_s = a.cold_prefill_deadline;
+  if (a.cold_prefill_routing == "uniform") {
+    o.route_share = 0;
+  } else if (a.cold_prefill_routing == "router") {
+    o.route_share = -1;
+  } else {
+    char* end = nullptr;
+    const double v = std::strtod(a.cold_prefill_routing.c_str(), &end);
+    if (end == a.cold_prefill_routing.c_str() || *end != 0 || !(v > 0 && v < 1)) {
+      std::fprintf(stderr, "bench: --cold-prefill-routing must be uniform, router or a share in (0, 1) (got \"%s\")\n",
+                   a.cold_prefill_routing.c_str());
+      return 2;
+    }
+    o.route_share = v;
+  }
   PhaseProgress progress;  // on a terminal only
   o.progress = progress.fn();
   constexpr double kGiB = double(1ull << 30);
@@ -95,6 +110,8 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     csv.row(k + "_slot_misses", r.prompt, double(r.misses), "experts copied into slots");
     csv.row(k + "_prefetched", r.prompt, double(r.prefetched), "experts copied into staging a layer ahead");
     csv.row(k + "_prefetch_used", r.prompt, double(r.prefetch_used), "staged experts a MoE call read");
+    if (o.route_share >= 0)
+      csv.row(k + "_experts_per_call", r.prompt, r.experts_per_layer_call, "distinct experts a tiered layer's MoE call needed (mean)");
     csv.row(k + "_budget_gib", r.prompt, double(r.budget_bytes) / kGiB, "GiB the chunk was sized from (free HBM minus the margin)");
     csv.row(k + "_free_gib", r.prompt, double(r.free_bytes) / kGiB, "GiB of HBM free before the step");
     csv.row(k + "_arena_high_gib", r.prompt, double(r.workspace_high) / kGiB, "GiB measured step arena");

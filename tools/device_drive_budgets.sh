@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 22's "the plan predicts measured tok/s within 10% at three budget settings", on the GPU
+# machine: the drive tier of the synthetic released-dimension bench (bench/drive_tier.h: 384
+# experts, two replica files of DRIVE_RECORDS records on the machine's one disk, Zipf routing at
+# one skew, the HBM slots and host cache warmed to steady state without the drives first) run
+# once per budget setting "SLOTS:HOST" (HBM expert slots per layer : page-locked host records).
+# Builds flashbox into build/device first when it is not there (a warm machine keeps it).
+# Usage, in the repo root:  tools/device_drive_budgets.sh [SETTINGS] [SKEW]
+#   default SETTINGS "96:64 128:64 128:1536", SKEW 0.45
+# Env: FB_WARM_STEPS (decode steps to the pool's steady state, default 512), FB_STEPS (timed, 6),
+#      FB_DRIVE_RECORDS (per file, 64), FB_RUN_TIMEOUT (s per setting, 150).
+# Logs and the CSVs go to $OUT (or /tmp/fb_out); the table is printed LAST. The plan to compare
+# with: `flashbox probe --drive-gbps G --expert-slots S --host-experts H ...` with the drives' rate
+# the run measured (docs/tiers.md).
+set -u
+SETTINGS=${1:-"96:64 128:64 128:1536"}
+SKEW=${2:-0.45}
+LOG=${OUT:-/tmp/fb_out}
+mkdir -p "$LOG"
+T="$LOG/drive_budgets_table.txt"
+: >"$T"
+row() { printf '%-26s %s\n' "$1" "$2" >>"$T"; }
+t0=$(date +%s)
+if [ ! -x build/device/flashbox ]; then
+  cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB_GIT_COMMIT=$FB_GIT_COMMIT} >"$LOG/db_configure.log" 2>&1
+  timeout 420 cmake --build build/device -j16 --target flashbox >"$LOG/db_build.log" 2>&1
+  row build "rc=$? $(($(date +%s) - t0))s"
+fi
+FB=build/device/flashbox
+[ -x $FB ] || { row flashbox "missing"; cat "$T"; exit 1; }
+W=/tmp/fb_drive_budgets  # on the disk, not tmpfs (O_DIRECT)
+timeout 60 $FB probe --dir /tmp --seconds 1 --file-mib 512 --no-sim >"$LOG/db_probe_disk.log" 2>&1
+row "disk (probe, O_DIRECT)" "$(grep -oE 'sequential 1M [0-9.]+ GB/s, random 1M [0-9.]+ GB/s' "$LOG/db_probe_disk.log" | head -1)"
+for s in $SETTINGS; do
+  S=${s%%:*}
+  H=${s##*:}
+  rm -rf "$W"
+  mkdir -p "$W/d0" "$W/d1"
+  s0=$(date +%s)
+  timeout ${FB_RUN_TIMEOUT:-150} $FB bench --synthetic --experts 384 --expert-slots "$S" --expert-drives "$W/d0,$W/d1" --host-experts "$H" \
+    --drive-records ${FB_DRIVE_RECORDS:-64} --skews "$SKEW" --steps ${FB_STEPS:-6} --tier-warm-steps ${FB_WARM_STEPS:-512} \
+    --drive-warm-steps 3 --contexts 4096 >"$LOG/db_${S}_${H}.csv" 2>"$LOG/db_${S}_${H}.err"
+  row "slots $S host $H" "rc=$? $(($(date +%s) - s0))s"
+  grep -E "^bench: drive" "$LOG/db_${S}_${H}.err" | cut -c1-300 | sed 's/^bench: /  /' >>"$T"
+  grep -iE "error|fail" "$LOG/db_${S}_${H}.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
+done
+rm -rf "$W"
+row total "$(($(date +%s) - t0))s"
+echo "==================== device_drive_budgets summary ===================="
+cat "$T"
