@@ -37,6 +37,11 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_EQ(o.expert_prefetch_entries, 0);
   EXPECT_FALSE(cuda::set_run_option(o, "expert_prefetch_min_rows", "0").ok());
   EXPECT_FALSE(cuda::set_run_option(o, "expert_prefetch_entries", "2000000000").ok());
+  EXPECT_EQ(o.engram_prefetch_tasks, 4);  // the default: the host tables' rows copied ahead by four threads
+  EXPECT_TRUE(cuda::set_run_option(o, "engram_prefetch_tasks", "0").ok());
+  EXPECT_EQ(o.engram_prefetch_tasks, 0);
+  EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "65").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "-1").ok());
   // an unknown name is refused with the list of known ones
   const Status st = cuda::set_run_option(o, "tc_fold", "1");
   ASSERT_FALSE(st.ok());

@@ -169,6 +169,13 @@ int run(const BenchArgs& a) {
     lo.expert_slots = a.expert_slots;
     lo.expert_staging = a.expert_staging;
     lo.lfu_aging = a.lfu_aging;
+    if (a.engram_place == "hbm") {
+      lo.engram = cuda::EngramPlace::kHbm;
+    } else if (a.engram_place == "host") {
+      lo.engram = cuda::EngramPlace::kHost;
+    } else if (a.engram_place != "auto") {
+      return bench_failed(FB_ERROR(kInvalidArgument) << "--engram-place must be auto, hbm or host (got \"" << a.engram_place << "\")");
+    }
     {
       Status st = apply_cuda_run_flags(lo.run, a.numerics, a.cuda_opts);
       for (const std::string& spec : ab_specs(a.ab_env))
@@ -202,11 +209,21 @@ int run(const BenchArgs& a) {
       auto s = (*ex)->new_session();
       Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
       if (!st.ok()) return bench_failed(st, "context " + std::to_string(L));
+      const model::EngramRows e0 = (*ex)->stats().engram;
       auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
       if (!t.ok()) return bench_failed(t.status(), "context " + std::to_string(L));
       decode_progress.hide();  // the rows and notes below go to the same terminal
       report_decode(csv, (*ex)->config(), L, *t, lim->d2d_gbps,
                     !(lo.run.numerics == cuda::Numerics::kFast && lo.run.wo_a_fp8 && lo.run.fast_gemv));
+      if (const model::EngramRows e1 = (*ex)->stats().engram; e1.hidden + e1.exposed > e0.hidden + e0.exposed) {
+        // Tables on the host (--engram-place host): the timed steps' rows, fetched ahead or not.
+        const double rows = double(e1.rows - e0.rows), hidden = double(e1.hidden - e0.hidden), exposed = double(e1.exposed - e0.exposed);
+        const double wait_ms = (e1.exposed_s - e0.exposed_s) * 1e3;
+        std::fprintf(stderr, "bench: context %lld: Engram rows from host tables: %.0f rows, %.0f hidden, %.0f exposed, %.3f ms waited in all (%d tasks)\n",
+                     (long long)L, rows, hidden, exposed, wait_ms, (*ex)->run_options().engram_prefetch_tasks);
+        csv.row("engram_rows_hidden_share", L, rows > 0 ? hidden / rows : 0, "share of the timed steps' Engram rows staged before their layer");
+        csv.row("engram_exposed_wait_ms", L, wait_ms, "ms the timed steps' issue path waited for Engram rows, in all");
+      }
       if (a.graph_step) {
         auto g = bench::time_graph_step(**ex, *s, 10);
         if (!g.ok()) {
@@ -560,6 +577,9 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
   app.add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
   app.add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
+  app.add_option("--engram-place", a->engram_place,
+                 "where the synthetic model's Engram tables live: auto (HBM up to 16 GiB of tables), hbm, or host (each step's rows "
+                 "copied from host memory, ahead of their layers by --cuda-opt engram_prefetch_tasks=N threads)");
   auto* contexts = app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
   app.add_option("--steps", a->steps, "timed repetitions per row (median)");
   app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");

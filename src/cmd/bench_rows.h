@@ -28,6 +28,7 @@ struct BenchArgs {
   int experts = 16;
   int draft_experts = 16;
   int64_t engram_vocab = 100000;
+  std::string engram_place = "auto";  // where the synthetic model's Engram tables live: auto | hbm | host (cuda::EngramPlace)
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prompt_len = 64;
   int verify_rows = 6;

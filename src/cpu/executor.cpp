@@ -1,14 +1,12 @@
 #include "cpu/executor.h"
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <future>
-#include <system_error>
 
 #include "cpu/layer_ops.h"
 #include "loader/bind.h"
 #include "loader/read_in.h"
+#include "model/engram_staging.h"
 #include "model/fp8_weight.h"
 #include "model/timed_ops.h"
 
@@ -139,80 +137,34 @@ class CpuStep : public CpuLayerOps {
     start_engram_staging();
   }
 
-  // MISSION item 7 on the CPU: every Engram layer's rows are known once the ids are hashed, so
-  // one task copies them out of the mapped tables (codes then scales per row id; page faults and
-  // drive reads included) layer after layer, while the layers before them run. engram(l) reads
-  // the copies: the same bytes as the tables, so the numerics do not change. Rows are claimed one
-  // at a time from a per-layer counter, so a layer that comes before the task reached its rows
-  // copies the rest itself instead of waiting for a thread the scheduler has not run yet.
-  // Without the task (CpuModel::set_engram_prefetch(false), or no thread to be had) engram(l)
-  // copies all of its rows.
+  // MISSION item 7 on the CPU: every Engram layer's rows are known once the ids are hashed, so a
+  // task copies them out of the mapped tables (page faults and drive reads included) layer after
+  // layer while the layers before them run (model::EngramStaging, shared with the CUDA executor's
+  // host tables); engram(l) reads the copies: the same bytes, the same numerics. Without the task
+  // (CpuModel::set_engram_prefetch(false), or no thread to be had) engram(l) copies all its rows.
   void start_engram_staging() {
-    const size_t n = engram_layers_.size();
-    if (n == 0) return;
-    FB_CHECK_LT(T_ * engram_cols(), int64_t(1) << 30);
-    staged_.assign(n, {});
-    for (auto& b : staged_) b.resize(size_t(T_ * engram_cols() * engram_row_bytes()));
-    claimed_ = std::make_unique<std::atomic<int32_t>[]>(n);
-    staged_rows_ = std::make_unique<std::atomic<int32_t>[]>(n);
-    if (!m_.engram_prefetch_) return;
-    try {
-      staging_ = std::async(std::launch::async, [this] {
-        for (size_t k = 0; k < engram_layers_.size(); ++k) stage_engram_rows(k);
-      });
-    } catch (const std::system_error&) {
-      // no thread: engram(l) fetches its rows itself (all exposed)
+    std::vector<model::EngramStaging::Table> tabs;
+    for (int l : engram_layers_) {
+      const auto& w = m_.w_.layers[size_t(l)];
+      tabs.push_back({w.engram_table.data, w.engram_table_scale.data, w.engram_table.dim(0), c_.roles[size_t(l)].engram_table});
     }
+    const Status st = engram_staging_.start(std::move(tabs), hashes_.data(), T_, int(m_.engram_.size()),
+                                            (c_.engram_max_ngram - 1) * c_.engram_n_heads, c_.engram_head_dim, m_.engram_prefetch_ ? 1 : 0);
+    FB_CHECK(st.ok()) << st.to_string();
   }
   int engram_cols() const { return (c_.engram_max_ngram - 1) * c_.engram_n_heads; }
-  int64_t engram_row_bytes() const { return c_.engram_head_dim + c_.engram_head_dim / 32; }
-  // Claims and copies rows of Engram layer number k (its table rows into the staging buffer)
-  // until none is left; whoever completes the last row wakes a waiting engram(l).
-  void stage_engram_rows(size_t k) {
-    const int l = engram_layers_[k];
-    const auto& w = m_.w_.layers[size_t(l)];
-    const int tab = c_.roles[size_t(l)].engram_table, n_tab = int(m_.engram_.size()), n_cols = engram_cols();
-    const int64_t hd = c_.engram_head_dim, rb = engram_row_bytes();
-    for (int64_t t = claimed_[k].fetch_add(1); t < T_; t = claimed_[k].fetch_add(1)) {
-      uint8_t* dst = &staged_[k][size_t(t * n_cols * rb)];
-      for (int col = 0; col < n_cols; ++col, dst += rb) {
-        const int64_t row = hashes_[size_t((t * n_tab + tab) * n_cols + col)];
-        std::memcpy(dst, w.engram_table.data + row * hd, size_t(hd));
-        std::memcpy(dst + hd, w.engram_table_scale.data + row * (hd / 32), size_t(hd / 32));
-      }
-      if (staged_rows_[k].fetch_add(1, std::memory_order_acq_rel) + 1 == T_) staged_rows_[k].notify_all();
-    }
-  }
-  // Before layer l's Engram op: its rows staged. Rows staged before the op asked count as hidden;
-  // the rest as exposed, with the time the op spent copying or waiting for them.
-  const uint8_t* engram_rows_for(int l) {
+  // Before layer l's Engram op: its rows staged (counted as hidden or exposed).
+  model::EngramStaging::Rows engram_rows_for(int l) {
     const size_t k = size_t(std::find(engram_layers_.begin(), engram_layers_.end(), l) - engram_layers_.begin());
     FB_CHECK(k < engram_layers_.size());
-    const int64_t ahead = staged_rows_[k].load(std::memory_order_acquire);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (ahead < T_) {
-      stage_engram_rows(k);
-      for (int32_t d = staged_rows_[k].load(std::memory_order_acquire); d < T_; d = staged_rows_[k].load(std::memory_order_acquire))
-        staged_rows_[k].wait(d, std::memory_order_acquire);  // a row the task is copying now
-    }
-    const double wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (engram_count_) {
-      const uint64_t cols = uint64_t(engram_cols());
-      engram_count_->rows += uint64_t(T_) * cols;
-      engram_count_->bytes += uint64_t(T_) * cols * uint64_t(engram_row_bytes());
-      engram_count_->hidden += uint64_t(ahead) * cols;
-      engram_count_->exposed += uint64_t(T_ - ahead) * cols;
-      if (ahead < T_) engram_count_->exposed_s += wait_s;
-    }
-    return staged_[k].data();
+    return engram_staging_.rows(k, engram_count_);
   }
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
   void engram(int l) {
     const auto& w = m_.w_.layers[size_t(l)];
     const int n_cols = engram_cols(), hd = c_.engram_head_dim, hc = c_.hc_mult;
-    const int64_t rb = engram_row_bytes();
-    const uint8_t* staged = engram_rows_for(l);
+    const model::EngramStaging::Rows staged = engram_rows_for(l);
     const int64_t D = c_.dim;
     const float inv_sqrt_d = float(1.0 / std::sqrt(double(D)));
     if (probe_ && probe_->inject_engram_in.count(l)) {
@@ -223,8 +175,8 @@ class CpuStep : public CpuLayerOps {
     for_rows([&](int64_t t) {
       std::vector<bf16_t> E(static_cast<size_t>(n_cols * hd));
       for (int col = 0; col < n_cols; ++col) {
-        const uint8_t* codes = staged + (t * n_cols + col) * rb;  // the table row's codes, then its scales
-        fp8_dequant_row(codes, codes + hd, hd, &E[size_t(col * hd)]);
+        const int64_t i = t * n_cols + col;  // the table row's codes and scales, as staged
+        fp8_dequant_row(staged.codes + i * hd, staged.scales + i * (hd / 32), hd, &E[size_t(col * hd)]);
       }
       std::vector<bf16_t> kv(static_cast<size_t>((1 + hc) * D));
       fp8_gemm(E.data(), 1, w.engram_wkv.w, w.engram_wkv.scale, kv.data());
@@ -524,19 +476,16 @@ class CpuStep : public CpuLayerOps {
   std::vector<int64_t> first_row_;
   std::vector<int64_t> staying_;  // rows that go on past the decoder's first layer (leave_begin)
   std::vector<int64_t> hashes_;  // [rows, tables, orders * heads]
-  // Engram rows fetched ahead (start_engram_staging): per Engram layer in layer order, the rows'
-  // codes + scales [rows, orders * heads, head_dim + head_dim / 32], rows claimed and rows staged.
-  // The task is the last member, so it is joined before the buffers it fills go away.
-  std::vector<int> engram_layers_;
+  std::vector<int> engram_layers_;  // in layer order
   model::EngramRows* engram_count_ = nullptr;
-  std::vector<std::vector<uint8_t>> staged_;
-  std::unique_ptr<std::atomic<int32_t>[]> claimed_, staged_rows_;
   std::map<int, std::vector<std::vector<int32_t>>> selections_;  // per index layer, per row
   std::vector<std::vector<uint8_t>> pools_;                       // candidate mask per row
   // Probe only (layer gate): selection margins per index layer and row, of the newest pool.
   std::map<int, std::vector<float>> sel_margin_;
   std::vector<float> pool_margin_;
-  std::future<void> staging_;
+  // Engram rows fetched ahead (start_engram_staging); the last member, so its tasks are joined
+  // before the row ids they read (hashes_) go away.
+  model::EngramStaging engram_staging_;
 };
 
 // ---------------------------------------------------------------------------------------------

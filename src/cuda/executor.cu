@@ -2,6 +2,7 @@
 // forward(); the sublayer ops it shares with the draft are in layer_ops.h, the draft in draft.cu,
 // loading and sessions in weights.cu / session.cu. Class for class the mirror of cpu/executor.cpp.
 #include "cuda/layer_ops.h"
+#include "model/engram_staging.h"
 #include "model/step_parts.h"
 
 #include <cstdio>
@@ -117,7 +118,6 @@ class CudaStep : public CudaLayerOps {
     taps_dev_ += n * n_taps_ * D;
     const int64_t hash_row = int64_t(m_.engram_.size()) * (c_.engram_max_ngram - 1) * c_.engram_n_heads;
     if (hashes_) hashes_ += n * hash_row;
-    if (!hashes_host_.empty()) hashes_host_.erase(hashes_host_.begin(), hashes_host_.begin() + n * hash_row);
     for (auto& [layer, sel] : selections_) {
       sel.ids += n * sel.ld;
       sel.count += n;
@@ -151,7 +151,19 @@ class CudaStep : public CudaLayerOps {
       model::engram_row_ids(m_.engram_, c_.engram_max_ngram, H, m_.pad_class_, r.pos, cls, &hashes[size_t(t * n_tab * n_ord * H)]);
     }
     hashes_ = upload(hashes);
-    if (m_.engram_host_) hashes_host_ = std::move(hashes);
+    if (m_.engram_host_) {
+      engram_ids_ = std::move(hashes);  // every row's ids, kept whole for the staging's tasks
+      std::vector<model::EngramStaging::Table> tabs;
+      for (int l = 0; l < c_.n_layers; ++l) {
+        const int tab = c_.roles[size_t(l)].engram_table;
+        if (tab < 0) continue;
+        const model::LayerWeights& hw = m_.w_.layers[size_t(l)];
+        tabs.push_back({hw.engram_table.data, hw.engram_table_scale.data, hw.engram_table.dim(0), tab});
+        engram_layers_.push_back(l);
+      }
+      step(engram_staging_.start(std::move(tabs), engram_ids_.data(), T_, n_tab, n_ord * H, c_.engram_head_dim,
+                                 m_.run_.engram_prefetch_tasks));
+    }
   }
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
@@ -167,36 +179,31 @@ class CudaStep : public CudaLayerOps {
     uint16_t* E = alloc<uint16_t>(T_ * n_cols * hd);
     uint16_t* kv = alloc<uint16_t>(T_ * (1 + hc) * D);
     if (!ok()) return;
-    // Executor::stats: rows read; with the tables on the host they are fetched here, on the
-    // step's issue path after the layer was reached (exposed, the host time of the gather and
-    // uploads as the wait; whether the GPU idled meanwhile is not measured), else read in place.
-    const uint64_t n_rows = uint64_t(T_) * uint64_t(n_cols);
-    m_.engram_rows_.rows += n_rows;
-    m_.engram_rows_.bytes += n_rows * uint64_t(hd + hd / 32);
+    // Executor::stats: rows read. Tables on the host: this layer's rows as the staging copied them
+    // out of the mapped snapshot (model::EngramStaging, started when the ids were hashed: hidden
+    // when staged before this point of the step's issue path, else exposed with the host's wait;
+    // whether the GPU idled meanwhile is not measured), uploaded with one copy, then the same
+    // gather over identity ids. Tables in HBM: read in place.
     if (m_.engram_host_) {
-      const auto fetch0 = std::chrono::steady_clock::now();
-      // Tables on the host: copy this step's rows (codes and scales, unchanged) from the mapped
-      // snapshot into a compact [T, n_cols] table, then the same gather over identity ids.
-      const model::LayerWeights& hw = m_.w_.layers[size_t(l)];
-      const int64_t rows_total = hw.engram_table.dim(0), sb = hd / 32, n = T_ * n_cols;
-      std::vector<uint8_t> codes(size_t(n * hd)), scales(size_t(n * sb));
+      const size_t k = size_t(std::find(engram_layers_.begin(), engram_layers_.end(), l) - engram_layers_.begin());
+      if (k >= engram_layers_.size()) {
+        step(FB_ERROR(kInternal) << "layer " << l << " has no staged Engram rows");
+        return;
+      }
+      const model::EngramStaging::Rows staged = engram_staging_.rows(k, &m_.engram_rows_);
+      // Rows that left at a bounded replay's decoder start are the staging's first row0_ rows.
+      const int64_t sb = hd / 32, n = T_ * n_cols, first = row0_ * n_cols;
+      std::vector<uint8_t> codes(staged.codes + first * hd, staged.codes + (first + n) * hd);
+      std::vector<uint8_t> scales(staged.scales + first * sb, staged.scales + (first + n) * sb);
       std::vector<int64_t> ident(static_cast<size_t>(n));
-      for (int64_t t = 0; t < T_; ++t)
-        for (int col = 0; col < n_cols; ++col) {
-          const int64_t i = t * n_cols + col;
-          const int64_t row = hashes_host_[size_t(t * n_tab * n_cols + int64_t(tab) * n_cols + col)];
-          if (row < 0 || row >= rows_total) {
-            step(FB_ERROR(kInternal) << "engram row " << row << " outside the table (" << rows_total << " rows)");
-            return;
-          }
-          std::memcpy(&codes[size_t(i * hd)], hw.engram_table.data + row * hd, size_t(hd));
-          std::memcpy(&scales[size_t(i * sb)], hw.engram_table_scale.data + row * sb, size_t(sb));
-          ident[size_t(i)] = i;
-        }
-      step(engram_gather(upload(codes), upload(scales), upload(ident), n_cols, T_, n_cols, hd, E, st_));
-      m_.engram_rows_.exposed += n_rows;
-      m_.engram_rows_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - fetch0).count();
+      for (int64_t i = 0; i < n; ++i) ident[size_t(i)] = i;
+      auto [d_codes, d_scales, d_ident] = upload_all(codes, scales, ident);
+      if (!ok()) return;
+      step(engram_gather(d_codes, d_scales, d_ident, n_cols, T_, n_cols, hd, E, st_));
     } else {
+      const uint64_t n_rows = uint64_t(T_) * uint64_t(n_cols);
+      m_.engram_rows_.rows += n_rows;
+      m_.engram_rows_.bytes += n_rows * uint64_t(hd + hd / 32);
       step(engram_gather(w.engram_table, w.engram_table_scale, hashes_ + int64_t(tab) * n_cols, int64_t(n_tab) * n_cols, T_, n_cols, hd, E,
                          st_));
     }
@@ -769,11 +776,16 @@ class CudaStep : public CudaLayerOps {
   double issue_ms_ = -1;  // host ms from the step's start to its first output copy (take_output)
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]
-  std::vector<int64_t> hashes_host_;  // the same on the host when the tables are (CudaExecutor::engram_host_)
+  // Tables on the host: the step's Engram layers in order and the staging of their rows (reading
+  // engram_ids_, the ids of every row of the step). The staging is the last member: its tasks are
+  // joined before the ids they read go away.
+  std::vector<int> engram_layers_;
+  std::vector<int64_t> engram_ids_;
   std::map<int, Selection> selections_;
   uint8_t* pool_mask_ = nullptr;
   int64_t pool_ld_ = 0;
   const int64_t* pool_len_ = nullptr;
+  model::EngramStaging engram_staging_;
 };
 
 Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, model::Taps* taps) {

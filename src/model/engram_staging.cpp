@@ -1,0 +1,99 @@
+#include "model/engram_staging.h"
+
+#include <chrono>
+#include <cstring>
+#include <system_error>
+
+#include "base/check.h"
+
+namespace fb::model {
+
+void EngramStaging::join() {
+  for (auto& f : tasks_)
+    if (f.valid()) f.wait();
+  tasks_.clear();
+}
+
+Status EngramStaging::start(std::vector<Table> layers, const int64_t* ids, int64_t T, int n_tables, int cols, int head_dim, int tasks) {
+  join();
+  tables_.clear();
+  codes_.clear();
+  scales_.clear();
+  if (head_dim % 32 != 0) return FB_ERROR(kInvalidArgument) << "Engram head_dim " << head_dim << " is not a multiple of 32";
+  if (T < 0 || T * int64_t(cols) >= (int64_t(1) << 30))
+    return FB_ERROR(kInvalidArgument) << "Engram staging: " << T << " rows x " << cols << " columns is out of range";
+  for (const Table& t : layers)
+    if (t.index < 0 || t.index >= n_tables) return FB_ERROR(kInvalidArgument) << "Engram staging: table " << t.index << " of " << n_tables;
+  // The ids first: a bad one is an error of the step, never a read outside a table.
+  for (const Table& tab : layers)
+    for (int64_t t = 0; t < T; ++t)
+      for (int col = 0; col < cols; ++col) {
+        const int64_t row = ids[(t * n_tables + tab.index) * cols + col];
+        if (row < 0 || row >= tab.rows)
+          return FB_ERROR(kInternal) << "Engram row " << row << " outside its table (" << tab.rows << " rows; step row " << t << ", column " << col
+                                     << ")";
+      }
+  tables_ = std::move(layers);
+  ids_ = ids;
+  T_ = T;
+  n_tables_ = n_tables;
+  cols_ = cols;
+  hd_ = head_dim;
+  const size_t n = tables_.size();
+  codes_.assign(n, std::vector<uint8_t>(size_t(T * cols * head_dim)));
+  scales_.assign(n, std::vector<uint8_t>(size_t(T * cols * (head_dim / 32))));
+  claimed_ = std::make_unique<std::atomic<int32_t>[]>(n);
+  staged_ = std::make_unique<std::atomic<int32_t>[]>(n);
+  for (size_t k = 0; k < n; ++k) {
+    claimed_[k].store(0);
+    staged_[k].store(0);
+  }
+  if (n == 0 || T == 0) return Status();
+  for (int i = 0; i < tasks; ++i) {
+    try {
+      tasks_.push_back(std::async(std::launch::async, [this] {
+        for (size_t k = 0; k < tables_.size(); ++k) stage(k);
+      }));
+    } catch (const std::system_error&) {
+      break;  // fewer (or no) threads: the layers copy what the tasks do not
+    }
+  }
+  return Status();
+}
+
+void EngramStaging::stage(size_t k) {
+  const Table& tab = tables_[k];
+  const int64_t hd = hd_, sb = hd_ / 32;
+  for (int64_t t = claimed_[k].fetch_add(1); t < T_; t = claimed_[k].fetch_add(1)) {
+    for (int col = 0; col < cols_; ++col) {
+      const int64_t i = t * cols_ + col;
+      const int64_t row = ids_[(t * n_tables_ + tab.index) * cols_ + col];
+      std::memcpy(&codes_[k][size_t(i * hd)], tab.codes + row * hd, size_t(hd));
+      std::memcpy(&scales_[k][size_t(i * sb)], tab.scales + row * sb, size_t(sb));
+    }
+    if (staged_[k].fetch_add(1, std::memory_order_acq_rel) + 1 == T_) staged_[k].notify_all();
+  }
+}
+
+EngramStaging::Rows EngramStaging::rows(size_t k, EngramRows* count) {
+  FB_CHECK_LT(k, tables_.size());
+  const int64_t ahead = staged_[k].load(std::memory_order_acquire);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (ahead < T_) {
+    stage(k);
+    for (int32_t d = staged_[k].load(std::memory_order_acquire); d < T_; d = staged_[k].load(std::memory_order_acquire))
+      staged_[k].wait(d, std::memory_order_acquire);  // a row a task is copying now
+  }
+  const double wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (count) {
+    const uint64_t cols = uint64_t(cols_);
+    count->rows += uint64_t(T_) * cols;
+    count->bytes += uint64_t(T_) * cols * uint64_t(hd_ + hd_ / 32);
+    count->hidden += uint64_t(ahead) * cols;
+    count->exposed += uint64_t(T_ - ahead) * cols;
+    if (ahead < T_) count->exposed_s += wait_s;
+  }
+  return Rows{codes_[k].data(), scales_[k].data()};
+}
+
+}  // namespace fb::model

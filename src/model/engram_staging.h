@@ -1,0 +1,76 @@
+// Engram rows fetched ahead of their layers (MISSION item 7, issue 22), for both executors.
+//
+// A step's Engram table rows are known once its token ids are hashed (spec/11 §6.3), before any
+// layer runs, and the tables are too large for HBM in the release (189 GiB): they are read from
+// the mapped snapshot, i.e. the page cache or the drive behind it. EngramStaging copies each
+// Engram layer's rows (codes and scales, unchanged) out of the tables into compact buffers, in
+// tasks started when the ids are known, layer after layer, while the layers before them run;
+// the layer's op then reads the copies (the same bytes as the tables: numerics do not change).
+// Rows are claimed one at a time from a per-layer counter, so a layer that comes before the tasks
+// reached its rows copies the rest itself instead of waiting for a thread the scheduler has not
+// run yet; several tasks put several page faults (drive reads) in flight at once.
+//
+// Accounting (model::EngramRows): a row staged before its layer asked counts as hidden, the others
+// as exposed, with the time the layer spent copying or waiting for them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "model/executor_stats.h"
+
+namespace fb::model {
+
+class EngramStaging {
+ public:
+  // One Engram layer's table: rows x head_dim e4m3 codes and rows x head_dim / 32 e8m0 scales,
+  // and which table of the step's row ids it reads.
+  struct Table {
+    const uint8_t* codes = nullptr;
+    const uint8_t* scales = nullptr;
+    int64_t rows = 0;
+    int index = 0;  // the table's position in the row ids' [rows, tables, cols] layout
+  };
+  // Layer k's staged rows: codes [T * cols, head_dim], scales [T * cols, head_dim / 32], row-major
+  // by (step row, col).
+  struct Rows {
+    const uint8_t* codes = nullptr;
+    const uint8_t* scales = nullptr;
+  };
+
+  EngramStaging() = default;
+  ~EngramStaging() { join(); }
+  EngramStaging(const EngramStaging&) = delete;
+  EngramStaging& operator=(const EngramStaging&) = delete;
+
+  // Starts staging for one step: `ids` [T, n_tables, cols] (spec/11 §6.3 row ids; kept by
+  // pointer: it must outlive this object's use), `layers` the step's Engram layers in the order
+  // they run. `tasks` threads copy ahead (0: none, every row is copied by its layer, all exposed).
+  // Every id is checked against its table first (kInternal naming the first bad one).
+  Status start(std::vector<Table> layers, const int64_t* ids, int64_t T, int n_tables, int cols, int head_dim, int tasks);
+
+  // Layer k's rows (k in start's order), copying or waiting for what is not staged yet; counts
+  // into `count` when not null.
+  Rows rows(size_t k, EngramRows* count);
+
+  size_t layers() const { return tables_.size(); }
+  // Waits for the tasks to end (they end once every row is staged; the destructor waits too).
+  void join();
+
+ private:
+  void stage(size_t k);  // claims and copies rows of layer k until none is left
+
+  std::vector<Table> tables_;
+  const int64_t* ids_ = nullptr;
+  int64_t T_ = 0;
+  int n_tables_ = 0, cols_ = 0, hd_ = 0;
+  std::vector<std::vector<uint8_t>> codes_, scales_;
+  std::unique_ptr<std::atomic<int32_t>[]> claimed_, staged_;
+  std::vector<std::future<void>> tasks_;
+};
+
+}  // namespace fb::model
