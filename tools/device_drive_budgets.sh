@@ -29,8 +29,11 @@ fi
 FB=build/device/flashbox
 [ -x $FB ] || { row flashbox "missing"; cat "$T"; exit 1; }
 W=/tmp/fb_drive_budgets  # on the disk, not tmpfs (O_DIRECT)
-timeout 60 $FB probe --dir /tmp --seconds 1 --file-mib 512 --no-sim >"$LOG/db_probe_disk.log" 2>&1
+# The disk as the plan should see it: each replica dir alone, then both at the reader's depth.
+mkdir -p "$W/d0" "$W/d1"
+timeout 90 $FB probe --dir "$W/d0" --dir "$W/d1" --seconds 1 --file-mib 512 --no-sim >"$LOG/db_probe_disk.log" 2>&1
 row "disk (probe, O_DIRECT)" "$(grep -oE 'sequential 1M [0-9.]+ GB/s, random 1M [0-9.]+ GB/s' "$LOG/db_probe_disk.log" | head -1)"
+row "drives together (probe)" "$(grep -oE 'drives together .*' "$LOG/db_probe_disk.log" | head -1 | cut -c1-160)"
 for s in $SETTINGS; do
   S=${s%%:*}
   H=${s##*:}

@@ -16,6 +16,7 @@
 #include "memory/tier_model.h"
 #include "model/config.h"
 #include "storage/drive_probe.h"
+#include "storage/replica_reader.h"
 #include "storage/route_sim.h"
 #ifdef FB_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -110,6 +111,20 @@ int run_probe(const ProbeArgs& a) {
                 d.c_str(), r->engine.c_str(), r->direct ? "O_DIRECT" : "buffered: O_DIRECT refused", (unsigned long long)(r->file_bytes >> 20),
                 r->seq_bytes_per_s / kGB, r->rand1m_bytes_per_s / kGB, r->rand4k_bytes_per_s / kGB, r->rand4k_iops());
     drive_total += r->rand1m_bytes_per_s;  // expert reads are ~19 MB at scattered offsets
+  }
+  if (dirs.size() > 1) {
+    // The replicas read together, as the expert reader reads them (its chunk size and depth per
+    // dir): the rate the plan uses. Summing the dirs' rates is right only for separate devices.
+    const storage::ReaderOptions ro;
+    auto together = storage::probe_drives_together(dirs, uint64_t(a.file_mib) << 20, a.seconds, ro.chunk_bytes, ro.queue_depth_per_drive);
+    if (together.ok()) {
+      std::printf("drives together (%zu dirs, %d random %u KiB reads in flight each, as the expert reader): %.2f GB/s (the dirs alone "
+                  "summed: %.2f GB/s)\n",
+                  dirs.size(), ro.queue_depth_per_drive, ro.chunk_bytes >> 10, *together / kGB, drive_total / kGB);
+      drive_total = *together;
+    } else {
+      std::printf("drives together: %s (the plan uses the dirs' rates summed)\n", together.status().to_string().c_str());
+    }
   }
 
   const Gpu g = probe_gpu();

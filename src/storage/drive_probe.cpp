@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "storage/aligned_buffer.h"
 #include "storage/io_engine.h"
@@ -17,16 +18,22 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Keeps `depth` reads of `block` bytes in flight for `seconds`; returns bytes/s.
-Result<double> measure(IoEngine& io, int fd, uint64_t file_bytes, uint32_t block, int depth, bool random, double seconds) {
+// Keeps `depth` reads of `block` bytes in flight on each of `fds` (files of file_bytes) for
+// `seconds`; returns the bytes/s of all of them together.
+Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_bytes, uint32_t block, int depth, bool random, double seconds) {
+  const size_t n_fd = fds.size();
   std::vector<AlignedBuffer> bufs;
-  for (int i = 0; i < depth; ++i) bufs.emplace_back(block);
+  for (size_t i = 0; i < n_fd * size_t(depth); ++i) bufs.emplace_back(block);
   std::mt19937_64 rng(42);
   const uint64_t n_blocks = file_bytes / block;
-  uint64_t next = 0, bytes = 0;
-  auto offset = [&] { return (random ? rng() % n_blocks : next++ % n_blocks) * block; };
+  uint64_t bytes = 0;
+  std::vector<uint64_t> next(n_fd, 0);
+  auto offset = [&](size_t f) { return (random ? rng() % n_blocks : next[f]++ % n_blocks) * block; };
   const double t0 = now_s();
-  for (int i = 0; i < depth; ++i) FB_RETURN_IF_ERROR(io.submit({fd, offset(), block, bufs[size_t(i)].data(), uint64_t(i)}));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    const size_t f = i % n_fd;
+    FB_RETURN_IF_ERROR(io.submit({fds[f], offset(f), block, bufs[i].data(), uint64_t(i)}));
+  }
   std::vector<IoDone> done;
   bool stop = false;
   while (io.in_flight() > 0 || !done.empty()) {
@@ -36,20 +43,17 @@ Result<double> measure(IoEngine& io, int fd, uint64_t file_bytes, uint32_t block
     for (const IoDone& d : done) {
       if (d.result < 0) return FB_ERROR(kIo) << "probe read: " << std::strerror(int(-d.result));
       bytes += uint64_t(d.result);
-      if (!stop) FB_RETURN_IF_ERROR(io.submit({fd, offset(), block, bufs[d.tag].data(), d.tag}));
+      const size_t f = size_t(d.tag) % n_fd;
+      if (!stop) FB_RETURN_IF_ERROR(io.submit({fds[f], offset(f), block, bufs[d.tag].data(), d.tag}));
     }
     if (stop && io.in_flight() == 0) break;
   }
   return double(bytes) / (now_s() - t0);
 }
 
-}  // namespace
-
-Result<DriveRates> probe_drive(const std::string& dir, uint64_t file_bytes, double seconds_each) {
-  DriveRates r;
-  r.dir = dir;
-  file_bytes = std::max<uint64_t>(align_up(file_bytes) & ~uint64_t((1 << 20) - 1), 16u << 20);
-  r.file_bytes = file_bytes;
+// A scratch file of file_bytes in `dir` (written, fsynced, unlinked while open: it goes away with
+// the descriptor), opened O_DIRECT when the file system accepts it (*direct says which).
+Result<int> open_scratch(const std::string& dir, uint64_t file_bytes, bool* direct) {
   const std::string path = dir + "/.flashbox-probe." + std::to_string(getpid());
   {
     const int w = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -72,22 +76,59 @@ Result<DriveRates> probe_drive(const std::string& dir, uint64_t file_bytes, doub
     ::close(w);
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-  r.direct = fd >= 0;
+  *direct = fd >= 0;
   if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ::unlink(path.c_str());  // the open descriptor keeps it until we are done
   if (fd < 0) return FB_ERROR(kIo) << path << ": " << std::strerror(errno);
+  return fd;
+}
+
+uint64_t probe_file_bytes(uint64_t file_bytes) { return std::max<uint64_t>(align_up(file_bytes) & ~uint64_t((1 << 20) - 1), 16u << 20); }
+
+}  // namespace
+
+Result<DriveRates> probe_drive(const std::string& dir, uint64_t file_bytes, double seconds_each) {
+  DriveRates r;
+  r.dir = dir;
+  file_bytes = probe_file_bytes(file_bytes);
+  r.file_bytes = file_bytes;
+  const int fd = FB_TRY(open_scratch(dir, file_bytes, &r.direct));
   auto io = make_io_engine(true, 64);
   r.engine = io->name();
-  Status st;
-  auto seq = measure(*io, fd, file_bytes, 1u << 20, 8, false, seconds_each);
-  auto r1m = seq.ok() ? measure(*io, fd, file_bytes, 1u << 20, 8, true, seconds_each) : seq;
-  auto r4k = r1m.ok() ? measure(*io, fd, file_bytes, 4096, 32, true, seconds_each) : r1m;
+  auto seq = measure(*io, {fd}, file_bytes, 1u << 20, 8, false, seconds_each);
+  auto r1m = seq.ok() ? measure(*io, {fd}, file_bytes, 1u << 20, 8, true, seconds_each) : seq;
+  auto r4k = r1m.ok() ? measure(*io, {fd}, file_bytes, 4096, 32, true, seconds_each) : r1m;
   ::close(fd);
   if (!r4k.ok()) return r4k.status();
   r.seq_bytes_per_s = *seq;
   r.rand1m_bytes_per_s = *r1m;
   r.rand4k_bytes_per_s = *r4k;
   return r;
+}
+
+Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, uint32_t block,
+                                     int depth_per_dir) {
+  if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no directories to probe";
+  if (block == 0 || block % 4096 != 0 || depth_per_dir < 1)
+    return FB_ERROR(kInvalidArgument) << "probe reads of " << block << " bytes, " << depth_per_dir << " in flight: need a multiple of 4 KiB and >= 1";
+  file_bytes = std::max<uint64_t>(probe_file_bytes(file_bytes), uint64_t(block) * 4);
+  std::vector<int> fds;
+  auto close_all = [&] {
+    for (int fd : fds) ::close(fd);
+  };
+  for (const std::string& d : dirs) {
+    bool direct = false;
+    auto fd = open_scratch(d, file_bytes, &direct);
+    if (!fd.ok()) {
+      close_all();
+      return fd.status();
+    }
+    fds.push_back(*fd);
+  }
+  auto io = make_io_engine(true, unsigned(std::max<size_t>(64, fds.size() * size_t(depth_per_dir))));
+  auto rate = measure(*io, fds, file_bytes, block, depth_per_dir, true, seconds);
+  close_all();
+  return rate;
 }
 
 }  // namespace fb::storage

@@ -395,5 +395,22 @@ TEST(DriveProbe, MeasuresRates) {
   EXPECT_GT(r->rand1m_bytes_per_s, 0);
 }
 
+// Several dirs read together at the reader's pattern (two dirs on one file system here, as the
+// released-dimension bench puts two replica files on one disk); the probe files go away.
+TEST(DriveProbe, DirsTogether) {
+  const fs::path base = fs::temp_directory_path() / ("fb_probe_together_" + std::to_string(::getpid()));
+  fs::create_directories(base / "a");
+  fs::create_directories(base / "b");
+  auto r = probe_drives_together({(base / "a").string(), (base / "b").string()}, 16u << 20, 0.2, 1u << 20, 4);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(*r, 0);
+  EXPECT_TRUE(fs::is_empty(base / "a") && fs::is_empty(base / "b")) << "a probe file was left behind";
+  EXPECT_FALSE(probe_drives_together({}, 16u << 20, 0.1, 1u << 20, 4).ok());
+  EXPECT_FALSE(probe_drives_together({(base / "a").string()}, 16u << 20, 0.1, 1000, 4).ok()) << "reads not a multiple of 4 KiB";
+  EXPECT_FALSE(probe_drives_together({(base / "a").string()}, 16u << 20, 0.1, 1u << 20, 0).ok());
+  EXPECT_FALSE(probe_drives_together({(base / "missing").string()}, 16u << 20, 0.1, 1u << 20, 4).ok());
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace fb::storage
