@@ -17,7 +17,8 @@
 #      FB_GTEST=1 also builds and runs cuda_fixture_parity_test *ExpertPrefetch* (needs .fixtures)
 #      and cuda_ops_test *TensorCoreScratch* (the scratch growth the count assumes),
 #      FB_ROUTING (--cold-prefill-routing: uniform (default; a chunk reaches nearly every expert, as a
-#      real prompt does), router (the synthetic router: a few dozen experts a layer), or a top-10 share).
+#      real prompt does), router (the synthetic router: a few dozen experts a layer), or a top-10 share),
+#      FB_REPLAY=1 (also a streamed run with bounded replay: the CED figure).
 set -u
 PROMPTS=${1:-8192,32768,131072}
 SERIAL_UPTO=${2:-32768}
@@ -55,7 +56,7 @@ if [ -x build/device/flashbox ]; then
   [ $((BT - 100)) -lt $DEADLINE ] && DEADLINE=$((BT - 100))
   [ $DEADLINE -lt 20 ] && DEADLINE=20
   timeout $BT build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
-    --cold-prefill-routing "${FB_ROUTING:-uniform}" --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
   row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS, routing ${FB_ROUTING:-uniform} (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s, timeout ${BT}s)"
   grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
@@ -84,10 +85,10 @@ if [ -x build/device/flashbox ]; then
   # LAST (after the total): the measured rates, copy/compute per layer step, the limits' shares.
   {
     printf '%-24s %s\n' "cold prefill" "prompt  chunk  mode      tok/s  wall_s   copy_GB  GB/s  layer: step_ms copy_ms  misses  staged(used)"
-    grep -E "^bench: cold prefill +[0-9]+ +[0-9]+ +(serial|stream)" "$LOG/bench.err" | sed 's/^bench: cold prefill */  /'
+    grep -E "^bench: cold prefill +[0-9]+ +[0-9]+ +(serial|stream|replay)" "$LOG/bench.err" | sed 's/^bench: cold prefill */  /'
     grep -E "^bench: cold prefill run:" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill run: /  run /'
     grep -E "^bench: cold prefill [0-9]+: per layer step" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  overlap /'
-    grep -E "^bench: cold prefill [0-9]+ (serial|stream): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
+    grep -E "^bench: cold prefill [0-9]+ (serial|stream|replay): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
   } >"$LOG/results.txt"
 fi
 row total "$(($(date +%s) - t0))s"

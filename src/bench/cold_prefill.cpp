@@ -18,12 +18,14 @@ namespace fb::bench {
 
 namespace {
 
-Status run_prompt(cuda::CudaExecutor& ex, int64_t N, int64_t C, const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step,
-                  const std::function<void(int64_t)>& on_chunk) {
+Status run_prompt(cuda::CudaExecutor& ex, int64_t N, int64_t C, int64_t replay_start,
+                  const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step, const std::function<void(int64_t)>& on_chunk) {
   auto s = ex.new_session();
   std::vector<model::SessionState*> ss{s.get()};
   for (int64_t s0 = 0; s0 < N; s0 += C) {
-    auto o = ex.forward(prefill_step(s0, std::min(N, s0 + C), N), ss);
+    model::Step st = prefill_step(s0, std::min(N, s0 + C), N);
+    for (model::Row& r : st.rows) r.replay_start = replay_start;
+    auto o = ex.forward(st, ss);
     if (!o.ok()) return o.status();
     if (on_chunk) on_chunk(std::min(N, s0 + C));
   }
@@ -118,7 +120,8 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
     const bool serial = N <= opt.serial_upto;
     if (opt.deadline_s > 0 && last_tok_s > 0) {
       const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double need = double(N) / last_tok_s * (serial ? 2.5 : 1.2);  // serial runs are slower than streamed ones
+      // serial runs are slower than streamed ones; a replay run is at most a streamed one
+      const double need = double(N) / last_tok_s * ((serial ? 2.5 : 1.2) + (opt.replay ? 1.0 : 0.0));
       if (used + need > opt.deadline_s) {
         std::fprintf(stderr, "bench: cold prefill: %lld tokens skipped: about %.0f s at %.0f tok/s would end past the %.0f s deadline (%.0f s used)\n",
                      (long long)N, need, last_tok_s, opt.deadline_s, used);
@@ -182,10 +185,16 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       if (slots->prefetch_entries() == 0)
         return fail(FB_ERROR(kResourceExhausted) << "cold prefill: the prefetch staging buffers were not reserved, so a streamed run would be serial");
     }
-    std::vector<bool> modes;
-    if (serial) modes.push_back(false);
-    modes.push_back(true);
-    for (bool on : modes) {
+    struct Mode {
+      bool prefetch, replay;
+    };
+    std::vector<Mode> modes;
+    if (serial) modes.push_back({false, false});
+    modes.push_back({true, false});
+    if (opt.replay) modes.push_back({true, true});
+    for (const Mode& mode : modes) {
+      const bool on = mode.prefetch;
+      const int64_t replay_start = mode.replay ? std::max<int64_t>(0, N - c.window_size) : 0;
       with_prefetch(on, C);
       // Cold for every run: the warm-up step and the run before left this prompt's experts
       // resident (the same tokens route the same way), which made a second run warm (session 13:
@@ -195,14 +204,15 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       slots->reset_stats();
       route_calls = route_distinct = 0;
       const auto t0 = std::chrono::steady_clock::now();
-      const std::string phase = "bench cold prefill " + std::to_string(N) + (on ? " streamed" : " serial");
+      const char* mode_name = mode.replay ? "streamed, bounded replay" : on ? "streamed" : "serial";
+      const std::string phase = "bench cold prefill " + std::to_string(N) + " " + mode_name;
       if (opt.progress) opt.progress(phase, 0, N, "tokens");
-      const Status st = run_prompt(ex, N, C, prefill_step, [&](int64_t done) {
+      const Status st = run_prompt(ex, N, C, replay_start, prefill_step, [&](int64_t done) {
         if (opt.progress) opt.progress(phase, done, N, "tokens");
       });
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!st.ok())
-        return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens in " << C << "-row chunks, " << (on ? "streamed" : "serial")
+        return fail(FB_ERROR(kResourceExhausted) << "cold prefill: " << N << " tokens in " << C << "-row chunks, " << mode_name
                                                  << " run failed after the warm-up step of the same size passed (" << st.to_string()
                                                  << "); arena reserved " << double(counted.arena()) / kGiB << " GiB, "
                                                  << double(free_b) / kGiB << " GiB were free before the prompt");
@@ -212,6 +222,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       r.chunk = C;
       r.chunks = (N + C - 1) / C;
       r.prefetch = on;
+      r.replay = mode.replay;
       r.wall_s = sec;
       r.tok_s = double(N) / sec;
       r.copy_ms = x.copy_ms;
@@ -232,10 +243,10 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       r.budget_bytes = budget;
       r.free_bytes = free_b;
       r.experts_per_layer_call = route_calls ? double(route_distinct) / double(route_calls) : 0;
-      if (on) last_tok_s = r.tok_s;
+      if (on && !mode.replay) last_tok_s = r.tok_s;
       // One line per run as it ends (a run cut short by a timeout keeps the ones before it).
       std::fprintf(stderr, "bench: cold prefill run: %lld tokens in %lld chunk(s) of %lld, %s: %.2f s, %.0f tok/s; %.1f distinct experts per MoE call\n",
-                   (long long)N, (long long)r.chunks, (long long)r.chunk, on ? "streamed" : "serial", sec, r.tok_s, r.experts_per_layer_call);
+                   (long long)N, (long long)r.chunks, (long long)r.chunk, mode_name, sec, r.tok_s, r.experts_per_layer_call);
       runs.push_back(r);
       if (opt.on_run) opt.on_run(r);
     }

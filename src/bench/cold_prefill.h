@@ -35,6 +35,10 @@ struct ColdPrefillOptions {
   // sweep's draw). [policy] benchmark-only, like the rest of the bench: traffic and time are measured.
   double route_share = 0;
   uint64_t route_seed = 26;
+  // Also a streamed run with SWA bounded replay (spec/11 §8.4, [approx-approved], off by default in
+  // the product): rows below N - window leave the step at the decoder's first layer, so the decoder
+  // layers (and their experts) run for the prompt's last window rows only: the CED schedule.
+  bool replay = false;
   std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
   ProgressFn progress;                   // tokens prefilled in each run (optional)
 };
@@ -42,6 +46,7 @@ struct ColdPrefillOptions {
 struct ColdPrefillRun {
   int64_t prompt = 0, chunk = 0, chunks = 0;
   bool prefetch = false;
+  bool replay = false;  // bounded replay (ColdPrefillOptions::replay)
   double wall_s = 0, tok_s = 0;
   double copy_ms = 0, prefetch_ms = 0;  // GPU time of the slot-miss copies / the prefetch copies
   double copied_gb = 0, copy_gbps = 0;  // both kinds of copy; rate = bytes / their GPU time

@@ -638,6 +638,9 @@ Runner add_bench(CLI::App& app) {
                  "cold prefill: whose routing: uniform (each row's experts drawn uniformly: a chunk reaches nearly every expert, as a "
                  "real prompt does), router (the synthetic router's own picks: a few dozen experts a layer), or a share in (0, 1) "
                  "carried by each layer's 10 hottest experts (Zipf)");
+  app.add_flag("--cold-prefill-replay", a->cold_prefill_replay,
+               "cold prefill: also a streamed run with SWA bounded replay (spec/11 sec. 8.4, an approximation): the decoder layers "
+               "and their experts run for the prompt's last window rows only (the CED schedule)");
   app.add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
                  "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
   app.add_option("--kv-restore", a->kv_restore,

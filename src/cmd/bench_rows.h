@@ -60,6 +60,7 @@ struct BenchArgs {
   int64_t cold_prefill_serial = 1;    // also prompts with expert_prefetch off: 1 all, 0 none, N > 1 those of at most N tokens
   double cold_prefill_deadline = 0;   // seconds; later prompts are skipped when predicted to end past it (0: none)
   std::string cold_prefill_routing = "uniform";  // uniform | router | a top-10 share in (0, 1) (ColdPrefillOptions::route_share)
+  bool cold_prefill_replay = false;   // also a streamed run with bounded replay (the CED figure)
   int tier_warm_steps = 512;
   std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
   int64_t host_experts = 64;               // ... its host cache records

@@ -81,21 +81,23 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     }
     o.route_share = v;
   }
+  o.replay = a.cold_prefill_replay;
   PhaseProgress progress;  // on a terminal only
   o.progress = progress.fn();
   constexpr double kGiB = double(1ull << 30);
   std::vector<bench::ColdPrefillRun> done;
   o.on_run = [&](const bench::ColdPrefillRun& r) {
-    const std::string k = std::string("cold_prefill_") + (r.prefetch ? "stream" : "serial");
+    const char* mode = r.replay ? "replay" : r.prefetch ? "stream" : "serial";
+    const std::string k = std::string("cold_prefill_") + mode;
     const double gflop_tok = bench::decode_step_cost(c, r.prompt / 2, true).flops / 1e9;  // mean context N/2
     const double tflops = gflop_tok * double(r.prompt) / r.wall_s / 1e3;
     const double pcie = r.copied_gb / r.wall_s;
     std::fprintf(stderr, "bench: cold prefill %8lld %6lld  %-6s %9.1f %7.2f %9.1f %5.1f  %13.2f %7.2f %7llu  %llu(%llu)\n", (long long)r.prompt,
-                 (long long)r.chunk, r.prefetch ? "stream" : "serial", r.tok_s, r.wall_s, r.copied_gb, r.copy_gbps, r.layer_step_ms,
+                 (long long)r.chunk, mode, r.tok_s, r.wall_s, r.copied_gb, r.copy_gbps, r.layer_step_ms,
                  r.layer_copy_ms, (unsigned long long)r.misses, (unsigned long long)r.prefetched, (unsigned long long)r.prefetch_used);
     std::fprintf(stderr, "bench: cold prefill %lld %s: PCIe %.1f GB/s over the wall = %.0f%% of the %.1f GB/s pinned peak (copies alone %.1f GB/s = %.0f%%); "
                  "%.0f TFLOP/s = %.0f%% of the %.0f TFLOP/s bf16 GEMM\n",
-                 (long long)r.prompt, r.prefetch ? "stream" : "serial", pcie, h2d_peak_gbps > 0 ? 100 * pcie / h2d_peak_gbps : -1, h2d_peak_gbps,
+                 (long long)r.prompt, mode, pcie, h2d_peak_gbps > 0 ? 100 * pcie / h2d_peak_gbps : -1, h2d_peak_gbps,
                  r.copy_gbps, h2d_peak_gbps > 0 ? 100 * r.copy_gbps / h2d_peak_gbps : -1, tflops, bf16_tflops > 0 ? 100 * tflops / bf16_tflops : -1,
                  bf16_tflops);
     csv.row(k + "_tok_s", r.prompt, r.tok_s, "tok/s");
@@ -121,7 +123,7 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     // Copy / compute per layer step: the serial run's wall minus its copies is the compute it
     // serialised with; the streamed run shows how much of the copy time it hid.
     for (const bench::ColdPrefillRun& s : done) {
-      if (s.prefetch || !r.prefetch || s.prompt != r.prompt) continue;
+      if (s.prefetch || !r.prefetch || r.replay || s.prompt != r.prompt) continue;
       const double copy_s = (s.copy_ms + s.prefetch_ms) * 1e-3;
       const double compute_s = std::max(0.0, s.wall_s - copy_s);
       const double hidden = copy_s > 0 ? (s.wall_s - r.wall_s) / copy_s : 0;
