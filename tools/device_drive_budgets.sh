@@ -3,17 +3,19 @@
 # machine: the drive tier of the synthetic released-dimension bench (bench/drive_tier.h: 384
 # experts, two replica files of DRIVE_RECORDS records on the machine's one disk, Zipf routing at
 # one skew, the HBM slots and host cache warmed to steady state without the drives first) run
-# once per budget setting "SLOTS:HOST" (HBM expert slots per layer : page-locked host records).
+# once per budget setting "SLOTS:HOST" (HBM expert slots per layer : page-locked host records),
+# or "SLOTS:HOST:DRIVE@AFTER:KIND" with a replica fault injected mid-run (bench --drive-fault, e.g.
+# 0@400:unlink: drive 0's record file unlinked after 400 of its reads; the run must go on).
 # Builds flashbox into build/device first when it is not there (a warm machine keeps it).
 # Usage, in the repo root:  tools/device_drive_budgets.sh [SETTINGS] [SKEW]
-#   default SETTINGS "96:64 128:64 128:1536", SKEW 0.45
+#   default SETTINGS "96:64 128:64 128:1536 128:64:0@400:unlink", SKEW 0.45
 # Env: FB_WARM_STEPS (decode steps to the pool's steady state, default 512), FB_STEPS (timed, 6),
 #      FB_DRIVE_RECORDS (per file, 64), FB_RUN_TIMEOUT (s per setting, 150).
 # Logs and the CSVs go to $OUT (or /tmp/fb_out); the table is printed LAST. The plan to compare
 # with: `flashbox probe --drive-gbps G --expert-slots S --host-experts H ...` with the drives' rate
 # the run measured (docs/tiers.md).
 set -u
-SETTINGS=${1:-"96:64 128:64 128:1536"}
+SETTINGS=${1:-"96:64 128:64 128:1536 128:64:0@400:unlink"}
 SKEW=${2:-0.45}
 LOG=${OUT:-/tmp/fb_out}
 mkdir -p "$LOG"
@@ -35,17 +37,19 @@ timeout 90 $FB probe --dir "$W/d0" --dir "$W/d1" --seconds 1 --file-mib 512 --no
 row "disk (probe, O_DIRECT)" "$(grep -oE 'sequential 1M [0-9.]+ GB/s, random 1M [0-9.]+ GB/s' "$LOG/db_probe_disk.log" | head -1)"
 row "drives together (probe)" "$(grep -oE 'drives together .*' "$LOG/db_probe_disk.log" | head -1 | cut -c1-160)"
 for s in $SETTINGS; do
-  S=${s%%:*}
-  H=${s##*:}
+  IFS=: read -r S H F1 F2 <<<"$s"
+  FAULT=""
+  [ -n "${F1:-}" ] && FAULT="--drive-fault $F1:$F2"
+  tag="${S}_${H}${F1:+_fault}"
   rm -rf "$W"
   mkdir -p "$W/d0" "$W/d1"
   s0=$(date +%s)
   timeout ${FB_RUN_TIMEOUT:-150} $FB bench --synthetic --experts 384 --expert-slots "$S" --expert-drives "$W/d0,$W/d1" --host-experts "$H" \
     --drive-records ${FB_DRIVE_RECORDS:-64} --skews "$SKEW" --steps ${FB_STEPS:-6} --tier-warm-steps ${FB_WARM_STEPS:-512} \
-    --drive-warm-steps 3 --contexts 4096 >"$LOG/db_${S}_${H}.csv" 2>"$LOG/db_${S}_${H}.err"
-  row "slots $S host $H" "rc=$? $(($(date +%s) - s0))s"
-  grep -E "^bench: drive" "$LOG/db_${S}_${H}.err" | cut -c1-300 | sed 's/^bench: /  /' >>"$T"
-  grep -iE "error|fail" "$LOG/db_${S}_${H}.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
+    --drive-warm-steps 3 --contexts 4096 $FAULT >"$LOG/db_$tag.csv" 2>"$LOG/db_$tag.err"
+  row "slots $S host $H${F1:+ fault $F1:$F2}" "rc=$? $(($(date +%s) - s0))s"
+  grep -E "^bench: drive" "$LOG/db_$tag.err" | cut -c1-300 | sed 's/^bench: /  /' >>"$T"
+  grep -iE "error|fail" "$LOG/db_$tag.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
 done
 rm -rf "$W"
 row total "$(($(date +%s) - t0))s"

@@ -22,7 +22,8 @@ constexpr char kRecordFile[] = "records.bin";
 Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
                                                                  int records, int64_t host_experts,
                                                                  std::function<void(void*, size_t)> on_alloc,
-                                                                 std::function<void(void*, size_t)> on_free) {
+                                                                 std::function<void(void*, size_t)> on_free,
+                                                                 std::vector<storage::ReaderFault> faults) {
   if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "--expert-drives needs at least one directory";
   const model::Config& c = snap.config();
   const storage::ExpertLayout lay = FB_TRY(storage::expert_layout(snap));
@@ -46,6 +47,7 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
   to.host_experts = host_experts;
   to.on_host_alloc = std::move(on_alloc);
   to.on_host_free = std::move(on_free);
+  to.faults = std::move(faults);
   return storage::TieredExperts::create(storage::cyclic_locator(lay, n_experts, records, kRecordFile), dirs, to);
 }
 

@@ -65,10 +65,13 @@ struct DriveTierPoint {
 // Writes R records of the snapshot's first tiered layer's experts (cycling) into DIR/records.bin
 // for every dir, and builds the tiers over them (host_views, page-locked records through `on_alloc`
 // / `on_free`).
+// `faults` (storage::parse_reader_fault: a replica unlinked, truncated, failing with EIO or slow
+// after N of its reads) are injected into the reader, as check-fixture --fault-replica does.
 Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
                                                                  int records, int64_t host_experts,
                                                                  std::function<void(void*, size_t)> on_alloc,
-                                                                 std::function<void(void*, size_t)> on_free);
+                                                                 std::function<void(void*, size_t)> on_free,
+                                                                 std::vector<storage::ReaderFault> faults = {});
 
 Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model::SessionState& s, SwitchExperts& src,
                                                    const DriveTierOptions& opt);

@@ -187,9 +187,15 @@ int run(const BenchArgs& a) {
     std::shared_ptr<bench::SwitchExperts> drive_src;
     if (a.expert_slots > 0 && !a.expert_drives.empty()) {
       // Issue 22: misses from the pinned pool while the slots settle, then through the drives.
+      std::vector<storage::ReaderFault> faults;
+      for (const std::string& f : a.drive_faults) {
+        auto x = storage::parse_reader_fault(f);
+        if (!x.ok()) return bench_failed(x.status(), "--drive-fault");
+        faults.push_back(*x);
+      }
       auto tiers = bench::make_drive_tiers(
           **snap, a.expert_drives, a.drive_records, a.host_experts,
-          [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); });
+          [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); }, std::move(faults));
       if (!tiers.ok()) return bench_failed(tiers.status(), "drive tier");
       drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
       lo.experts = drive_src;
@@ -626,6 +632,9 @@ Runner add_bench(CLI::App& app) {
       ->delimiter(',');
   app.add_option("--host-experts", a->host_experts, "with --expert-drives: host cache records");
   app.add_option("--drive-records", a->drive_records, "with --expert-drives: expert records per drive file (18.8 MB each at released dims)");
+  app.add_option("--drive-fault", a->drive_faults,
+                 "with --expert-drives: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
+                 "(unlink and truncate change the record file) or DRIVE@AFTER:delay=US; repeatable; the run must go on through the other replica");
   app.add_option("--drive-warm-steps", a->drive_warm_steps, "with --expert-drives: decode steps through the drives before each timed arm");
   app.add_option("--cold-prefill", a->cold_prefill,
                  "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "

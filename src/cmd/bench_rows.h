@@ -65,6 +65,7 @@ struct BenchArgs {
   std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
   int64_t host_experts = 64;               // ... its host cache records
   int drive_records = 64;                  // ... expert records written per drive
+  std::vector<std::string> drive_faults;  // ... replica faults injected mid-run (storage::parse_reader_fault)
   int drive_warm_steps = 8;                // ... decode steps through the drives before each timed arm
   std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
   std::string kv_dir;               // their state files ("": the temp folder)
