@@ -196,11 +196,14 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       const bool on = mode.prefetch;
       const int64_t replay_start = mode.replay ? std::max<int64_t>(0, N - c.window_size) : 0;
       with_prefetch(on, C);
-      // Cold for every run: the warm-up step and the run before left this prompt's experts
-      // resident (the same tokens route the same way), which made a second run warm (session 13:
-      // the streamed run after the serial one had no misses and used none of its 10,240 staged
-      // experts)
-      slots->evict_all();
+      // Cold for every run. With the router's own routing the warm-up step and the run before
+      // left this prompt's experts resident (the same tokens route the same way), which made a
+      // second run warm (session 13: the streamed run after the serial one had no misses and used
+      // none of its 10,240 staged experts): the slots are emptied. With drawn routing every run
+      // routes anew, so the slots keep what the run before left (S experts per layer, as useful
+      // as any other S: the steady state of a server, and what `probe`'s plan assumes: E - S
+      // experts per layer cross PCIe per chunk).
+      if (opt.route_share < 0) slots->evict_all();
       slots->reset_stats();
       route_calls = route_distinct = 0;
       const auto t0 = std::chrono::steady_clock::now();

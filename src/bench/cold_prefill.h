@@ -2,7 +2,8 @@
 // --expert-slots 128 --cold-prefill 8192,32768`): whole prompts prefilled in chunks of the size the
 // HBM budget allows (memory::prefill_chunk_rows over the free HBM), the experts that are not
 // resident crossing PCIe in every chunk, once with serial copies (expert_prefetch off) and once
-// streamed a layer ahead (on), each run from empty slots (DevExpertSlots::evict_all). Per run: tok/s, copies (bytes, GPU time, rate), and per layer step
+// streamed a layer ahead (on), each run from empty slots (DevExpertSlots::evict_all) under the
+// router's own routing, from the slots the run before left under drawn routing (route_share). Per run: tok/s, copies (bytes, GPU time, rate), and per layer step
 // the copy time against the step time, so the overlap shows. [policy] benchmark-only: the
 // synthetic model's outputs are noise; traffic and time are what is measured.
 #pragma once
