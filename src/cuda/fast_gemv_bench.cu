@@ -1,11 +1,15 @@
 // fast_gemv_bench (fast_gemv.h): weight-streaming rates of the decode GEMVs at a few shapes and at
 // the released decode shapes, CUDA-core against tensor-core kernels (split from fast_gemv.cu).
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <vector>
 
 #include "cuda/device.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
 #include "cuda/ops.h"
+#include "cuda/rs_gemv.h"
 #include "cuda/tc_gemv.h"
 
 namespace fb::cuda {
@@ -312,6 +316,115 @@ Status fast_gemv_bench() {
   set_tc_global_fold(fold_was);
   tc_gemv_set_chunk_max(0, 0);
   set_fast_pdl(pdl_was);
+  set_fast_gemv_tc(tc_was);
+  std::fflush(stdout);
+  return Status();
+}
+
+// The register-streamed GEMVs (rs_gemv.h) against the tensor-core tiles (the product's default) at
+// the released decode shapes, M = 1 (MXFP4: 6 expert rows of 8 experts), interleaved passes; then
+// the rs kernels' knobs (rs_set_tuning: warps aimed at, steps of loads in flight). Each call reads
+// a different copy of the weight (copies together well past the 50 MB L2).
+Status rs_gemv_bench() {
+  const size_t pool_bytes = size_t(1) << 30;
+  DeviceBuffer pool, scales, codes, qscales, out, ex;
+  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
+  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
+  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
+  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
+  const int64_t kMaxRows = 16, kMaxK = 8192;
+  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
+  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
+  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
+  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));
+  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 32768 * 2));
+  FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
+  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
+  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
+  uint8_t* wp = pool.get<uint8_t>();
+  uint8_t* sp = scales.get<uint8_t>();
+  uint16_t* y = out.get<uint16_t>();
+  uint16_t* y2 = y + kMaxRows * 32768;
+  cudaStream_t st = nullptr;
+  constexpr int kReps = 50;
+  const bool tc_was = fast_gemv_tc();
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+    bool fp4;
+  };
+  const Shape shapes[] = {{"wq_b", 32768, 1280, false}, {"wo_b", 5120, 8192, false}, {"w2s", 5120, 2304, false}, {"wq_a", 1280, 5120, false},
+                          {"e.w13", 2304, 5120, true},  {"e.w2", 5120, 2304, true}};
+  // Packed copies per shape (about 400 MB of each), from slices of the pool; the tiles read the
+  // slices themselves.
+  struct Copies {
+    std::vector<RsWeight> a, b;  // b: MXFP4 w3 beside w1
+    int64_t slice = 0, n = 0;    // bytes between the pool slices the copies came from, their count
+  };
+  std::vector<Copies> copies(std::size(shapes));
+  for (size_t si = 0; si < std::size(shapes); ++si) {
+    const Shape& c = shapes[si];
+    Copies& cp = copies[si];
+    const int64_t one = c.fp4 ? 8 * (c.N * c.K / 2 + c.N * c.K / 32) : c.N * c.K;  // fp4: 8 experts with their scales
+    cp.slice = c.fp4 ? 2 * one : one;
+    cp.n = std::max<int64_t>(2, std::min<int64_t>(int64_t(pool_bytes) / cp.slice, (int64_t(400) << 20) / cp.slice));
+    for (int64_t i = 0; i < cp.n; ++i) {
+      uint8_t* base = wp + i * cp.slice;
+      RsWeight ra, rb;
+      if (c.fp4) {
+        const int64_t eb = c.N * c.K / 2, esb = c.N * c.K / 32;
+        FB_RETURN_IF_ERROR(rs_pack_fp4(Fp4W{base, base + 8 * eb, c.N, c.K, eb, esb}, 8, &ra, st));
+        FB_RETURN_IF_ERROR(rs_pack_fp4(Fp4W{base + one, base + one + 8 * eb, c.N, c.K, eb, esb}, 8, &rb, st));
+        cp.b.push_back(std::move(rb));
+      } else {
+        FB_RETURN_IF_ERROR(rs_pack_fp8(Fp8W{base, sp, c.N, c.K}, &ra, st));
+      }
+      cp.a.push_back(std::move(ra));
+    }
+  }
+  FB_CUDA_TRY(cudaDeviceSynchronize());
+  // One line: every shape with the rs kernels (rs = 1) or the tiles (rs = 0).
+  const auto line = [&](bool rs) -> Status {
+    set_fast_gemv_tc(true);
+    for (size_t si = 0; si < std::size(shapes); ++si) {
+      const Shape& c = shapes[si];
+      const Copies& cp = copies[si];
+      double ms = 0.0;
+      FB_RETURN_IF_ERROR(time_ms(st, kReps,
+                                 [&](int i) {
+                                   const int64_t k = i % cp.n;
+                                   uint8_t* base = wp + k * cp.slice;
+                                   if (!c.fp4) return rs ? rs_fp8_gemv(q, 1, cp.a[size_t(k)], y, st) : fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
+                                   if (rs) return rs_fp4_gemv(q, 6, 6, cp.a[size_t(k)], y, c.N == 2304 ? &cp.b[size_t(k)] : nullptr, y2, ex.get<int32_t>(), st);
+                                   const int64_t eb = c.N * c.K / 2, esb = c.N * c.K / 32, one = 8 * (eb + esb);
+                                   const Fp4W a{base, base + 8 * eb, c.N, c.K, eb, esb}, b{base + one, base + one + 8 * eb, c.N, c.K, eb, esb};
+                                   return c.N == 2304 ? fast_fp4_gemv2_q(q, 6, 6, a, b, ex.get<int32_t>(), y, y2, st)
+                                                      : fast_fp4_gemv_q(q, 6, 6, a, ex.get<int32_t>(), y, st);
+                                 },
+                                 &ms));
+      // bytes read: FP8 the weight; MXFP4 the 6 experts' codes and scales (x 2 for w1 + w3)
+      const double moved = c.fp4 ? 6.0 * double(c.N * c.K / 2 + c.N * c.K / 32) * (c.N == 2304 ? 2 : 1) : double(c.N * c.K);
+      std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
+    }
+    std::printf("\n");
+    return Status();
+  };
+  for (int pass = 0; pass < 3; ++pass)
+    for (int rs = 0; rs < 2; ++rs) {
+      std::printf("%s (pass %d):", rs ? "rs (defaults)" : "tc tiles     ", pass);
+      FB_RETURN_IF_ERROR(line(rs == 1));
+    }
+  for (int depth : {2, 4, 8})
+    for (int t8 : {2048, 4096, 8192})
+      for (int t4 : {384, 768, 1536}) {
+        if (t4 != 768 && t8 != 4096) continue;  // one knob at a time around the defaults
+        rs_set_tuning(t8, t4, depth);
+        std::printf("rs depth %d fp8 target %d fp4 target %d (warps/CTA: wq_b %d, wq_a %d, e.w13 %d, e.w2 %d):", depth, t8, t4,
+                    rs_warps(32768, 1280, false), rs_warps(1280, 5120, false), rs_warps(2304, 5120, true), rs_warps(5120, 2304, true));
+        FB_RETURN_IF_ERROR(line(true));
+      }
+  rs_set_tuning(0, 0, 0);
   set_fast_gemv_tc(tc_was);
   std::fflush(stdout);
   return Status();

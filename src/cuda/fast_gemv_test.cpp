@@ -23,6 +23,7 @@
 #include "cuda/device.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/fast_gemv.h"
+#include "cuda/rs_gemv.h"
 #include "cuda/tc_gemv.h"
 #include "cuda/ops.h"
 
@@ -794,6 +795,155 @@ TEST(FastGemv, DISABLED_ProfileShapes) {
 TEST(FastGemv, Bench) {
   NEED_GPU();
   ASSERT_TRUE(fast_gemv_bench().ok());
+}
+
+// ---- register-streamed GEMVs (rs_gemv.h): (1)-(3) against the exact launchers ---------------------
+
+TEST(FastGemv, RsFp8MatchesExact) {
+  NEED_GPU();
+  Rng rng(41);
+  struct Case { int64_t N, K; };
+  // released shapes (wq_a, wq_b, shared w2) and small ones: one stripe, K of one step, N = 48
+  // (a stripe inside a 32-row scale block's second half)
+  for (Case cs : {Case{1280, 5120}, Case{32768, 1280}, Case{5120, 2304}, Case{16, 64}, Case{48, 192}}) {
+    SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K));
+    const int64_t N = cs.N, K = cs.K, KB = K / 32, T = 13;  // 13 rows: two CTA row groups
+    Dev<bf16_t> dx(rng.act(T * K));
+    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(T * K));
+    Dev<float> qs(size_t(T * KB));
+    const QuantBuf q{qc.p(), qs.p(), T * K};
+    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+    const Fp8W w{dw.p(), dws.p(), N, K};
+    Dev<bf16_t> dy(size_t(T * N));
+    ASSERT_TRUE(fp8_gemm_q(q, T, w, dy.p(), nullptr).ok());
+    const auto want = dy.get();
+    RsWeight rw;
+    ASSERT_TRUE(rs_pack_fp8(w, &rw, nullptr).ok());
+    dy.poison();
+    ASSERT_TRUE(rs_fp8_gemv(q, T, rw, dy.p(), nullptr).ok());
+    const auto got = dy.get();
+    expect_close(got, want, N, {}, "rs fp8 M=13 vs exact");
+    dy.poison();
+    ASSERT_TRUE(rs_fp8_gemv(q, T, rw, dy.p(), nullptr, false).ok());
+    expect_rows_same(dy.get(), got, N, 0, T, "rs fp8 determinism (and without PDL)");
+    dy.poison();
+    for (int64_t m = 0; m < T; ++m) {
+      const QuantBuf q1{qc.p() + m * K, qs.p() + m * KB, K};
+      ASSERT_TRUE(rs_fp8_gemv(q1, 1, rw, dy.p() + m * N, nullptr).ok());
+    }
+    expect_rows_same(dy.get(), got, N, 0, T, "rs fp8 M=1 (each row alone) vs M=13");
+    dy.poison();
+    ASSERT_TRUE(rs_fp8_gemv(q, 3, rw, dy.p(), nullptr).ok());
+    const auto part = dy.get();
+    expect_rows_same(part, got, N, 0, 3, "rs fp8 M=3 vs M=13");
+    EXPECT_TRUE(std::all_of(part.begin() + 3 * N, part.end(), [](bf16_t b) { return b == 0xFFFF; })) << "rs fp8 wrote past M";
+  }
+  RsWeight bad;
+  EXPECT_FALSE(rs_pack_fp8(Fp8W{nullptr, nullptr, 100, 64}, &bad, nullptr).ok()) << "N % 16 != 0 is refused";
+}
+
+TEST(FastGemv, RsFp4MatchesExact) {
+  NEED_GPU();
+  Rng rng(42);
+  struct Case { int64_t N, K, x_div; };
+  // released w1/w3 (N = I = 2304, K = D = 5120) and w2, 6 rows a token; a small case of one stripe
+  for (Case cs : {Case{2304, 5120, 6}, Case{5120, 2304, 1}, Case{16, 128, 4}}) {
+    SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) + " x_div=" + std::to_string(cs.x_div));
+    constexpr int kExperts = 8;
+    const Fp4Set set(rng, cs.N, cs.K, cs.x_div, kExperts);
+    const int64_t N = cs.N, K = cs.K, KB = K / 32;
+    std::vector<int32_t> ex(kRows);
+    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
+    ex[0] = 3;
+    ex[1] = -1;
+    std::vector<bool> keep(kRows);
+    for (int64_t m = 0; m < kRows; ++m) keep[size_t(m)] = ex[size_t(m)] >= 0;
+    Dev<int32_t> dex(ex);
+    Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
+    ASSERT_TRUE(fp4_gemm2_q(set.q, kRows, cs.x_div, set.A, set.B, dex.p(), ya.p(), yb.p(), nullptr).ok());
+    const auto want_a = ya.get(), want_b = yb.get();
+    RsWeight ra, rb;
+    ASSERT_TRUE(rs_pack_fp4(set.A, kExperts, &ra, nullptr).ok());
+    ASSERT_TRUE(rs_pack_fp4(set.B, kExperts, &rb, nullptr).ok());
+    ya.poison();
+    yb.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), &rb, yb.p(), dex.p(), nullptr).ok());
+    const auto got_a = ya.get(), got_b = yb.get();
+    expect_close(got_a, want_a, N, keep, "rs fp4 a vs exact");
+    expect_close(got_b, want_b, N, keep, "rs fp4 b vs exact");
+    for (int64_t m = 0; m < kRows; ++m)
+      if (!keep[size_t(m)]) expect_rows_same(got_a, want_a, N, m, 1, "rs fp4 skipped row untouched");
+    // a alone = a of the pair; determinism
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, false).ok());
+    expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 single weight (no PDL) vs the pair's a");
+    // each row alone: its own x row, expert and output row
+    ya.poison();
+    for (int64_t m = 0; m < kRows; ++m) {
+      const int64_t xm = m / cs.x_div;
+      const QuantBuf q1{set.qc.p() + xm * K, set.qs.p() + xm * KB, K};
+      ASSERT_TRUE(rs_fp4_gemv(q1, 1, 1, ra, ya.p() + m * N, nullptr, nullptr, dex.p() + m, nullptr).ok());
+    }
+    expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 M=1 vs M=64");
+    // every knob setting computes the same products; the warps per CTA change the order only
+    for (int depth : {2, 8}) {
+      rs_set_tuning(0, 0, depth);
+      ya.poison();
+      ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr).ok());
+      expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 depth 2 / 8 vs 4 (same warps: same bits)");
+    }
+    rs_set_tuning(0, 0, 0);
+    // expert == nullptr is expert 0
+    std::vector<int32_t> zeros(kRows, 0);
+    dex.set(zeros);
+    ASSERT_TRUE(rs_fp4_gemv(set.q, 7, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr).ok());
+    const auto with_zero = ya.get();
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, 7, cs.x_div, ra, ya.p(), nullptr, nullptr, nullptr, nullptr).ok());
+    expect_rows_same(ya.get(), with_zero, N, 0, 7, "rs fp4 expert nullptr vs zeros");
+  }
+}
+
+// e8m0 scales 0 and 255 (2^-127 and NaN) take the exact conversion: an expert holding one is
+// flagged at packing, and its rows agree with the exact kernel (NaN rows NaN in both).
+TEST(FastGemv, RsFp4SpecialScales) {
+  NEED_GPU();
+  Rng rng(43);
+  const int64_t N = 32, K = 256, KB = K / 32;
+  constexpr int kExperts = 3;
+  Fp4Set set(rng, N, K, 1, kExperts);
+  std::vector<uint8_t> sa = set.sa.get();
+  sa[size_t(1 * N * KB + 5 * KB + 2)] = 0;     // expert 1, row 5, block 2: 2^-127
+  sa[size_t(2 * N * KB + 17 * KB + 7)] = 255;  // expert 2, row 17, block 7: NaN
+  set.sa.set(sa);
+  std::vector<int32_t> ex(kRows);
+  for (int64_t m = 0; m < kRows; ++m) ex[size_t(m)] = int32_t(m % kExperts);
+  Dev<int32_t> dex(ex);
+  Dev<bf16_t> want(size_t(kRows * N)), got(size_t(kRows * N));
+  ASSERT_TRUE(fp4_gemm_q(set.q, kRows, 1, set.A, dex.p(), want.p(), nullptr).ok());
+  RsWeight ra;
+  ASSERT_TRUE(rs_pack_fp4(set.A, kExperts, &ra, nullptr).ok());
+  ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, 1, ra, got.p(), nullptr, nullptr, dex.p(), nullptr).ok());
+  const auto w = want.get(), g = got.get();
+  std::vector<bool> finite_rows(kRows, true);
+  for (int64_t m = 0; m < kRows; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const bool wn = std::isnan(to_double(w[size_t(m * N + n)])), gn = std::isnan(to_double(g[size_t(m * N + n)]));
+      EXPECT_EQ(wn, gn) << "NaN where the exact kernel has one, row " << m << " col " << n;
+      if (wn) finite_rows[size_t(m)] = false;
+    }
+  for (int64_t m = 0; m < kRows; ++m)
+    if (ex[size_t(m)] == 2) EXPECT_FALSE(finite_rows[size_t(m)]) << "expert 2's row 17 holds a NaN scale";
+  // the NaN column alone is NaN: compare the other columns of expert 2's rows and every row of 0 and 1
+  std::vector<bf16_t> wf = w, gf = g;
+  for (int64_t m = 0; m < kRows; ++m)
+    if (ex[size_t(m)] == 2) wf[size_t(m * N + 17)] = gf[size_t(m * N + 17)] = 0x3F80;
+  expect_close(gf, wf, N, {}, "rs fp4 with e8m0 0 and 255 vs exact");
+}
+
+TEST(FastGemv, RsBench) {
+  NEED_GPU();
+  ASSERT_TRUE(rs_gemv_bench().ok());
 }
 
 }  // namespace

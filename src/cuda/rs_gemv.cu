@@ -1,0 +1,471 @@
+// The register-streamed decode GEMVs of rs_gemv.h (layout: rs_layout.h).
+//
+//  CTA = W warps (rs_warps) on one stripe of 16 output rows: FP8, for a group of up to 8 activation
+//  rows (the mma's 8 columns, blockIdx.y); MXFP4, for one expert row (column 0, blockIdx.y = m).
+//  1. Shared memory gets the CTA's activation rows as f16 pairs in the order the B fragments read
+//     them ([row][step][t][mma q][2 registers]: a lane's 8 registers of a step are 32 contiguous
+//     bytes) and their scales (MXFP4: times 2^14, the decode's 2^-14 undone).
+//  2. Warp w streams steps [w * per, (w + 1) * per) of the stripe: D steps of weight loads in
+//     flight in registers (FP8: the first D issued before griddepcontrol.wait, the weights never
+//     depend on the step), per step four mma.m16n8k16 (f16 in, f32 out), two per 32-block, each
+//     block's sum from zero, then acc += sum * (weight scale * activation scale) (FMA).
+//  3. The warps' accumulators add in warp order in shared memory; one RNE rounding to bf16.
+#include "cuda/rs_gemv.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "base/check.h"
+#include "cuda/numerics.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/rs_layout.h"
+
+namespace fb::cuda {
+
+using dev::to_bf;
+
+namespace {
+
+constexpr int kMaxWarps = 16;
+constexpr int kPadUnits = 8;  // zero units past a packed buffer's end (room for a load-ahead that runs past it)
+constexpr int kFp8Cols = 8;  // activation rows per FP8 CTA (the mma's n)
+
+std::atomic<int> g_fp8_target{0}, g_fp4_target{0}, g_depth{0};
+constexpr int kFp8TargetDefault = 4096, kFp4TargetDefault = 768, kDepthDefault = 4;
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (low byte first) as f16x2, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
+  uint32_t r;
+  const uint16_t h = uint16_t(two & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
+  return r;
+}
+
+// An e8m0 scale byte (in bits 23..30 of `bits`, the rest zero) as f32 for bytes 1..254.
+__device__ __forceinline__ float e8m0_bits(uint32_t bits) { return __uint_as_float(bits); }
+
+// Stages activation row `xr` (K codes, e4m3) as f16 pairs in B-fragment order: word
+// ((j * 4 + t) * 4 + q) * 2 + h holds k = 64 j + 16 q + 8 h + 2 t and k + 1.
+__device__ __forceinline__ void stage_row(const uint8_t* __restrict__ xr, int steps, uint32_t* bs, int tid, int nthreads) {
+  for (int w = tid; w < steps * 32; w += nthreads) {
+    const int h = w & 1, q = (w >> 1) & 3, t = (w >> 3) & 3, j = w >> 5;
+    const int k = 64 * j + 16 * q + 8 * h + 2 * t;
+    const uint32_t two = uint32_t(xr[k]) | uint32_t(xr[k + 1]) << 8;
+    bs[w] = e4m3x2_f16x2(two);
+  }
+}
+
+// ---- MXFP4 ------------------------------------------------------------------------------------
+
+struct RsFp4Part {
+  const uint4* w = nullptr;      // units of 32 x 16 bytes
+  const uint32_t* s = nullptr;   // units of 8 words
+  const uint8_t* special = nullptr;
+  uint16_t* y = nullptr;
+  int64_t N = 0;
+  int stripes = 0;
+};
+
+// One warp's steps [j0, j1) of stripe unit base `u0` (in units), accumulating rows g and g + 8
+// (column 0 of lanes t == 0 is the row's value; other lanes compute zeros). Loads run D steps
+// ahead; the full groups of D steps run without a range test on the step, the last group with.
+template <bool kSlow>
+__device__ __forceinline__ void fp4_step(const uint4& wv, uint32_t sw, const uint4* bp, float2 a, bool b_lane, float& tot0, float& tot1) {
+  uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
+  if (b_lane) {
+    bl = bp[0];
+    bh = bp[1];
+  }
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma16816(d0, rs::fp4_pair_f16x2(wv.x, 0), rs::fp4_pair_f16x2(wv.x, 1), rs::fp4_pair_f16x2(wv.x, 2), rs::fp4_pair_f16x2(wv.x, 3), bl.x, bl.y);
+  mma16816(d0, rs::fp4_pair_f16x2(wv.y, 0), rs::fp4_pair_f16x2(wv.y, 1), rs::fp4_pair_f16x2(wv.y, 2), rs::fp4_pair_f16x2(wv.y, 3), bl.z, bl.w);
+  mma16816(d1, rs::fp4_pair_f16x2(wv.z, 0), rs::fp4_pair_f16x2(wv.z, 1), rs::fp4_pair_f16x2(wv.z, 2), rs::fp4_pair_f16x2(wv.z, 3), bh.x, bh.y);
+  mma16816(d1, rs::fp4_pair_f16x2(wv.w, 0), rs::fp4_pair_f16x2(wv.w, 1), rs::fp4_pair_f16x2(wv.w, 2), rs::fp4_pair_f16x2(wv.w, 3), bh.z, bh.w);
+  // scale word bytes: (row g, block 0), (g, 1), (g + 8, 0), (g + 8, 1)
+  float w00, w01, w10, w11;
+  if (kSlow) {
+    w00 = dev::e8m0_val(uint8_t(sw));
+    w01 = dev::e8m0_val(uint8_t(sw >> 8));
+    w10 = dev::e8m0_val(uint8_t(sw >> 16));
+    w11 = dev::e8m0_val(uint8_t(sw >> 24));
+  } else {
+    w00 = e8m0_bits((sw << 23) & 0x7F800000u);
+    w01 = e8m0_bits((sw << 15) & 0x7F800000u);
+    w10 = e8m0_bits((sw << 7) & 0x7F800000u);
+    w11 = e8m0_bits((sw >> 1) & 0x7F800000u);
+  }
+  tot0 = __fmaf_rn(d0[0], __fmul_rn(w00, a.x), tot0);
+  tot0 = __fmaf_rn(d1[0], __fmul_rn(w01, a.y), tot0);
+  tot1 = __fmaf_rn(d0[2], __fmul_rn(w10, a.x), tot1);
+  tot1 = __fmaf_rn(d1[2], __fmul_rn(w11, a.y), tot1);
+}
+
+template <int D, bool kSlow>
+__device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint32_t* __restrict__ s, int64_t u0, int j0, int j1,
+                                         const uint32_t* bs, const float* as, int lane, float& tot0, float& tot1) {
+  const int g = lane >> 2, t = lane & 3, n = j1 - j0;
+  if (n <= 0) return;
+  const uint4* wp = w + (u0 + j0) * 32 + lane;                            // + 32 a step
+  const uint32_t* sp = s + (u0 + j0) * 8 + g;                             // + 8 a step
+  const uint4* bp = reinterpret_cast<const uint4*>(bs + (j0 * 4 + t) * 8);  // + 8 a step (32 words)
+  const float2* ap = reinterpret_cast<const float2*>(as) + j0;            // + 1 a step
+  const bool b_lane = g == 0;
+  uint4 buf[D];
+  uint32_t sbuf[D];
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (u < n) {
+      buf[u] = __ldg(wp + u * 32);
+      sbuf[u] = __ldg(sp + u * 8);
+    }
+  int i = 0;
+  for (; i + D <= n; i += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const uint4 wv = buf[u];
+      const uint32_t sw = sbuf[u];
+      if (i + u + D < n) {  // (a load past j1 would be another warp's bytes read twice)
+        buf[u] = __ldg(wp + (i + u + D) * 32);
+        sbuf[u] = __ldg(sp + (i + u + D) * 8);
+      }
+      fp4_step<kSlow>(wv, sw, bp + (i + u) * 8, ap[i + u], b_lane, tot0, tot1);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (i + u < n) fp4_step<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ap[i + u], b_lane, tot0, tot1);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
+                                                                 RsFp4Part pa, RsFp4Part pb, const int32_t* __restrict__ expert, int steps) {
+  extern __shared__ __align__(16) uint32_t smem[];
+  pdl_trigger();
+  const RsFp4Part P = blockIdx.z ? pb : pa;
+  const int stripe = int(blockIdx.x);
+  const int64_t m = blockIdx.y;
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, W = int(blockDim.x) >> 5;
+  const int KB = steps * 2;
+  const int64_t K = int64_t(steps) * 64;
+  pdl_wait();  // the expert ids and the activations are the step's
+  const int e = expert ? expert[m] : 0;
+  if (e < 0) return;  // a skipped row: y untouched (uniform over the CTA)
+  uint32_t* bs = smem;                                          // steps * 32 words
+  float* as = reinterpret_cast<float*>(smem + steps * 32);      // KB
+  float* fold = as + KB;                                        // W * 16
+  const int64_t xm = m / x_div;
+  stage_row(xc + xm * K, steps, bs, tid, int(blockDim.x));
+  for (int b = tid; b < KB; b += int(blockDim.x)) as[b] = __fmul_rn(xs[xm * KB + b], 16384.0f);  // the decode's 2^-14
+  __syncthreads();
+  const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
+  const int64_t u0 = (int64_t(e) * P.stripes + stripe) * steps;
+  float tot0 = 0.0f, tot1 = 0.0f;
+  if (P.special[e]) fp4_warp<D, true>(P.w, P.s, u0, j0, j1, bs, as, lane, tot0, tot1);
+  else fp4_warp<D, false>(P.w, P.s, u0, j0, j1, bs, as, lane, tot0, tot1);
+  if ((lane & 3) == 0) {
+    fold[warp * 16 + (lane >> 2)] = tot0;
+    fold[warp * 16 + (lane >> 2) + 8] = tot1;
+  }
+  __syncthreads();
+  if (tid < 16) {
+    float v = 0.0f;
+    for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 16 + tid]);
+    P.y[m * P.N + int64_t(stripe) * 16 + tid] = to_bf(v);
+  }
+}
+
+// ---- FP8 --------------------------------------------------------------------------------------
+
+struct RsFp8Args {
+  const uint4* w = nullptr;     // units of 32 x 32 bytes
+  const uint8_t* s = nullptr;   // e8m0 [ceil(N / 32), K / 32]
+  uint16_t* y = nullptr;
+  int64_t N = 0;
+  int steps = 0;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int cols,
+                                                                 RsFp8Args a) {
+  extern __shared__ __align__(16) uint32_t smem[];
+  pdl_trigger();
+  const int stripe = int(blockIdx.x);
+  const int64_t r0 = int64_t(blockIdx.y) * kFp8Cols;
+  const int rows = M - r0 < cols ? int(M - r0) : cols;  // activation rows of this CTA (<= cols)
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, W = int(blockDim.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int steps = a.steps, KB = steps * 2;
+  const int64_t K = int64_t(steps) * 64;
+  const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
+  const int64_t u0 = int64_t(stripe) * steps;
+  // The first D steps' weights before the wait: no kernel of the step writes them.
+  uint4 buf[D][2];
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (j0 + u < j1) {
+      buf[u][0] = __ldg(a.w + (u0 + j0 + u) * 64 + 2 * lane);
+      buf[u][1] = __ldg(a.w + (u0 + j0 + u) * 64 + 2 * lane + 1);
+    }
+  pdl_wait();
+  uint32_t* bs = smem;                                               // cols * steps * 32 words
+  float* as = reinterpret_cast<float*>(smem + cols * steps * 32);    // 8 * KB: every mma column's (zeros past `rows`)
+  float* fold = as + kFp8Cols * KB;                                  // W * 16 * 8
+  for (int r = 0; r < kFp8Cols; ++r) {
+    if (r < rows) stage_row(xc + (r0 + r) * K, steps, bs + r * steps * 32, tid, int(blockDim.x));
+    for (int b = tid; b < KB; b += int(blockDim.x)) as[r * KB + b] = r < rows ? xs[(r0 + r) * KB + b] : 0.0f;
+  }
+  __syncthreads();
+  const int rb = (stripe * 16) / 32;  // the stripe's 32-row scale block
+  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, col 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+  for (int j = j0; j < j1; j += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const int jj = j + u;
+      if (jj < j1) {
+        const uint4 v0 = buf[u][0], v1 = buf[u][1];
+        if (jj + D < j1) {
+          buf[u][0] = __ldg(a.w + (u0 + jj + D) * 64 + 2 * lane);
+          buf[u][1] = __ldg(a.w + (u0 + jj + D) * 64 + 2 * lane + 1);
+        }
+        uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
+        if (g < rows) {
+          const uint4* bp = reinterpret_cast<const uint4*>(bs + ((g * steps + jj) * 4 + t) * 8);
+          bl = bp[0];
+          bh = bp[1];
+        }
+        float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma16816(d0, e4m3x2_f16x2(v0.x), e4m3x2_f16x2(v0.x >> 16), e4m3x2_f16x2(v0.y), e4m3x2_f16x2(v0.y >> 16), bl.x, bl.y);
+        mma16816(d0, e4m3x2_f16x2(v0.z), e4m3x2_f16x2(v0.z >> 16), e4m3x2_f16x2(v0.w), e4m3x2_f16x2(v0.w >> 16), bl.z, bl.w);
+        mma16816(d1, e4m3x2_f16x2(v1.x), e4m3x2_f16x2(v1.x >> 16), e4m3x2_f16x2(v1.y), e4m3x2_f16x2(v1.y >> 16), bh.x, bh.y);
+        mma16816(d1, e4m3x2_f16x2(v1.z), e4m3x2_f16x2(v1.z >> 16), e4m3x2_f16x2(v1.w), e4m3x2_f16x2(v1.w >> 16), bh.z, bh.w);
+        const float ws0 = dev::e8m0_val(a.s[int64_t(rb) * KB + 2 * jj]), ws1 = dev::e8m0_val(a.s[int64_t(rb) * KB + 2 * jj + 1]);
+        const float* ac = as + 2 * t * KB + 2 * jj;  // column 2t's block scales; column 2t + 1's at + KB
+        const float s00 = __fmul_rn(ws0, ac[0]), s01 = __fmul_rn(ws1, ac[1]);
+        const float s10 = __fmul_rn(ws0, ac[KB]), s11 = __fmul_rn(ws1, ac[KB + 1]);
+        tot[0] = __fmaf_rn(d1[0], s01, __fmaf_rn(d0[0], s00, tot[0]));
+        tot[1] = __fmaf_rn(d1[1], s11, __fmaf_rn(d0[1], s10, tot[1]));
+        tot[2] = __fmaf_rn(d1[2], s01, __fmaf_rn(d0[2], s00, tot[2]));
+        tot[3] = __fmaf_rn(d1[3], s11, __fmaf_rn(d0[3], s10, tot[3]));
+      }
+    }
+  }
+  // fold[(warp * 16 + row) * 8 + col]
+  float* f = fold + warp * 128;
+  f[g * 8 + 2 * t] = tot[0];
+  f[g * 8 + 2 * t + 1] = tot[1];
+  f[(g + 8) * 8 + 2 * t] = tot[2];
+  f[(g + 8) * 8 + 2 * t + 1] = tot[3];
+  __syncthreads();
+  if (tid < 128) {
+    const int row = tid / 8, col = tid % 8;
+    if (col < rows) {
+      float v = 0.0f;
+      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + tid]);
+      a.y[(r0 + col) * a.N + int64_t(stripe) * 16 + row] = to_bf(v);
+    }
+  }
+}
+
+// ---- packing ----------------------------------------------------------------------------------
+
+__global__ void rs_pack_fp4_kernel(const uint8_t* __restrict__ W, int64_t w_stride, int64_t K, int stripes, int steps, int64_t n_words,
+                                   uint32_t* __restrict__ out) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_words) return;
+  const int64_t unit = idx / 128;
+  const int within = int(idx % 128), lane = within / 4, i = within % 4;
+  const int j = int(unit % steps), s = int((unit / steps) % stripes);
+  const int64_t e = unit / (int64_t(steps) * stripes);
+  uint8_t codes[8];
+  for (int p = 0; p < 4; ++p)
+    for (int which = 0; which < 2; ++which) {
+      const rs::Src src = rs::fragment_src(lane, i, p, which);
+      const int64_t row = int64_t(s) * 16 + src.row, k = int64_t(j) * 64 + src.k;
+      const uint8_t b = W[e * w_stride + row * (K / 2) + k / 2];
+      codes[2 * p + which] = (k & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xF);
+    }
+  out[idx] = rs::fp4_pack_word(codes);
+}
+
+__global__ void rs_pack_fp4_scales_kernel(const uint8_t* __restrict__ S, int64_t s_stride, int64_t K, int stripes, int steps, int64_t n_words,
+                                          uint32_t* __restrict__ out, uint8_t* __restrict__ special) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_words) return;
+  const int64_t unit = idx / 8;
+  const int g = int(idx % 8);
+  const int j = int(unit % steps), s = int((unit / steps) % stripes);
+  const int64_t e = unit / (int64_t(steps) * stripes), KB = K / 32;
+  uint32_t word = 0;
+  bool odd = false;
+  for (int b = 0; b < 4; ++b) {
+    const int64_t row = int64_t(s) * 16 + rs::fp4_scale_row(g, b), blk = int64_t(j) * 2 + rs::fp4_scale_block(b);
+    const uint8_t v = S[e * s_stride + row * KB + blk];
+    odd = odd || v == 0 || v == 0xFF;
+    word |= uint32_t(v) << (8 * b);
+  }
+  out[idx] = word;
+  if (odd) special[e] = 1;
+}
+
+__global__ void rs_pack_fp8_kernel(const uint8_t* __restrict__ W, int64_t K, int steps, int64_t n_words, uint32_t* __restrict__ out) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_words) return;
+  const int64_t unit = idx / 256;
+  const int within = int(idx % 256), lane = within / 8, wi = within % 8;
+  const int j = int(unit % steps);
+  const int64_t s = unit / steps;
+  uint32_t word = 0;
+  for (int b = 0; b < 4; ++b) {
+    const rs::Src src = rs::fp8_byte_src(lane, 4 * wi + b);
+    const int64_t row = s * 16 + src.row, k = int64_t(j) * 64 + src.k;
+    word |= uint32_t(W[row * K + k]) << (8 * b);
+  }
+  out[idx] = word;
+}
+
+int64_t blocks_of(int64_t n, int threads) { return (n + threads - 1) / threads; }
+
+int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v && p < (1 << 20)) p <<= 1;
+  return p;
+}
+
+template <typename K>
+Status launch_with_smem(bool pdl, K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const char* name, auto&&... args) {
+  FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
+  FB_CUDA_TRY(launch_pdl(pdl, kernel, grid, block, smem, st, std::forward<decltype(args)>(args)...));
+  FB_CUDA_LAUNCHED(name);
+  return Status();
+}
+
+}  // namespace
+
+int rs_warps(int64_t N, int64_t K, bool fp4) {
+  const int64_t stripes = N / rs::kStripe, steps = K / rs::kStepK;
+  const int t8 = g_fp8_target.load(), t4 = g_fp4_target.load();
+  const int64_t target = fp4 ? (t4 > 0 ? t4 : kFp4TargetDefault) : (t8 > 0 ? t8 : kFp8TargetDefault);
+  int w = std::min(kMaxWarps, pow2_ceil((target + stripes - 1) / std::max<int64_t>(1, stripes)));
+  while (w > 1 && steps / w < 4) w /= 2;  // at least 4 steps a warp
+  return std::max(1, w);
+}
+
+void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth) {
+  g_fp8_target = fp8_target_warps;
+  g_fp4_target = fp4_target_warps;
+  g_depth = depth == 2 || depth == 4 || depth == 8 ? depth : 0;
+}
+
+Status rs_pack_fp8(const Fp8W& w, RsWeight* out, cudaStream_t st) {
+  if (w.N % rs::kStripe != 0 || w.K % rs::kStepK != 0)
+    return FB_ERROR(kUnsupported) << "rs_pack_fp8: [" << w.N << ", " << w.K << "] needs N % 16 == 0 and K % 64 == 0";
+  RsWeight r;
+  r.N = w.N;
+  r.K = w.K;
+  r.s8 = w.s;
+  const int stripes = int(w.N / rs::kStripe), steps = int(w.K / rs::kStepK);
+  FB_RETURN_IF_ERROR(r.w.alloc(size_t(w.N * w.K + int64_t(kPadUnits) * rs::kFp8UnitBytes)));
+  FB_CUDA_TRY(cudaMemsetAsync(r.w.get<uint8_t>() + w.N * w.K, 0, size_t(kPadUnits) * rs::kFp8UnitBytes, st));
+  const int64_t n_words = int64_t(stripes) * steps * (rs::kFp8UnitBytes / 4);
+  rs_pack_fp8_kernel<<<unsigned(blocks_of(n_words, 256)), 256, 0, st>>>(w.w, w.K, steps, n_words, r.w.get<uint32_t>());
+  FB_CUDA_LAUNCHED("rs_pack_fp8_kernel");
+  *out = std::move(r);
+  return Status();
+}
+
+Status rs_pack_fp4(const Fp4W& w, int experts, RsWeight* out, cudaStream_t st) {
+  if (w.N % rs::kStripe != 0 || w.K % rs::kStepK != 0 || experts < 1)
+    return FB_ERROR(kUnsupported) << "rs_pack_fp4: [" << w.N << ", " << w.K << "] x " << experts << " needs N % 16 == 0, K % 64 == 0";
+  RsWeight r;
+  r.N = w.N;
+  r.K = w.K;
+  r.experts = experts;
+  r.fp4 = true;
+  const int stripes = int(w.N / rs::kStripe), steps = int(w.K / rs::kStepK);
+  const int64_t units = int64_t(experts) * stripes * steps;
+  FB_RETURN_IF_ERROR(r.w.alloc(size_t((units + kPadUnits) * rs::kFp4UnitBytes)));
+  FB_RETURN_IF_ERROR(r.s.alloc(size_t((units + kPadUnits) * rs::kFp4ScaleUnitBytes)));
+  FB_CUDA_TRY(cudaMemsetAsync(r.w.get<uint8_t>() + units * rs::kFp4UnitBytes, 0, size_t(kPadUnits) * rs::kFp4UnitBytes, st));
+  FB_CUDA_TRY(cudaMemsetAsync(r.s.get<uint8_t>() + units * rs::kFp4ScaleUnitBytes, 0, size_t(kPadUnits) * rs::kFp4ScaleUnitBytes, st));
+  FB_RETURN_IF_ERROR(r.special.alloc(size_t(experts)));
+  FB_CUDA_TRY(cudaMemsetAsync(r.special.get(), 0, size_t(experts), st));
+  const int64_t n_words = units * (rs::kFp4UnitBytes / 4), n_scale_words = units * (rs::kFp4ScaleUnitBytes / 4);
+  rs_pack_fp4_kernel<<<unsigned(blocks_of(n_words, 256)), 256, 0, st>>>(w.w, w.w_stride, w.K, stripes, steps, n_words, r.w.get<uint32_t>());
+  FB_CUDA_LAUNCHED("rs_pack_fp4_kernel");
+  rs_pack_fp4_scales_kernel<<<unsigned(blocks_of(n_scale_words, 256)), 256, 0, st>>>(w.s, w.s_stride, w.K, stripes, steps, n_scale_words,
+                                                                                    r.s.get<uint32_t>(), r.special.get<uint8_t>());
+  FB_CUDA_LAUNCHED("rs_pack_fp4_scales_kernel");
+  *out = std::move(r);
+  return Status();
+}
+
+Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl) {
+  if (w.fp4 || !w.w.get()) return FB_ERROR(kInvalidArgument) << "rs_fp8_gemv: not an FP8 weight packed by rs_pack_fp8";
+  if (M <= 0) return Status();
+  const int steps = int(w.K / rs::kStepK), stripes = int(w.N / rs::kStripe), W = rs_warps(w.N, w.K, false);
+  const int cols = int(std::min<int64_t>(M, kFp8Cols));
+  const size_t smem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
+  RsFp8Args a;
+  a.w = w.w.get<const uint4>();
+  a.s = w.s8;
+  a.y = y;
+  a.N = w.N;
+  a.steps = steps;
+  const dim3 grid(unsigned(stripes), unsigned((M + kFp8Cols - 1) / kFp8Cols)), block(unsigned(W * 32));
+  const int d = g_depth.load() > 0 ? g_depth.load() : 2;
+  const uint8_t* xc = q.codes;
+  const float* xs = q.scales;
+  switch (d) {
+    case 4:
+      return launch_with_smem(pdl, rs_fp8_kernel<4>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+    case 8:
+      return launch_with_smem(pdl, rs_fp8_kernel<8>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+    default:
+      return launch_with_smem(pdl, rs_fp8_kernel<2>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+  }
+}
+
+Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,
+                   const int32_t* expert, cudaStream_t st, bool pdl) {
+  if (!wa.fp4 || !wa.w.get()) return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: not an MXFP4 weight packed by rs_pack_fp4";
+  if (wb && (!wb->fp4 || wb->N != wa.N || wb->K != wa.K || wb->experts != wa.experts))
+    return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: the second weight's shape differs";
+  if (M <= 0) return Status();
+  if (x_div < 1) return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: x_div " << x_div;
+  if (M > 65535) return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: " << M << " rows in one launch";
+  const int steps = int(wa.K / rs::kStepK), stripes = int(wa.N / rs::kStripe), W = rs_warps(wa.N, wa.K, true);
+  const size_t smem = size_t(steps) * 32 * 4 + size_t(steps) * 2 * 4 + size_t(W) * 16 * 4;
+  auto part = [&](const RsWeight& w, uint16_t* y) {
+    RsFp4Part p;
+    p.w = w.w.get<const uint4>();
+    p.s = w.s.get<const uint32_t>();
+    p.special = w.special.get<const uint8_t>();
+    p.y = y;
+    p.N = w.N;
+    p.stripes = stripes;
+    return p;
+  };
+  const RsFp4Part pa = part(wa, ya), pb = wb ? part(*wb, yb) : pa;
+  const dim3 grid(unsigned(stripes), unsigned(M), wb ? 2u : 1u), block(unsigned(W * 32));
+  const int d = g_depth.load() > 0 ? g_depth.load() : kDepthDefault;
+  const uint8_t* xc = q.codes;
+  const float* xs = q.scales;
+  switch (d) {
+    case 2:
+      return launch_with_smem(pdl, rs_fp4_kernel<2>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
+    case 8:
+      return launch_with_smem(pdl, rs_fp4_kernel<8>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
+    default:
+      return launch_with_smem(pdl, rs_fp4_kernel<4>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
+  }
+}
+
+}  // namespace fb::cuda

@@ -1,0 +1,66 @@
+// Register-streamed decode GEMVs [fast] (issue 19): an experiment beside the tile kernels of
+// tc_gemv.h, for the micro-benchmark first (FastGemv.RsBench) and the executor only if it wins.
+//
+// Why: the tile kernels stream the decode weights at 1.5-1.7 TB/s (a CTA copies its whole tile,
+// waits, computes, folds, so a wave's copy and compute phases take turns; ~100 instructions per
+// 512 MXFP4 bytes). Here the weights are re-laid once (rs_layout.h) so that each lane's 16-byte
+// load is exactly its mma.m16n8k16 A fragments: warps stream their K range with D steps of loads
+// in flight in registers, decode in registers (FP8: one cvt per pair; MXFP4: 11 logic ops per 8
+// codes, no conversion instruction) and run f16 HMMAs; no shared memory holds weights, so every
+// warp keeps loading while it computes.
+//
+// Semantics as the tile kernels' (fast class): the same operands (act_quant e4m3 codes and power-
+// of-two scales per 32; FP8 weights with e8m0 scales per 32 x 32, MXFP4 with e8m0 per row and 32),
+// each 32-block's mma sum scaled by weight scale x activation scale into f32 (FMA), a CTA's warps
+// folded in warp order, one RNE rounding to bf16. The warps per CTA are a function of (N, K) only
+// (rs_warps), so every sum's order is: deterministic and row-invariant (a row's output column of
+// the mma depends on its own B column only). NOT run on a GPU yet (written in session 21 without
+// device time): FastGemv.Rs* test it against the exact kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "cuda/device.h"
+#include "cuda/ops.h"
+
+namespace fb::cuda {
+
+// A weight re-laid for these kernels (device memory owned).
+struct RsWeight {
+  DeviceBuffer w;            // units (rs_layout.h), expert-major
+  DeviceBuffer s;            // MXFP4: re-laid scales (32 bytes a unit); FP8: unused (the checkpoint's scales are read in place)
+  DeviceBuffer special;      // MXFP4: a byte per expert, 1 when any of its scales is e8m0 0 or 255 (the exact conversion is used)
+  const uint8_t* s8 = nullptr;  // FP8: the checkpoint's e8m0 scales [ceil(N / 32), K / 32] (not owned)
+  int64_t N = 0, K = 0;
+  int experts = 1;
+  bool fp4 = false;
+};
+
+// Re-lays an FP8 weight (N % 16 == 0, K % 64 == 0; kUnsupported otherwise). The scales stay where
+// they are: `w.s` must outlive the result.
+Status rs_pack_fp8(const Fp8W& w, RsWeight* out, cudaStream_t st);
+// Re-lays `experts` experts of an MXFP4 weight (w_stride / s_stride between experts).
+Status rs_pack_fp4(const Fp4W& w, int experts, RsWeight* out, cudaStream_t st);
+
+// y [M, N] = q . w^T for M <= 8 rows per CTA group (rows beyond 8 in further CTA groups).
+Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl = true);
+// Experts (tc_fp4_gemv's semantics): row m reads activation row m / x_div and expert expert[m]
+// (nullptr: 0; < 0: skipped, y untouched) of wa, and of wb into yb when wb != nullptr.
+Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,
+                   const int32_t* expert, cudaStream_t st, bool pdl = true);
+
+// Warps per CTA (each takes a contiguous range of the K steps; the CTA folds them in order):
+// a function of (N, K) only. Bench knobs (process-wide; they change the bits, never the
+// guarantees): the warps a launch of one activation row aims at (FP8, MXFP4 per expert row) and
+// the steps of loads in flight per warp (2, 4 or 8). <= 0 restores the defaults.
+int rs_warps(int64_t N, int64_t K, bool fp4);
+void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth);
+
+// Micro-benchmark (fast_gemv_bench.cu; FastGemv.RsBench): rs vs the tiles at the released decode
+// shapes, then the knobs. Prints; never fails on speed.
+Status rs_gemv_bench();
+
+}  // namespace fb::cuda
