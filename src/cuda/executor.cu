@@ -2,6 +2,7 @@
 // forward(); the sublayer ops it shares with the draft are in layer_ops.h, the draft in draft.cu,
 // loading and sessions in weights.cu / session.cu. Class for class the mirror of cpu/executor.cpp.
 #include "cuda/layer_ops.h"
+#include "cuda/rs_gemv.h"
 #include "model/engram_staging.h"
 #include "model/step_parts.h"
 
@@ -843,6 +844,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);
+  set_fast_gemv_rs(run_.numerics == Numerics::kFast && run_.rs_gemv);
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));

@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "base/check.h"
 #include "cuda/numerics.cuh"
@@ -148,7 +151,6 @@ template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
                                                                  RsFp4Part pa, RsFp4Part pb, const int32_t* __restrict__ expert, int steps) {
   extern __shared__ __align__(16) uint32_t smem[];
-  pdl_trigger();
   const RsFp4Part P = blockIdx.z ? pb : pa;
   const int stripe = int(blockIdx.x);
   const int64_t m = blockIdx.y;
@@ -156,6 +158,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* _
   const int KB = steps * 2;
   const int64_t K = int64_t(steps) * 64;
   pdl_wait();  // the expert ids and the activations are the step's
+  // The next kernel may launch only now that this one has waited (what a following tile GEMV
+  // that reads its expert ids before its own wait relies on: ops.h ExpertPdl).
+  pdl_trigger();
   const int e = expert ? expert[m] : 0;
   if (e < 0) return;  // a skipped row: y untouched (uniform over the CTA)
   uint32_t* bs = smem;                                          // steps * 32 words
@@ -196,7 +201,6 @@ template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int cols,
                                                                  RsFp8Args a) {
   extern __shared__ __align__(16) uint32_t smem[];
-  pdl_trigger();
   const int stripe = int(blockIdx.x);
   const int64_t r0 = int64_t(blockIdx.y) * kFp8Cols;
   const int rows = M - r0 < cols ? int(M - r0) : cols;  // activation rows of this CTA (<= cols)
@@ -215,6 +219,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
       buf[u][1] = __ldg(a.w + (u0 + j0 + u) * 64 + 2 * lane + 1);
     }
   pdl_wait();
+  pdl_trigger();  // after the wait, as the MXFP4 kernel
   uint32_t* bs = smem;                                               // cols * steps * 32 words
   float* as = reinterpret_cast<float*>(smem + cols * steps * 32);    // 8 * KB: every mma column's (zeros past `rows`)
   float* fold = as + kFp8Cols * KB;                                  // W * 16 * 8
@@ -348,6 +353,56 @@ Status launch_with_smem(bool pdl, K kernel, dim3 grid, dim3 block, size_t smem, 
 }
 
 }  // namespace
+
+namespace {
+
+std::atomic<bool> g_rs_on{false};
+std::mutex g_reg_mu;
+std::map<const uint8_t*, std::unique_ptr<RsWeight>> g_fp8_packed, g_fp4_packed;
+std::map<const uint8_t*, int> g_fp4_experts;
+
+}  // namespace
+
+void set_fast_gemv_rs(bool on) { g_rs_on.store(on, std::memory_order_relaxed); }
+bool fast_gemv_rs() { return g_rs_on.load(std::memory_order_relaxed); }
+
+void rs_register_experts(const uint8_t* w, int experts) {
+  std::lock_guard<std::mutex> lock(g_reg_mu);
+  g_fp4_experts[w] = experts;
+}
+
+void rs_clear_packed() {
+  std::lock_guard<std::mutex> lock(g_reg_mu);
+  g_fp8_packed.clear();
+  g_fp4_packed.clear();
+  g_fp4_experts.clear();
+}
+
+Result<const RsWeight*> rs_packed_fp8(const Fp8W& w, cudaStream_t st) {
+  if (w.N % rs::kStripe != 0 || w.K % rs::kStepK != 0) return static_cast<const RsWeight*>(nullptr);
+  std::lock_guard<std::mutex> lock(g_reg_mu);
+  auto it = g_fp8_packed.find(w.w);
+  if (it != g_fp8_packed.end() && it->second->N == w.N && it->second->K == w.K && it->second->s8 == w.s) return it->second.get();
+  auto r = std::make_unique<RsWeight>();
+  FB_RETURN_IF_ERROR(rs_pack_fp8(w, r.get(), st));  // stream-ordered before the GEMV that reads it
+  const RsWeight* p = r.get();
+  g_fp8_packed[w.w] = std::move(r);
+  return p;
+}
+
+Result<const RsWeight*> rs_packed_fp4(const Fp4W& w, cudaStream_t st) {
+  if (w.N % rs::kStripe != 0 || w.K % rs::kStepK != 0) return static_cast<const RsWeight*>(nullptr);
+  std::lock_guard<std::mutex> lock(g_reg_mu);
+  const auto e = g_fp4_experts.find(w.w);
+  if (e == g_fp4_experts.end()) return static_cast<const RsWeight*>(nullptr);
+  auto it = g_fp4_packed.find(w.w);
+  if (it != g_fp4_packed.end() && it->second->N == w.N && it->second->K == w.K) return it->second.get();
+  auto r = std::make_unique<RsWeight>();
+  FB_RETURN_IF_ERROR(rs_pack_fp4(w, e->second, r.get(), st));
+  const RsWeight* p = r.get();
+  g_fp4_packed[w.w] = std::move(r);
+  return p;
+}
 
 int rs_warps(int64_t N, int64_t K, bool fp4) {
   const int64_t stripes = N / rs::kStripe, steps = K / rs::kStepK;

@@ -59,6 +59,21 @@ Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& 
 int rs_warps(int64_t N, int64_t K, bool fp4);
 void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth);
 
+// The executor's A/B (CudaRunOptions::rs_gemv, off by default; fast_gemv.h routes its FP8 calls of
+// at most 8 rows and its ungrouped MXFP4 calls here while on): packed copies made on first use,
+// kept per weight (its code pointer). An MXFP4 weight qualifies only once registered with its
+// expert count: the executor registers its resident experts; the tiered layers' slots and
+// staging buffers change contents between calls and are never registered (their calls stay on
+// the tiles). rs_clear_packed() frees every copy and registration (the executor's destructor: a
+// later allocation at the same address must not find a stale copy).
+void set_fast_gemv_rs(bool on);
+bool fast_gemv_rs();
+void rs_register_experts(const uint8_t* w, int experts);
+// nullptr: not packable (shape) or, MXFP4, not registered.
+Result<const RsWeight*> rs_packed_fp8(const Fp8W& w, cudaStream_t st);
+Result<const RsWeight*> rs_packed_fp4(const Fp4W& w, cudaStream_t st);
+void rs_clear_packed();
+
 // Micro-benchmark (fast_gemv_bench.cu; FastGemv.RsBench): rs vs the tiles at the released decode
 // shapes, then the knobs. Prints; never fails on speed.
 Status rs_gemv_bench();

@@ -13,6 +13,7 @@
 #include "cuda/fast_attention.h"
 #include "cuda/fast_gemv.h"
 #include "cuda/fast_small.h"
+#include "cuda/rs_gemv.h"
 #include "cuda/tc_gemv.h"
 
 #include "loader/bind.h"
@@ -86,10 +87,11 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   if (name == "engram_prefetch_tasks") return integer(0, 64, o.engram_prefetch_tasks);
+  if (name == "rs_gemv") return flag(o.rs_gemv);
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -149,6 +151,7 @@ CudaExecutor::~CudaExecutor() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  rs_clear_packed();  // copies of this executor's weights (a later allocation may reuse their addresses)
   if (side_) {
     cudaStreamSynchronize(side_);
     cudaStreamDestroy(side_);
@@ -306,6 +309,8 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
       d.w3 = slots_->w3(l);
     } else {
       FB_RETURN_IF_ERROR(up_experts(l, d));
+      // Resident experts may take the register-streamed GEMVs (CudaRunOptions::rs_gemv; packed on first use).
+      for (const Fp4W* f : {&d.w1, &d.w2, &d.w3}) rs_register_experts(f->w, cfg_.roles[size_t(l)].n_experts);
     }
   }
   if (cfg_.n_mtp_layers > 0) {
