@@ -192,13 +192,18 @@ class CudaStep : public CudaLayerOps {
         return;
       }
       const model::EngramStaging::Rows staged = engram_staging_.rows(k, &m_.engram_rows_);
-      // Rows that left at a bounded replay's decoder start are the staging's first row0_ rows.
       const int64_t sb = hd / 32, n = T_ * n_cols, first = row0_ * n_cols;
-      std::vector<uint8_t> codes(staged.codes + first * hd, staged.codes + (first + n) * hd);
-      std::vector<uint8_t> scales(staged.scales + first * sb, staged.scales + (first + n) * sb);
       std::vector<int64_t> ident(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) ident[size_t(i)] = i;
-      auto [d_codes, d_scales, d_ident] = upload_all(codes, scales, ident);
+      const uint8_t *d_codes = nullptr, *d_scales = nullptr;
+      const int64_t* d_ident = nullptr;
+      if (first == 0) {
+        std::tie(d_codes, d_scales, d_ident) = upload_all(engram_staging_.codes(k), engram_staging_.scales(k), ident);
+      } else {  // rows that left at a bounded replay's decoder start are the staging's first row0_ rows
+        const std::vector<uint8_t> codes(staged.codes + first * hd, staged.codes + (first + n) * hd);
+        const std::vector<uint8_t> scales(staged.scales + first * sb, staged.scales + (first + n) * sb);
+        std::tie(d_codes, d_scales, d_ident) = upload_all(codes, scales, ident);
+      }
       if (!ok()) return;
       step(engram_gather(d_codes, d_scales, d_ident, n_cols, T_, n_cols, hd, E, st_));
     } else {

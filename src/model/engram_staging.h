@@ -58,6 +58,10 @@ class EngramStaging {
   Rows rows(size_t k, EngramRows* count);
 
   size_t layers() const { return tables_.size(); }
+  // Layer k's staging buffers whole (valid once rows(k, ...) has returned): callers that copy
+  // them on (an upload) take the vectors instead of the pointers.
+  const std::vector<uint8_t>& codes(size_t k) const { return codes_[k]; }
+  const std::vector<uint8_t>& scales(size_t k) const { return scales_[k]; }
   // Waits for the tasks to end (they end once every row is staged; the destructor waits too).
   void join();
 
