@@ -124,31 +124,48 @@ Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
   return Status();
 }
 
+// The benches' buffers. Weights are slices of a pool larger than L2 (50 MB on the H200), a
+// different slice per call, so every call streams from HBM. Values do not matter for speed: a byte
+// pattern (finite e4m3 and e2m1 codes, e8m0 scales near 1); expert ids 0..7 twice.
+struct BenchBuffers {
+  static constexpr size_t kPoolBytes = size_t(1) << 30;
+  static constexpr int64_t kMaxRows = 16, kMaxK = 8192, kMaxN = 32768;
+  DeviceBuffer pool, scales, codes, qscales, out, ex;
+  QuantBuf q;
+  uint8_t *wp = nullptr, *sp = nullptr;  // pool and scales
+  uint16_t* y = nullptr;                 // out
+  Status init() {
+    FB_RETURN_IF_ERROR(pool.alloc(kPoolBytes));
+    FB_RETURN_IF_ERROR(scales.alloc(kPoolBytes / 16));
+    FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, kPoolBytes));
+    FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, kPoolBytes / 16));
+    FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
+    FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
+    FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
+    FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));  // 0x3C3C3C3C: a normal f32 (~0.0115)
+    FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * kMaxN * 2));             // two outputs of up to kMaxN columns
+    FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
+    const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+    FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
+    q = QuantBuf{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
+    wp = pool.get<uint8_t>();
+    sp = scales.get<uint8_t>();
+    y = out.get<uint16_t>();
+    return Status();
+  }
+};
+
 }  // namespace
 
 Status fast_gemv_bench() {
-  // Weights are slices of a pool larger than L2 (50 MB on the H200), a different slice per call,
-  // so every call streams from HBM. Values do not matter for speed: a byte pattern (finite e4m3
-  // and e2m1 codes, e8m0 scales near 1).
-  const size_t pool_bytes = size_t(1) << 30;
-  DeviceBuffer pool, scales, codes, qscales, out, ex;
-  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
-  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
-  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
-  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
-  const int64_t kMaxRows = 16, kMaxK = 8192;
-  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
-  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
-  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
-  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));  // 0x3C3C3C3C: a normal f32 (~0.0115)
-  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 16384 * 2));
-  FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
-  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
-  FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
-  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
-  uint8_t* wp = pool.get<uint8_t>();
-  uint8_t* sp = scales.get<uint8_t>();
-  uint16_t* y = out.get<uint16_t>();
+  BenchBuffers bb;
+  FB_RETURN_IF_ERROR(bb.init());
+  const size_t pool_bytes = BenchBuffers::kPoolBytes;
+  const int64_t kMaxRows = BenchBuffers::kMaxRows;
+  const DeviceBuffer& ex = bb.ex;
+  const QuantBuf q = bb.q;
+  uint8_t *wp = bb.wp, *sp = bb.sp;
+  uint16_t* y = bb.y;
   cudaStream_t st = nullptr;
   constexpr int kReps = 50;
   FB_RETURN_IF_ERROR(read_probes(wp, pool_bytes, st));
@@ -326,26 +343,10 @@ Status fast_gemv_bench() {
 // the rs kernels' knobs (rs_set_tuning: warps aimed at, steps of loads in flight). Each call reads
 // a different copy of the weight (copies together well past the 50 MB L2).
 Status rs_gemv_bench() {
-  const size_t pool_bytes = size_t(1) << 30;
-  DeviceBuffer pool, scales, codes, qscales, out, ex;
-  FB_RETURN_IF_ERROR(pool.alloc(pool_bytes));
-  FB_RETURN_IF_ERROR(scales.alloc(pool_bytes / 16));
-  FB_CUDA_TRY(cudaMemset(pool.get(), 0x3A, pool_bytes));
-  FB_CUDA_TRY(cudaMemset(scales.get(), 0x7F, pool_bytes / 16));
-  const int64_t kMaxRows = 16, kMaxK = 8192;
-  FB_RETURN_IF_ERROR(codes.alloc(kMaxRows * kMaxK));
-  FB_RETURN_IF_ERROR(qscales.alloc(kMaxRows * kMaxK / 32 * 4));
-  FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
-  FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));
-  FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * 32768 * 2));
-  FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
-  const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
-  FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
-  const QuantBuf q{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
-  uint8_t* wp = pool.get<uint8_t>();
-  uint8_t* sp = scales.get<uint8_t>();
-  uint16_t* y = out.get<uint16_t>();
-  uint16_t* y2 = y + kMaxRows * 32768;
+  BenchBuffers bb;
+  FB_RETURN_IF_ERROR(bb.init());
+  const QuantBuf q = bb.q;
+  uint16_t* y2 = bb.y + BenchBuffers::kMaxRows * BenchBuffers::kMaxN;
   cudaStream_t st = nullptr;
   constexpr int kReps = 50;
   const bool tc_was = fast_gemv_tc();
@@ -368,9 +369,9 @@ Status rs_gemv_bench() {
     Copies& cp = copies[si];
     const int64_t one = c.fp4 ? 8 * (c.N * c.K / 2 + c.N * c.K / 32) : c.N * c.K;  // fp4: 8 experts with their scales
     cp.slice = c.fp4 ? 2 * one : one;
-    cp.n = std::max<int64_t>(2, std::min<int64_t>(int64_t(pool_bytes) / cp.slice, (int64_t(400) << 20) / cp.slice));
+    cp.n = std::max<int64_t>(2, std::min<int64_t>(int64_t(BenchBuffers::kPoolBytes) / cp.slice, (int64_t(400) << 20) / cp.slice));
     for (int64_t i = 0; i < cp.n; ++i) {
-      uint8_t* base = wp + i * cp.slice;
+      uint8_t* base = bb.wp + i * cp.slice;
       RsWeight ra, rb;
       if (c.fp4) {
         const int64_t eb = c.N * c.K / 2, esb = c.N * c.K / 32;
@@ -378,7 +379,7 @@ Status rs_gemv_bench() {
         FB_RETURN_IF_ERROR(rs_pack_fp4(Fp4W{base + one, base + one + 8 * eb, c.N, c.K, eb, esb}, 8, &rb, st));
         cp.b.push_back(std::move(rb));
       } else {
-        FB_RETURN_IF_ERROR(rs_pack_fp8(Fp8W{base, sp, c.N, c.K}, &ra, st));
+        FB_RETURN_IF_ERROR(rs_pack_fp8(Fp8W{base, bb.sp, c.N, c.K}, &ra, st));
       }
       cp.a.push_back(std::move(ra));
     }
@@ -394,13 +395,13 @@ Status rs_gemv_bench() {
       FB_RETURN_IF_ERROR(time_ms(st, kReps,
                                  [&](int i) {
                                    const int64_t k = i % cp.n;
-                                   uint8_t* base = wp + k * cp.slice;
-                                   if (!c.fp4) return rs ? rs_fp8_gemv(q, 1, cp.a[size_t(k)], y, st) : fast_fp8_gemv_q(q, 1, Fp8W{base, sp, c.N, c.K}, y, st);
-                                   if (rs) return rs_fp4_gemv(q, 6, 6, cp.a[size_t(k)], y, c.N == 2304 ? &cp.b[size_t(k)] : nullptr, y2, ex.get<int32_t>(), st);
+                                   uint8_t* base = bb.wp + k * cp.slice;
+                                   if (!c.fp4) return rs ? rs_fp8_gemv(q, 1, cp.a[size_t(k)], bb.y, st) : fast_fp8_gemv_q(q, 1, Fp8W{base, bb.sp, c.N, c.K}, bb.y, st);
+                                   if (rs) return rs_fp4_gemv(q, 6, 6, cp.a[size_t(k)], bb.y, c.N == 2304 ? &cp.b[size_t(k)] : nullptr, y2, bb.ex.get<int32_t>(), st);
                                    const int64_t eb = c.N * c.K / 2, esb = c.N * c.K / 32, one = 8 * (eb + esb);
                                    const Fp4W a{base, base + 8 * eb, c.N, c.K, eb, esb}, b{base + one, base + one + 8 * eb, c.N, c.K, eb, esb};
-                                   return c.N == 2304 ? fast_fp4_gemv2_q(q, 6, 6, a, b, ex.get<int32_t>(), y, y2, st)
-                                                      : fast_fp4_gemv_q(q, 6, 6, a, ex.get<int32_t>(), y, st);
+                                   return c.N == 2304 ? fast_fp4_gemv2_q(q, 6, 6, a, b, bb.ex.get<int32_t>(), bb.y, y2, st)
+                                                      : fast_fp4_gemv_q(q, 6, 6, a, bb.ex.get<int32_t>(), bb.y, st);
                                  },
                                  &ms));
       // bytes read: FP8 the weight; MXFP4 the 6 experts' codes and scales (x 2 for w1 + w3)

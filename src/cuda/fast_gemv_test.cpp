@@ -136,6 +136,21 @@ struct TcOn {
 };
 
 
+// T activation rows act_quant'ed into q and one FP8 weight [N, K] (random codes, scales near 1).
+struct Fp8Set {
+  int64_t N, K, KB, T;
+  Dev<bf16_t> dx;
+  Dev<uint8_t> dw, dws, qc;
+  Dev<float> qs;
+  QuantBuf q;
+  Fp8W w;
+  Fp8Set(Rng& rng, int64_t n, int64_t k, int64_t t)
+      : N(n), K(k), KB(k / 32), T(t), dx(rng.act(t * k)), dw(rng.e4m3(n * k)), dws(rng.bytes(((n + 31) / 32) * (k / 32), 118, 132)),
+        qc(size_t(t * k)), qs(size_t(t * (k / 32))), q{qc.p(), qs.p(), t * k}, w{dw.p(), dws.p(), n, k} {
+    EXPECT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+  }
+};
+
 void fp8_cases() {
   Rng rng(11);
   struct Case { int64_t N, K; };
@@ -145,12 +160,11 @@ void fp8_cases() {
                   Case{96, 2080}, Case{512, 5120}}) {
     SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K));
     const int64_t N = cs.N, K = cs.K, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    const Fp8W w{dw.p(), dws.p(), N, K};
+    const Fp8Set set(rng, N, K, kRows);
+    const Dev<uint8_t>& qc = set.qc;
+    const Dev<float>& qs = set.qs;
+    const QuantBuf& q = set.q;
+    const Fp8W& w = set.w;
     Dev<bf16_t> dy(size_t(kRows * N));
     ASSERT_TRUE(fp8_gemm_q(q, kRows, w, dy.p(), nullptr).ok());
     const auto want = dy.get();
@@ -253,6 +267,21 @@ struct Fp4Set {
   }
 };
 
+// kRows expert ids over `experts` experts, about 1 in (experts + 1) skipped (-1); row 0 uses
+// expert 3, row 1 is skipped. And the rows that are not skipped.
+std::vector<int32_t> expert_rows(Rng& rng, int experts) {
+  std::vector<int32_t> ex(kRows);
+  for (auto& e : ex) e = rng.uniform(-1, experts - 1);
+  ex[0] = 3;
+  ex[1] = -1;
+  return ex;
+}
+std::vector<bool> kept_rows(const std::vector<int32_t>& ex) {
+  std::vector<bool> keep(ex.size());
+  for (size_t m = 0; m < ex.size(); ++m) keep[m] = ex[m] >= 0;
+  return keep;
+}
+
 void fp4_expert_cases() {
   Rng rng(12);
   struct Case { int64_t N, K, x_div; };
@@ -267,12 +296,8 @@ void fp4_expert_cases() {
     const Fp4W &wa = set.A, &wbw = set.B;
     const Dev<uint8_t>& qc = set.qc;
     const Dev<float>& qs = set.qs;
-    std::vector<int32_t> ex(kRows);
-    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);  // about 1 in 9 rows skipped
-    ex[0] = 3;
-    ex[1] = -1;
-    std::vector<bool> keep(kRows);
-    for (int64_t m = 0; m < kRows; ++m) keep[size_t(m)] = ex[size_t(m)] >= 0;
+    const std::vector<int32_t> ex = expert_rows(rng, kExperts);
+    const std::vector<bool> keep = kept_rows(ex);
     Dev<int32_t> dex(ex);
     Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
     // exact references (skipped rows stay poisoned in both)
@@ -808,12 +833,9 @@ TEST(FastGemv, RsFp8MatchesExact) {
   for (Case cs : {Case{1280, 5120}, Case{32768, 1280}, Case{5120, 2304}, Case{16, 64}, Case{48, 192}}) {
     SCOPED_TRACE("N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K));
     const int64_t N = cs.N, K = cs.K, KB = K / 32, T = 13;  // 13 rows: two CTA row groups
-    Dev<bf16_t> dx(rng.act(T * K));
-    Dev<uint8_t> dw(rng.e4m3(N * K)), dws(rng.bytes(((N + 31) / 32) * KB, 118, 132)), qc(size_t(T * K));
-    Dev<float> qs(size_t(T * KB));
-    const QuantBuf q{qc.p(), qs.p(), T * K};
-    ASSERT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
-    const Fp8W w{dw.p(), dws.p(), N, K};
+    const Fp8Set set(rng, N, K, T);
+    const QuantBuf& q = set.q;
+    const Fp8W& w = set.w;
     Dev<bf16_t> dy(size_t(T * N));
     ASSERT_TRUE(fp8_gemm_q(q, T, w, dy.p(), nullptr).ok());
     const auto want = dy.get();
@@ -828,7 +850,7 @@ TEST(FastGemv, RsFp8MatchesExact) {
     expect_rows_same(dy.get(), got, N, 0, T, "rs fp8 determinism (and without PDL)");
     dy.poison();
     for (int64_t m = 0; m < T; ++m) {
-      const QuantBuf q1{qc.p() + m * K, qs.p() + m * KB, K};
+      const QuantBuf q1{set.qc.p() + m * K, set.qs.p() + m * KB, K};
       ASSERT_TRUE(rs_fp8_gemv(q1, 1, rw, dy.p() + m * N, nullptr).ok());
     }
     expect_rows_same(dy.get(), got, N, 0, T, "rs fp8 M=1 (each row alone) vs M=13");
@@ -852,12 +874,8 @@ TEST(FastGemv, RsFp4MatchesExact) {
     constexpr int kExperts = 8;
     const Fp4Set set(rng, cs.N, cs.K, cs.x_div, kExperts);
     const int64_t N = cs.N, K = cs.K, KB = K / 32;
-    std::vector<int32_t> ex(kRows);
-    for (auto& e : ex) e = rng.uniform(-1, kExperts - 1);
-    ex[0] = 3;
-    ex[1] = -1;
-    std::vector<bool> keep(kRows);
-    for (int64_t m = 0; m < kRows; ++m) keep[size_t(m)] = ex[size_t(m)] >= 0;
+    const std::vector<int32_t> ex = expert_rows(rng, kExperts);
+    const std::vector<bool> keep = kept_rows(ex);
     Dev<int32_t> dex(ex);
     Dev<bf16_t> ya(size_t(kRows * N)), yb(size_t(kRows * N));
     ASSERT_TRUE(fp4_gemm2_q(set.q, kRows, cs.x_div, set.A, set.B, dex.p(), ya.p(), yb.p(), nullptr).ok());
