@@ -719,13 +719,10 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
   if (M == 0) return Status();
   if (wa.N == 0) return fast_fp8_gemv_q(q, M, wb, yb, st);
   if (wb.N == 0) return fast_fp8_gemv_q(q, M, wa, ya, st);
-  if (fast_gemv_rs() && M <= 8) {  // two launches (the rs kernels take one weight)
+  if (fast_gemv_rs() && M <= 8) {
     const RsWeight* pa = FB_TRY(rs_packed_fp8(wa, st));
     const RsWeight* pb = FB_TRY(rs_packed_fp8(wb, st));
-    if (pa && pb) {
-      FB_RETURN_IF_ERROR(rs_fp8_gemv(q, M, *pa, ya, st, fast_pdl()));
-      return rs_fp8_gemv(q, M, *pb, yb, st, fast_pdl());
-    }
+    if (pa && pb) return rs_fp8_gemv2(q, M, *pa, ya, pb, yb, st, fast_pdl());
   }
   if (fast_gemv_tc()) return tc_fp8_gemv(q, M, wa, ya, &wb, yb, st);
   return with_rows(M, [&](auto r) { return launch_fp8<decltype(r)::value>(q, M, wa, ya, &wb, yb, st); });

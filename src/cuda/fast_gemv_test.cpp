@@ -864,6 +864,25 @@ TEST(FastGemv, RsFp8MatchesExact) {
   EXPECT_FALSE(rs_pack_fp8(Fp8W{nullptr, nullptr, 100, 64}, &bad, nullptr).ok()) << "N % 16 != 0 is refused";
 }
 
+// Two weights in one launch (other stripes, other warps per CTA) = the single calls.
+TEST(FastGemv, RsFp8PairEqualsSingles) {
+  NEED_GPU();
+  Rng rng(44);
+  const int64_t K = 5120, T = 7, Na = 8192, Nb = 512;
+  const Fp8Set a(rng, Na, K, T);
+  const Fp8Set b(rng, Nb, K, T);
+  EXPECT_NE(rs_warps(Na, K, false), rs_warps(Nb, K, false)) << "the case should mix warp counts";
+  RsWeight ra, rb;
+  ASSERT_TRUE(rs_pack_fp8(a.w, &ra, nullptr).ok());
+  ASSERT_TRUE(rs_pack_fp8(b.w, &rb, nullptr).ok());
+  Dev<bf16_t> ya(size_t(T * Na)), yb(size_t(T * Nb)), y1(size_t(T * Na)), y2(size_t(T * Nb));
+  ASSERT_TRUE(rs_fp8_gemv(a.q, T, ra, y1.p(), nullptr).ok());
+  ASSERT_TRUE(rs_fp8_gemv(a.q, T, rb, y2.p(), nullptr).ok());
+  ASSERT_TRUE(rs_fp8_gemv2(a.q, T, ra, ya.p(), &rb, yb.p(), nullptr).ok());
+  expect_rows_same(ya.get(), y1.get(), Na, 0, T, "rs fp8 pair: a");
+  expect_rows_same(yb.get(), y2.get(), Nb, 0, T, "rs fp8 pair: b");
+}
+
 TEST(FastGemv, RsFp4MatchesExact) {
   NEED_GPU();
   Rng rng(42);

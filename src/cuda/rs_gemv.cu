@@ -194,21 +194,24 @@ struct RsFp8Args {
   const uint8_t* s = nullptr;   // e8m0 [ceil(N / 32), K / 32]
   uint16_t* y = nullptr;
   int64_t N = 0;
-  int steps = 0;
+  int stripes = 0;
+  int warps = 1;                // rs_warps(N, K): a launch of two weights runs each with its own
 };
 
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int cols,
-                                                                 RsFp8Args a) {
+                                                                 int steps, RsFp8Args pa, RsFp8Args pb) {
   extern __shared__ __align__(16) uint32_t smem[];
+  const RsFp8Args a = blockIdx.z ? pb : pa;
   const int stripe = int(blockIdx.x);
+  if (stripe >= a.stripes) return;  // the other weight of the launch has more stripes (uniform over the CTA)
   const int64_t r0 = int64_t(blockIdx.y) * kFp8Cols;
   const int rows = M - r0 < cols ? int(M - r0) : cols;  // activation rows of this CTA (<= cols)
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, W = int(blockDim.x) >> 5;
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, W = a.warps;  // warps >= W only stage and fold
   const int g = lane >> 2, t = lane & 3;
-  const int steps = a.steps, KB = steps * 2;
+  const int KB = steps * 2;
   const int64_t K = int64_t(steps) * 64;
-  const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
+  const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = warp < W ? min(steps, j0 + per) : j0;
   const int64_t u0 = int64_t(stripe) * steps;
   // The first D steps' weights before the wait: no kernel of the step writes them.
   uint4 buf[D][2];
@@ -262,12 +265,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
       }
     }
   }
-  // fold[(warp * 16 + row) * 8 + col]
-  float* f = fold + warp * 128;
-  f[g * 8 + 2 * t] = tot[0];
-  f[g * 8 + 2 * t + 1] = tot[1];
-  f[(g + 8) * 8 + 2 * t] = tot[2];
-  f[(g + 8) * 8 + 2 * t + 1] = tot[3];
+  // fold[(warp * 16 + row) * 8 + col], warps < W
+  if (warp < W) {
+    float* f = fold + warp * 128;
+    f[g * 8 + 2 * t] = tot[0];
+    f[g * 8 + 2 * t + 1] = tot[1];
+    f[(g + 8) * 8 + 2 * t] = tot[2];
+    f[(g + 8) * 8 + 2 * t + 1] = tot[3];
+  }
   __syncthreads();
   if (tid < 128) {
     const int row = tid / 8, col = tid % 8;
@@ -462,30 +467,42 @@ Status rs_pack_fp4(const Fp4W& w, int experts, RsWeight* out, cudaStream_t st) {
   return Status();
 }
 
-Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl) {
-  if (w.fp4 || !w.w.get()) return FB_ERROR(kInvalidArgument) << "rs_fp8_gemv: not an FP8 weight packed by rs_pack_fp8";
+Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb, cudaStream_t st, bool pdl) {
+  for (const RsWeight* w : {&wa, wb})
+    if (w && (w->fp4 || !w->w.get())) return FB_ERROR(kInvalidArgument) << "rs_fp8_gemv: not an FP8 weight packed by rs_pack_fp8";
+  if (wb && wb->K != wa.K) return FB_ERROR(kInvalidArgument) << "rs_fp8_gemv2: K " << wa.K << " vs " << wb->K;
   if (M <= 0) return Status();
-  const int steps = int(w.K / rs::kStepK), stripes = int(w.N / rs::kStripe), W = rs_warps(w.N, w.K, false);
+  const int steps = int(wa.K / rs::kStepK);
+  auto part = [&](const RsWeight& w, uint16_t* y) {
+    RsFp8Args p;
+    p.w = w.w.get<const uint4>();
+    p.s = w.s8;
+    p.y = y;
+    p.N = w.N;
+    p.stripes = int(w.N / rs::kStripe);
+    p.warps = rs_warps(w.N, w.K, false);
+    return p;
+  };
+  const RsFp8Args pa = part(wa, ya), pb = wb ? part(*wb, yb) : pa;
+  const int W = std::max(pa.warps, pb.warps);
   const int cols = int(std::min<int64_t>(M, kFp8Cols));
   const size_t smem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
-  RsFp8Args a;
-  a.w = w.w.get<const uint4>();
-  a.s = w.s8;
-  a.y = y;
-  a.N = w.N;
-  a.steps = steps;
-  const dim3 grid(unsigned(stripes), unsigned((M + kFp8Cols - 1) / kFp8Cols)), block(unsigned(W * 32));
+  const dim3 grid(unsigned(std::max(pa.stripes, pb.stripes)), unsigned((M + kFp8Cols - 1) / kFp8Cols), wb ? 2u : 1u), block(unsigned(W * 32));
   const int d = g_depth.load() > 0 ? g_depth.load() : 2;
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
   switch (d) {
     case 4:
-      return launch_with_smem(pdl, rs_fp8_kernel<4>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+      return launch_with_smem(pdl, rs_fp8_kernel<4>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
     case 8:
-      return launch_with_smem(pdl, rs_fp8_kernel<8>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+      return launch_with_smem(pdl, rs_fp8_kernel<8>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
     default:
-      return launch_with_smem(pdl, rs_fp8_kernel<2>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, a);
+      return launch_with_smem(pdl, rs_fp8_kernel<2>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
   }
+}
+
+Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl) {
+  return rs_fp8_gemv2(q, M, w, y, nullptr, nullptr, st, pdl);
 }
 
 Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,

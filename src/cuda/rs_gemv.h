@@ -47,6 +47,10 @@ Status rs_pack_fp4(const Fp4W& w, int experts, RsWeight* out, cudaStream_t st);
 
 // y [M, N] = q . w^T for M <= 8 rows per CTA group (rows beyond 8 in further CTA groups).
 Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl = true);
+// Two weights of one K over the same rows in one launch (wq_a + wkv, shared w1 + w3): each output
+// bit-identical to rs_fp8_gemv's (each weight keeps its own warps per CTA).
+Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb, cudaStream_t st,
+                    bool pdl = true);
 // Experts (tc_fp4_gemv's semantics): row m reads activation row m / x_div and expert expert[m]
 // (nullptr: 0; < 0: skipped, y untouched) of wa, and of wb into yb when wb != nullptr.
 Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,
