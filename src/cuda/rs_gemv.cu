@@ -52,6 +52,18 @@ __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
   return r;
 }
 
+// The same of the high two codes of a word (the 16-bit halves of a register feed the cvt directly).
+__device__ __forceinline__ uint32_t e4m3x2_f16x2_hi(uint32_t four) {
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(four));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_f16x2_lo(uint32_t four) {
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(four));
+  return r;
+}
+
 // An e8m0 scale byte (in bits 23..30 of `bits`, the rest zero) as f32 for bytes 1..254.
 __device__ __forceinline__ float e8m0_bits(uint32_t bits) { return __uint_as_float(bits); }
 
@@ -198,6 +210,30 @@ struct RsFp8Args {
   int warps = 1;                // rs_warps(N, K): a launch of two weights runs each with its own
 };
 
+// One FP8 step of a lane: its 32 weight bytes (v0, v1: mmas 0-1 and 2-3), the B registers of its
+// column when it has one, the stripe's two block scales (ws: 2 bytes) and the columns' activation
+// scales (ac: column 2t's two blocks; column 2t + 1's at + KB).
+__device__ __forceinline__ void fp8_step(const uint4& v0, const uint4& v1, const uint4* bp, bool b_lane, const uint8_t* ws, const float* ac,
+                                         int KB, float (&tot)[4]) {
+  uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
+  if (b_lane) {
+    bl = bp[0];
+    bh = bp[1];
+  }
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma16816(d0, e4m3x2_f16x2_lo(v0.x), e4m3x2_f16x2_hi(v0.x), e4m3x2_f16x2_lo(v0.y), e4m3x2_f16x2_hi(v0.y), bl.x, bl.y);
+  mma16816(d0, e4m3x2_f16x2_lo(v0.z), e4m3x2_f16x2_hi(v0.z), e4m3x2_f16x2_lo(v0.w), e4m3x2_f16x2_hi(v0.w), bl.z, bl.w);
+  mma16816(d1, e4m3x2_f16x2_lo(v1.x), e4m3x2_f16x2_hi(v1.x), e4m3x2_f16x2_lo(v1.y), e4m3x2_f16x2_hi(v1.y), bh.x, bh.y);
+  mma16816(d1, e4m3x2_f16x2_lo(v1.z), e4m3x2_f16x2_hi(v1.z), e4m3x2_f16x2_lo(v1.w), e4m3x2_f16x2_hi(v1.w), bh.z, bh.w);
+  const float ws0 = dev::e8m0_val(ws[0]), ws1 = dev::e8m0_val(ws[1]);
+  const float s00 = __fmul_rn(ws0, ac[0]), s01 = __fmul_rn(ws1, ac[1]);
+  const float s10 = __fmul_rn(ws0, ac[KB]), s11 = __fmul_rn(ws1, ac[KB + 1]);
+  tot[0] = __fmaf_rn(d1[0], s01, __fmaf_rn(d0[0], s00, tot[0]));
+  tot[1] = __fmaf_rn(d1[1], s11, __fmaf_rn(d0[1], s10, tot[1]));
+  tot[2] = __fmaf_rn(d1[2], s01, __fmaf_rn(d0[2], s00, tot[2]));
+  tot[3] = __fmaf_rn(d1[3], s11, __fmaf_rn(d0[3], s10, tot[3]));
+}
+
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t M, int cols,
                                                                  int steps, RsFp8Args pa, RsFp8Args pb) {
@@ -233,38 +269,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
   __syncthreads();
   const int rb = (stripe * 16) / 32;  // the stripe's 32-row scale block
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, col 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
-  for (int j = j0; j < j1; j += D) {
+  const int n = j1 - j0;
+  const uint4* wp = a.w + (u0 + j0) * 64 + 2 * lane;                                 // + 64 a step
+  const uint4* bp = reinterpret_cast<const uint4*>(bs + ((g * steps + j0) * 4 + t) * 8);  // + 8 a step
+  const uint8_t* sp = a.s + int64_t(rb) * KB + 2 * j0;                               // + 2 a step
+  const float* ac = as + 2 * t * KB + 2 * j0;                                        // + 2 a step
+  const bool b_lane = g < rows;
+  int i = 0;
+  for (; i + D <= n; i += D) {  // full groups: no range test on the step
 #pragma unroll
     for (int u = 0; u < D; ++u) {
-      const int jj = j + u;
-      if (jj < j1) {
-        const uint4 v0 = buf[u][0], v1 = buf[u][1];
-        if (jj + D < j1) {
-          buf[u][0] = __ldg(a.w + (u0 + jj + D) * 64 + 2 * lane);
-          buf[u][1] = __ldg(a.w + (u0 + jj + D) * 64 + 2 * lane + 1);
-        }
-        uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
-        if (g < rows) {
-          const uint4* bp = reinterpret_cast<const uint4*>(bs + ((g * steps + jj) * 4 + t) * 8);
-          bl = bp[0];
-          bh = bp[1];
-        }
-        float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16816(d0, e4m3x2_f16x2(v0.x), e4m3x2_f16x2(v0.x >> 16), e4m3x2_f16x2(v0.y), e4m3x2_f16x2(v0.y >> 16), bl.x, bl.y);
-        mma16816(d0, e4m3x2_f16x2(v0.z), e4m3x2_f16x2(v0.z >> 16), e4m3x2_f16x2(v0.w), e4m3x2_f16x2(v0.w >> 16), bl.z, bl.w);
-        mma16816(d1, e4m3x2_f16x2(v1.x), e4m3x2_f16x2(v1.x >> 16), e4m3x2_f16x2(v1.y), e4m3x2_f16x2(v1.y >> 16), bh.x, bh.y);
-        mma16816(d1, e4m3x2_f16x2(v1.z), e4m3x2_f16x2(v1.z >> 16), e4m3x2_f16x2(v1.w), e4m3x2_f16x2(v1.w >> 16), bh.z, bh.w);
-        const float ws0 = dev::e8m0_val(a.s[int64_t(rb) * KB + 2 * jj]), ws1 = dev::e8m0_val(a.s[int64_t(rb) * KB + 2 * jj + 1]);
-        const float* ac = as + 2 * t * KB + 2 * jj;  // column 2t's block scales; column 2t + 1's at + KB
-        const float s00 = __fmul_rn(ws0, ac[0]), s01 = __fmul_rn(ws1, ac[1]);
-        const float s10 = __fmul_rn(ws0, ac[KB]), s11 = __fmul_rn(ws1, ac[KB + 1]);
-        tot[0] = __fmaf_rn(d1[0], s01, __fmaf_rn(d0[0], s00, tot[0]));
-        tot[1] = __fmaf_rn(d1[1], s11, __fmaf_rn(d0[1], s10, tot[1]));
-        tot[2] = __fmaf_rn(d1[2], s01, __fmaf_rn(d0[2], s00, tot[2]));
-        tot[3] = __fmaf_rn(d1[3], s11, __fmaf_rn(d0[3], s10, tot[3]));
+      const uint4 v0 = buf[u][0], v1 = buf[u][1];
+      if (i + u + D < n) {
+        buf[u][0] = __ldg(wp + (i + u + D) * 64);
+        buf[u][1] = __ldg(wp + (i + u + D) * 64 + 1);
       }
+      fp8_step(v0, v1, bp + (i + u) * 8, b_lane, sp + 2 * (i + u), ac + 2 * (i + u), KB, tot);
     }
   }
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (i + u < n) fp8_step(buf[u][0], buf[u][1], bp + (i + u) * 8, b_lane, sp + 2 * (i + u), ac + 2 * (i + u), KB, tot);
   // fold[(warp * 16 + row) * 8 + col], warps < W
   if (warp < W) {
     float* f = fold + warp * 128;
