@@ -148,7 +148,7 @@ class CpuStep : public CpuLayerOps {
       const auto& w = m_.w_.layers[size_t(l)];
       tabs.push_back({w.engram_table.data, w.engram_table_scale.data, w.engram_table.dim(0), c_.roles[size_t(l)].engram_table});
     }
-    const Status st = engram_staging_.start(std::move(tabs), hashes_.data(), T_, int(m_.engram_.size()),
+    const Status st = m_.engram_staging_.start(std::move(tabs), hashes_.data(), T_, int(m_.engram_.size()),
                                             (c_.engram_max_ngram - 1) * c_.engram_n_heads, c_.engram_head_dim, m_.engram_prefetch_ ? 1 : 0);
     FB_CHECK(st.ok()) << st.to_string();
   }
@@ -157,7 +157,7 @@ class CpuStep : public CpuLayerOps {
   model::EngramStaging::Rows engram_rows_for(int l) {
     const size_t k = size_t(std::find(engram_layers_.begin(), engram_layers_.end(), l) - engram_layers_.begin());
     FB_CHECK(k < engram_layers_.size());
-    return engram_staging_.rows(k, engram_count_);
+    return m_.engram_staging_.rows(k, engram_count_);
   }
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
@@ -483,9 +483,9 @@ class CpuStep : public CpuLayerOps {
   // Probe only (layer gate): selection margins per index layer and row, of the newest pool.
   std::map<int, std::vector<float>> sel_margin_;
   std::vector<float> pool_margin_;
-  // Engram rows fetched ahead (start_engram_staging); the last member, so its tasks are joined
-  // before the row ids they read (hashes_) go away.
-  model::EngramStaging engram_staging_;
+  // The executor's Engram staging (start_engram_staging) reads hashes_: the last member, so its
+  // worker is done before the ids go away, also when the step fails half way.
+  model::EngramStaging::Guard engram_guard_{m_.engram_staging_};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -547,6 +547,7 @@ Result<model::StepOutput> CpuModel::forward_cpu(const model::Step& step, const s
     if (r.replay_start != 0) FB_RETURN_IF_ERROR(model::check_replay_row(cfg_, r));
     ++next[size_t(r.session)];
   }
+  const std::lock_guard<std::mutex> staging_lock(staging_mu_);  // one step at a time on the Engram staging
   CpuStep ex(*this, step, sessions, taps);
   ex.count_engram(engram_rows);
   if (op_times)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "loader/snapshot.h"
 #include "model/config.h"
 #include "model/engram_constants.h"
+#include "model/engram_staging.h"
 #include "model/executor.h"
 #include "model/step.h"
 #include "model/weights.h"
@@ -127,6 +129,10 @@ class CpuModel final : public model::Executor {
   model::OpTimes op_times_;
   model::EngramRows engram_rows_;  // forward()'s steps
   bool engram_prefetch_ = true;
+  // Engram rows staged ahead by a worker kept across steps (model/engram_staging.h); one step at
+  // a time uses it (staging_mu_, held for the step).
+  mutable model::EngramStaging engram_staging_;
+  mutable std::mutex staging_mu_;
   float route_margin_ = 0.0f;
   std::function<bool(int, int)> route_resident_;
   mutable std::atomic<int64_t> route_swaps_{0};

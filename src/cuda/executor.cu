@@ -162,7 +162,7 @@ class CudaStep : public CudaLayerOps {
         tabs.push_back({hw.engram_table.data, hw.engram_table_scale.data, hw.engram_table.dim(0), tab});
         engram_layers_.push_back(l);
       }
-      step(engram_staging_.start(std::move(tabs), engram_ids_.data(), T_, n_tab, n_ord * H, c_.engram_head_dim,
+      step(m_.engram_staging_.start(std::move(tabs), engram_ids_.data(), T_, n_tab, n_ord * H, c_.engram_head_dim,
                                  m_.run_.engram_prefetch_tasks));
     }
   }
@@ -191,14 +191,14 @@ class CudaStep : public CudaLayerOps {
         step(FB_ERROR(kInternal) << "layer " << l << " has no staged Engram rows");
         return;
       }
-      const model::EngramStaging::Rows staged = engram_staging_.rows(k, &m_.engram_rows_);
+      const model::EngramStaging::Rows staged = m_.engram_staging_.rows(k, &m_.engram_rows_);
       const int64_t sb = hd / 32, n = T_ * n_cols, first = row0_ * n_cols;
       std::vector<int64_t> ident(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) ident[size_t(i)] = i;
       const uint8_t *d_codes = nullptr, *d_scales = nullptr;
       const int64_t* d_ident = nullptr;
       if (first == 0) {
-        std::tie(d_codes, d_scales, d_ident) = upload_all(engram_staging_.codes(k), engram_staging_.scales(k), ident);
+        std::tie(d_codes, d_scales, d_ident) = upload_all(m_.engram_staging_.codes(k), m_.engram_staging_.scales(k), ident);
       } else {  // rows that left at a bounded replay's decoder start are the staging's first row0_ rows
         const std::vector<uint8_t> codes(staged.codes + first * hd, staged.codes + (first + n) * hd);
         const std::vector<uint8_t> scales(staged.scales + first * sb, staged.scales + (first + n) * sb);
@@ -782,16 +782,17 @@ class CudaStep : public CudaLayerOps {
   double issue_ms_ = -1;  // host ms from the step's start to its first output copy (take_output)
   uint16_t* taps_dev_ = nullptr;  // [T, n_taps, D]
   int64_t* hashes_ = nullptr;     // [T, tables, orders * heads]
-  // Tables on the host: the step's Engram layers in order and the staging of their rows (reading
-  // engram_ids_, the ids of every row of the step). The staging is the last member: its tasks are
-  // joined before the ids they read go away.
+  // Tables on the host: the step's Engram layers in order and the ids of every row of the step
+  // (read by the executor's staging, joined by engram_guard_ below).
   std::vector<int> engram_layers_;
   std::vector<int64_t> engram_ids_;
   std::map<int, Selection> selections_;
   uint8_t* pool_mask_ = nullptr;
   int64_t pool_ld_ = 0;
   const int64_t* pool_len_ = nullptr;
-  model::EngramStaging engram_staging_;
+  // The executor's Engram staging reads engram_ids_: the last member, so its workers are done
+  // before the ids go away, also when the step fails half way.
+  model::EngramStaging::Guard engram_guard_{m_.engram_staging_};
 };
 
 Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const std::vector<model::SessionState*>& sessions, model::Taps* taps) {

@@ -26,6 +26,7 @@
 #include "loader/snapshot.h"
 #include "model/config.h"
 #include "model/engram_constants.h"
+#include "model/engram_staging.h"
 #include "model/live_sessions.h"
 #include "model/executor.h"
 #include "model/rope.h"
@@ -485,6 +486,9 @@ class CudaExecutor final : public model::Executor {
   // Executor::stats: the backbone steps' op times by family (while profiling) and Engram rows.
   mutable model::OpTimes op_times_;
   mutable model::EngramRows engram_rows_;
+  // Engram rows staged ahead from host tables by workers kept across steps (model/engram_staging.h;
+  // forward() runs one step at a time).
+  mutable model::EngramStaging engram_staging_;
   // Expert tier (CudaLoadOptions::expert_slots > 0): layers with fewer slots than experts read
   // their routed experts through it.
   std::shared_ptr<DevExpertSlots> slots_;

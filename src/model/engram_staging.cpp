@@ -1,5 +1,6 @@
 #include "model/engram_staging.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <system_error>
@@ -8,14 +9,37 @@
 
 namespace fb::model {
 
+EngramStaging::~EngramStaging() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
 void EngramStaging::join() {
-  for (auto& f : tasks_)
-    if (f.valid()) f.wait();
-  tasks_.clear();
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [this] { return active_ == 0; });
+}
+
+void EngramStaging::worker(int index) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || gen_ != seen; });
+    if (stop_) return;
+    seen = gen_;
+    if (index >= want_) continue;  // not asked for this step
+    lock.unlock();
+    for (size_t k = 0; k < tables_.size(); ++k) stage(k);
+    lock.lock();
+    if (--active_ == 0) idle_.notify_all();
+  }
 }
 
 Status EngramStaging::start(std::vector<Table> layers, const int64_t* ids, int64_t T, int n_tables, int cols, int head_dim, int tasks) {
-  join();
+  join();  // the previous step's workers are done: its buffers may change now
   tables_.clear();
   codes_.clear();
   scales_.clear();
@@ -48,16 +72,22 @@ Status EngramStaging::start(std::vector<Table> layers, const int64_t* ids, int64
     claimed_[k].store(0);
     staged_[k].store(0);
   }
-  if (n == 0 || T == 0) return Status();
-  for (int i = 0; i < tasks; ++i) {
+  if (n == 0 || T == 0) tasks = 0;
+  while (int(workers_.size()) < tasks) {
     try {
-      tasks_.push_back(std::async(std::launch::async, [this] {
-        for (size_t k = 0; k < tables_.size(); ++k) stage(k);
-      }));
+      workers_.emplace_back([this, i = int(workers_.size())] { worker(i); });
     } catch (const std::system_error&) {
-      break;  // fewer (or no) threads: the layers copy what the tasks do not
+      break;  // fewer (or no) threads: the layers copy what the workers do not
     }
   }
+  {
+    // The step's tables, ids and buffers above are published to the workers by this lock.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++gen_;
+    want_ = std::min(tasks, int(workers_.size()));
+    active_ = want_;
+  }
+  wake_.notify_all();
   return Status();
 }
 

@@ -8,16 +8,20 @@
 // the layer's op then reads the copies (the same bytes as the tables: numerics do not change).
 // Rows are claimed one at a time from a per-layer counter, so a layer that comes before the tasks
 // reached its rows copies the rest itself instead of waiting for a thread the scheduler has not
-// run yet; several tasks put several page faults (drive reads) in flight at once.
+// run yet; several tasks put several page faults (drive reads) in flight at once. The tasks are
+// worker threads the object keeps from step to step (an executor owns one object), so a decode
+// step starts no thread.
 //
 // Accounting (model::EngramRows): a row staged before its layer asked counts as hidden, the others
 // as exposed, with the time the layer spent copying or waiting for them.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
-#include <future>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "base/status.h"
@@ -43,14 +47,16 @@ class EngramStaging {
   };
 
   EngramStaging() = default;
-  ~EngramStaging() { join(); }
+  ~EngramStaging();  // stops the workers
   EngramStaging(const EngramStaging&) = delete;
   EngramStaging& operator=(const EngramStaging&) = delete;
 
-  // Starts staging for one step: `ids` [T, n_tables, cols] (spec/11 §6.3 row ids; kept by
-  // pointer: it must outlive this object's use), `layers` the step's Engram layers in the order
-  // they run. `tasks` threads copy ahead (0: none, every row is copied by its layer, all exposed).
-  // Every id is checked against its table first (kInternal naming the first bad one).
+  // Starts staging for one step (after waiting for the previous step's tasks): `ids` [T,
+  // n_tables, cols] (spec/11 §6.3 row ids; kept by pointer: it must stay valid until join()
+  // returns, see Guard), `layers` the step's Engram layers in the order they run. `tasks` workers
+  // copy ahead (0: none, every row is copied by its layer, all exposed; the object starts more
+  // workers when asked for more, and keeps them). Every id is checked against its table first
+  // (kInternal naming the first bad one).
   Status start(std::vector<Table> layers, const int64_t* ids, int64_t T, int n_tables, int cols, int head_dim, int tasks);
 
   // Layer k's rows (k in start's order), copying or waiting for what is not staged yet; counts
@@ -62,11 +68,25 @@ class EngramStaging {
   // them on (an upload) take the vectors instead of the pointers.
   const std::vector<uint8_t>& codes(size_t k) const { return codes_[k]; }
   const std::vector<uint8_t>& scales(size_t k) const { return scales_[k]; }
-  // Waits for the tasks to end (they end once every row is staged; the destructor waits too).
+  // Waits until the workers are done with this step's rows (they stop once every row is staged).
   void join();
+
+  // Joins at the end of a step's scope: a step that owns the ids declares its guard after them,
+  // so the workers are done before the ids go away, also when the step fails half way.
+  class Guard {
+   public:
+    explicit Guard(EngramStaging& s) : s_(s) {}
+    ~Guard() { s_.join(); }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    EngramStaging& s_;
+  };
 
  private:
   void stage(size_t k);  // claims and copies rows of layer k until none is left
+  void worker(int index);
 
   std::vector<Table> tables_;
   const int64_t* ids_ = nullptr;
@@ -74,7 +94,13 @@ class EngramStaging {
   int n_tables_ = 0, cols_ = 0, hd_ = 0;
   std::vector<std::vector<uint8_t>> codes_, scales_;
   std::unique_ptr<std::atomic<int32_t>[]> claimed_, staged_;
-  std::vector<std::future<void>> tasks_;
+  // The workers: a step is a generation; workers 0 .. want_ - 1 stage it, active_ of them not done.
+  std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  uint64_t gen_ = 0;
+  int want_ = 0, active_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace fb::model

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 namespace fb::model {
@@ -94,6 +95,30 @@ TEST(EngramStaging, RestartForTheNextStep) {
   ASSERT_TRUE(s.start(b.tables(), b.ids.data(), b.T, Fixture::kTables, Fixture::kCols, Fixture::kHd, 1).ok());
   b.expect_rows(s.rows(1, nullptr), 0);
   b.expect_rows(s.rows(0, nullptr), 1);
+}
+
+int threads_of_this_process() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// The workers are kept from step to step (a decode step starts no thread); asking for more grows
+// the pool; each step's rows are still the tables'.
+TEST(EngramStaging, WorkersAreKeptAcrossSteps) {
+  EngramStaging s;
+  const int base = threads_of_this_process();
+  for (int step = 0; step < 12; ++step) {
+    Fixture f(5, uint64_t(100 + step));
+    const int tasks = step < 6 ? 2 : 3;
+    ASSERT_TRUE(s.start(f.tables(), f.ids.data(), f.T, Fixture::kTables, Fixture::kCols, Fixture::kHd, tasks).ok());
+    EngramRows n;
+    f.expect_rows(s.rows(0, &n), 1);
+    f.expect_rows(s.rows(1, &n), 0);
+    EXPECT_EQ(n.hidden + n.exposed, n.rows);
+    s.join();
+    EXPECT_EQ(threads_of_this_process(), base + tasks) << "step " << step;
+  }
 }
 
 TEST(EngramStaging, BadIdsAndShapesAreErrors) {
