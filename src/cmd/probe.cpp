@@ -215,41 +215,18 @@ int run_probe(const ProbeArgs& a) {
       if (rows > 0) {
         // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in the
         // fewest chunks the size above allows, of equal size (memory::prefill_balanced_chunk, as
-        // the bench), each chunk copying every non-resident expert.
+        // the bench), each chunk copying every non-resident expert; and with bounded replay.
         const int64_t chunk = memory::prefill_balanced_chunk(rows, ctx);
-        double serial_s = 0, streamed_s = 0;
-        int64_t chunks = 0;
-        for (int64_t s0 = 0; s0 < ctx; s0 += chunk, ++chunks) {
-          const double compute_s = double(std::min(chunk, ctx - s0)) / resident_tok_s;
-          serial_s += compute_s + copy_s;
-          streamed_s += std::max(compute_s, copy_s);
-        }
+        const memory::ColdPrefillEstimate e =
+            memory::cold_prefill_estimate(ctx, chunk, cfg->n_layers, cfg->decoder_start, cfg->window_size, plan->n_experts_per_layer, slots,
+                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s);
         std::printf("  a %lld-token prompt cold in %lld chunk(s) of %lld rows: serial %.0f tok/s (%.1f s), streamed %.0f tok/s (%.1f s)\n",
-                    (long long)ctx, (long long)chunks, (long long)chunk, double(ctx) / serial_s, serial_s, double(ctx) / streamed_s, streamed_s);
-        if (cfg->decoder_start > 0 && cfg->decoder_start < cfg->n_layers) {
-          // Bounded replay (CED, `bench --cold-prefill-replay`): the encoder layers run every row
-          // and copy their non-resident experts per chunk; the decoder layers run the prompt's
-          // last window rows only, which reach E (1 - (1 - k / E)^W) distinct experts of a layer
-          // under uniform routing, (E - S) / E of them not resident. Per layer step the copies
-          // stream behind the compute (max of the two); every layer is taken to cost the same
-          // per row.
-          const int L = cfg->n_layers, enc = cfg->decoder_start;
-          const double E = plan->n_experts_per_layer, k = cfg->n_activated_experts;
-          const double layer_copy_s = (E - slots) * double(plan->expert_bytes) / rates.h2d_bytes_per_s;
-          const int64_t W = std::min<int64_t>(cfg->window_size, ctx);
-          double replay_s = 0;
-          for (int64_t s0 = 0; s0 < ctx; s0 += chunk) {
-            const int64_t n = std::min(chunk, ctx - s0);
-            replay_s += enc * std::max(double(n) / (L * resident_tok_s), layer_copy_s);
-            const int64_t d = std::max<int64_t>(0, s0 + n - std::max(s0, ctx - W));  // this chunk's rows that run the decoder
-            if (d == 0) continue;
-            const double distinct = E * (1.0 - std::pow(1.0 - k / E, double(d)));
-            const double dec_copy_s = distinct * (E - slots) / E * double(plan->expert_bytes) / rates.h2d_bytes_per_s;
-            replay_s += (L - enc) * std::max(double(d) / (L * resident_tok_s), dec_copy_s);
-          }
-          std::printf("  the same with bounded replay (decoder layers %d-%d over the last %lld rows): streamed %.0f tok/s (%.1f s)\n", enc, L - 1,
-                      (long long)W, double(ctx) / replay_s, replay_s);
-        }
+                    (long long)ctx, (long long)e.chunks, (long long)chunk, double(ctx) / e.serial_s, e.serial_s, double(ctx) / e.streamed_s,
+                    e.streamed_s);
+        if (e.replay_s > 0)
+          std::printf("  the same with bounded replay (decoder layers %d-%d over the last %lld rows): streamed %.0f tok/s (%.1f s)\n",
+                      cfg->decoder_start, cfg->n_layers - 1, (long long)std::min<int64_t>(cfg->window_size, ctx), double(ctx) / e.replay_s,
+                      e.replay_s);
       }
     }
   }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include "base/check.h"
 #include "cuda/numerics.cuh"
@@ -366,6 +367,15 @@ __global__ void rs_pack_fp8_kernel(const uint8_t* __restrict__ W, int64_t K, int
   out[idx] = word;
 }
 
+// f(std::integral_constant<int, D>{}) for the steps of loads in flight d (2, 4 or 8; the kernels'
+// template argument; anything else: 4).
+template <typename F>
+Status with_depth(int d, F&& f) {
+  if (d == 2) return f(std::integral_constant<int, 2>{});
+  if (d == 8) return f(std::integral_constant<int, 8>{});
+  return f(std::integral_constant<int, 4>{});
+}
+
 int64_t blocks_of(int64_t n, int threads) { return (n + threads - 1) / threads; }
 
 int pow2_ceil(int64_t v) {
@@ -513,17 +523,11 @@ Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* 
   const int cols = int(std::min<int64_t>(M, kFp8Cols));
   const size_t smem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
   const dim3 grid(unsigned(std::max(pa.stripes, pb.stripes)), unsigned((M + kFp8Cols - 1) / kFp8Cols), wb ? 2u : 1u), block(unsigned(W * 32));
-  const int d = g_depth.load() > 0 ? g_depth.load() : 2;
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
-  switch (d) {
-    case 4:
-      return launch_with_smem(pdl, rs_fp8_kernel<4>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
-    case 8:
-      return launch_with_smem(pdl, rs_fp8_kernel<8>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
-    default:
-      return launch_with_smem(pdl, rs_fp8_kernel<2>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
-  }
+  return with_depth(g_depth.load() > 0 ? g_depth.load() : 2, [&](auto D) {
+    return launch_with_smem(pdl, rs_fp8_kernel<decltype(D)::value>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
+  });
 }
 
 Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y, cudaStream_t st, bool pdl) {
@@ -552,17 +556,12 @@ Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& 
   };
   const RsFp4Part pa = part(wa, ya), pb = wb ? part(*wb, yb) : pa;
   const dim3 grid(unsigned(stripes), unsigned(M), wb ? 2u : 1u), block(unsigned(W * 32));
-  const int d = g_depth.load() > 0 ? g_depth.load() : kDepthDefault;
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
-  switch (d) {
-    case 2:
-      return launch_with_smem(pdl, rs_fp4_kernel<2>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
-    case 8:
-      return launch_with_smem(pdl, rs_fp4_kernel<8>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
-    default:
-      return launch_with_smem(pdl, rs_fp4_kernel<4>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert, steps);
-  }
+  return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
+    return launch_with_smem(pdl, rs_fp4_kernel<decltype(D)::value>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert,
+                            steps);
+  });
 }
 
 }  // namespace fb::cuda

@@ -4,6 +4,7 @@
 #include "memory/prefill_budget.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "model/hc_mix.h"
@@ -284,6 +285,30 @@ int64_t prefill_balanced_chunk(int64_t max_rows, int64_t prompt, int64_t quantum
 uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uint64_t margin_bytes, double margin_frac) {
   const uint64_t margin = margin_bytes + uint64_t(double(total_bytes) * std::max(0.0, margin_frac));
   return free_bytes > margin ? free_bytes - margin : 0;
+}
+
+ColdPrefillEstimate cold_prefill_estimate(int64_t prompt, int64_t chunk, int n_layers, int decoder_start, int64_t window, int experts, int slots,
+                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s) {
+  ColdPrefillEstimate e;
+  if (prompt <= 0 || chunk <= 0 || n_layers <= 0 || experts <= 0 || h2d_bytes_per_s <= 0 || tok_s <= 0) return e;
+  const double E = experts, missing = std::max(0, experts - slots);
+  const double layer_copy_s = missing * expert_bytes / h2d_bytes_per_s, copy_s = n_layers * layer_copy_s;
+  const bool replay = decoder_start > 0 && decoder_start < n_layers;
+  const int64_t W = std::min(window, prompt);
+  for (int64_t s0 = 0; s0 < prompt; s0 += chunk, ++e.chunks) {
+    const int64_t n = std::min(chunk, prompt - s0);
+    const double compute_s = double(n) / tok_s;
+    e.serial_s += compute_s + copy_s;
+    e.streamed_s += std::max(compute_s, copy_s);
+    if (!replay) continue;
+    e.replay_s += decoder_start * std::max(compute_s / n_layers, layer_copy_s);
+    const int64_t d = std::max<int64_t>(0, s0 + n - std::max(s0, prompt - W));  // this chunk's rows that run the decoder
+    if (d == 0) continue;
+    const double distinct = E * (1.0 - std::pow(1.0 - double(top_k) / E, double(d)));
+    const double dec_copy_s = distinct * missing / E * expert_bytes / h2d_bytes_per_s;
+    e.replay_s += (n_layers - decoder_start) * std::max(double(d) / tok_s / n_layers, dec_copy_s);
+  }
+  return e;
 }
 
 }  // namespace fb::memory

@@ -58,4 +58,20 @@ int64_t prefill_balanced_chunk(int64_t max_rows, int64_t prompt, int64_t quantum
 // granularity, cuBLASLt's own buffers, what the count does not see); 0 when the margin takes it all.
 uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uint64_t margin_bytes = 2ull << 30, double margin_frac = 0.02);
 
+// Cold prefill of a `prompt`-token prompt in chunks of `chunk` rows (issue 26; `flashbox probe`
+// prints it, `bench --cold-prefill` measures it): every chunk routes to every expert, so each of
+// the n_layers layers copies its experts - slots non-resident experts (expert_bytes each) at
+// h2d_bytes_per_s per chunk, while the chunk's rows compute at tok_s (every layer the same cost
+// per row). Serial: copies then compute; streamed: per chunk the larger of the two. Replay
+// (bounded replay, the CED schedule; decoder_start > 0): the layers before decoder_start as
+// streamed, the decoder layers for the prompt's last `window` rows only, whose distinct experts
+// under uniform routing are experts (1 - (1 - top_k / experts)^rows), (experts - slots) / experts
+// of them not resident; per layer the larger of its copies and its compute.
+struct ColdPrefillEstimate {
+  int64_t chunks = 0;
+  double serial_s = 0, streamed_s = 0, replay_s = 0;  // replay_s 0 without a decoder
+};
+ColdPrefillEstimate cold_prefill_estimate(int64_t prompt, int64_t chunk, int n_layers, int decoder_start, int64_t window, int experts, int slots,
+                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s);
+
 }  // namespace fb::memory

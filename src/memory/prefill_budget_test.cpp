@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -201,6 +202,28 @@ TEST(PrefillBudget, ChunkFromFreeHbmLeavesTheMargin) {
     }
   // 24 GiB free at 32K gives a chunk of thousands of rows, not none.
   EXPECT_GE(prefill_chunk_rows(c, prefill_budget_from_free(24 * gib, total), 32768), 8192);
+}
+
+// The cold-prefill plan by hand: 4 layers (the decoder from layer 2), 8 experts with 4 slots, top
+// 2, 1 GB experts at 1 GB/s (4 s of copies per layer and chunk), 1,000 tok/s; a 2,000-token prompt
+// in two chunks of 1,000 and a window of 10 rows.
+TEST(ColdPrefillEstimate, ByHand) {
+  const ColdPrefillEstimate e = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0);
+  EXPECT_EQ(e.chunks, 2);
+  EXPECT_DOUBLE_EQ(e.serial_s, 2 * (1.0 + 16.0));
+  EXPECT_DOUBLE_EQ(e.streamed_s, 2 * 16.0);
+  // encoder: 2 layers x max(0.25 s, 4 s) per chunk; decoder, last chunk only: 10 rows reach
+  // 8 (1 - (3/4)^10) experts, half of them not resident, 2 layers
+  const double distinct = 8.0 * (1.0 - std::pow(0.75, 10.0));
+  EXPECT_NEAR(e.replay_s, 2 * 2 * 4.0 + 2 * distinct * 0.5, 1e-9);
+  EXPECT_LT(e.replay_s, e.streamed_s);
+  // no decoder (decoder_start <= 0): no replay figure; compute-bound chunks stream at the compute rate
+  EXPECT_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0).replay_s, 0.0);
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(64000, 32000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0).streamed_s, 64.0);
+  // every expert resident: nothing to copy, serial == streamed == compute
+  const ColdPrefillEstimate r = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 8, 2, 1e9, 1e9, 1000.0);
+  EXPECT_DOUBLE_EQ(r.serial_s, 2.0);
+  EXPECT_DOUBLE_EQ(r.streamed_s, 2.0);
 }
 
 }  // namespace
