@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "bench/fake_context.h"
@@ -47,6 +48,16 @@ Status free_hbm(uint64_t* free_b, uint64_t* total_b) {
 }
 
 }  // namespace
+
+Result<double> parse_route_share(const std::string& s) {
+  if (s == "uniform") return 0.0;
+  if (s == "router") return -1.0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !(v > 0 && v < 1))
+    return FB_ERROR(kInvalidArgument) << "--cold-prefill-routing must be uniform, router or a share in (0, 1) (got \"" << s << "\")";
+  return v;
+}
 
 Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, const ColdPrefillOptions& opt, ColdPrefillPlan* plan,
                                                      const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step) {

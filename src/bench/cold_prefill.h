@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/progress.h"
@@ -60,6 +61,10 @@ struct ColdPrefillRun {
   uint64_t budget_bytes = 0, free_bytes = 0;          // the prompt's sizing: free HBM and the budget after the margin
   double experts_per_layer_call = 0;  // distinct experts a tiered layer's MoE call needed, mean over calls (route_share >= 0 only)
 };
+
+// --cold-prefill-routing: "uniform" (0), "router" (-1) or a top-10 share in (0, 1); anything else
+// is kInvalidArgument naming the choices.
+Result<double> parse_route_share(const std::string& s);
 
 struct ColdPrefillPlan {
   uint64_t staging_bytes = 0;  // the two prefetch staging buffers (reserved before any sizing)

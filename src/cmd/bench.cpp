@@ -646,7 +646,13 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--cold-prefill-routing", a->cold_prefill_routing,
                  "cold prefill: whose routing: uniform (each row's experts drawn uniformly: a chunk reaches nearly every expert, as a "
                  "real prompt does), router (the synthetic router's own picks: a few dozen experts a layer), or a share in (0, 1) "
-                 "carried by each layer's 10 hottest experts (Zipf)");
+                 "carried by each layer's 10 hottest experts (Zipf)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            const auto r = bench::parse_route_share(v);
+            return r.ok() ? std::string() : r.status().to_string();
+          },
+          "uniform|router|SHARE"));
   app.add_flag("--cold-prefill-replay", a->cold_prefill_replay,
                "cold prefill: also a streamed run with SWA bounded replay (spec/11 sec. 8.4, an approximation): the decoder layers "
                "and their experts run for the prompt's last window rows only (the CED schedule)");

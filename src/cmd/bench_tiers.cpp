@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "base/progress.h"
 #include "bench/cold_prefill.h"
@@ -67,20 +66,9 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   o.chunk = a.cold_prefill_chunk;
   o.serial_upto = a.cold_prefill_serial == 1 ? INT64_MAX : a.cold_prefill_serial;
   o.deadline_s = a.cold_prefill_deadline;
-  if (a.cold_prefill_routing == "uniform") {
-    o.route_share = 0;
-  } else if (a.cold_prefill_routing == "router") {
-    o.route_share = -1;
-  } else {
-    char* end = nullptr;
-    const double v = std::strtod(a.cold_prefill_routing.c_str(), &end);
-    if (end == a.cold_prefill_routing.c_str() || *end != 0 || !(v > 0 && v < 1)) {
-      std::fprintf(stderr, "bench: --cold-prefill-routing must be uniform, router or a share in (0, 1) (got \"%s\")\n",
-                   a.cold_prefill_routing.c_str());
-      return 2;
-    }
-    o.route_share = v;
-  }
+  auto share = bench::parse_route_share(a.cold_prefill_routing);
+  if (!share.ok()) return bench_failed(share.status());
+  o.route_share = *share;
   o.replay = a.cold_prefill_replay;
   PhaseProgress progress;  // on a terminal only
   o.progress = progress.fn();
