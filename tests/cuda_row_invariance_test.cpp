@@ -36,7 +36,12 @@ const std::string& smooth_model() {
   return dir;
 }
 
-class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, cuda::Numerics>> {
+// The classes: exact, fast, and fast with the register-streamed GEMVs (rs_gemv, whose FP8 calls of
+// up to 64 rows and MXFP4 calls grouped by expert or not must give a row the same bits).
+enum class Mode { kExact, kFast, kFastRs };
+const char* mode_name(Mode m) { return m == Mode::kExact ? "exact" : m == Mode::kFast ? "fast" : "fast_rs"; }
+
+class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, Mode>> {
  protected:
   // The parameter's model (the smooth tiny model, or a fixture's checkpoint) on the CUDA executor
   // in the parameter's numerics class; empty with `why` set when the fixture is absent.
@@ -51,7 +56,8 @@ class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, cu
       dir = f + "/checkpoint";
     }
     cuda::CudaLoadOptions lo;
-    lo.run.numerics = std::get<1>(GetParam());
+    lo.run.numerics = std::get<1>(GetParam()) == Mode::kExact ? cuda::Numerics::kExact : cuda::Numerics::kFast;
+    lo.run.rs_gemv = std::get<1>(GetParam()) == Mode::kFastRs;
     return cuda::CudaExecutor::load(dir, {}, lo);
   }
 };
@@ -64,7 +70,7 @@ TEST_P(RowInvariance, DecodeRowsAloneEqualBesideOthers) {
   if (!*ex) GTEST_SKIP() << why;
   for (const row_invariance::Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    check_case(**ex, c, cuda::numerics_name(std::get<1>(GetParam())));
+    check_case(**ex, c, mode_name(std::get<1>(GetParam())));
   }
 }
 
@@ -78,9 +84,9 @@ TEST_P(RowInvariance, DraftManyEqualsDraftAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RowInvariance,
-                         ::testing::Combine(::testing::Values("smooth", "tiny-s0"), ::testing::Values(cuda::Numerics::kFast, cuda::Numerics::kExact)),
+                         ::testing::Combine(::testing::Values("smooth", "tiny-s0"), ::testing::Values(Mode::kFast, Mode::kExact, Mode::kFastRs)),
                          [](const auto& i) {
-                           std::string n = std::string(std::get<0>(i.param)) + "_" + cuda::numerics_name(std::get<1>(i.param));
+                           std::string n = std::string(std::get<0>(i.param)) + "_" + mode_name(std::get<1>(i.param));
                            for (char& ch : n)
                              if (ch == '-') ch = '_';
                            return n;

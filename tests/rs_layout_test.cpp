@@ -103,7 +103,7 @@ namespace fb::cuda::rs {
 namespace {
 
 // ---- the MXFP4 kernel's data flow, emulated lane by lane on the host ----------------------------
-// A second reading of rs_gemv.cu's rs_pack_fp4_kernel, rs_pack_fp4_scales_kernel, stage_row and
+// A second reading of rs_gemv.cu's rs_pack_fp4_kernel, rs_pack_fp4_scales_kernel, stage_rows and
 // fp4_warp/fp4_step (their index arithmetic ported as written), with mma.m16n8k16 evaluated from
 // the PTX fragment layout (A row-major: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8,
 // 2t + 8..); B: b0 (k 2t.., n g), b1 (k 2t + 8.., n g); D: d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8,
@@ -114,6 +114,30 @@ float e4m3_val(uint8_t c) {
   const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
   return (c & 0x80) ? -v : v;
 }
+
+// rs_gemv.cu's stage_rows as it runs: per 16-code piece (row r, step j, mma q) its four words of
+// code pairs stored at word offsets 0, 8, 16, 24 (h 0; t 0..3) and 1, 9, 17, 25 (h 1) from
+// r * steps * 32 + 32 j + 2 q. Two floats per word (the f16 pair; every e4m3 value is exact in
+// f16). The kernels' reading of a word w = ((j * 4 + t) * 4 + q) * 2 + h as k = 64 j + 16 q +
+// 8 h + 2 t and k + 1 is the emulations' (they index bs that way), so a wrong store offset fails.
+std::vector<float> stage_rows_host(const std::vector<uint8_t>& xc, int rows, int64_t K) {
+  const int steps = int(K / 64);
+  std::vector<float> bs(size_t(rows) * steps * 32 * 2, std::nanf(""));
+  const int offs[8] = {0, 8, 16, 24, 1, 9, 17, 25};
+  for (int r = 0; r < rows; ++r)
+    for (int pr = 0; pr < steps * 4; ++pr) {
+      const int j = pr >> 2, q = pr & 3;
+      const size_t base = size_t(r) * steps * 32 + size_t(j) * 32 + size_t(q) * 2;
+      for (int i = 0; i < 8; ++i) {  // pair i of the piece: codes 2i, 2i + 1
+        const uint8_t* c = &xc[size_t(r * K + 16 * pr + 2 * i)];
+        bs[2 * (base + size_t(offs[i]))] = e4m3_val(c[0]);
+        bs[2 * (base + size_t(offs[i])) + 1] = e4m3_val(c[1]);
+      }
+    }
+  for (float v : bs) EXPECT_FALSE(std::isnan(v)) << "stage_rows left a word unwritten";
+  return bs;
+}
+
 
 // n e4m3 codes without the NaN codes.
 std::vector<uint8_t> e4m3_codes(std::mt19937& rng, int n) {
@@ -176,14 +200,7 @@ TEST(RsLayout, Fp4KernelDataFlowEmulated) {
   const std::vector<uint8_t> xc = e4m3_codes(rng, K);
   std::vector<float> xs(static_cast<size_t>(KB));
   for (auto& v : xs) v = std::ldexp(1.0f, int(rng() % 9) - 4);
-  // stage_row: word w = ((j * 4 + t) * 4 + q) * 2 + h holds k and k + 1, k = 64 j + 16 q + 8 h + 2 t
-  std::vector<float> bs(size_t(steps * 32 * 2));
-  for (int w = 0; w < steps * 32; ++w) {
-    const int h = w & 1, q = (w >> 1) & 3, t = (w >> 3) & 3, j = w >> 5;
-    const int k = 64 * j + 16 * q + 8 * h + 2 * t;
-    bs[size_t(2 * w)] = e4m3_val(xc[size_t(k)]);
-    bs[size_t(2 * w + 1)] = e4m3_val(xc[size_t(k + 1)]);
-  }
+  const std::vector<float> bs = stage_rows_host(xc, 1, K);
   std::vector<float> as(static_cast<size_t>(KB));
   for (int b = 0; b < KB; ++b) as[size_t(b)] = xs[size_t(b)] * 16384.0f;
   auto half = [](uint32_t reg, int which) { return f16_to_f32(uint16_t(which ? reg >> 16 : reg & 0xFFFF)); };
@@ -236,7 +253,7 @@ TEST(RsLayout, Fp4KernelDataFlowEmulated) {
     }
 }
 
-// The FP8 kernel likewise (rs_pack_fp8_kernel, stage_row per column, rs_fp8_kernel's step and its
+// The FP8 kernel likewise (rs_pack_fp8_kernel, stage_rows, rs_fp8_kernel's step and its
 // four accumulators): three activation rows as mma columns 0..2, a stripe in each half of a 32-row
 // scale block.
 TEST(RsLayout, Fp8KernelDataFlowEmulated) {
@@ -262,15 +279,8 @@ TEST(RsLayout, Fp8KernelDataFlowEmulated) {
   const std::vector<uint8_t> xc = e4m3_codes(rng, rows * K);
   std::vector<float> xs(size_t(rows * KB));
   for (auto& v : xs) v = std::ldexp(1.0f, int(rng() % 9) - 4);
-  // stage_row per column r into bs + r * steps * 32 words; as [8][KB] (zeros past `rows`)
-  std::vector<float> bs(size_t(rows * steps * 32 * 2));
-  for (int r = 0; r < rows; ++r)
-    for (int w = 0; w < steps * 32; ++w) {
-      const int h = w & 1, q = (w >> 1) & 3, t = (w >> 3) & 3, j = w >> 5;
-      const int k = 64 * j + 16 * q + 8 * h + 2 * t;
-      bs[size_t(2 * (r * steps * 32 + w))] = e4m3_val(xc[size_t(r * K + k)]);
-      bs[size_t(2 * (r * steps * 32 + w) + 1)] = e4m3_val(xc[size_t(r * K + k + 1)]);
-    }
+  // column r at bs + r * steps * 32 words; as [8][KB] (zeros past `rows`)
+  const std::vector<float> bs = stage_rows_host(xc, rows, K);
   std::vector<float> as(size_t(8 * KB), 0.0f);
   for (int r = 0; r < rows; ++r)
     for (int b = 0; b < KB; ++b) as[size_t(r * KB + b)] = xs[size_t(r * KB + b)];

@@ -851,6 +851,8 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);
   set_fast_gemv_rs(run_.numerics == Numerics::kFast && run_.rs_gemv);
+  rs_set_group_rows(run_.rs_group_rows);
+  rs_set_group_ctas(run_.rs_group_ctas);
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));

@@ -704,7 +704,7 @@ Status fast_fp8_gemv_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y,
   FB_CHECK(aligned16(w.w) && aligned16(q.codes)) << "fast fp8 gemv: 16-byte weight rows and codes";
   FB_CHECK(M * w.K <= q.capacity) << "fast fp8 gemv M=" << M << " capacity=" << q.capacity;
   if (M == 0 || w.N == 0) return Status();
-  if (fast_gemv_rs() && M <= 8) {  // the register-streamed experiment (CudaRunOptions::rs_gemv)
+  if (fast_gemv_rs() && M <= 64) {  // register-streamed (CudaRunOptions::rs_gemv): every decode / verify / draft row count alike
     const RsWeight* p = FB_TRY(rs_packed_fp8(w, st));
     if (p) return rs_fp8_gemv(q, M, *p, y, st, fast_pdl());
   }
@@ -719,7 +719,7 @@ Status fast_fp8_gemv2_q(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* 
   if (M == 0) return Status();
   if (wa.N == 0) return fast_fp8_gemv_q(q, M, wb, yb, st);
   if (wb.N == 0) return fast_fp8_gemv_q(q, M, wa, ya, st);
-  if (fast_gemv_rs() && M <= 8) {
+  if (fast_gemv_rs() && M <= 64) {
     const RsWeight* pa = FB_TRY(rs_packed_fp8(wa, st));
     const RsWeight* pb = FB_TRY(rs_packed_fp8(wb, st));
     if (pa && pb) return rs_fp8_gemv2(q, M, *pa, ya, pb, yb, st, fast_pdl());
@@ -732,9 +732,9 @@ Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& 
                        bool group_rows, ExpertPdl pdl) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
-  if (fast_gemv_rs() && !group_rows) {  // registered (resident) experts only
+  if (fast_gemv_rs()) {  // registered (resident) experts only; grouped or not, the same bits per row
     const RsWeight* p = FB_TRY(rs_packed_fp4(w, st));
-    if (p) return rs_fp4_gemv(q, M, x_div, *p, y, nullptr, nullptr, expert, st, fast_pdl());
+    if (p) return rs_fp4_gemv(q, M, x_div, *p, y, nullptr, nullptr, expert, st, fast_pdl(), group_rows);
   }
   if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, w, y, nullptr, nullptr, expert, st, group_rows, pdl);
   return launch_fp4<false>(q, M, x_div, w, w, expert, y, nullptr, st);
@@ -746,10 +746,10 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
-  if (fast_gemv_rs() && !group_rows) {
+  if (fast_gemv_rs()) {
     const RsWeight* pa = FB_TRY(rs_packed_fp4(wa, st));
     const RsWeight* pb = FB_TRY(rs_packed_fp4(wb, st));
-    if (pa && pb) return rs_fp4_gemv(q, M, x_div, *pa, ya, pb, yb, expert, st, fast_pdl());
+    if (pa && pb) return rs_fp4_gemv(q, M, x_div, *pa, ya, pb, yb, expert, st, fast_pdl(), group_rows);
   }
   if (fast_gemv_tc()) return tc_fp4_gemv(q, M, x_div, wa, ya, &wb, yb, expert, st, group_rows, pdl);
   return launch_fp4<true>(q, M, x_div, wa, wb, expert, ya, yb, st);

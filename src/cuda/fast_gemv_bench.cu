@@ -130,6 +130,7 @@ Status read_probes(uint8_t* pool, size_t pool_bytes, cudaStream_t st) {
 struct BenchBuffers {
   static constexpr size_t kPoolBytes = size_t(1) << 30;
   static constexpr int64_t kMaxRows = 16, kMaxK = 8192, kMaxN = 32768;
+  static constexpr int kExRows = 16 + 36;
   DeviceBuffer pool, scales, codes, qscales, out, ex;
   QuantBuf q;
   uint8_t *wp = nullptr, *sp = nullptr;  // pool and scales
@@ -144,8 +145,10 @@ struct BenchBuffers {
     FB_CUDA_TRY(cudaMemset(codes.get(), 0x38, kMaxRows * kMaxK));
     FB_CUDA_TRY(cudaMemset(qscales.get(), 0x3C, kMaxRows * kMaxK / 32 * 4));  // 0x3C3C3C3C: a normal f32 (~0.0115)
     FB_RETURN_IF_ERROR(out.alloc(size_t(2) * kMaxRows * kMaxN * 2));             // two outputs of up to kMaxN columns
-    FB_RETURN_IF_ERROR(ex.alloc(kMaxRows * 4));
-    const int32_t experts[kMaxRows] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+    // expert ids: 0..7 twice, then (rs bench) 36 rows of 6 tokens over the 8 experts
+    int32_t experts[kExRows];
+    for (int i = 0; i < kExRows; ++i) experts[i] = i < 16 ? i % 8 : ((i - 16) * 5 + (i - 16) / 6) % 8;
+    FB_RETURN_IF_ERROR(ex.alloc(sizeof(experts)));
     FB_CUDA_TRY(cudaMemcpy(ex.get(), experts, sizeof(experts), cudaMemcpyHostToDevice));
     q = QuantBuf{codes.get<uint8_t>(), qscales.get<float>(), kMaxRows * kMaxK};
     wp = pool.get<uint8_t>();
@@ -385,27 +388,33 @@ Status rs_gemv_bench() {
     }
   }
   FB_CUDA_TRY(cudaDeviceSynchronize());
-  // One line: every shape with the rs kernels (rs = 1) or the tiles (rs = 0).
-  const auto line = [&](bool rs) -> Status {
+  // One line: every shape with the rs kernels (rs = 1) or the tiles (rs = 0). FP8 at m8 activation
+  // rows; MXFP4 one token's 6 expert rows, or (grouped) 36 rows of 6 tokens over 8 experts
+  // (4-5 rows each) with the rows grouped by expert, as a verify step of 6 rows runs them.
+  const auto line = [&](bool rs, int64_t m8, bool grouped) -> Status {
     set_fast_gemv_tc(true);
     for (size_t si = 0; si < std::size(shapes); ++si) {
       const Shape& c = shapes[si];
       const Copies& cp = copies[si];
       double ms = 0.0;
+      const int64_t m4 = grouped ? 36 : 6;
+      const int32_t* exp = bb.ex.get<int32_t>() + (grouped ? 16 : 0);
       FB_RETURN_IF_ERROR(time_ms(st, kReps,
                                  [&](int i) {
                                    const int64_t k = i % cp.n;
                                    uint8_t* base = bb.wp + k * cp.slice;
-                                   if (!c.fp4) return rs ? rs_fp8_gemv(q, 1, cp.a[size_t(k)], bb.y, st) : fast_fp8_gemv_q(q, 1, Fp8W{base, bb.sp, c.N, c.K}, bb.y, st);
-                                   if (rs) return rs_fp4_gemv(q, 6, 6, cp.a[size_t(k)], bb.y, c.N == 2304 ? &cp.b[size_t(k)] : nullptr, y2, bb.ex.get<int32_t>(), st);
+                                   if (!c.fp4) return rs ? rs_fp8_gemv(q, m8, cp.a[size_t(k)], bb.y, st) : fast_fp8_gemv_q(q, m8, Fp8W{base, bb.sp, c.N, c.K}, bb.y, st);
+                                   if (rs)
+                                     return rs_fp4_gemv(q, m4, 6, cp.a[size_t(k)], bb.y, c.N == 2304 ? &cp.b[size_t(k)] : nullptr, y2, exp, st, true,
+                                                        grouped);
                                    const int64_t eb = c.N * c.K / 2, esb = c.N * c.K / 32, one = 8 * (eb + esb);
                                    const Fp4W a{base, base + 8 * eb, c.N, c.K, eb, esb}, b{base + one, base + one + 8 * eb, c.N, c.K, eb, esb};
-                                   return c.N == 2304 ? fast_fp4_gemv2_q(q, 6, 6, a, b, bb.ex.get<int32_t>(), bb.y, y2, st)
-                                                      : fast_fp4_gemv_q(q, 6, 6, a, bb.ex.get<int32_t>(), bb.y, st);
+                                   return c.N == 2304 ? fast_fp4_gemv2_q(q, m4, 6, a, b, exp, bb.y, y2, st, grouped)
+                                                      : fast_fp4_gemv_q(q, m4, 6, a, exp, bb.y, st, grouped);
                                  },
                                  &ms));
-      // bytes read: FP8 the weight; MXFP4 the 6 experts' codes and scales (x 2 for w1 + w3)
-      const double moved = c.fp4 ? 6.0 * double(c.N * c.K / 2 + c.N * c.K / 32) * (c.N == 2304 ? 2 : 1) : double(c.N * c.K);
+      // bytes read: FP8 the weight; MXFP4 the experts' codes and scales (6, or grouped the 8 distinct; x 2 for w1 + w3)
+      const double moved = c.fp4 ? double(grouped ? 8 : 6) * double(c.N * c.K / 2 + c.N * c.K / 32) * (c.N == 2304 ? 2 : 1) : double(c.N * c.K);
       std::printf(" %s %.1f us %.0f GB/s;", c.name, ms * 1e3, moved / (ms * 1e-3) / 1e9);
     }
     std::printf("\n");
@@ -414,8 +423,24 @@ Status rs_gemv_bench() {
   for (int pass = 0; pass < 3; ++pass)
     for (int rs = 0; rs < 2; ++rs) {
       std::printf("%s (pass %d):", rs ? "rs (defaults)" : "tc tiles     ", pass);
-      FB_RETURN_IF_ERROR(line(rs == 1));
+      FB_RETURN_IF_ERROR(line(rs == 1, 1, false));
     }
+  // rows: FP8 at 2, 4, 6 and 8 activation rows with MXFP4 grouped (16 rows, 8 experts)
+  for (int64_t m8 : {2, 4, 6, 8})
+    for (int rs = 0; rs < 2; ++rs) {
+      std::printf("%s FP8 M=%lld, MXFP4 grouped 36:", rs ? "rs   " : "tiles", static_cast<long long>(m8));
+      FB_RETURN_IF_ERROR(line(rs == 1, m8, true));
+    }
+  rs_set_group_rows(8);
+  std::printf("rs groups of 8 FP8 M=6, MXFP4 grouped 36:");
+  FB_RETURN_IF_ERROR(line(true, 6, true));
+  rs_set_group_rows(4);
+  for (int y : {2, 4, 16, 36}) {
+    rs_set_group_ctas(y);
+    std::printf("rs group ctas %d FP8 M=6, MXFP4 grouped 36:", y);
+    FB_RETURN_IF_ERROR(line(true, 6, true));
+  }
+  rs_set_group_ctas(0);
   for (int depth : {2, 4, 8})
     for (int t8 : {2048, 4096, 8192})
       for (int t4 : {384, 768, 1536}) {
@@ -423,7 +448,7 @@ Status rs_gemv_bench() {
         rs_set_tuning(t8, t4, depth);
         std::printf("rs depth %d fp8 target %d fp4 target %d (warps/CTA: wq_b %d, wq_a %d, e.w13 %d, e.w2 %d):", depth, t8, t4,
                     rs_warps(32768, 1280, false), rs_warps(1280, 5120, false), rs_warps(2304, 5120, true), rs_warps(5120, 2304, true));
-        FB_RETURN_IF_ERROR(line(true));
+        FB_RETURN_IF_ERROR(line(true, 1, false));
       }
   rs_set_tuning(0, 0, 0);
   set_fast_gemv_tc(tc_was);

@@ -922,6 +922,29 @@ TEST(FastGemv, RsFp4MatchesExact) {
       ASSERT_TRUE(rs_fp4_gemv(q1, 1, 1, ra, ya.p() + m * N, nullptr, nullptr, dex.p() + m, nullptr).ok());
     }
     expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 M=1 vs M=64");
+    // rows grouped by expert (the verify steps' form): each row's bits are the ungrouped launch's
+    ya.poison();
+    yb.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), &rb, yb.p(), dex.p(), nullptr, true, true).ok());
+    expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 grouped vs ungrouped (a)");
+    expect_rows_same(yb.get(), got_b, N, 0, kRows, "rs fp4 grouped vs ungrouped (b)");
+    for (int y : {1, 3, 64}) {  // CTAs per stripe (each every y-th group): the same bits
+      rs_set_group_ctas(y);
+      ya.poison();
+      ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());
+      expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 grouped, 1 / 3 / 64 CTAs a stripe, vs ungrouped");
+    }
+    rs_set_group_ctas(0);
+    rs_set_group_rows(8);  // groups of up to 8 rows: the same bits
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());
+    expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 grouped by 8 vs ungrouped");
+    rs_set_group_rows(4);
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, 13, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, false, true).ok());
+    const auto g13 = ya.get();
+    expect_rows_same(g13, got_a, N, 0, 13, "rs fp4 grouped M=13 vs ungrouped M=64");
+    EXPECT_TRUE(std::all_of(g13.begin() + 13 * N, g13.end(), [](bf16_t b) { return b == 0xFFFF; })) << "rs fp4 grouped wrote past M";
     // every knob setting computes the same products; the warps per CTA change the order only
     for (int depth : {2, 8}) {
       rs_set_tuning(0, 0, depth);
@@ -938,6 +961,18 @@ TEST(FastGemv, RsFp4MatchesExact) {
     ya.poison();
     ASSERT_TRUE(rs_fp4_gemv(set.q, 7, cs.x_div, ra, ya.p(), nullptr, nullptr, nullptr, nullptr).ok());
     expect_rows_same(ya.get(), with_zero, N, 0, 7, "rs fp4 expert nullptr vs zeros");
+    // 64 rows of one expert: 8 groups of 8 (a leader every 8th row)
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr).ok());
+    const auto all_zero = ya.get();
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());
+    expect_rows_same(ya.get(), all_zero, N, 0, kRows, "rs fp4 grouped: 64 rows of one expert vs ungrouped");
+    rs_set_group_rows(8);
+    ya.poison();
+    ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());
+    expect_rows_same(ya.get(), all_zero, N, 0, kRows, "rs fp4 grouped by 8: 64 rows of one expert vs ungrouped");
+    rs_set_group_rows(4);
   }
 }
 
@@ -969,8 +1004,11 @@ TEST(FastGemv, RsFp4SpecialScales) {
       EXPECT_EQ(wn, gn) << "NaN where the exact kernel has one, row " << m << " col " << n;
       if (wn) finite_rows[size_t(m)] = false;
     }
-  for (int64_t m = 0; m < kRows; ++m)
-    if (ex[size_t(m)] == 2) EXPECT_FALSE(finite_rows[size_t(m)]) << "expert 2's row 17 holds a NaN scale";
+  for (int64_t m = 0; m < kRows; ++m) {
+    if (ex[size_t(m)] == 2) {
+      EXPECT_FALSE(finite_rows[size_t(m)]) << "expert 2's row 17 holds a NaN scale";
+    }
+  }
   // the NaN column alone is NaN: compare the other columns of expert 2's rows and every row of 0 and 1
   std::vector<bf16_t> wf = w, gf = g;
   for (int64_t m = 0; m < kRows; ++m)

@@ -4,7 +4,8 @@
 //  rows (the mma's 8 columns, blockIdx.y); MXFP4, for one expert row (column 0, blockIdx.y = m).
 //  1. Shared memory gets the CTA's activation rows as f16 pairs in the order the B fragments read
 //     them ([row][step][t][mma q][2 registers]: a lane's 8 registers of a step are 32 contiguous
-//     bytes) and their scales (MXFP4: times 2^14, the decode's 2^-14 undone).
+//     bytes; staged 16 codes a load) and their scales (MXFP4: times 2^14, the decode's 2^-14
+//     undone).
 //  2. Warp w streams steps [w * per, (w + 1) * per) of the stripe: D steps of weight loads in
 //     flight in registers (FP8: the first D issued before griddepcontrol.wait, the weights never
 //     depend on the step), per step four mma.m16n8k16 (f16 in, f32 out), two per 32-block, each
@@ -34,10 +35,12 @@ namespace {
 
 constexpr int kMaxWarps = 16;
 constexpr int kPadUnits = 8;  // zero units past a packed buffer's end (room for a load-ahead that runs past it)
-constexpr int kFp8Cols = 8;  // activation rows per FP8 CTA (the mma's n)
+constexpr int kFp8Cols = 8;  // activation rows per FP8 CTA, expert rows per grouped MXFP4 CTA (the mma's n)
+constexpr int64_t kMaxGroupRows = 64;
+constexpr int kGroupCtasDefault = 8;  // CTAs per stripe of a grouped MXFP4 launch (each takes every Y-th group)  // MXFP4 rows grouped by expert: one warp's two ballots
 
-std::atomic<int> g_fp8_target{0}, g_fp4_target{0}, g_depth{0};
-constexpr int kFp8TargetDefault = 4096, kFp4TargetDefault = 768, kDepthDefault = 4;
+std::atomic<int> g_fp8_target{0}, g_fp4_target{0}, g_depth{0}, g_group_rows{4}, g_group_ctas{kGroupCtasDefault};
+constexpr int kFp8TargetDefault = 4096, kFp4TargetDefault = 768, kDepthDefault = 2;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -45,15 +48,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Two e4m3 codes (low byte first) as f16x2, exactly (every e4m3 value is an f16).
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
-  uint32_t r;
-  const uint16_t h = uint16_t(two & 0xFFFFu);
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
-  return r;
-}
-
-// The same of the high two codes of a word (the 16-bit halves of a register feed the cvt directly).
+// Two e4m3 codes as f16x2, exactly (every e4m3 value is an f16): the high two codes of a word, or
+// the low two (low byte first; the 16-bit halves of a register feed the cvt directly).
 __device__ __forceinline__ uint32_t e4m3x2_f16x2_hi(uint32_t four) {
   uint32_t r;
   asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(four));
@@ -68,14 +64,26 @@ __device__ __forceinline__ uint32_t e4m3x2_f16x2_lo(uint32_t four) {
 // An e8m0 scale byte (in bits 23..30 of `bits`, the rest zero) as f32 for bytes 1..254.
 __device__ __forceinline__ float e8m0_bits(uint32_t bits) { return __uint_as_float(bits); }
 
-// Stages activation row `xr` (K codes, e4m3) as f16 pairs in B-fragment order: word
-// ((j * 4 + t) * 4 + q) * 2 + h holds k = 64 j + 16 q + 8 h + 2 t and k + 1.
-__device__ __forceinline__ void stage_row(const uint8_t* __restrict__ xr, int steps, uint32_t* bs, int tid, int nthreads) {
-  for (int w = tid; w < steps * 32; w += nthreads) {
-    const int h = w & 1, q = (w >> 1) & 3, t = (w >> 3) & 3, j = w >> 5;
-    const int k = 64 * j + 16 * q + 8 * h + 2 * t;
-    const uint32_t two = uint32_t(xr[k]) | uint32_t(xr[k + 1]) << 8;
-    bs[w] = e4m3x2_f16x2(two);
+// Stages `rows` activation rows (row r's K e4m3 codes at row_of(r), 16-byte aligned) as f16 pairs in
+// B-fragment order, row r at bs + r * steps * 32: word ((j * 4 + t) * 4 + q) * 2 + h holds k =
+// 64 j + 16 q + 8 h + 2 t and k + 1. A piece is 16 codes (one 16-byte load, eight stores); every
+// row's pieces in one loop, several loads in flight per thread.
+template <typename RowOf>
+__device__ __forceinline__ void stage_rows(RowOf row_of, int rows, int steps, uint32_t* bs, int tid, int nthreads) {
+  const int per_row = steps * 4, n = rows * per_row;
+#pragma unroll 4
+  for (int p = tid; p < n; p += nthreads) {
+    const int r = p / per_row, pr = p - r * per_row, j = pr >> 2, q = pr & 3;
+    const uint4 v = reinterpret_cast<const uint4*>(row_of(r))[pr];  // k = 64 j + 16 q + 0..15
+    uint32_t* o = bs + r * steps * 32 + j * 32 + q * 2;              // + 8 t + h
+    o[0] = e4m3x2_f16x2_lo(v.x);   // h 0, t 0
+    o[8] = e4m3x2_f16x2_hi(v.x);   // h 0, t 1
+    o[16] = e4m3x2_f16x2_lo(v.y);  // h 0, t 2
+    o[24] = e4m3x2_f16x2_hi(v.y);  // h 0, t 3
+    o[1] = e4m3x2_f16x2_lo(v.z);   // h 1, t 0
+    o[9] = e4m3x2_f16x2_hi(v.z);   // h 1, t 1
+    o[17] = e4m3x2_f16x2_lo(v.w);  // h 1, t 2
+    o[25] = e4m3x2_f16x2_hi(v.w);  // h 1, t 3
   }
 }
 
@@ -160,6 +168,191 @@ __device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint
     if (i + u < n) fp4_step<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ap[i + u], b_lane, tot0, tot1);
 }
 
+// Rows grouped by expert: up to 8 expert rows of one expert as the mma's columns (lane (g, t)
+// holds columns 2t and 2t + 1 of rows g and g + 8). A column's arithmetic is fp4_step's on column
+// 0, the same operations in the same order on its own B column and scales, so a row's bits do not
+// depend on the grouping (test FastGemv.RsFp4GroupedEqualsUngrouped). `ac`: the step's activation
+// scales of column 2t (two 32-blocks; column 2t + 1's at + KB).
+template <bool kSlow>
+__device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, const uint4* bp, const float* ac, int KB, bool b_lane,
+                                              float (&tot)[4]) {
+  uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
+  if (b_lane) {
+    bl = bp[0];
+    bh = bp[1];
+  }
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma16816(d0, rs::fp4_pair_f16x2(wv.x, 0), rs::fp4_pair_f16x2(wv.x, 1), rs::fp4_pair_f16x2(wv.x, 2), rs::fp4_pair_f16x2(wv.x, 3), bl.x, bl.y);
+  mma16816(d0, rs::fp4_pair_f16x2(wv.y, 0), rs::fp4_pair_f16x2(wv.y, 1), rs::fp4_pair_f16x2(wv.y, 2), rs::fp4_pair_f16x2(wv.y, 3), bl.z, bl.w);
+  mma16816(d1, rs::fp4_pair_f16x2(wv.z, 0), rs::fp4_pair_f16x2(wv.z, 1), rs::fp4_pair_f16x2(wv.z, 2), rs::fp4_pair_f16x2(wv.z, 3), bh.x, bh.y);
+  mma16816(d1, rs::fp4_pair_f16x2(wv.w, 0), rs::fp4_pair_f16x2(wv.w, 1), rs::fp4_pair_f16x2(wv.w, 2), rs::fp4_pair_f16x2(wv.w, 3), bh.z, bh.w);
+  float w00, w01, w10, w11;
+  if (kSlow) {
+    w00 = dev::e8m0_val(uint8_t(sw));
+    w01 = dev::e8m0_val(uint8_t(sw >> 8));
+    w10 = dev::e8m0_val(uint8_t(sw >> 16));
+    w11 = dev::e8m0_val(uint8_t(sw >> 24));
+  } else {
+    w00 = e8m0_bits((sw << 23) & 0x7F800000u);
+    w01 = e8m0_bits((sw << 15) & 0x7F800000u);
+    w10 = e8m0_bits((sw << 7) & 0x7F800000u);
+    w11 = e8m0_bits((sw >> 1) & 0x7F800000u);
+  }
+  const float a00 = ac[0], a01 = ac[1], a10 = ac[KB], a11 = ac[KB + 1];  // (column 2t, block 0), (2t, 1), (2t + 1, 0), (2t + 1, 1)
+  tot[0] = __fmaf_rn(d0[0], __fmul_rn(w00, a00), tot[0]);
+  tot[0] = __fmaf_rn(d1[0], __fmul_rn(w01, a01), tot[0]);
+  tot[1] = __fmaf_rn(d0[1], __fmul_rn(w00, a10), tot[1]);
+  tot[1] = __fmaf_rn(d1[1], __fmul_rn(w01, a11), tot[1]);
+  tot[2] = __fmaf_rn(d0[2], __fmul_rn(w10, a00), tot[2]);
+  tot[2] = __fmaf_rn(d1[2], __fmul_rn(w11, a01), tot[2]);
+  tot[3] = __fmaf_rn(d0[3], __fmul_rn(w10, a10), tot[3]);
+  tot[3] = __fmaf_rn(d1[3], __fmul_rn(w11, a11), tot[3]);
+}
+
+template <int D, bool kSlow>
+__device__ __forceinline__ void fp4_warp_cols(const uint4* __restrict__ w, const uint32_t* __restrict__ s, int64_t u0, int j0, int j1,
+                                              const uint32_t* bs, const float* as, int steps, int cnt, int lane, float (&tot)[4]) {
+  const int g = lane >> 2, t = lane & 3, n = j1 - j0, KB = 2 * steps;
+  if (n <= 0) return;
+  const uint4* wp = w + (u0 + j0) * 32 + lane;
+  const uint32_t* sp = s + (u0 + j0) * 8 + g;
+  const uint4* bp = reinterpret_cast<const uint4*>(bs + ((g * steps + j0) * 4 + t) * 8);  // column g's staging, + 8 a step
+  const float* ac = as + 2 * t * KB + 2 * j0;                                               // + 2 a step
+  const bool b_lane = g < cnt;
+  uint4 buf[D];
+  uint32_t sbuf[D];
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (u < n) {
+      buf[u] = __ldg(wp + u * 32);
+      sbuf[u] = __ldg(sp + u * 8);
+    }
+  int i = 0;
+  for (; i + D <= n; i += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const uint4 wv = buf[u];
+      const uint32_t sw = sbuf[u];
+      if (i + u + D < n) {
+        buf[u] = __ldg(wp + (i + u + D) * 32);
+        sbuf[u] = __ldg(sp + (i + u + D) * 8);
+      }
+      fp4_step_cols<kSlow>(wv, sw, bp + (i + u) * 8, ac + 2 * (i + u), KB, b_lane, tot);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (i + u < n) fp4_step_cols<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ac + 2 * (i + u), KB, b_lane, tot);
+}
+
+// One group of rows (grp: count, expert, rows) of stripe `stripe`: stage its rows, stream the
+// expert's stripe, fold the warps, store each row's 16 outputs.
+template <int D>
+__device__ __forceinline__ void group_body(const RsFp4Part& P, const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
+                                           int64_t K, int KB, int steps, int stripe, int tid, int lane, int warp, int W, const int* grp,
+                                           uint32_t* bs, float* as, float* fold) {
+  const int cnt = grp[0], e = grp[1];
+  stage_rows([&](int r) { return xc + int64_t(grp[2 + r] / x_div) * K; }, cnt, steps, bs, tid, int(blockDim.x));
+  for (int b = tid; b < kFp8Cols * KB; b += int(blockDim.x)) {
+    const int r = b / KB;
+    as[b] = r < cnt ? __fmul_rn(xs[int64_t(grp[2 + r] / x_div) * KB + (b - r * KB)], 16384.0f) : 0.0f;
+  }
+  __syncthreads();
+  const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
+  const int64_t u0 = (int64_t(e) * P.stripes + stripe) * steps;
+  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (P.special[e]) fp4_warp_cols<D, true>(P.w, P.s, u0, j0, j1, bs, as, steps, cnt, lane, tot);
+  else fp4_warp_cols<D, false>(P.w, P.s, u0, j0, j1, bs, as, steps, cnt, lane, tot);
+  {
+    const int g = lane >> 2, t = lane & 3;
+    float* f = fold + warp * 128;
+    f[g * 8 + 2 * t] = tot[0];
+    f[g * 8 + 2 * t + 1] = tot[1];
+    f[(g + 8) * 8 + 2 * t] = tot[2];
+    f[(g + 8) * 8 + 2 * t + 1] = tot[3];
+  }
+  __syncthreads();
+  for (int o = tid; o < 128; o += int(blockDim.x)) {
+    const int row = o / 8, col = o % 8;
+    if (col < cnt) {
+      float v = 0.0f;
+      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + o]);
+      P.y[int64_t(grp[2 + col]) * P.N + int64_t(stripe) * 16 + row] = to_bf(v);
+    }
+  }
+}
+
+// Rows grouped by expert (M <= 64, expert ids on the device): row m leads a group when the number
+// of earlier rows with its expert is a multiple of G (gmax: 4 or 8, rs_set_group_rows) and takes
+// that expert's next <= G rows from m on. The weights of an expert are read once per G of its rows;
+// shared memory holds G staged rows. A CTA (stripe, y) computes groups y, y + Y, ... (Y = gridDim.y,
+// rs_set_group_ctas) in leader order, so no CTA waits for a row that leads nothing. A row's bits
+// depend on neither G nor Y.
+template <int D>
+__global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_grouped_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs,
+                                                                         int64_t x_div, RsFp4Part pa, RsFp4Part pb,
+                                                                         const int32_t* __restrict__ expert, int steps, int M, int cols,
+                                                                         int gmax) {
+  extern __shared__ __align__(16) uint32_t smem[];
+  __shared__ int grp[2 + 8];       // this group: count, expert, rows
+  __shared__ int32_t ex_s[64];     // the rows' experts (-1 past M)
+  __shared__ unsigned leaders[2];  // rows 0..31, 32..63 that lead a group
+  const RsFp4Part P = blockIdx.z ? pb : pa;
+  const int stripe = int(blockIdx.x);
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, W = int(blockDim.x) >> 5;
+  const int KB = steps * 2;
+  const int64_t K = int64_t(steps) * 64;
+  pdl_wait();
+  pdl_trigger();
+  if (warp == 0) {  // every row's leadership: lane l holds rows l and l + 32
+    const int p0 = lane, p1 = lane + 32;
+    const int32_t e0 = p0 < M ? expert[p0] : -1, e1 = p1 < M ? expert[p1] : -1;
+    ex_s[p0] = e0;
+    ex_s[p1] = e1;
+    int b0 = 0, b1 = 0;  // earlier rows with the same expert
+    for (int q = 0; q < M; ++q) {
+      const int32_t eq = __shfl_sync(~0u, q < 32 ? e0 : e1, q & 31);
+      b0 += q < p0 && eq == e0;
+      b1 += q < p1 && eq == e1;
+    }
+    const unsigned lo = __ballot_sync(~0u, e0 >= 0 && b0 % gmax == 0), hi = __ballot_sync(~0u, e1 >= 0 && b1 % gmax == 0);
+    if (lane == 0) {
+      leaders[0] = lo;
+      leaders[1] = hi;
+    }
+  }
+  __syncthreads();
+  const unsigned lead_lo = leaders[0], lead_hi = leaders[1];
+  const int n_lo = __popc(lead_lo), n_groups = n_lo + __popc(lead_hi);
+  uint32_t* bs = smem;                                              // cols * steps * 32 words
+  float* as = reinterpret_cast<float*>(smem + cols * steps * 32);   // 8 * KB (zeros past cnt)
+  float* fold = as + kFp8Cols * KB;                                 // W * 128
+  for (int gi = int(blockIdx.y); gi < n_groups; gi += int(gridDim.y)) {
+    if (warp == 0) {
+      // the leader m: the gi-th set bit of the leader masks
+      const unsigned msk = gi < n_lo ? lead_lo : lead_hi;
+      const int nth = gi < n_lo ? gi : gi - n_lo;
+      const bool hit = ((msk >> lane) & 1u) && __popc(msk & ((1u << lane) - 1u)) == nth;
+      const int m = (__ffs(__ballot_sync(~0u, hit)) - 1) + (gi < n_lo ? 0 : 32);
+      const int32_t es = ex_s[m];
+      const int p0 = lane, p1 = lane + 32;
+      const unsigned from_lo = __ballot_sync(~0u, p0 >= m && ex_s[p0] == es), from_hi = __ballot_sync(~0u, p1 >= m && ex_s[p1] == es);
+      const unsigned below_lane = (1u << lane) - 1u;
+      const int r0 = __popc(from_lo & below_lane), r1 = __popc(from_lo) + __popc(from_hi & below_lane);
+      if (((from_lo >> lane) & 1u) && r0 < gmax) grp[2 + r0] = p0;
+      if (((from_hi >> lane) & 1u) && r1 < gmax) grp[2 + r1] = p1;
+      if (lane == 0) {
+        grp[0] = min(gmax, __popc(from_lo) + __popc(from_hi));
+        grp[1] = es;
+      }
+    }
+    __syncthreads();
+    group_body<D>(P, xc, xs, x_div, K, KB, steps, stripe, tid, lane, warp, W, grp, bs, as, fold);
+    __syncthreads();  // the next group reuses grp and the shared buffers
+  }
+}
+
+
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
                                                                  RsFp4Part pa, RsFp4Part pb, const int32_t* __restrict__ expert, int steps) {
@@ -180,7 +373,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* _
   float* as = reinterpret_cast<float*>(smem + steps * 32);      // KB
   float* fold = as + KB;                                        // W * 16
   const int64_t xm = m / x_div;
-  stage_row(xc + xm * K, steps, bs, tid, int(blockDim.x));
+  stage_rows([&](int) { return xc + xm * K; }, 1, steps, bs, tid, int(blockDim.x));
   for (int b = tid; b < KB; b += int(blockDim.x)) as[b] = __fmul_rn(xs[xm * KB + b], 16384.0f);  // the decode's 2^-14
   __syncthreads();
   const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
@@ -263,10 +456,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
   uint32_t* bs = smem;                                               // cols * steps * 32 words
   float* as = reinterpret_cast<float*>(smem + cols * steps * 32);    // 8 * KB: every mma column's (zeros past `rows`)
   float* fold = as + kFp8Cols * KB;                                  // W * 16 * 8
-  for (int r = 0; r < kFp8Cols; ++r) {
-    if (r < rows) stage_row(xc + (r0 + r) * K, steps, bs + r * steps * 32, tid, int(blockDim.x));
-    for (int b = tid; b < KB; b += int(blockDim.x)) as[r * KB + b] = r < rows ? xs[(r0 + r) * KB + b] : 0.0f;
-  }
+  stage_rows([&](int r) { return xc + (r0 + r) * K; }, rows, steps, bs, tid, int(blockDim.x));
+  for (int b = tid; b < kFp8Cols * KB; b += int(blockDim.x)) as[b] = b < rows * KB ? xs[r0 * KB + b] : 0.0f;  // rows r0.. are contiguous
   __syncthreads();
   const int rb = (stripe * 16) / 32;  // the stripe's 32-row scale block
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, col 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
@@ -300,11 +491,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
     f[(g + 8) * 8 + 2 * t + 1] = tot[3];
   }
   __syncthreads();
-  if (tid < 128) {
-    const int row = tid / 8, col = tid % 8;
+  // 128 outputs (16 rows x 8 columns): a CTA of one or two warps folds several each
+  for (int o = tid; o < 128; o += int(blockDim.x)) {
+    const int row = o / 8, col = o % 8;
     if (col < rows) {
       float v = 0.0f;
-      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + tid]);
+      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + o]);
       a.y[(r0 + col) * a.N + int64_t(stripe) * 16 + row] = to_bf(v);
     }
   }
@@ -453,6 +645,9 @@ int rs_warps(int64_t N, int64_t K, bool fp4) {
   return std::max(1, w);
 }
 
+void rs_set_group_rows(int g) { g_group_rows = g == 8 ? 8 : 4; }
+void rs_set_group_ctas(int y) { g_group_ctas = y >= 1 && y <= int(kMaxGroupRows) ? y : kGroupCtasDefault; }
+
 void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth) {
   g_fp8_target = fp8_target_warps;
   g_fp4_target = fp4_target_warps;
@@ -525,7 +720,7 @@ Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* 
   const dim3 grid(unsigned(std::max(pa.stripes, pb.stripes)), unsigned((M + kFp8Cols - 1) / kFp8Cols), wb ? 2u : 1u), block(unsigned(W * 32));
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
-  return with_depth(g_depth.load() > 0 ? g_depth.load() : 2, [&](auto D) {
+  return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
     return launch_with_smem(pdl, rs_fp8_kernel<decltype(D)::value>, grid, block, smem, st, "rs_fp8_kernel", xc, xs, M, cols, steps, pa, pb);
   });
 }
@@ -535,7 +730,7 @@ Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y,
 }
 
 Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st, bool pdl) {
+                   const int32_t* expert, cudaStream_t st, bool pdl, bool group_rows) {
   if (!wa.fp4 || !wa.w.get()) return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: not an MXFP4 weight packed by rs_pack_fp4";
   if (wb && (!wb->fp4 || wb->N != wa.N || wb->K != wa.K || wb->experts != wa.experts))
     return FB_ERROR(kInvalidArgument) << "rs_fp4_gemv: the second weight's shape differs";
@@ -558,6 +753,16 @@ Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& 
   const dim3 grid(unsigned(stripes), unsigned(M), wb ? 2u : 1u), block(unsigned(W * 32));
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
+  if (group_rows && expert != nullptr && M > 1 && M <= kMaxGroupRows) {
+    const int gmax = g_group_rows.load() == 8 ? 8 : 4;
+    const int cols = int(std::min<int64_t>(M, gmax));
+    const dim3 ggrid(unsigned(stripes), unsigned(std::min<int64_t>(M, g_group_ctas.load())), wb ? 2u : 1u);
+    const size_t gsmem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
+    return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
+      return launch_with_smem(pdl, rs_fp4_grouped_kernel<decltype(D)::value>, ggrid, block, gsmem, st, "rs_fp4_grouped_kernel", xc, xs, x_div,
+                              pa, pb, expert, steps, int(M), cols, gmax);
+    });
+  }
   return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
     return launch_with_smem(pdl, rs_fp4_kernel<decltype(D)::value>, grid, block, smem, st, "rs_fp4_kernel", xc, xs, x_div, pa, pb, expert,
                             steps);

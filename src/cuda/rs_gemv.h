@@ -14,8 +14,8 @@
 // each 32-block's mma sum scaled by weight scale x activation scale into f32 (FMA), a CTA's warps
 // folded in warp order, one RNE rounding to bf16. The warps per CTA are a function of (N, K) only
 // (rs_warps), so every sum's order is: deterministic and row-invariant (a row's output column of
-// the mma depends on its own B column only). NOT run on a GPU yet (written in session 21 without
-// device time): FastGemv.Rs* test it against the exact kernels.
+// the mma depends on its own B column only). FastGemv.Rs* test it against the exact kernels (H200,
+// session 22).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,9 +52,11 @@ Status rs_fp8_gemv(const QuantBuf& q, int64_t M, const RsWeight& w, uint16_t* y,
 Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb, cudaStream_t st,
                     bool pdl = true);
 // Experts (tc_fp4_gemv's semantics): row m reads activation row m / x_div and expert expert[m]
-// (nullptr: 0; < 0: skipped, y untouched) of wa, and of wb into yb when wb != nullptr.
+// (nullptr: 0; < 0: skipped, y untouched) of wa, and of wb into yb when wb != nullptr. group_rows
+// (with expert ids and 2..64 rows): the rows that chose one expert share its weight reads, up to 4
+// (or 8: rs_set_group_rows) a CTA as the mma's columns; each row's bits are the ungrouped launch's.
 Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& wa, uint16_t* ya, const RsWeight* wb, uint16_t* yb,
-                   const int32_t* expert, cudaStream_t st, bool pdl = true);
+                   const int32_t* expert, cudaStream_t st, bool pdl = true, bool group_rows = false);
 
 // Warps per CTA (each takes a contiguous range of the K steps; the CTA folds them in order):
 // a function of (N, K) only. Bench knobs (process-wide; they change the bits, never the
@@ -62,9 +64,16 @@ Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& 
 // the steps of loads in flight per warp (2, 4 or 8). <= 0 restores the defaults.
 int rs_warps(int64_t N, int64_t K, bool fp4);
 void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth);
+// Rows per group of an MXFP4 launch grouped by expert: 4 (default) or 8 (process-wide; the bits
+// never change, only the weight reads per row and the CTAs per SM).
+void rs_set_group_rows(int g);
+// CTAs per stripe of a grouped MXFP4 launch, 1..64 (each computes every Y-th group; others
+// restore the default 8). The bits never change.
+void rs_set_group_ctas(int y);
 
 // The executor's A/B (CudaRunOptions::rs_gemv, off by default; fast_gemv.h routes its FP8 calls of
-// at most 8 rows and its ungrouped MXFP4 calls here while on): packed copies made on first use,
+// at most 64 rows and its MXFP4 calls of registered experts here while on, grouped or not, so a
+// row's bits never depend on the step's other rows): packed copies made on first use,
 // kept per weight (its code pointer). An MXFP4 weight qualifies only once registered with its
 // expert count: the executor registers its resident experts; the tiered layers' slots and
 // staging buffers change contents between calls and are never registered (their calls stay on
