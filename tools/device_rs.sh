@@ -13,7 +13,7 @@
 # Prints a short table LAST; $OUT gets the logs (rs_logs.tar.gz) and the bench CSVs.
 # Usage, in the repo root on the GPU machine:  tools/device_rs.sh [FIXTURES_DIR]   (default .fixtures)
 # Env: FB_SKIP_BENCH=1 (steps 1-3 only), FB_AB_ROUNDS (default 5), FB_ENGRAM_AB=0 (no Engram A/B),
-#      FB_QUICK=1 (the rs tests, fast_rs row invariance and the rs_gemv A/B only: a short budget).
+#      FB_QUICK=1 (the rs tests, fast_rs row invariance, the micro-bench and the rs_gemv A/B only: a short budget).
 set -u
 FIX=${1:-.fixtures}
 LOG=${OUT:-/tmp/fb_out}
@@ -52,10 +52,10 @@ if [ -x $FB ] && [ "$Q" != 1 ]; then
     row "check-fixture $c rs_gemv=1" "rc=$? $(grep -oE 'PASS|FAIL' "$LOG/cf_$c.out" | head -1) $(grep -m1 -iE 'max \|dlogit\||top-1' "$LOG/cf_$c.out" | cut -c1-90)"
   done
 fi
-[ "$Q" = 1 ] || gtest rs_bench cuda_fast_gemv_test '*RsBench' 200
+gtest rs_bench cuda_fast_gemv_test '*RsBench' 200
 grep -E "^(tc tiles|rs \()" "$LOG/gtest_rs_bench.log" | cut -c1-230 | sed 's/^/  /' >>"$T"
 grep -E "^rs depth" "$LOG/gtest_rs_bench.log" | cut -c1-230 | sed 's/^/  /' >>"$T"
-grep -E "^(rs   |tiles|rs groups of 8|rs group ctas [0-9]+) FP8 M=" "$LOG/gtest_rs_bench.log" | cut -c1-230 | sed 's/^/  /' >>"$T"
+grep -E "^(rs   |tiles|rs groups of 8|rs rows staged per group|rs group ctas [0-9]+) FP8 M=" "$LOG/gtest_rs_bench.log" | cut -c1-230 | sed 's/^/  /' >>"$T"
 if [ "${FB_SKIP_BENCH:-0}" != 1 ] && [ -x $FB ]; then
   s=$(date +%s)
   timeout 240 $FB bench --synthetic --experts 16 --contexts 4096 --verify-rows 6 --steps 3 --reps 3 --ab rs_gemv=0,1 \

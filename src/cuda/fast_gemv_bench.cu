@@ -431,11 +431,15 @@ Status rs_gemv_bench() {
       std::printf("%s FP8 M=%lld, MXFP4 grouped 36:", rs ? "rs   " : "tiles", static_cast<long long>(m8));
       FB_RETURN_IF_ERROR(line(rs == 1, m8, true));
     }
+  rs_set_token_staging(false);
+  std::printf("rs rows staged per group FP8 M=6, MXFP4 grouped 36:");
+  FB_RETURN_IF_ERROR(line(true, 6, true));
+  rs_set_token_staging(true);
   rs_set_group_rows(8);
   std::printf("rs groups of 8 FP8 M=6, MXFP4 grouped 36:");
   FB_RETURN_IF_ERROR(line(true, 6, true));
   rs_set_group_rows(4);
-  for (int y : {2, 4, 16, 36}) {
+  for (int y : {1, 2, 4, 16, 36}) {
     rs_set_group_ctas(y);
     std::printf("rs group ctas %d FP8 M=6, MXFP4 grouped 36:", y);
     FB_RETURN_IF_ERROR(line(true, 6, true));

@@ -935,6 +935,15 @@ TEST(FastGemv, RsFp4MatchesExact) {
       expect_rows_same(ya.get(), got_a, N, 0, kRows, "rs fp4 grouped, 1 / 3 / 64 CTAs a stripe, vs ungrouped");
     }
     rs_set_group_ctas(0);
+    // <= 8 tokens (x_div > 1): the tokens' rows staged once per CTA, or per group: the same bits
+    for (bool tok : {true, false})
+      for (int64_t m : {int64_t(13), int64_t(36)}) {
+        rs_set_token_staging(tok);
+        ya.poison();
+        ASSERT_TRUE(rs_fp4_gemv(set.q, m, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());
+        expect_rows_same(ya.get(), got_a, N, 0, m, tok ? "rs fp4 grouped, tokens staged once, vs ungrouped" : "rs fp4 grouped, rows staged per group, vs ungrouped");
+      }
+    rs_set_token_staging(true);
     rs_set_group_rows(8);  // groups of up to 8 rows: the same bits
     ya.poison();
     ASSERT_TRUE(rs_fp4_gemv(set.q, kRows, cs.x_div, ra, ya.p(), nullptr, nullptr, dex.p(), nullptr, true, true).ok());

@@ -37,9 +37,10 @@ constexpr int kMaxWarps = 16;
 constexpr int kPadUnits = 8;  // zero units past a packed buffer's end (room for a load-ahead that runs past it)
 constexpr int kFp8Cols = 8;  // activation rows per FP8 CTA, expert rows per grouped MXFP4 CTA (the mma's n)
 constexpr int64_t kMaxGroupRows = 64;
-constexpr int kGroupCtasDefault = 8;  // CTAs per stripe of a grouped MXFP4 launch (each takes every Y-th group)  // MXFP4 rows grouped by expert: one warp's two ballots
+constexpr int kGroupCtasDefault = 8;  // CTAs per stripe of a grouped MXFP4 launch (each takes every Y-th group; tokens staged: Y / 2)  // MXFP4 rows grouped by expert: one warp's two ballots
 
 std::atomic<int> g_fp8_target{0}, g_fp4_target{0}, g_depth{0}, g_group_rows{4}, g_group_ctas{kGroupCtasDefault};
+std::atomic<bool> g_tok_stage{true};
 constexpr int kFp8TargetDefault = 4096, kFp4TargetDefault = 768, kDepthDefault = 2;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -171,10 +172,10 @@ __device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint
 // Rows grouped by expert: up to 8 expert rows of one expert as the mma's columns (lane (g, t)
 // holds columns 2t and 2t + 1 of rows g and g + 8). A column's arithmetic is fp4_step's on column
 // 0, the same operations in the same order on its own B column and scales, so a row's bits do not
-// depend on the grouping (test FastGemv.RsFp4GroupedEqualsUngrouped). `ac`: the step's activation
-// scales of column 2t (two 32-blocks; column 2t + 1's at + KB).
+// depend on the grouping (test FastGemv.RsFp4MatchesExact's grouped cases). ac0 / ac1: the step's
+// activation scales (two 32-blocks) of columns 2t and 2t + 1.
 template <bool kSlow>
-__device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, const uint4* bp, const float* ac, int KB, bool b_lane,
+__device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, const uint4* bp, const float* ac0, const float* ac1, bool b_lane,
                                               float (&tot)[4]) {
   uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
   if (b_lane) {
@@ -198,7 +199,7 @@ __device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, cons
     w10 = e8m0_bits((sw << 7) & 0x7F800000u);
     w11 = e8m0_bits((sw >> 1) & 0x7F800000u);
   }
-  const float a00 = ac[0], a01 = ac[1], a10 = ac[KB], a11 = ac[KB + 1];  // (column 2t, block 0), (2t, 1), (2t + 1, 0), (2t + 1, 1)
+  const float a00 = ac0[0], a01 = ac0[1], a10 = ac1[0], a11 = ac1[1];  // (column 2t, block 0), (2t, 1), (2t + 1, 0), (2t + 1, 1)
   tot[0] = __fmaf_rn(d0[0], __fmul_rn(w00, a00), tot[0]);
   tot[0] = __fmaf_rn(d1[0], __fmul_rn(w01, a01), tot[0]);
   tot[1] = __fmaf_rn(d0[1], __fmul_rn(w00, a10), tot[1]);
@@ -209,15 +210,18 @@ __device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, cons
   tot[3] = __fmaf_rn(d1[3], __fmul_rn(w11, a11), tot[3]);
 }
 
+// bcol: column g's staged row (B-fragment order); scol0 / scol1: the scales of columns 2t and 2t + 1.
 template <int D, bool kSlow>
 __device__ __forceinline__ void fp4_warp_cols(const uint4* __restrict__ w, const uint32_t* __restrict__ s, int64_t u0, int j0, int j1,
-                                              const uint32_t* bs, const float* as, int steps, int cnt, int lane, float (&tot)[4]) {
-  const int g = lane >> 2, t = lane & 3, n = j1 - j0, KB = 2 * steps;
+                                              const uint32_t* bcol, const float* scol0, const float* scol1, int cnt, int lane,
+                                              float (&tot)[4]) {
+  const int g = lane >> 2, t = lane & 3, n = j1 - j0;
   if (n <= 0) return;
   const uint4* wp = w + (u0 + j0) * 32 + lane;
   const uint32_t* sp = s + (u0 + j0) * 8 + g;
-  const uint4* bp = reinterpret_cast<const uint4*>(bs + ((g * steps + j0) * 4 + t) * 8);  // column g's staging, + 8 a step
-  const float* ac = as + 2 * t * KB + 2 * j0;                                               // + 2 a step
+  const uint4* bp = reinterpret_cast<const uint4*>(bcol + (j0 * 4 + t) * 8);  // + 8 a step
+  const float* ac0 = scol0 + 2 * j0;                                          // + 2 a step
+  const float* ac1 = scol1 + 2 * j0;
   const bool b_lane = g < cnt;
   uint4 buf[D];
   uint32_t sbuf[D];
@@ -237,34 +241,47 @@ __device__ __forceinline__ void fp4_warp_cols(const uint4* __restrict__ w, const
         buf[u] = __ldg(wp + (i + u + D) * 32);
         sbuf[u] = __ldg(sp + (i + u + D) * 8);
       }
-      fp4_step_cols<kSlow>(wv, sw, bp + (i + u) * 8, ac + 2 * (i + u), KB, b_lane, tot);
+      fp4_step_cols<kSlow>(wv, sw, bp + (i + u) * 8, ac0 + 2 * (i + u), ac1 + 2 * (i + u), b_lane, tot);
     }
   }
 #pragma unroll
   for (int u = 0; u < D; ++u)
-    if (i + u < n) fp4_step_cols<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ac + 2 * (i + u), KB, b_lane, tot);
+    if (i + u < n) fp4_step_cols<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ac0 + 2 * (i + u), ac1 + 2 * (i + u), b_lane, tot);
 }
 
-// One group of rows (grp: count, expert, rows) of stripe `stripe`: stage its rows, stream the
-// expert's stripe, fold the warps, store each row's 16 outputs.
+// One group of rows (grp: count, expert, rows) of stripe `stripe`: its rows' activations (staged
+// per group, or with ntok > 0 the tokens' rows staged once per CTA: column c reads token
+// grp[2 + c] / x_div), the expert's stripe streamed, the warps folded, each row's 16 outputs stored.
 template <int D>
 __device__ __forceinline__ void group_body(const RsFp4Part& P, const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
                                            int64_t K, int KB, int steps, int stripe, int tid, int lane, int warp, int W, const int* grp,
-                                           uint32_t* bs, float* as, float* fold) {
+                                           int ntok, uint32_t* bs, float* as, float* fold) {
   const int cnt = grp[0], e = grp[1];
-  stage_rows([&](int r) { return xc + int64_t(grp[2 + r] / x_div) * K; }, cnt, steps, bs, tid, int(blockDim.x));
-  for (int b = tid; b < kFp8Cols * KB; b += int(blockDim.x)) {
-    const int r = b / KB;
-    as[b] = r < cnt ? __fmul_rn(xs[int64_t(grp[2 + r] / x_div) * KB + (b - r * KB)], 16384.0f) : 0.0f;
+  const int g = lane >> 2, t = lane & 3;
+  int sr_g, sr_0, sr_1;  // staged rows of columns g, 2t, 2t + 1
+  if (ntok > 0) {
+    const auto tok = [&](int c) { return c < cnt ? int(grp[2 + c] / x_div) : 0; };  // (columns past cnt: B is zero, the scale any finite one)
+    sr_g = tok(g);
+    sr_0 = tok(2 * t);
+    sr_1 = tok(2 * t + 1);
+  } else {
+    stage_rows([&](int r) { return xc + int64_t(grp[2 + r] / x_div) * K; }, cnt, steps, bs, tid, int(blockDim.x));
+    for (int b = tid; b < kFp8Cols * KB; b += int(blockDim.x)) {
+      const int r = b / KB;
+      as[b] = r < cnt ? __fmul_rn(xs[int64_t(grp[2 + r] / x_div) * KB + (b - r * KB)], 16384.0f) : 0.0f;
+    }
+    __syncthreads();
+    sr_g = g;
+    sr_0 = 2 * t;
+    sr_1 = 2 * t + 1;
   }
-  __syncthreads();
   const int per = (steps + W - 1) / W, j0 = min(steps, warp * per), j1 = min(steps, j0 + per);
   const int64_t u0 = (int64_t(e) * P.stripes + stripe) * steps;
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (P.special[e]) fp4_warp_cols<D, true>(P.w, P.s, u0, j0, j1, bs, as, steps, cnt, lane, tot);
-  else fp4_warp_cols<D, false>(P.w, P.s, u0, j0, j1, bs, as, steps, cnt, lane, tot);
+  const uint32_t* bcol = bs + sr_g * steps * 32;
+  if (P.special[e]) fp4_warp_cols<D, true>(P.w, P.s, u0, j0, j1, bcol, as + sr_0 * KB, as + sr_1 * KB, cnt, lane, tot);
+  else fp4_warp_cols<D, false>(P.w, P.s, u0, j0, j1, bcol, as + sr_0 * KB, as + sr_1 * KB, cnt, lane, tot);
   {
-    const int g = lane >> 2, t = lane & 3;
     float* f = fold + warp * 128;
     f[g * 8 + 2 * t] = tot[0];
     f[g * 8 + 2 * t + 1] = tot[1];
@@ -292,7 +309,7 @@ template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_grouped_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs,
                                                                          int64_t x_div, RsFp4Part pa, RsFp4Part pb,
                                                                          const int32_t* __restrict__ expert, int steps, int M, int cols,
-                                                                         int gmax) {
+                                                                         int gmax, int ntok) {
   extern __shared__ __align__(16) uint32_t smem[];
   __shared__ int grp[2 + 8];       // this group: count, expert, rows
   __shared__ int32_t ex_s[64];     // the rows' experts (-1 past M)
@@ -324,9 +341,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_grouped_kernel(const ui
   __syncthreads();
   const unsigned lead_lo = leaders[0], lead_hi = leaders[1];
   const int n_lo = __popc(lead_lo), n_groups = n_lo + __popc(lead_hi);
-  uint32_t* bs = smem;                                              // cols * steps * 32 words
+  uint32_t* bs = smem;                                              // cols * steps * 32 words (ntok > 0: cols = ntok)
   float* as = reinterpret_cast<float*>(smem + cols * steps * 32);   // 8 * KB (zeros past cnt)
   float* fold = as + kFp8Cols * KB;                                 // W * 128
+  if (ntok > 0 && int(blockIdx.y) < n_groups) {  // the tokens' rows, once for every group of this CTA
+    stage_rows([&](int r) { return xc + int64_t(r) * K; }, ntok, steps, bs, tid, int(blockDim.x));
+    for (int b = tid; b < ntok * KB; b += int(blockDim.x)) as[b] = __fmul_rn(xs[b], 16384.0f);  // tokens 0.. are contiguous
+    __syncthreads();
+  }
   for (int gi = int(blockIdx.y); gi < n_groups; gi += int(gridDim.y)) {
     if (warp == 0) {
       // the leader m: the gi-th set bit of the leader masks
@@ -347,7 +369,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_grouped_kernel(const ui
       }
     }
     __syncthreads();
-    group_body<D>(P, xc, xs, x_div, K, KB, steps, stripe, tid, lane, warp, W, grp, bs, as, fold);
+    group_body<D>(P, xc, xs, x_div, K, KB, steps, stripe, tid, lane, warp, W, grp, ntok, bs, as, fold);
     __syncthreads();  // the next group reuses grp and the shared buffers
   }
 }
@@ -646,6 +668,7 @@ int rs_warps(int64_t N, int64_t K, bool fp4) {
 }
 
 void rs_set_group_rows(int g) { g_group_rows = g == 8 ? 8 : 4; }
+void rs_set_token_staging(bool on) { g_tok_stage = on; }
 void rs_set_group_ctas(int y) { g_group_ctas = y >= 1 && y <= int(kMaxGroupRows) ? y : kGroupCtasDefault; }
 
 void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth) {
@@ -755,12 +778,20 @@ Status rs_fp4_gemv(const QuantBuf& q, int64_t M, int64_t x_div, const RsWeight& 
   const float* xs = q.scales;
   if (group_rows && expert != nullptr && M > 1 && M <= kMaxGroupRows) {
     const int gmax = g_group_rows.load() == 8 ? 8 : 4;
-    const int cols = int(std::min<int64_t>(M, gmax));
-    const dim3 ggrid(unsigned(stripes), unsigned(std::min<int64_t>(M, g_group_ctas.load())), wb ? 2u : 1u);
+    // Rows that share token activations (x_div > 1: w1 / w3 of a verify step): the tokens' rows are
+    // staged once per CTA when at most 8 and the knob allows, each group's columns reading theirs.
+    const int64_t tokens = (M + x_div - 1) / x_div;
+    const int ntok = x_div > 1 && tokens <= kFp8Cols && g_tok_stage.load() ? int(tokens) : 0;
+    const int cols = ntok > 0 ? ntok : int(std::min<int64_t>(M, gmax));
+    // CTAs per stripe: the knob (default 8) with rows staged per group; half of it with the tokens
+    // staged once per CTA (each CTA's staging then covers every group it takes: H200 micro-bench,
+    // 36 rows of 6 tokens over 8 experts, w1 + w3: 4 CTAs 90.2 us, 8 CTAs 110.7 us, tiles 93.7 us)
+    const int64_t ctas = ntok > 0 ? std::max(1, g_group_ctas.load() / 2) : g_group_ctas.load();
+    const dim3 ggrid(unsigned(stripes), unsigned(std::min<int64_t>(M, ctas)), wb ? 2u : 1u);
     const size_t gsmem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
     return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
       return launch_with_smem(pdl, rs_fp4_grouped_kernel<decltype(D)::value>, ggrid, block, gsmem, st, "rs_fp4_grouped_kernel", xc, xs, x_div,
-                              pa, pb, expert, steps, int(M), cols, gmax);
+                              pa, pb, expert, steps, int(M), cols, gmax, ntok);
     });
   }
   return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {
