@@ -36,6 +36,7 @@ struct ProbeArgs {
   double seconds = 2.0;
   int file_mib = 1024;
   double hbm_target_gib = -1, host_target_gib = -1, hbm_gbps = -1, h2d_gbps = -1, drive_gbps = -1, kernel_gbps = -1;
+  double prefill_tok_s = -1, prefill_hidden = -1;
   int expert_slots = -1;
   int64_t host_experts = -1;
   int sessions = 1;
@@ -180,9 +181,13 @@ int run_probe(const ProbeArgs& a) {
   {
     // Cold prefill (issue 26): the chunk the step workspace allows, and the copy-bound rate when
     // every chunk routes to every expert (the non-resident ones cross PCIe once per chunk).
-    // Compute side: the all-resident tensor-core prefill measured on the H200 (4,290 tok/s for a
-    // 2,048-row chunk ending at 32K, docs/results.md, fbc2be4); larger chunks are assumed no faster.
-    const double resident_tok_s = 4290.0;
+    // Compute side: the prefill's rate when every chunk reaches every expert, as measured on the
+    // H200 with uniform routing (memory::kColdPrefillTokS, 2,274 tok/s at 8,192-row chunks; the
+    // 4,290 tok/s of a 2,048-row chunk with a few dozen experts a layer (fbc2be4) ran far lighter
+    // MoE GEMMs); larger chunks are assumed no faster. Overlap: the measured share hidden
+    // (memory::kColdPrefillHidden), beside the perfect-overlap bound.
+    const double resident_tok_s = a.prefill_tok_s > 0 ? a.prefill_tok_s : memory::kColdPrefillTokS;
+    const double hidden = a.prefill_hidden >= 0 ? std::min(1.0, a.prefill_hidden) : memory::kColdPrefillHidden;
     const int64_t ctx = in.context_tokens;
     const uint64_t budget = a.prefill_budget_gib > 0 ? uint64_t(a.prefill_budget_gib * memory::kGiB) : in.hbm_workspace_bytes;
     const int64_t rows = memory::prefill_chunk_rows(*cfg, budget, ctx);
@@ -207,10 +212,15 @@ int run_probe(const ProbeArgs& a) {
                   "layer ahead needs %.1f GiB of staging (2 x %d experts; not in the plan above)\n",
                   slots, miss_bytes / 1e9, copy_s, rates.h2d_bytes_per_s / 1e9,
                   2.0 * double(plan->n_experts_per_layer - slots) * double(plan->expert_bytes) / memory::kGiB, plan->n_experts_per_layer - slots);
+      std::printf("  compute at %.0f tok/s%s; streamed = the longer of copies and compute + %.0f%% of the shorter (measured overlap; "
+                  "bound: perfect overlap)\n",
+                  resident_tok_s, a.prefill_tok_s > 0 ? " (--prefill-tok-s)" : " (H200, uniform routing, 8K chunks)", 100.0 * (1.0 - hidden));
       for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)}) {
         const double compute_s = double(r) / resident_tok_s;
-        std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (compute %.2f s, copies %.2f s per chunk)\n", (long long)r,
-                    double(r) / (compute_s + copy_s), double(r) / std::max(compute_s, copy_s), compute_s, copy_s);
+        const double streamed_s = std::max(compute_s, copy_s) + (1.0 - hidden) * std::min(compute_s, copy_s);
+        std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (bound %.0f; compute %.2f s, copies %.2f s per chunk)\n",
+                    (long long)r, double(r) / (compute_s + copy_s), double(r) / streamed_s, double(r) / std::max(compute_s, copy_s), compute_s,
+                    copy_s);
       }
       if (rows > 0) {
         // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in the
@@ -219,14 +229,18 @@ int run_probe(const ProbeArgs& a) {
         const int64_t chunk = memory::prefill_balanced_chunk(rows, ctx);
         const memory::ColdPrefillEstimate e =
             memory::cold_prefill_estimate(ctx, chunk, cfg->n_layers, cfg->decoder_start, cfg->window_size, plan->n_experts_per_layer, slots,
-                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s);
+                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s, hidden, true);
+        const memory::ColdPrefillEstimate routed =
+            memory::cold_prefill_estimate(ctx, chunk, cfg->n_layers, cfg->decoder_start, cfg->window_size, plan->n_experts_per_layer, slots,
+                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s, hidden, false);
         std::printf("  a %lld-token prompt cold in %lld chunk(s) of %lld rows: serial %.0f tok/s (%.1f s), streamed %.0f tok/s (%.1f s)\n",
                     (long long)ctx, (long long)e.chunks, (long long)chunk, double(ctx) / e.serial_s, e.serial_s, double(ctx) / e.streamed_s,
                     e.streamed_s);
         if (e.replay_s > 0)
-          std::printf("  the same with bounded replay (decoder layers %d-%d over the last %lld rows): streamed %.0f tok/s (%.1f s)\n",
+          std::printf("  the same with bounded replay (decoder layers %d-%d over the last %lld rows): streamed %.0f tok/s (%.1f s; the "
+                      "executor stages every non-resident expert of a decoder layer too); %.0f tok/s if only the window's experts crossed\n",
                       cfg->decoder_start, cfg->n_layers - 1, (long long)std::min<int64_t>(cfg->window_size, ctx), double(ctx) / e.replay_s,
-                      e.replay_s);
+                      e.replay_s, double(ctx) / routed.replay_s);
       }
     }
   }
@@ -303,6 +317,13 @@ Runner add_probe(CLI::App& app) {
   app.add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");
   app.add_option("--prefill-budget-gib", a->prefill_budget_gib,
                  "HBM for one prefill step when sizing the cold-prefill chunk (default: the plan's workspace; bench --cold-prefill prints its own)");
+  app.add_option("--prefill-tok-s", a->prefill_tok_s,
+                 "cold prefill: the compute rate of a chunk that reaches every expert (default: measured on the H200, 2,274 tok/s)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefill-hidden", a->prefill_hidden,
+                 "cold prefill: share (0..1) of the shorter of copies and compute hidden when the next layer streams (default 0.30, "
+                 "measured; 1 = perfect overlap)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
   return [a] { return run_probe(*a); };
 }

@@ -62,16 +62,33 @@ uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uin
 // prints it, `bench --cold-prefill` measures it): every chunk routes to every expert, so each of
 // the n_layers layers copies its experts - slots non-resident experts (expert_bytes each) at
 // h2d_bytes_per_s per chunk, while the chunk's rows compute at tok_s (every layer the same cost
-// per row). Serial: copies then compute; streamed: per chunk the larger of the two. Replay
-// (bounded replay, the CED schedule; decoder_start > 0): the layers before decoder_start as
-// streamed, the decoder layers for the prompt's last `window` rows only, whose distinct experts
-// under uniform routing are experts (1 - (1 - top_k / experts)^rows), (experts - slots) / experts
-// of them not resident; per layer the larger of its copies and its compute.
+// per row). Serial: copies then compute; streamed: per chunk the larger of the two plus the part
+// of the smaller that the overlap does not hide (`hidden`: 1 = perfect overlap, the bound; the
+// H200 hid 0.30 of it in session 22, kColdPrefillHidden). Replay (bounded replay, the CED
+// schedule; decoder_start > 0): the layers before decoder_start as streamed, the decoder layers
+// for the prompt's last `window` rows only; per layer its copies and its compute overlapped the
+// same way. The decoder layers' copies: with `replay_stages_all` (what the CUDA executor does: a
+// layer's prefetch runs before its routing is known and stages every non-resident expert; H200
+// session 22: 9,567 of 10,240 staged experts read at 8K) the same as a streamed layer's, else only
+// the window's distinct experts under uniform routing, experts (1 - (1 - top_k / experts)^rows),
+// (experts - slots) / experts of them not resident (what a prefetch that follows the routing
+// could reach).
 struct ColdPrefillEstimate {
   int64_t chunks = 0;
   double serial_s = 0, streamed_s = 0, replay_s = 0;  // replay_s 0 without a decoder
 };
 ColdPrefillEstimate cold_prefill_estimate(int64_t prompt, int64_t chunk, int n_layers, int decoder_start, int64_t window, int experts, int slots,
-                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s);
+                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s, double hidden = 1.0,
+                                          bool replay_stages_all = false);
+
+// Measured on the H200 (session 22, bench --cold-prefill 8192 at released dims, 384 experts, 128
+// slots, uniform routing: every chunk reaches every expert; docs/bench/h200-s22-cold-prefill-8k-replay.csv):
+// the compute of an 8,192-row chunk, 90.08 ms per layer step (2,274 tok/s over 40 layers), and the
+// share of the shorter side hidden when the next layer's experts stream during this one's compute
+// (154.45 ms per streamed layer step against 90.08 + 91.55 serial: 0.30). Calibrations from one
+// prompt size, not yet checked at 32K and 128K; `flashbox probe --prefill-tok-s / --prefill-hidden`
+// override them.
+inline constexpr double kColdPrefillTokS = 2274.0;
+inline constexpr double kColdPrefillHidden = 0.30;
 
 }  // namespace fb::memory

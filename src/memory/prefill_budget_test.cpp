@@ -206,7 +206,7 @@ TEST(PrefillBudget, ChunkFromFreeHbmLeavesTheMargin) {
 
 // The cold-prefill plan by hand: 4 layers (the decoder from layer 2), 8 experts with 4 slots, top
 // 2, 1 GB experts at 1 GB/s (4 s of copies per layer and chunk), 1,000 tok/s; a 2,000-token prompt
-// in two chunks of 1,000 and a window of 10 rows.
+// in two chunks of 1,000 and a window of 10 rows. Perfect overlap unless a share is given.
 TEST(ColdPrefillEstimate, ByHand) {
   const ColdPrefillEstimate e = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0);
   EXPECT_EQ(e.chunks, 2);
@@ -224,6 +224,18 @@ TEST(ColdPrefillEstimate, ByHand) {
   const ColdPrefillEstimate r = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 8, 2, 1e9, 1e9, 1000.0);
   EXPECT_DOUBLE_EQ(r.serial_s, 2.0);
   EXPECT_DOUBLE_EQ(r.streamed_s, 2.0);
+  // partial overlap: the longer side plus the unhidden part of the shorter; 0 hides nothing (serial)
+  const ColdPrefillEstimate half = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 0.5);
+  EXPECT_DOUBLE_EQ(half.streamed_s, 2 * (16.0 + 0.5 * 1.0));
+  EXPECT_NEAR(half.replay_s, 2 * 2 * (4.0 + 0.5 * 0.25) + 2 * (distinct * 0.5 + 0.5 * (10.0 / 1000.0 / 4.0)), 1e-9);
+  const ColdPrefillEstimate none = cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 0.0);
+  EXPECT_DOUBLE_EQ(none.streamed_s, none.serial_s);
+  // a replay that stages every non-resident expert of a decoder layer too: its copies are a streamed
+  // layer's (4 s), the decoder's compute of 10 rows is hidden beneath them
+  const ColdPrefillEstimate all = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 1.0, true);
+  EXPECT_NEAR(all.replay_s, 2 * 2 * 4.0 + 2 * 4.0, 1e-9);
+  // out-of-range shares clamp to [0, 1]
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 7.0).streamed_s, e.streamed_s);
 }
 
 }  // namespace
