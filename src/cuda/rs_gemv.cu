@@ -374,7 +374,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_grouped_kernel(const ui
   }
 }
 
-
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int64_t x_div,
                                                                  RsFp4Part pa, RsFp4Part pb, const int32_t* __restrict__ expert, int steps) {
