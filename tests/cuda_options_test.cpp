@@ -42,10 +42,25 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_EQ(o.engram_prefetch_tasks, 0);
   EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "65").ok());
   EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "-1").ok());
+  // the register-streamed GEMVs: off by default; groups of 4 or 8 rows, 1..64 CTAs a stripe
+  EXPECT_FALSE(o.rs_gemv);
+  EXPECT_TRUE(cuda::set_run_option(o, "rs_gemv", "1").ok());
+  EXPECT_TRUE(o.rs_gemv);
+  EXPECT_EQ(o.rs_group_rows, 4);
+  EXPECT_TRUE(cuda::set_run_option(o, "rs_group_rows", "8").ok());
+  EXPECT_EQ(o.rs_group_rows, 8);
+  EXPECT_FALSE(cuda::set_run_option(o, "rs_group_rows", "6").ok());
+  EXPECT_EQ(o.rs_group_rows, 8) << "a refused value leaves the option as it was";
+  EXPECT_EQ(o.rs_group_ctas, 8);
+  EXPECT_TRUE(cuda::set_run_option(o, "rs_group_ctas", "64").ok());
+  EXPECT_EQ(o.rs_group_ctas, 64);
+  EXPECT_FALSE(cuda::set_run_option(o, "rs_group_ctas", "0").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "rs_group_ctas", "65").ok());
   // an unknown name is refused with the list of known ones
   const Status st = cuda::set_run_option(o, "tc_fold", "1");
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.to_string().find("tc_cluster_fold_ctas"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find("rs_group_ctas"), std::string::npos) << st.to_string();
 }
 
 TEST(CudaRunOptions, DefaultsOfTheFastClass) {
