@@ -40,6 +40,8 @@ struct ProbeArgs {
   int expert_slots = -1;
   int64_t host_experts = -1;
   int sessions = 1;
+  int gpus = 1;
+  double link_gbps = 450, link_latency_us = 10;
   int64_t context = 131072;
   bool no_dspark = false;
   bool no_sim = false;
@@ -293,6 +295,43 @@ int run_probe(const ProbeArgs& a) {
                   lf.hbm_hit * 100, lf.host_hit * 100, bf.serial_s * 1e3, bf.floor_tok_per_s(), bf.overlapped_s * 1e3, bf.ceiling_tok_per_s());
     }
   }
+  if (a.gpus > 1) {
+    // Issue 25, a projection (no multi-GPU code yet): the same box with G GPUs, routed experts
+    // spread over them evenly by popularity, the dense path, KV and the draft on GPU 0, each other
+    // GPU keeping its own workspace; so the experts get G x the HBM target less (G - 1) workspaces.
+    memory::PlanInputs ing = in;
+    const uint64_t extra = uint64_t(a.gpus - 1) * (in.hbm_target_bytes > in.hbm_workspace_bytes ? in.hbm_target_bytes - in.hbm_workspace_bytes : 0);
+    ing.hbm_target_bytes = in.hbm_target_bytes + extra;
+    ing.expert_slots = -1;
+    ing.host_experts = a.host_experts;
+    auto pg = memory::plan_memory(*cfg, ing);
+    if (!pg.ok()) {
+      std::printf("%d GPUs: %s\n", a.gpus, pg.status().to_string().c_str());
+      return 0;
+    }
+    const memory::LinkRates link{a.link_gbps * kGB, a.link_latency_us * 1e-6};
+    const double hidden_bytes = double(cfg->dim) * 2.0;  // a token's bf16 hidden state
+    const double gpu_host_per_layer = double(pg->host_cache_experts) / std::max(1, pg->n_expert_layers);
+    std::printf("%d GPUs (projection; no multi-GPU code yet): %d expert slots per layer (1 GPU: %d), %lld host experts; link %.0f GB/s, "
+                "%.1f us per exchange (assumed, not measured: replace with the NCCL rates of a multi-GPU device), two exchanges per MoE layer\n",
+                a.gpus, pg->hbm_slots_per_layer, plan->hbm_slots_per_layer, (long long)pg->host_cache_experts, a.link_gbps, a.link_latency_us);
+    for (double share : {0.3, 0.45, 0.6}) {
+      const double s = memory::zipf_exponent_for_top_share(n, 10, share);
+      memory::DecodeLoad l;
+      l.dense_bytes = double(dense);
+      l.expert_bytes = double(pg->expert_bytes);
+      l.experts_per_token = double(layers) * k;
+      l.hbm_hit = memory::zipf_top_share(n, pg->hbm_slots_per_layer, s);
+      l.host_hit = memory::zipf_top_share(n, std::min(n, pg->hbm_slots_per_layer + int(gpu_host_per_layer)), s) - l.hbm_hit;
+      memory::TierRates today = rates;
+      today.hbm_bytes_per_s = measured_hbm;
+      const memory::MultiGpuBound m = memory::decode_bound_gpus(l, today, a.gpus, layers, k, hidden_bytes, link);
+      std::printf("  top-10 share %.0f%%: hits HBM %.1f%% host %.1f%% drive %.1f%%; with today's kernels %.1f ms/token serial (%.1f tok/s), "
+                  "%.1f ms overlapped (%.1f tok/s); busiest GPU %.0f%% of a layer's experts, exchanges %.2f ms\n",
+                  share * 100, l.hbm_hit * 100, l.host_hit * 100, (1 - l.hbm_hit - l.host_hit) * 100, m.bound.serial_s * 1e3,
+                  m.bound.floor_tok_per_s(), m.bound.overlapped_s * 1e3, m.bound.ceiling_tok_per_s(), m.busiest_share * 100, m.comm_s * 1e3);
+    }
+  }
   return 0;
 }
 
@@ -324,6 +363,11 @@ Runner add_probe(CLI::App& app) {
                  "cold prefill: share (0..1) of the shorter of copies and compute hidden when the next layer streams (default 0.30, "
                  "measured; 1 = perfect overlap)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
+      ->check(CLI::Range(1, 8));
+  app.add_option("--link-gbps", a->link_gbps, "with --gpus: the GPUs' link rate for the MoE exchanges (default 450, assumed)")->check(CLI::PositiveNumber);
+  app.add_option("--link-latency-us", a->link_latency_us, "with --gpus: the fixed cost of one exchange (default 10 us, assumed)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
   return [a] { return run_probe(*a); };
 }

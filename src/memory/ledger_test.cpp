@@ -210,3 +210,44 @@ TEST(TierModel, LfuLossReachesTheHostOnlyAsFarAsItsSize) {
 
 }  // namespace
 }  // namespace fb::memory
+
+namespace fb::memory {
+namespace {
+
+// Issue 25's projection: the busiest GPU's share of a layer's picks, by hand, and the bound with
+// the experts on several GPUs.
+TEST(TierModel, ExpectedMaxLoadByHand) {
+  EXPECT_DOUBLE_EQ(expected_max_load(6, 1), 6.0);
+  // two GPUs: max(X, 6 - X), X ~ Binomial(6, 1/2): (6 + 6 x 5 + 15 x 4 + 20 x 3 + 15 x 4 + 6 x 5 + 6) / 64
+  EXPECT_DOUBLE_EQ(expected_max_load(6, 2), 252.0 / 64.0);
+  // one pick: always 1; two picks on 3 bins: 2 with probability 1/3
+  EXPECT_DOUBLE_EQ(expected_max_load(1, 4), 1.0);
+  EXPECT_NEAR(expected_max_load(2, 3), 1.0 + 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(expected_max_load(0, 3), 0.0);
+  // more bins never load the busiest one more
+  for (int g = 1; g < 8; ++g) EXPECT_GE(expected_max_load(6, g), expected_max_load(6, g + 1));
+}
+
+TEST(TierModel, SeveralGpusSplitTheExpertReadsAndPayTheExchanges) {
+  const DecodeLoad l{8.52e9, 18800640, 240, 0.8, 0.15};
+  const TierRates r{4.3e12, 53e9, 7e9};
+  // one GPU: exactly decode_bound, no exchanges
+  const MultiGpuBound one = decode_bound_gpus(l, r, 1, 40, 6, 10240, {400e9, 10e-6});
+  const DecodeBound ref = decode_bound(l, r);
+  EXPECT_DOUBLE_EQ(one.bound.serial_s, ref.serial_s);
+  EXPECT_DOUBLE_EQ(one.bound.overlapped_s, ref.overlapped_s);
+  EXPECT_EQ(one.comm_s, 0.0);
+  // two GPUs: the busiest GPU reads 3.9375 of a layer's 6 experts; two exchanges per layer
+  const MultiGpuBound two = decode_bound_gpus(l, r, 2, 40, 6, 10240, {400e9, 10e-6});
+  const double routed = 240 * 18800640.0 * (3.9375 / 6.0);
+  EXPECT_NEAR(two.busiest_share, 3.9375 / 6.0, 1e-12);
+  EXPECT_NEAR(two.bound.hbm_s, (8.52e9 + routed) / 4.3e12, 1e-12);
+  EXPECT_NEAR(two.bound.h2d_s, routed * 0.2 / 53e9, 1e-12);
+  EXPECT_NEAR(two.bound.drive_s, 240 * 18800640.0 * 0.05 / 7e9, 1e-12);  // the drives are shared
+  EXPECT_NEAR(two.comm_s, 40 * 2 * (10e-6 + 10240.0 / 400e9), 1e-15);
+  EXPECT_NEAR(two.bound.serial_s, two.bound.hbm_s + two.bound.h2d_s + two.bound.drive_s + two.comm_s, 1e-15);
+  EXPECT_LT(two.bound.hbm_s, ref.hbm_s);
+}
+
+}  // namespace
+}  // namespace fb::memory

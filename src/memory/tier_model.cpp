@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace fb::memory {
 
@@ -43,6 +44,53 @@ double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int s
   if (lost <= 0) return std::max(0.0, static_hbm + static_host - lfu_hbm);  // the policy beat static placement
   const double catch_share = slots > 0 ? std::min(1.0, std::max(0.0, host_per_layer) / double(slots)) : 1.0;
   return static_host + lost * catch_share;
+}
+
+double expected_max_load(int draws, int bins) {
+  if (draws <= 0 || bins <= 0) return 0;
+  if (bins == 1) return draws;
+  // Every assignment of the draws to bins, counted in base `bins` (bins^draws <= 8^8 here).
+  std::vector<int> count(size_t(bins), 0), pick(size_t(draws), 0);
+  double total = 0, n = 0;
+  count[0] = draws;
+  while (true) {
+    total += *std::max_element(count.begin(), count.end());
+    n += 1;
+    int i = 0;
+    while (i < draws) {  // next assignment: increment pick as a base-`bins` number
+      --count[size_t(pick[size_t(i)])];
+      if (++pick[size_t(i)] < bins) {
+        ++count[size_t(pick[size_t(i)])];
+        break;
+      }
+      pick[size_t(i)] = 0;
+      ++count[0];
+      ++i;
+    }
+    if (i == draws) break;
+  }
+  return total / n;
+}
+
+MultiGpuBound decode_bound_gpus(const DecodeLoad& l, const TierRates& r, int gpus, int layers, int top_k, double hidden_bytes,
+                                const LinkRates& link) {
+  MultiGpuBound m;
+  const int G = std::max(1, gpus);
+  m.busiest_share = top_k > 0 ? expected_max_load(top_k, G) / double(top_k) : 1.0;
+  const double routed = l.expert_bytes * l.experts_per_token * m.busiest_share;
+  const double miss_host = routed * l.host_hit, miss_drive_busiest = routed * std::max(0.0, 1.0 - l.hbm_hit - l.host_hit);
+  const double miss_drive_all = l.expert_bytes * l.experts_per_token * std::max(0.0, 1.0 - l.hbm_hit - l.host_hit);
+  DecodeBound& b = m.bound;
+  b.hbm_s = r.hbm_bytes_per_s > 0 ? (l.dense_bytes + routed) / r.hbm_bytes_per_s : 0;
+  b.h2d_s = r.h2d_bytes_per_s > 0 ? (miss_host + miss_drive_busiest) / r.h2d_bytes_per_s : 0;
+  b.drive_s = miss_drive_all > 0 ? (r.drive_bytes_per_s > 0 ? miss_drive_all / r.drive_bytes_per_s : INFINITY) : 0;
+  if (G > 1) {
+    const double per_exchange = link.latency_s + (link.bytes_per_s > 0 ? hidden_bytes * double(G - 1) / link.bytes_per_s : 0);
+    m.comm_s = double(layers) * 2.0 * per_exchange;
+  }
+  b.serial_s = b.hbm_s + b.h2d_s + b.drive_s + m.comm_s;
+  b.overlapped_s = std::max({b.hbm_s + m.comm_s, b.h2d_s, b.drive_s});
+  return m;
 }
 
 }  // namespace fb::memory

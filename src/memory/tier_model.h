@@ -43,4 +43,29 @@ double zipf_top_share(int n, int k, double exponent);
 // 0.0 host hits per token; docs/tiers.md). The rest goes to the drives.
 double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int slots, double host_per_layer);
 
+// Several GPUs in one box (issue 25, a projection before any multi-GPU code exists): E[the largest
+// count] when `draws` picks fall uniformly and independently on `bins` (exact, by enumeration).
+double expected_max_load(int draws, int bins);
+
+// The link between the GPUs as the MoE exchange sees it: bytes/s and a fixed cost per exchange.
+struct LinkRates {
+  double bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+// The decode bound with the routed experts spread over `gpus` GPUs evenly by popularity (each holds
+// every G-th most popular expert of a layer, so a layer's hits and misses fall on the GPUs like
+// independent uniform picks) and the dense path on one GPU: a layer's expert reads and PCIe misses
+// take as long as the busiest GPU's share, expected_max_load(top_k, G) / top_k of the routed bytes
+// (each GPU has its own HBM and PCIe link; the drives are shared); and per MoE layer two exchanges
+// (the token's hidden state out to the other G - 1 GPUs, their partial sums back) on the critical
+// path. gpus = 1 is decode_bound. `comm_s` in the result is the exchanges' time.
+struct MultiGpuBound {
+  DecodeBound bound;  // serial / overlapped include comm_s
+  double comm_s = 0;
+  double busiest_share = 1;  // expected_max_load(top_k, gpus) / top_k
+};
+MultiGpuBound decode_bound_gpus(const DecodeLoad& load, const TierRates& rates, int gpus, int layers, int top_k, double hidden_bytes,
+                                const LinkRates& link);
+
 }  // namespace fb::memory
