@@ -252,23 +252,30 @@ int run_probe(const ProbeArgs& a) {
   for (const memory::PlanItem& i : plan->items)
     if (i.name.rfind("dense weights", 0) == 0) dense = i.bytes;
   const double host_per_layer = double(plan->host_cache_experts) / std::max(1, plan->n_expert_layers);
+  // A token's loads under a plan with static placement by popularity, at a routing skew whose 10
+  // hottest experts carry `share`: HBM slots hold the most popular, the host cache the next.
+  const auto static_load = [&](const memory::MemoryPlan& p, double share) {
+    const double s = memory::zipf_exponent_for_top_share(n, 10, share);
+    const double host = double(p.host_cache_experts) / std::max(1, p.n_expert_layers);
+    memory::DecodeLoad l;
+    l.dense_bytes = double(dense);
+    l.expert_bytes = double(p.expert_bytes);
+    l.experts_per_token = double(layers) * k;
+    l.hbm_hit = memory::zipf_top_share(n, p.hbm_slots_per_layer, s);
+    l.host_hit = memory::zipf_top_share(n, std::min(n, p.hbm_slots_per_layer + int(host)), s) - l.hbm_hit;
+    return l;
+  };
+  memory::TierRates today = rates;  // the rates with today's decode kernels' effective HBM rate
+  today.hbm_bytes_per_s = measured_hbm;
   std::printf("decode bound (HBM %.0f GB/s, H2D %.1f GB/s, drives %.2f GB/s; static placement by popularity):\n",
               rates.hbm_bytes_per_s / kGB, rates.h2d_bytes_per_s / kGB, rates.drive_bytes_per_s / kGB);
   for (double share : {0.3, 0.45, 0.6}) {
-    const double s = memory::zipf_exponent_for_top_share(n, 10, share);
-    memory::DecodeLoad l;
-    l.dense_bytes = double(dense);
-    l.expert_bytes = double(plan->expert_bytes);
-    l.experts_per_token = double(layers) * k;
-    l.hbm_hit = memory::zipf_top_share(n, plan->hbm_slots_per_layer, s);
-    l.host_hit = memory::zipf_top_share(n, std::min(n, plan->hbm_slots_per_layer + int(host_per_layer)), s) - l.hbm_hit;
+    const memory::DecodeLoad l = static_load(*plan, share);
     const memory::DecodeBound b = memory::decode_bound(l, rates);
     std::printf("  top-10 share %.0f%%: hits HBM %.1f%% host %.1f%% drive %.1f%% -> %.1f ms/token serial (%.1f tok/s floor), %.1f ms "
                 "overlapped (%.1f tok/s)\n",
                 share * 100, l.hbm_hit * 100, l.host_hit * 100, (1 - l.hbm_hit - l.host_hit) * 100, b.serial_s * 1e3,
                 b.floor_tok_per_s(), b.overlapped_s * 1e3, b.ceiling_tok_per_s());
-    memory::TierRates today = rates;
-    today.hbm_bytes_per_s = measured_hbm;
     const memory::DecodeBound bt = memory::decode_bound(l, today);
     std::printf("    with today's kernels (%.0f GB/s effective): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
                 measured_hbm / kGB, bt.serial_s * 1e3, bt.floor_tok_per_s(), bt.overlapped_s * 1e3, bt.ceiling_tok_per_s());
@@ -303,7 +310,6 @@ int run_probe(const ProbeArgs& a) {
     const uint64_t extra = uint64_t(a.gpus - 1) * (in.hbm_target_bytes > in.hbm_workspace_bytes ? in.hbm_target_bytes - in.hbm_workspace_bytes : 0);
     ing.hbm_target_bytes = in.hbm_target_bytes + extra;
     ing.expert_slots = -1;
-    ing.host_experts = a.host_experts;
     auto pg = memory::plan_memory(*cfg, ing);
     if (!pg.ok()) {
       std::printf("%d GPUs: %s\n", a.gpus, pg.status().to_string().c_str());
@@ -311,20 +317,11 @@ int run_probe(const ProbeArgs& a) {
     }
     const memory::LinkRates link{a.link_gbps * kGB, a.link_latency_us * 1e-6};
     const double hidden_bytes = double(cfg->dim) * 2.0;  // a token's bf16 hidden state
-    const double gpu_host_per_layer = double(pg->host_cache_experts) / std::max(1, pg->n_expert_layers);
     std::printf("%d GPUs (projection; no multi-GPU code yet): %d expert slots per layer (1 GPU: %d), %lld host experts; link %.0f GB/s, "
                 "%.1f us per exchange (assumed, not measured: replace with the NCCL rates of a multi-GPU device), two exchanges per MoE layer\n",
                 a.gpus, pg->hbm_slots_per_layer, plan->hbm_slots_per_layer, (long long)pg->host_cache_experts, a.link_gbps, a.link_latency_us);
     for (double share : {0.3, 0.45, 0.6}) {
-      const double s = memory::zipf_exponent_for_top_share(n, 10, share);
-      memory::DecodeLoad l;
-      l.dense_bytes = double(dense);
-      l.expert_bytes = double(pg->expert_bytes);
-      l.experts_per_token = double(layers) * k;
-      l.hbm_hit = memory::zipf_top_share(n, pg->hbm_slots_per_layer, s);
-      l.host_hit = memory::zipf_top_share(n, std::min(n, pg->hbm_slots_per_layer + int(gpu_host_per_layer)), s) - l.hbm_hit;
-      memory::TierRates today = rates;
-      today.hbm_bytes_per_s = measured_hbm;
+      const memory::DecodeLoad l = static_load(*pg, share);
       const memory::MultiGpuBound m = memory::decode_bound_gpus(l, today, a.gpus, layers, k, hidden_bytes, link);
       std::printf("  top-10 share %.0f%%: hits HBM %.1f%% host %.1f%% drive %.1f%%; with today's kernels %.1f ms/token serial (%.1f tok/s), "
                   "%.1f ms overlapped (%.1f tok/s); busiest GPU %.0f%% of a layer's experts, exchanges %.2f ms\n",

@@ -5,7 +5,7 @@
 // waits, computes, folds, so a wave's copy and compute phases take turns; ~100 instructions per
 // 512 MXFP4 bytes). Here the weights are re-laid once (rs_layout.h) so that each lane's 16-byte
 // load is exactly its mma.m16n8k16 A fragments: warps stream their K range with D steps of loads
-// in flight in registers, decode in registers (FP8: one cvt per pair; MXFP4: 11 logic ops per 8
+// in flight in registers, decode in registers (FP8: one cvt per pair; MXFP4: 9 integer ops per 8
 // codes, no conversion instruction) and run f16 HMMAs; no shared memory holds weights, so every
 // warp keeps loading while it computes.
 //

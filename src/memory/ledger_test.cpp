@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <random>
+#include <vector>
 
 #include "memory/plan.h"
 
@@ -226,6 +228,25 @@ TEST(TierModel, ExpectedMaxLoadByHand) {
   EXPECT_EQ(expected_max_load(0, 3), 0.0);
   // more bins never load the busiest one more
   for (int g = 1; g < 8; ++g) EXPECT_GE(expected_max_load(6, g), expected_max_load(6, g + 1));
+  // against a brute-force enumeration of every assignment, for small cases
+  for (int d = 1; d <= 7; ++d)
+    for (int g = 2; g <= 5; ++g) {
+      std::vector<int> pick(size_t(d), 0);
+      double total = 0, count = 0;
+      while (true) {
+        std::vector<int> c(size_t(g), 0);
+        for (int x : pick) ++c[size_t(x)];
+        total += *std::max_element(c.begin(), c.end());
+        count += 1;
+        int i = 0;
+        while (i < d && ++pick[size_t(i)] == g) pick[size_t(i++)] = 0;
+        if (i == d) break;
+      }
+      EXPECT_NEAR(expected_max_load(d, g), total / count, 1e-12) << d << " picks, " << g << " bins";
+    }
+  // a large top-k costs no enumeration: 16 picks over 8 GPUs
+  EXPECT_GT(expected_max_load(16, 8), 2.0);
+  EXPECT_LT(expected_max_load(16, 8), 16.0);
 }
 
 TEST(TierModel, SeveralGpusSplitTheExpertReadsAndPayTheExchanges) {

@@ -49,27 +49,30 @@ double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int s
 double expected_max_load(int draws, int bins) {
   if (draws <= 0 || bins <= 0) return 0;
   if (bins == 1) return draws;
-  // Every assignment of the draws to bins, counted in base `bins` (bins^draws <= 8^8 here).
-  std::vector<int> count(size_t(bins), 0), pick(size_t(draws), 0);
-  double total = 0, n = 0;
-  count[0] = draws;
-  while (true) {
-    total += *std::max_element(count.begin(), count.end());
-    n += 1;
-    int i = 0;
-    while (i < draws) {  // next assignment: increment pick as a base-`bins` number
-      --count[size_t(pick[size_t(i)])];
-      if (++pick[size_t(i)] < bins) {
-        ++count[size_t(pick[size_t(i)])];
-        break;
-      }
-      pick[size_t(i)] = 0;
-      ++count[0];
-      ++i;
+  // E[max] = sum over m >= 1 of P(max >= m) = 1 - P(every bin < m). The assignments with every
+  // count below m number draws! [x^draws] (sum_{j<m} x^j / j!)^bins: the exponential generating
+  // function, raised to the bins-th power one bin at a time, in doubles (draws is a top-k).
+  double expected = 0;
+  for (int m = 1; m <= draws; ++m) {
+    std::vector<double> one(size_t(draws) + 1, 0.0), acc(size_t(draws) + 1, 0.0);
+    double f = 1;  // j!
+    for (int j = 0; j < m && j <= draws; ++j) {
+      if (j > 0) f *= j;
+      one[size_t(j)] = 1.0 / f;
     }
-    if (i == draws) break;
+    acc[0] = 1;
+    for (int b = 0; b < bins; ++b) {
+      std::vector<double> next(size_t(draws) + 1, 0.0);
+      for (int i = 0; i <= draws; ++i)
+        for (int j = 0; i + j <= draws; ++j) next[size_t(i + j)] += acc[size_t(i)] * one[size_t(j)];
+      acc.swap(next);
+    }
+    // P(all < m) = draws! acc[draws] / bins^draws
+    double p = acc[size_t(draws)];
+    for (int i = 1; i <= draws; ++i) p = p * double(i) / double(bins);
+    expected += 1.0 - p;
   }
-  return total / n;
+  return expected;
 }
 
 MultiGpuBound decode_bound_gpus(const DecodeLoad& l, const TierRates& r, int gpus, int layers, int top_k, double hidden_bytes,

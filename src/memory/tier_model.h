@@ -44,7 +44,8 @@ double zipf_top_share(int n, int k, double exponent);
 double lfu_host_hit(double static_hbm, double static_host, double lfu_hbm, int slots, double host_per_layer);
 
 // Several GPUs in one box (issue 25, a projection before any multi-GPU code exists): E[the largest
-// count] when `draws` picks fall uniformly and independently on `bins` (exact, by enumeration).
+// count] when `draws` picks fall uniformly and independently on `bins` (exact up to rounding:
+// a generating-function count, not an enumeration).
 double expected_max_load(int draws, int bins);
 
 // The link between the GPUs as the MoE exchange sees it: bytes/s and a fixed cost per exchange.
