@@ -43,9 +43,12 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "65").ok());
   EXPECT_FALSE(cuda::set_run_option(o, "engram_prefetch_tasks", "-1").ok());
   // the register-streamed GEMVs: off by default; groups of 4 or 8 rows, 1..64 CTAs a stripe
-  EXPECT_FALSE(o.rs_gemv);
+  EXPECT_EQ(o.rs_gemv, 0);
+  EXPECT_TRUE(cuda::set_run_option(o, "rs_gemv", "2").ok());  // FP8 calls only
+  EXPECT_EQ(o.rs_gemv, 2);
+  EXPECT_FALSE(cuda::set_run_option(o, "rs_gemv", "3").ok());
   EXPECT_TRUE(cuda::set_run_option(o, "rs_gemv", "1").ok());
-  EXPECT_TRUE(o.rs_gemv);
+  EXPECT_EQ(o.rs_gemv, 1);
   EXPECT_EQ(o.rs_group_rows, 4);
   EXPECT_TRUE(cuda::set_run_option(o, "rs_group_rows", "8").ok());
   EXPECT_EQ(o.rs_group_rows, 8);

@@ -38,8 +38,10 @@ const std::string& smooth_model() {
 
 // The classes: exact, fast, and fast with the register-streamed GEMVs (rs_gemv, whose FP8 calls of
 // up to 64 rows and MXFP4 calls grouped by expert or not must give a row the same bits).
-enum class Mode { kExact, kFast, kFastRs };
-const char* mode_name(Mode m) { return m == Mode::kExact ? "exact" : m == Mode::kFast ? "fast" : "fast_rs"; }
+enum class Mode { kExact, kFast, kFastRs, kFastRsFp8 };
+const char* mode_name(Mode m) {
+  return m == Mode::kExact ? "exact" : m == Mode::kFast ? "fast" : m == Mode::kFastRs ? "fast_rs" : "fast_rs_fp8";
+}
 
 class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, Mode>> {
  protected:
@@ -57,7 +59,7 @@ class RowInvariance : public ::testing::TestWithParam<std::tuple<const char*, Mo
     }
     cuda::CudaLoadOptions lo;
     lo.run.numerics = std::get<1>(GetParam()) == Mode::kExact ? cuda::Numerics::kExact : cuda::Numerics::kFast;
-    lo.run.rs_gemv = std::get<1>(GetParam()) == Mode::kFastRs;
+    lo.run.rs_gemv = std::get<1>(GetParam()) == Mode::kFastRs ? 1 : std::get<1>(GetParam()) == Mode::kFastRsFp8 ? 2 : 0;
     return cuda::CudaExecutor::load(dir, {}, lo);
   }
 };
@@ -84,7 +86,7 @@ TEST_P(RowInvariance, DraftManyEqualsDraftAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RowInvariance,
-                         ::testing::Combine(::testing::Values("smooth", "tiny-s0"), ::testing::Values(Mode::kFast, Mode::kExact, Mode::kFastRs)),
+                         ::testing::Combine(::testing::Values("smooth", "tiny-s0"), ::testing::Values(Mode::kFast, Mode::kExact, Mode::kFastRs, Mode::kFastRsFp8)),
                          [](const auto& i) {
                            std::string n = std::string(std::get<0>(i.param)) + "_" + mode_name(std::get<1>(i.param));
                            for (char& ch : n)

@@ -56,6 +56,25 @@ TEST(KernelTrace, RecordsAfterTheNthNamedOne) {
   EXPECT_EQ(end, 0u);
 }
 
+TEST(KernelTrace, CopyOverlapSplitsCopiesBesideKernelsFromExposedOnes) {
+  // kernels [0,10us) and [5,20us) (union [0,20)); copies [15,30us) and [28,35us) (union [15,35));
+  // a DtoH copy [40,41us) counts for neither side but ends the span; idle: [35,40) and nothing else
+  bench::TraceRecord d2h = rec(3, 40000, 41000, false);
+  d2h.name = "memcpy DtoH";
+  std::vector<bench::TraceRecord> r = {rec(1, 5000, 20000), rec(1, 0, 10000), rec(2, 15000, 30000, false), rec(2, 28000, 35000, false), d2h};
+  const bench::CopyOverlap o = bench::copy_overlap(r);
+  EXPECT_DOUBLE_EQ(o.span_us, 41.0);
+  EXPECT_DOUBLE_EQ(o.kernel_us, 20.0);
+  EXPECT_DOUBLE_EQ(o.copy_us, 20.0);
+  EXPECT_DOUBLE_EQ(o.both_us, 5.0);  // [15,20)
+  EXPECT_DOUBLE_EQ(o.copy_only_us, 15.0);
+  EXPECT_DOUBLE_EQ(o.kernel_only_us, 15.0);
+  EXPECT_DOUBLE_EQ(o.idle_us, 6.0);  // [35,41): the DtoH copy is not a kernel or an HtoD copy
+  EXPECT_DOUBLE_EQ(o.hidden_share(), 0.25);
+  EXPECT_DOUBLE_EQ(bench::copy_overlap({}).copy_us, 0.0);
+  EXPECT_DOUBLE_EQ(bench::copy_overlap({}).hidden_share(), 0.0);
+}
+
 TEST(KernelTrace, ShortNames) {
   // mangled: void fb::cuda::(anonymous namespace)::tc_gemv_kernel<1, 2>(float const*, int)
   EXPECT_EQ(bench::short_kernel_name("_ZN2fb4cuda12_GLOBAL__N_114tc_gemv_kernelILi1ELi2EEEvPKfi"), "tc_gemv_kernel<1, 2>");

@@ -18,7 +18,8 @@
 #      and cuda_ops_test *TensorCoreScratch* (the scratch growth the count assumes),
 #      FB_ROUTING (--cold-prefill-routing: uniform (default; a chunk reaches nearly every expert, as a
 #      real prompt does), router (the synthetic router: a few dozen experts a layer), or a top-10 share),
-#      FB_REPLAY=1 (also a streamed run with bounded replay: the CED figure).
+#      FB_REPLAY=1 (also a streamed run with bounded replay: the CED figure), FB_TRACE=1 (one more
+#      streamed run of the first prompt under CUPTI: copy time beside kernels / exposed, idle, kernels by time).
 set -u
 PROMPTS=${1:-8192,32768,131072}
 SERIAL_UPTO=${2:-32768}
@@ -56,7 +57,7 @@ if [ -x build/device/flashbox ]; then
   [ $((BT - 100)) -lt $DEADLINE ] && DEADLINE=$((BT - 100))
   [ $DEADLINE -lt 20 ] && DEADLINE=20
   timeout $BT build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
-    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} ${FB_TRACE:+--cold-prefill-trace} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
   row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS, routing ${FB_ROUTING:-uniform} (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s, timeout ${BT}s)"
   grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
@@ -89,6 +90,7 @@ if [ -x build/device/flashbox ]; then
     grep -E "^bench: cold prefill run:" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill run: /  run /'
     grep -E "^bench: cold prefill [0-9]+: per layer step" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  overlap /'
     grep -E "^bench: cold prefill [0-9]+ (serial|stream|replay): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
+    grep -E "^bench: cold prefill trace" "$LOG/bench.err" | cut -c1-400 | sed 's/^bench: cold prefill trace /  trace /'
   } >"$LOG/results.txt"
 fi
 row total "$(($(date +%s) - t0))s"

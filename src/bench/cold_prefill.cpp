@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 
 #include "bench/fake_context.h"
@@ -263,6 +264,34 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
                    (long long)N, (long long)r.chunks, (long long)r.chunk, mode_name, sec, r.tok_s, r.experts_per_layer_call);
       runs.push_back(r);
       if (opt.on_run) opt.on_run(r);
+    }
+    if (opt.trace && N == opt.prompts.front()) {
+      // One more streamed run under the tracer (untimed): where the copy time sits against the kernels.
+      if (!kernel_trace_available()) {
+        std::fprintf(stderr, "bench: cold prefill trace: this build has no CUPTI (skipped)\n");
+        continue;
+      }
+      auto tracer = KernelTracer::start();
+      if (!tracer.ok()) return fail(tracer.status());
+      with_prefetch(true, C);
+      auto recs = (*tracer)->capture([&] { return run_prompt(ex, N, C, 0, prefill_step, nullptr); });
+      tracer->reset();
+      if (!recs.ok()) return fail(recs.status());
+      ColdPrefillTrace t;
+      t.prompt = N;
+      t.chunks = (N + C - 1) / C;
+      t.layers = c.n_layers;
+      t.overlap = copy_overlap(*recs);
+      std::map<std::string, std::pair<int64_t, double>> by;
+      for (const TraceRecord& x : *recs) {
+        auto& b = by[x.name];
+        ++b.first;
+        b.second += double(x.end_ns > x.start_ns ? x.end_ns - x.start_ns : 0) * 1e-3;
+      }
+      t.top.assign(by.begin(), by.end());
+      std::sort(t.top.begin(), t.top.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+      if (t.top.size() > 12) t.top.resize(12);
+      if (opt.on_trace) opt.on_trace(t);
     }
   }
   ex.set_run_options(before);

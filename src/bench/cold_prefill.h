@@ -15,12 +15,19 @@
 
 #include "base/progress.h"
 #include "base/status.h"
+#include "bench/kernel_trace.h"
 #include "cuda/executor.h"
 #include "model/step.h"
 
 namespace fb::bench {
 
 struct ColdPrefillRun;
+
+struct ColdPrefillTrace {
+  int64_t prompt = 0, chunks = 0, layers = 0;
+  CopyOverlap overlap;
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> top;  // kernel name -> (calls, us), by time, the largest first
+};
 
 struct ColdPrefillOptions {
   std::vector<int64_t> prompts;          // prompt lengths (tokens)
@@ -41,6 +48,11 @@ struct ColdPrefillOptions {
   // the product): rows below N - window leave the step at the decoder's first layer, so the decoder
   // layers (and their experts) run for the prompt's last window rows only: the CED schedule.
   bool replay = false;
+  // After the first prompt's timed runs, one more streamed run of it traced with CUPTI
+  // (bench/kernel_trace.h; CUDA builds with CUPTI only): how much of the copy time ran beside
+  // kernels, how much was exposed, how long the GPU sat idle, and the kernels by time. Untimed.
+  bool trace = false;
+  std::function<void(const ColdPrefillTrace&)> on_trace;
   std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
   ProgressFn progress;                   // tokens prefilled in each run (optional)
 };

@@ -93,6 +93,55 @@ TraceSummary summarize(const std::vector<TraceRecord>& recs) {
   return t;
 }
 
+namespace {
+
+// Sorted, disjoint union of [start, end) intervals.
+std::vector<std::pair<uint64_t, uint64_t>> union_of(std::vector<std::pair<uint64_t, uint64_t>> iv) {
+  std::sort(iv.begin(), iv.end());
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const auto& x : iv) {
+    if (x.second <= x.first) continue;
+    if (!out.empty() && x.first <= out.back().second) out.back().second = std::max(out.back().second, x.second);
+    else out.push_back(x);
+  }
+  return out;
+}
+
+uint64_t length(const std::vector<std::pair<uint64_t, uint64_t>>& u) {
+  uint64_t n = 0;
+  for (const auto& x : u) n += x.second - x.first;
+  return n;
+}
+
+}  // namespace
+
+CopyOverlap copy_overlap(const std::vector<TraceRecord>& recs) {
+  CopyOverlap o;
+  if (recs.empty()) return o;
+  std::vector<std::pair<uint64_t, uint64_t>> k, c, all;
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const TraceRecord& r : recs) {
+    const std::pair<uint64_t, uint64_t> x{r.start_ns, std::max(r.start_ns, r.end_ns)};
+    lo = std::min(lo, x.first);
+    hi = std::max(hi, x.second);
+    if (r.kernel) k.push_back(x);
+    else if (r.name == "memcpy HtoD") c.push_back(x);
+    else continue;
+    all.push_back(x);
+  }
+  const auto ku = union_of(std::move(k)), cu = union_of(std::move(c)), au = union_of(std::move(all));
+  // |K n C| = |K| + |C| - |K u C|
+  const uint64_t kl = length(ku), cl = length(cu), al = length(au), both = kl + cl - al;
+  o.span_us = double(hi - lo) * 1e-3;
+  o.kernel_us = double(kl) * 1e-3;
+  o.copy_us = double(cl) * 1e-3;
+  o.both_us = double(both) * 1e-3;
+  o.copy_only_us = double(cl - both) * 1e-3;
+  o.kernel_only_us = double(kl - both) * 1e-3;
+  o.idle_us = double(hi - lo - al) * 1e-3;
+  return o;
+}
+
 std::vector<TraceRecord> records_after(const std::vector<TraceRecord>& recs, const std::string& name, int n, uint64_t* boundary_end_ns) {
   *boundary_end_ns = 0;
   int seen = 0;

@@ -36,6 +36,16 @@ struct TraceSummary {
 };
 TraceSummary summarize(const std::vector<TraceRecord>& recs);
 
+// How host-to-device copies and kernels share a traced interval (cold prefill streaming experts a
+// layer ahead, issue 26): the union of the kernels' intervals (K), of the HtoD copies' (C), and
+// their intersection. copy_only = |C| - both is the copy time no kernel ran beside (exposed copies);
+// idle = span - |K u C| the time neither ran (the GPU waiting on the host).
+struct CopyOverlap {
+  double span_us = 0, kernel_us = 0, copy_us = 0, both_us = 0, copy_only_us = 0, kernel_only_us = 0, idle_us = 0;
+  double hidden_share() const { return copy_us > 0 ? both_us / copy_us : 0.0; }  // of the copy time, the part beside kernels
+};
+CopyOverlap copy_overlap(const std::vector<TraceRecord>& recs);
+
 // The records (sorted by start) after the n-th one named `name`, e.g. the second of two steps
 // traced together after the first step's two result copies; *boundary_end_ns: that record's end
 // (0 and every record when there are fewer than n).

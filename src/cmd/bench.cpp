@@ -656,6 +656,9 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--cold-prefill-replay", a->cold_prefill_replay,
                "cold prefill: also a streamed run with SWA bounded replay (spec/11 sec. 8.4, an approximation): the decoder layers "
                "and their experts run for the prompt's last window rows only (the CED schedule)");
+  app.add_flag("--cold-prefill-trace", a->cold_prefill_trace,
+               "cold prefill: after the first prompt's runs, one more streamed run of it traced with CUPTI: the copy time beside "
+               "kernels and exposed, the GPU's idle time, the kernels by time (untimed)");
   app.add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
                  "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
   app.add_option("--kv-restore", a->kv_restore,

@@ -70,6 +70,28 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   if (!share.ok()) return bench_failed(share.status());
   o.route_share = *share;
   o.replay = a.cold_prefill_replay;
+  o.trace = a.cold_prefill_trace;
+  o.on_trace = [&](const bench::ColdPrefillTrace& t) {
+    const bench::CopyOverlap& v = t.overlap;
+    const double steps = double(t.chunks * t.layers);
+    std::fprintf(stderr,
+                 "bench: cold prefill trace %lld (streamed, %lld chunk(s) x %lld layers): span %.1f ms; kernels busy %.1f ms, HtoD copies %.1f ms, "
+                 "both %.1f ms (%.0f%% of the copy time beside kernels), copies alone %.1f ms, kernels alone %.1f ms, idle %.1f ms; "
+                 "per layer step: span %.2f, copies %.2f, copies alone %.2f, idle %.2f ms\n",
+                 (long long)t.prompt, (long long)t.chunks, (long long)t.layers, v.span_us * 1e-3, v.kernel_us * 1e-3, v.copy_us * 1e-3,
+                 v.both_us * 1e-3, 100 * v.hidden_share(), v.copy_only_us * 1e-3, v.kernel_only_us * 1e-3, v.idle_us * 1e-3,
+                 v.span_us * 1e-3 / steps, v.copy_us * 1e-3 / steps, v.copy_only_us * 1e-3 / steps, v.idle_us * 1e-3 / steps);
+    for (const auto& [name, cu] : t.top)
+      std::fprintf(stderr, "bench: cold prefill trace %lld: %-40s %8lld calls %10.1f ms\n", (long long)t.prompt, name.c_str(), (long long)cu.first,
+                   cu.second * 1e-3);
+    const std::string k = "cold_prefill_trace_";
+    csv.row(k + "span_ms", t.prompt, v.span_us * 1e-3, "ms, the traced streamed run's first to last GPU record");
+    csv.row(k + "kernel_ms", t.prompt, v.kernel_us * 1e-3, "ms some kernel ran");
+    csv.row(k + "copy_ms", t.prompt, v.copy_us * 1e-3, "ms some HtoD copy ran");
+    csv.row(k + "copy_hidden_share", t.prompt, v.hidden_share(), "share of the HtoD copy time with a kernel running beside it");
+    csv.row(k + "copy_alone_ms", t.prompt, v.copy_only_us * 1e-3, "ms of HtoD copy with no kernel running (exposed)");
+    csv.row(k + "idle_ms", t.prompt, v.idle_us * 1e-3, "ms with neither a kernel nor an HtoD copy running");
+  };
   PhaseProgress progress;  // on a terminal only
   o.progress = progress.fn();
   constexpr double kGiB = double(1ull << 30);

@@ -850,7 +850,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fp8_gemv_fma(run_.fp8_fma);  // process-wide switches: this executor's choice for its steps
   set_fast_gemv_occupancy(run_.fast_occupancy);
   set_fast_gemv_tc(run_.tc_gemv);
-  set_fast_gemv_rs(run_.numerics == Numerics::kFast && run_.rs_gemv);
+  set_fast_gemv_rs(run_.numerics == Numerics::kFast ? run_.rs_gemv : 0);
   rs_set_group_rows(run_.rs_group_rows);
   rs_set_group_ctas(run_.rs_group_ctas);
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);

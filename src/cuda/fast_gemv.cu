@@ -732,7 +732,7 @@ Status fast_fp4_gemv_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& 
                        bool group_rows, ExpertPdl pdl) {
   if (M == 0 || w.N == 0) return Status();
   check_fp4(q, M, x_div, w);
-  if (fast_gemv_rs()) {  // registered (resident) experts only; grouped or not, the same bits per row
+  if (fast_gemv_rs_fp4()) {  // registered (resident) experts only; grouped or not, the same bits per row
     const RsWeight* p = FB_TRY(rs_packed_fp4(w, st));
     if (p) return rs_fp4_gemv(q, M, x_div, *p, y, nullptr, nullptr, expert, st, fast_pdl(), group_rows);
   }
@@ -746,7 +746,7 @@ Status fast_fp4_gemv2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W&
   FB_CHECK(wa.N == wb.N && wa.K == wb.K && wa.w_stride == wb.w_stride && wa.s_stride == wb.s_stride) << "fast fp4 gemv2: shapes differ";
   check_fp4(q, M, x_div, wa);
   check_fp4(q, M, x_div, wb);
-  if (fast_gemv_rs()) {
+  if (fast_gemv_rs_fp4()) {
     const RsWeight* pa = FB_TRY(rs_packed_fp4(wa, st));
     const RsWeight* pb = FB_TRY(rs_packed_fp4(wb, st));
     if (pa && pb) return rs_fp4_gemv(q, M, x_div, *pa, ya, pb, yb, expert, st, fast_pdl(), group_rows);

@@ -609,15 +609,16 @@ Status launch_with_smem(bool pdl, K kernel, dim3 grid, dim3 block, size_t smem, 
 
 namespace {
 
-std::atomic<bool> g_rs_on{false};
+std::atomic<int> g_rs_mode{0};
 std::mutex g_reg_mu;
 std::map<const uint8_t*, std::unique_ptr<RsWeight>> g_fp8_packed, g_fp4_packed;
 std::map<const uint8_t*, int> g_fp4_experts;
 
 }  // namespace
 
-void set_fast_gemv_rs(bool on) { g_rs_on.store(on, std::memory_order_relaxed); }
-bool fast_gemv_rs() { return g_rs_on.load(std::memory_order_relaxed); }
+void set_fast_gemv_rs(int mode) { g_rs_mode.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed); }
+bool fast_gemv_rs() { return g_rs_mode.load(std::memory_order_relaxed) != 0; }
+bool fast_gemv_rs_fp4() { return g_rs_mode.load(std::memory_order_relaxed) == 1; }
 
 void rs_register_experts(const uint8_t* w, int experts) {
   std::lock_guard<std::mutex> lock(g_reg_mu);

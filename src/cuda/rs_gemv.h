@@ -82,8 +82,12 @@ void rs_set_token_staging(bool on);
 // staging buffers change contents between calls and are never registered (their calls stay on
 // the tiles). rs_clear_packed() frees every copy and registration (the executor's destructor: a
 // later allocation at the same address must not find a stale copy).
-void set_fast_gemv_rs(bool on);
-bool fast_gemv_rs();
+// mode: 0 off; 1 the FP8 calls and the registered MXFP4 experts; 2 the FP8 calls only (every MXFP4
+// call on the tiles). Each weight kind takes one path for every row count, so either mode keeps
+// rows invariant.
+void set_fast_gemv_rs(int mode);
+bool fast_gemv_rs();      // FP8 calls of <= 64 rows go here
+bool fast_gemv_rs_fp4();  // registered MXFP4 experts go here
 void rs_register_experts(const uint8_t* w, int experts);
 // nullptr: not packable (shape) or, MXFP4, not registered.
 Result<const RsWeight*> rs_packed_fp8(const Fp8W& w, cudaStream_t st);

@@ -87,7 +87,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   if (name == "engram_prefetch_tasks") return integer(0, 64, o.engram_prefetch_tasks);
-  if (name == "rs_gemv") return flag(o.rs_gemv);
+  if (name == "rs_gemv") return integer(0, 2, o.rs_gemv);
   if (name == "rs_group_ctas") return integer(1, 64, o.rs_group_ctas);
   if (name == "rs_group_rows") {
     if (value != "4" && value != "8") return FB_ERROR(kInvalidArgument) << "option rs_group_rows takes 4 or 8 (got \"" << value << "\")";
