@@ -12,7 +12,10 @@
 #      after the other (the sessions bench has no interleaved A/B).
 # Prints a short table LAST; $OUT gets the CSVs and rs_modes_logs.tar.gz.
 # Usage, in the repo root on the GPU machine:  tools/device_rs_modes.sh [FIXTURES_DIR]   (default .fixtures)
-# Env: FB_AB_ROUNDS (default 5), FB_SKIP_SESSIONS=1, FB_SKIP_128K=1.
+# Env: FB_AB_ROUNDS (default 5), FB_SKIP_SESSIONS=1, FB_SKIP_128K=1, FB_AB (the 4K A/B, default
+#      rs_gemv=0,2,1), FB_OPT (--cuda-opt NAME=VALUE words for every bench run and check-fixture, e.g. "rs_stage_pieces=8"),
+#      FB_SESSION_MODES (the rs_gemv values of the sessions runs, default "0 2"), FB_GEMV_TESTS=1 (also
+#      cuda_fast_gemv_test *RsFp8*).
 set -u
 FIX=${1:-.fixtures}
 LOG=${OUT:-/tmp/fb_out}
@@ -22,7 +25,11 @@ T="$LOG/table.txt"
 row() { printf '%-34s %s\n' "$1" "$2" >>"$T"; }
 t0=$(date +%s)
 cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB_GIT_COMMIT=$FB_GIT_COMMIT} >"$LOG/configure.log" 2>&1 || row configure FAILED
-timeout ${FB_BUILD_TIMEOUT:-360} cmake --build build/device -j16 --target flashbox cuda_options_test cuda_row_invariance_test >"$LOG/build.log" 2>&1
+TARGETS="flashbox cuda_options_test cuda_row_invariance_test"
+[ "${FB_GEMV_TESTS:-0}" = 1 ] && TARGETS="$TARGETS cuda_fast_gemv_test"
+OPT=()
+for o in ${FB_OPT:-}; do OPT+=(--cuda-opt "$o"); done
+timeout ${FB_BUILD_TIMEOUT:-360} cmake --build build/device -j16 --target $TARGETS >"$LOG/build.log" 2>&1
 rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s"
 [ $rc -ne 0 ] && grep -m8 -E "error" "$LOG/build.log" | cut -c1-200 >>"$T"
@@ -38,19 +45,21 @@ gtest() {  # name binary filter timeout
   grep -E "Failure|Expected|Which is|changed beside" "$LOG/gtest_$1.log" | head -6 | cut -c1-180 | sed 's/^/  /' >>"$T"
 }
 gtest options cuda_options_test '*' 30
+[ "${FB_GEMV_TESTS:-0}" = 1 ] && gtest rs_fp8_tests cuda_fast_gemv_test '*RsFp8*' 120
 gtest row_invariance_rs_fp8 cuda_row_invariance_test '*fast_rs_fp8*' 150
 FB=build/device/flashbox
 if [ -x $FB ]; then
   for c in tiny-s0 tiny-s1-long tiny-smooth tiny-vision; do
     [ -d "$FIX/$c" ] || continue
-    timeout 120 $FB check-fixture "$FIX/$c" --backend cuda --cuda-opt rs_gemv=2 >"$LOG/cf_$c.out" 2>"$LOG/cf_$c.err"
+    timeout 120 $FB check-fixture "$FIX/$c" --backend cuda --cuda-opt rs_gemv=2 "${OPT[@]}" >"$LOG/cf_$c.out" 2>"$LOG/cf_$c.err"
     row "check-fixture $c rs_gemv=2" "rc=$? $(grep -oE 'PASS|FAIL' "$LOG/cf_$c.out" | head -1) $(grep -m1 -iE 'max \|dlogit\||top-1' "$LOG/cf_$c.out" | cut -c1-90)"
   done
   s=$(date +%s)
-  timeout 200 $FB bench --synthetic --experts 16 --contexts 4096 --verify-rows 6 --steps 3 --reps 3 --ab rs_gemv=0,2,1 \
+  AB=${FB_AB:-rs_gemv=0,2,1}
+  timeout 200 $FB bench --synthetic --experts 16 --contexts 4096 --verify-rows 6 --steps 3 --reps 3 "${OPT[@]}" --ab "$AB" \
     --ab-rounds ${FB_AB_ROUNDS:-5} --csv "$LOG/bench_rs_modes_4k.csv" >"$LOG/bench_4k.out" 2>"$LOG/bench_4k.err"
-  row "bench A/B rs_gemv=0,2,1 (4K)" "rc=$? $(($(date +%s) - s))s"
-  grep -E "A/B rs_gemv" "$LOG/bench_4k.err" | cut -c1-200 | sed 's/^bench: /  /' >>"$T"
+  row "bench A/B $AB ${FB_OPT:-} (4K)" "rc=$? $(($(date +%s) - s))s"
+  grep -E "A/B ${AB%%=*}" "$LOG/bench_4k.err" | cut -c1-200 | sed 's/^bench: /  /' >>"$T"
   if [ "${FB_SKIP_128K:-0}" != 1 ]; then
     s=$(date +%s)
     timeout 200 $FB bench --synthetic --experts 16 --contexts 131072 --verify-rows 6 --steps 3 --reps 3 --ab rs_gemv=0,2 \
@@ -59,11 +68,11 @@ if [ -x $FB ]; then
     grep -E "A/B rs_gemv" "$LOG/bench_128k.err" | cut -c1-200 | sed 's/^bench: /  /' >>"$T"
   fi
   if [ "${FB_SKIP_SESSIONS:-0}" != 1 ]; then
-    for m in 0 2; do
+    for m in ${FB_SESSION_MODES:-0 2}; do
       s=$(date +%s)
-      timeout 150 $FB bench --synthetic --experts 16 --reps 3 --sessions 1,8,16 --sessions-context 4096 --session-rounds 16 --cuda-opt rs_gemv=$m \
+      timeout 150 $FB bench --synthetic --experts 16 --reps 3 --sessions 1,8,16 --sessions-context 4096 --session-rounds 16 "${OPT[@]}" --cuda-opt rs_gemv=$m \
         --csv "$LOG/bench_sessions_rs$m.csv" >"$LOG/sessions_rs$m.out" 2>"$LOG/sessions_rs$m.err"
-      row "sessions 1,8,16 rs_gemv=$m" "rc=$? $(($(date +%s) - s))s"
+      row "sessions 1,8,16 rs_gemv=$m ${FB_OPT:-}" "rc=$? $(($(date +%s) - s))s"
       grep -E "sessions at [0-9]+:|session 0's" "$LOG/sessions_rs$m.err" | cut -c1-200 | sed 's/^bench: /  /' >>"$T"
     done
   fi
