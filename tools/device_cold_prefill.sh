@@ -19,7 +19,9 @@
 #      FB_ROUTING (--cold-prefill-routing: uniform (default; a chunk reaches nearly every expert, as a
 #      real prompt does), router (the synthetic router: a few dozen experts a layer), or a top-10 share),
 #      FB_REPLAY=1 (also a streamed run with bounded replay: the CED figure), FB_TRACE=1 (one more
-#      streamed run of the first prompt under CUPTI: copy time beside kernels / exposed, idle, kernels by time).
+#      streamed run of the first prompt under CUPTI: copy time beside kernels / exposed, idle, kernels by time),
+#      FB_AB=NAME=a,b (3 interleaved rounds of a streamed run of the first prompt per value of a CUDA run
+#      option), FB_OPS_FILTER (also builds cuda_ops_test and runs this gtest filter first).
 set -u
 PROMPTS=${1:-8192,32768,131072}
 SERIAL_UPTO=${2:-32768}
@@ -35,6 +37,7 @@ cmake --preset device -DCMAKE_CXX_FLAGS="-include cstdint" ${FB_GIT_COMMIT:+-DFB
   row configure "FAILED (configure.log)"
 TARGETS=flashbox
 [ "${FB_GTEST:-0}" = 1 ] && TARGETS="flashbox cuda_fixture_parity_test cuda_ops_test"
+[ -n "${FB_OPS_FILTER:-}" ] && TARGETS="$TARGETS cuda_ops_test"
 timeout ${FB_BUILD_TIMEOUT:-420} cmake --build build/device -j16 --target $TARGETS >"$LOG/build.log" 2>&1
 rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s ($TARGETS)"
@@ -47,6 +50,11 @@ if [ "${FB_GTEST:-0}" = 1 ] && [ -x build/device/src/cuda/cuda_fixture_parity_te
   timeout 30 build/device/src/cuda/cuda_ops_test --gtest_filter='*TensorCoreScratch*' >"$LOG/gtest_ops.log" 2>&1
   row "gtest TensorCoreScratch" "rc=$? ok=$(grep -c '^\[       OK \]' "$LOG/gtest_ops.log")"
 fi
+if [ -n "${FB_OPS_FILTER:-}" ] && [ -x build/device/src/cuda/cuda_ops_test ]; then
+  timeout 60 build/device/src/cuda/cuda_ops_test --gtest_filter="$FB_OPS_FILTER" >"$LOG/gtest_ops_filter.log" 2>&1
+  row "gtest $FB_OPS_FILTER" "rc=$? ok=$(grep -c '^\[       OK \]' "$LOG/gtest_ops_filter.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest_ops_filter.log")"
+  grep -E "Failure|differ|Expected" "$LOG/gtest_ops_filter.log" | head -6 | cut -c1-200 | sed 's/^/  /' >>"$T"
+fi
 if [ -x build/device/flashbox ]; then
   s=$(date +%s)
   # The whole call stays under FB_TOTAL_S (default 540 s; a device command may run 600 s): after a
@@ -57,7 +65,7 @@ if [ -x build/device/flashbox ]; then
   [ $((BT - 100)) -lt $DEADLINE ] && DEADLINE=$((BT - 100))
   [ $DEADLINE -lt 20 ] && DEADLINE=20
   timeout $BT build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
-    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} ${FB_TRACE:+--cold-prefill-trace} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} ${FB_TRACE:+--cold-prefill-trace} ${FB_AB:+--cold-prefill-ab "$FB_AB"} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
   row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS, routing ${FB_ROUTING:-uniform} (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s, timeout ${BT}s)"
   grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
@@ -91,6 +99,7 @@ if [ -x build/device/flashbox ]; then
     grep -E "^bench: cold prefill [0-9]+: per layer step" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  overlap /'
     grep -E "^bench: cold prefill [0-9]+ (serial|stream|replay): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
     grep -E "^bench: cold prefill trace" "$LOG/bench.err" | cut -c1-400 | sed 's/^bench: cold prefill trace /  trace /'
+    grep -E "^bench: cold prefill (A/B round|[0-9]+ streamed: A/B)" "$LOG/bench.err" | cut -c1-200 | sed 's/^bench: cold prefill /  /'
   } >"$LOG/results.txt"
 fi
 row total "$(($(date +%s) - t0))s"

@@ -265,6 +265,21 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       runs.push_back(r);
       if (opt.on_run) opt.on_run(r);
     }
+    if (!opt.ab_name.empty() && N == opt.prompts.front()) {
+      for (int round = 0; round < opt.ab_rounds; ++round)
+        for (const std::string& v : opt.ab_values) {
+          cuda::CudaRunOptions o = before;
+          if (Status st = cuda::set_run_option(o, opt.ab_name, v); !st.ok()) return fail(st);
+          o.expert_prefetch = true;
+          o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, C);
+          ex.set_run_options(o);
+          const auto t0 = std::chrono::steady_clock::now();
+          if (Status st = run_prompt(ex, N, C, 0, prefill_step, nullptr); !st.ok()) return fail(st);
+          const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (opt.on_ab) opt.on_ab(v, round, double(N) / sec);
+        }
+      ex.set_run_options(before);
+    }
     if (opt.trace && N == opt.prompts.front()) {
       // One more streamed run under the tracer (untimed): where the copy time sits against the kernels.
       if (!kernel_trace_available()) {

@@ -52,6 +52,13 @@ struct ColdPrefillOptions {
   // (bench/kernel_trace.h; CUDA builds with CUPTI only): how much of the copy time ran beside
   // kernels, how much was exposed, how long the GPU sat idle, and the kernels by time. Untimed.
   bool trace = false;
+  // After the first prompt's runs: `ab_rounds` rounds of one streamed run per value of the CUDA
+  // run option `ab_name` (cuda::set_run_option over the bench's options), interleaved; each run's
+  // tok/s goes to on_ab (an option that changes no bits, e.g. dequant_x32, times only the kernels).
+  std::string ab_name;
+  std::vector<std::string> ab_values;
+  int ab_rounds = 3;
+  std::function<void(const std::string& value, int round, double tok_s)> on_ab;
   std::function<void(const ColdPrefillTrace&)> on_trace;
   std::function<void(const ColdPrefillRun&)> on_run;  // called as each run ends (CSV rows survive a timeout)
   ProgressFn progress;                   // tokens prefilled in each run (optional)

@@ -659,6 +659,9 @@ Runner add_bench(CLI::App& app) {
   app.add_flag("--cold-prefill-trace", a->cold_prefill_trace,
                "cold prefill: after the first prompt's runs, one more streamed run of it traced with CUPTI: the copy time beside "
                "kernels and exposed, the GPU's idle time, the kernels by time (untimed)");
+  app.add_option("--cold-prefill-ab", a->cold_prefill_ab,
+                 "cold prefill: NAME=a,b[,...]: after the first prompt's runs, 3 rounds of one streamed run of it per value of the CUDA "
+                 "run option NAME, interleaved; medians of tok/s");
   app.add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
                  "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
   app.add_option("--kv-restore", a->kv_restore,

@@ -61,7 +61,8 @@ struct BenchArgs {
   double cold_prefill_deadline = 0;   // seconds; later prompts are skipped when predicted to end past it (0: none)
   std::string cold_prefill_routing = "uniform";  // uniform | router | a top-10 share in (0, 1) (ColdPrefillOptions::route_share)
   bool cold_prefill_replay = false;   // also a streamed run with bounded replay (the CED figure)
-  bool cold_prefill_trace = false;    // one more streamed run of the first prompt traced with CUPTI (copy / kernel overlap)
+  bool cold_prefill_trace = false;
+  std::string cold_prefill_ab;        // NAME=a,b: streamed runs of the first prompt per value, interleaved (3 rounds)    // one more streamed run of the first prompt traced with CUPTI (copy / kernel overlap)
   int tier_warm_steps = 512;
   std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
   int64_t host_experts = 64;               // ... its host cache records

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "base/progress.h"
 #include "bench/cold_prefill.h"
@@ -71,6 +73,27 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   o.route_share = *share;
   o.replay = a.cold_prefill_replay;
   o.trace = a.cold_prefill_trace;
+  std::map<std::string, std::vector<double>> ab_tok_s;
+  if (!a.cold_prefill_ab.empty()) {
+    const size_t eq = a.cold_prefill_ab.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 >= a.cold_prefill_ab.size())
+      return bench_failed(FB_ERROR(kInvalidArgument) << "--cold-prefill-ab takes NAME=a,b (got \"" << a.cold_prefill_ab << "\")");
+    o.ab_name = a.cold_prefill_ab.substr(0, eq);
+    std::string rest = a.cold_prefill_ab.substr(eq + 1);
+    for (size_t p = 0; p <= rest.size();) {
+      const size_t q = std::min(rest.find(',', p), rest.size());
+      if (q > p) o.ab_values.push_back(rest.substr(p, q - p));
+      p = q + 1;
+    }
+    for (const std::string& v : o.ab_values) {  // refused before the model is used, not after the first runs
+      cuda::CudaRunOptions probe = ex.run_options();
+      if (Status st = cuda::set_run_option(probe, o.ab_name, v); !st.ok()) return bench_failed(st, "--cold-prefill-ab");
+    }
+    o.on_ab = [&](const std::string& v, int round, double tok_s) {
+      ab_tok_s[v].push_back(tok_s);
+      std::fprintf(stderr, "bench: cold prefill A/B round %d: %s=%s %.1f tok/s\n", round, o.ab_name.c_str(), v.c_str(), tok_s);
+    };
+  }
   o.on_trace = [&](const bench::ColdPrefillTrace& t) {
     const bench::CopyOverlap& v = t.overlap;
     const double steps = double(t.chunks * t.layers);
@@ -152,6 +175,13 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   auto runs = bench::run_cold_prefill(ex, o, &plan, [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 13); });
   std::fprintf(stderr, "bench: cold prefill: %.1f GiB of prefetch staging\n", double(plan.staging_bytes) / kGiB);
   if (!runs.ok()) return bench_failed(runs.status(), "cold prefill");
+  for (auto& [v, x] : ab_tok_s) {
+    std::sort(x.begin(), x.end());
+    const double med = x[x.size() / 2];
+    std::fprintf(stderr, "bench: cold prefill %lld streamed: A/B %s=%s: %.1f tok/s (median of %zu interleaved runs)\n", (long long)o.prompts.front(),
+                 o.ab_name.c_str(), v.c_str(), med, x.size());
+    csv.row("cold_prefill_ab_" + o.ab_name + "=" + v + "_tok_s", o.prompts.front(), med, "tok/s, streamed, interleaved A/B, median");
+  }
   return 0;
 }
 

@@ -2,6 +2,8 @@
 // -> f32 matmuls (see tc_gemm.h for why this is the reference's arithmetic up to summation order).
 #include "cuda/tc_gemm.h"
 
+#include <atomic>
+
 #include <cublasLt.h>
 
 #include <string>
@@ -14,6 +16,8 @@ namespace fb::cuda {
 using namespace dev;
 
 namespace {
+
+std::atomic<bool> g_dequant_x32{true};  // CudaRunOptions::dequant_x32
 
 constexpr size_t kWorkspaceBytes = size_t(64) << 20;
 
@@ -70,6 +74,53 @@ __global__ void dequant_fp4_kernel(const uint8_t* __restrict__ W, const uint8_t*
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e2m1_val(uint8_t((raw >> (4 * j)) & 0xF)), s);
   store_bf16x8(out + n * K + k0, v);
+}
+
+// The same expansion, thread per 32-block (one 16-byte load, one scale, four 16-byte stores) and
+// no float arithmetic where it cannot round: for a scale byte e in [2, 252] every e2m1 value times
+// 2^(e - 127) is a normal bf16 whose bits are the value's own with e - 127 added to the exponent
+// (0.5 .. 6 have exponents 126 .. 129, so the result's lie in [1, 254]); the magnitude code m >= 1
+// has bits 0x3F00 + 0x40 m, except m = 1 (0.5: 0x3F00); zeros keep their sign. Other scale bytes
+// (e8m0 0, 1, 253, 254 and the NaN 255) take the float path of dequant_fp4_kernel: the same bits
+// everywhere (test CudaOps.DequantFp4EveryScale).
+__global__ void dequant_fp4_x32_kernel(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S, int64_t N, int64_t K,
+                                       uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = K / 32;
+  if (i >= N * per_row) return;
+  const int64_t n = i / per_row, b = i - n * per_row;
+  const uint8_t e = S[n * per_row + b];
+  const uint4 raw = *reinterpret_cast<const uint4*>(W + n * (K / 2) + b * 16);
+  const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[16];
+  if (e >= 2 && e <= 252) {
+    const uint32_t off = uint32_t((int(e) - 127) * 128);  // added modulo 2^32: a negative shift of the exponent field
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t h[2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const uint32_t c = (in[q] >> (4 * (j + t))) & 0xFu, m = c & 7u;
+          const uint32_t mag = m == 0 ? 0u : ((0x3F00u + 0x40u * m - (m == 1 ? 0x40u : 0u) + off) & 0x7FFFu);
+          h[t] = mag | ((c & 8u) << 12);
+        }
+        o[q * 4 + j / 2] = h[0] | (h[1] << 16);
+      }
+  } else {
+    const float sc = e8m0_val(e);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const uint32_t lo = exact_bf16(e2m1_val(uint8_t((in[q] >> (4 * j)) & 0xF)), sc);
+        const uint32_t hi = exact_bf16(e2m1_val(uint8_t((in[q] >> (4 * (j + 1))) & 0xF)), sc);
+        o[q * 4 + j / 2] = lo | (hi << 16);
+      }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + n * K + b * 32);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
 }
 
 // f = hi + mid + lo exactly (each a bf16; f32 has 24 significant bits).
@@ -218,10 +269,19 @@ Status tc_dequant_fp8(const Fp8W& w, uint16_t* out, cudaStream_t st) {
   return Status();
 }
 
+void set_tc_dequant_x32(bool on) { g_dequant_x32.store(on, std::memory_order_relaxed); }
+
 Status tc_dequant_fp4(const Fp4W& w, int64_t expert, uint16_t* out, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && (reinterpret_cast<uintptr_t>(w.w) & 3u) == 0 && w.w_stride % 4 == 0);
   if (w.N == 0) return Status();
-  dequant_fp4_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(w.w + expert * w.w_stride, w.s + expert * w.s_stride, w.N, w.K, out);
+  const uint8_t* wp = w.w + expert * w.w_stride;
+  if (g_dequant_x32.load(std::memory_order_relaxed) && (reinterpret_cast<uintptr_t>(wp) & 15u) == 0 &&
+      (reinterpret_cast<uintptr_t>(out) & 15u) == 0) {
+    dequant_fp4_x32_kernel<<<grid_for(w.N * (w.K / 32), 256), 256, 0, st>>>(wp, w.s + expert * w.s_stride, w.N, w.K, out);
+    FB_CUDA_LAUNCHED("tc_dequant_fp4_x32_kernel");
+    return Status();
+  }
+  dequant_fp4_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(wp, w.s + expert * w.s_stride, w.N, w.K, out);
   FB_CUDA_LAUNCHED("tc_dequant_fp4_kernel");
   return Status();
 }

@@ -120,6 +120,11 @@ Status tc_dequant_act(const QuantBuf& q, int64_t K, const int32_t* src, int64_t 
 // out [N, K] bf16 = exact values of an FP8 32x32-block weight / of expert e's MXFP4 weight.
 Status tc_dequant_fp8(const Fp8W& w, uint16_t* out, cudaStream_t st);
 Status tc_dequant_fp4(const Fp4W& w, int64_t expert, uint16_t* out, cudaStream_t st);
+// tc_dequant_fp4 by 32-blocks (one 16-byte load and four 16-byte stores a thread, integer exponent
+// arithmetic where the scale keeps every value a normal bf16) when the expert's codes and `out` are
+// 16-byte aligned; off, a thread per 8 elements in float arithmetic. The same bits either way.
+// Process-wide, set from CudaRunOptions::dequant_x32.
+void set_tc_dequant_x32(bool on);
 // out[i] = v[idx[i]] (f32).
 Status tc_gather_f32(const float* v, const int32_t* idx, int64_t n, float* out, cudaStream_t st);
 // dst[idx[i], :] = src[i, :] (bf16 rows of `cols`).

@@ -184,6 +184,38 @@ TEST(CudaOps, TensorCoreFp4ExpertGroups) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(wp[size_t(i)], wts[size_t(src[size_t(i)])]);
 }
 
+// tc_dequant_fp4 by 32-blocks (set_tc_dequant_x32, the default) and by 8 elements: the CPU's bits
+// for every e8m0 scale byte (0..255: the integer path for 2..252, the float path for the rest, NaN
+// for 255) and every e2m1 code, an expert past the first, and an expert whose codes are not
+// 16-byte aligned (the 8-element kernel either way).
+TEST(CudaOps, DequantFp4EveryScale) {
+  NEED_GPU();
+  Rng rng(31);
+  const int64_t N = 64, K = 256, KB = K / 32, E = 2, wbytes = N * K / 2, sbytes = N * KB;
+  auto w = rng.bytes(wbytes * E + 16);
+  std::vector<uint8_t> sc(size_t(sbytes * E));
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = uint8_t(i % 256);  // N * KB = 512 blocks an expert: every byte twice
+  Dev<uint8_t> dw(w), ds(sc);
+  Dev<bf16_t> out(size_t(N * K));
+  for (int64_t shift : {int64_t(0), int64_t(4)}) {  // 4: codes 4 bytes off 16-byte alignment
+    const Fp4W fw{dw.p() + shift, ds.p(), N, K, wbytes, sbytes};
+    std::vector<bf16_t> want(size_t(N * K));
+    const uint8_t* w1 = &w[size_t(wbytes + shift)];
+    const uint8_t* s1 = &sc[size_t(sbytes)];
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k)
+        want[size_t(r * K + k)] = bf16_bits_from_f32(e2m1_to_f32(e2m1_code_at(w1 + r * (K / 2), k)) * e8m0_to_f32(s1[size_t(r * KB + k / 32)]));
+    for (bool x32 : {true, false}) {
+      set_tc_dequant_x32(x32);
+      out.poison();
+      ASSERT_TRUE(tc_dequant_fp4(fw, 1, out.p(), nullptr).ok());
+      const std::string what = std::string("tc_dequant_fp4 ") + (x32 ? "by 32-blocks" : "by 8") + (shift ? ", unaligned codes" : "");
+      expect_same(out.get(), want, what.c_str());
+    }
+  }
+  set_tc_dequant_x32(true);
+}
+
 TEST(CudaOps, TensorCoreBf16GroupedAndF32) {
   NEED_GPU();
   auto tc = make_tc();
