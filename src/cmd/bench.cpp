@@ -84,40 +84,6 @@ std::vector<std::string> ab_specs(const std::string& s) {
   return out;
 }
 
-// An interleaved A/B of a CUDA run option (cuda::set_run_option names), NAME=v1,v2,...: rounds()
-// calls f(value) for `n` rounds over the values with the option set on the executor, then puts
-// the executor's options back as they were (later rows measure the configured run).
-struct OptionAb {
-  std::string name;
-  std::vector<std::string> values;
-  explicit OptionAb(const std::string& spec) {
-    const size_t eq = spec.find('=');
-    name = spec.substr(0, eq);
-    std::stringstream vs(eq == std::string::npos ? std::string() : spec.substr(eq + 1));
-    for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
-  }
-  Status check() const {
-    cuda::CudaRunOptions o;
-    if (values.empty()) return FB_ERROR(kInvalidArgument) << "A/B " << name << ": no values (NAME=v1,v2)";
-    for (const auto& v : values) FB_RETURN_IF_ERROR(cuda::set_run_option(o, name, v));
-    return Status();
-  }
-  template <typename F>
-  void rounds(int n, cuda::CudaExecutor& ex, F&& f) const {
-    const cuda::CudaRunOptions before = ex.run_options();
-    for (int rep = 0; rep < n; ++rep)
-      for (const auto& v : values) {
-        cuda::CudaRunOptions o = before;
-        (void)cuda::set_run_option(o, name, v);  // checked up front (check())
-        ex.set_run_options(o);
-        f(v);
-      }
-    ex.set_run_options(before);
-  }
-};
-
-
-
 // wo_a_bf16: the step reads the BF16 copy of wo_a (the exact class, or wo_a_fp8 off), not the FP8 one.
 void report_decode(Csv& csv, const model::Config& c, int64_t L, const bench::DecodeTiming& t, double d2d_gbps, bool wo_a_bf16) {
   const bench::StepCost k = bench::decode_step_cost(c, L, wo_a_bf16);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,38 @@ model::Step prefill_step(const model::Config& c, int64_t s0, int64_t s1, int64_t
 // host copy of the experts is page-locked first, so misses copy at the pinned rate, as from the
 // host tier of a real run.
 std::shared_ptr<cuda::DevExpertSlots> pin_synthetic_experts(const BenchArgs& a, cuda::CudaExecutor& ex);
+
+// An interleaved A/B of a CUDA run option (cuda::set_run_option names), NAME=v1,v2,...: rounds()
+// calls f(value) for `n` rounds over the values with the option set on the executor, then puts
+// the executor's options back as they were (later rows measure the configured run).
+struct OptionAb {
+  std::string name;
+  std::vector<std::string> values;
+  explicit OptionAb(const std::string& spec) {
+    const size_t eq = spec.find('=');
+    name = spec.substr(0, eq);
+    std::stringstream vs(eq == std::string::npos ? std::string() : spec.substr(eq + 1));
+    for (std::string v; std::getline(vs, v, ',');) values.push_back(v);
+  }
+  Status check() const {
+    cuda::CudaRunOptions o;
+    if (values.empty()) return FB_ERROR(kInvalidArgument) << "A/B " << name << ": no values (NAME=v1,v2)";
+    for (const auto& v : values) FB_RETURN_IF_ERROR(cuda::set_run_option(o, name, v));
+    return Status();
+  }
+  template <typename F>
+  void rounds(int n, cuda::CudaExecutor& ex, F&& f) const {
+    const cuda::CudaRunOptions before = ex.run_options();
+    for (int rep = 0; rep < n; ++rep)
+      for (const auto& v : values) {
+        cuda::CudaRunOptions o = before;
+        (void)cuda::set_run_option(o, name, v);  // checked up front (check())
+        ex.set_run_options(o);
+        f(v);
+      }
+    ex.set_run_options(before);
+  }
+};
 
 // issue 26: whole prompts prefilled cold through the expert tiers (bench/cold_prefill.h), serial
 // copies vs experts streamed a layer ahead, with the chunk the free HBM allows.

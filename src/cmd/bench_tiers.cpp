@@ -75,20 +75,10 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
   o.trace = a.cold_prefill_trace;
   std::map<std::string, std::vector<double>> ab_tok_s;
   if (!a.cold_prefill_ab.empty()) {
-    const size_t eq = a.cold_prefill_ab.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 >= a.cold_prefill_ab.size())
-      return bench_failed(FB_ERROR(kInvalidArgument) << "--cold-prefill-ab takes NAME=a,b (got \"" << a.cold_prefill_ab << "\")");
-    o.ab_name = a.cold_prefill_ab.substr(0, eq);
-    std::string rest = a.cold_prefill_ab.substr(eq + 1);
-    for (size_t p = 0; p <= rest.size();) {
-      const size_t q = std::min(rest.find(',', p), rest.size());
-      if (q > p) o.ab_values.push_back(rest.substr(p, q - p));
-      p = q + 1;
-    }
-    for (const std::string& v : o.ab_values) {  // refused before the model is used, not after the first runs
-      cuda::CudaRunOptions probe = ex.run_options();
-      if (Status st = cuda::set_run_option(probe, o.ab_name, v); !st.ok()) return bench_failed(st, "--cold-prefill-ab");
-    }
+    const OptionAb ab(a.cold_prefill_ab);  // refused before the model is used, not after the first runs
+    if (Status st = ab.check(); !st.ok()) return bench_failed(st, "--cold-prefill-ab");
+    o.ab_name = ab.name;
+    o.ab_values = ab.values;
     o.on_ab = [&](const std::string& v, int round, double tok_s) {
       ab_tok_s[v].push_back(tok_s);
       std::fprintf(stderr, "bench: cold prefill A/B round %d: %s=%s %.1f tok/s\n", round, o.ab_name.c_str(), v.c_str(), tok_s);
