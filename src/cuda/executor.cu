@@ -855,7 +855,6 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   rs_set_group_ctas(run_.rs_group_ctas);
   rs_set_stage_pieces(run_.rs_stage_pieces);
   set_tc_dequant_x32(run_.dequant_x32);
-  ws_.sm_uploads = run_.sm_uploads;
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));

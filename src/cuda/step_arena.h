@@ -14,13 +14,6 @@
 
 namespace fb::cuda {
 
-// `bytes` from page-locked host memory (device-addressable: cudaMallocHost under unified
-// addressing) into device memory by a kernel on `st` that reads the host bytes over PCIe, so the
-// copy does not queue behind other streams' transfers on the copy engines (a cold prefill's expert
-// prefetch keeps them busy for tens of milliseconds). The same bytes as cudaMemcpyAsync.
-// Defined in device.cu.
-Status copy_from_pinned(void* dst, const void* pinned_src, size_t bytes, cudaStream_t st);
-
 // Per-step device allocations: bump-allocated from the executor's StepWorkspace (no cudaMalloc
 // once warmed up; uploads staged through its pinned buffer), with plain cudaMalloc as the
 // fallback when it is too small or already in use. The destructor synchronises the stream (the
@@ -94,7 +87,6 @@ class Arena {
     if (!p || v.empty()) return status.ok() ? p : nullptr;
     const size_t bytes = v.size() * sizeof(T);
     const void* src = v.data();
-    bool staged = false;
     if (ws_) {
       const size_t off = pin_need_;
       pin_need_ += round_up(bytes);
@@ -102,11 +94,9 @@ class Arena {
         void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
         std::memcpy(stage, v.data(), bytes);
         src = stage;
-        staged = true;
       }
     }
-    if (staged && ws_->sm_uploads && !ws_->capturing) status = copy_from_pinned(p, src, bytes, st_);
-    else status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
     kprof_mark("upload");
     return status.ok() ? p : nullptr;
   }
