@@ -49,10 +49,6 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_FALSE(cuda::set_run_option(o, "rs_gemv", "3").ok());
   EXPECT_TRUE(cuda::set_run_option(o, "rs_gemv", "1").ok());
   EXPECT_EQ(o.rs_gemv, 1);
-  EXPECT_EQ(o.rs_stage_pieces, 0);
-  EXPECT_TRUE(cuda::set_run_option(o, "rs_stage_pieces", "8").ok());
-  EXPECT_EQ(o.rs_stage_pieces, 8);
-  EXPECT_FALSE(cuda::set_run_option(o, "rs_stage_pieces", "-1").ok());
   EXPECT_EQ(o.rs_group_rows, 4);
   EXPECT_TRUE(cuda::set_run_option(o, "rs_group_rows", "8").ok());
   EXPECT_EQ(o.rs_group_rows, 8);

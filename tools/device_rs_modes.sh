@@ -13,7 +13,7 @@
 # Prints a short table LAST; $OUT gets the CSVs and rs_modes_logs.tar.gz.
 # Usage, in the repo root on the GPU machine:  tools/device_rs_modes.sh [FIXTURES_DIR]   (default .fixtures)
 # Env: FB_AB_ROUNDS (default 5), FB_SKIP_SESSIONS=1, FB_SKIP_128K=1, FB_AB (the 4K A/B, default
-#      rs_gemv=0,2,1), FB_OPT (--cuda-opt NAME=VALUE words for every bench run and check-fixture, e.g. "rs_stage_pieces=8"),
+#      rs_gemv=0,2,1), FB_OPT (--cuda-opt NAME=VALUE words for every bench run and check-fixture, e.g. "rs_group_ctas=4"),
 #      FB_SESSION_MODES (the rs_gemv values of the sessions runs, default "0 2"), FB_GEMV_TESTS=1 (also
 #      cuda_fast_gemv_test *RsFp8*).
 set -u

@@ -853,7 +853,6 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_fast_gemv_rs(run_.numerics == Numerics::kFast ? run_.rs_gemv : 0);
   rs_set_group_rows(run_.rs_group_rows);
   rs_set_group_ctas(run_.rs_group_ctas);
-  rs_set_stage_pieces(run_.rs_stage_pieces);
   set_tc_dequant_x32(run_.dequant_x32);
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));

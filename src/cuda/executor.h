@@ -219,8 +219,7 @@ struct CudaRunOptions {
   int rs_gemv = 0;                    // kFast: the register-streamed GEMVs of rs_gemv.h: 0 off, 1 FP8 and resident MXFP4 experts, 2 FP8 only (off until an A/B wins at one row and at verify rows; packed weight copies made on first use)
   int rs_group_rows = 4;              // with rs_gemv: MXFP4 rows grouped by expert, up to 4 or 8 a CTA (the same bits)
   int rs_group_ctas = 8;              // with rs_gemv: CTAs per stripe of a grouped MXFP4 launch, 1..64 (the same bits)
-  bool dequant_x32 = true;
-  int rs_stage_pieces = 0;            // with rs_gemv: FP8 launches add stage-only warps so a thread converts at most this many 16-byte activation pieces (0: none; the same bits)
+  bool dequant_x32 = true;            // kFast prefill: MXFP4 experts expanded to bf16 by 32-blocks (tc_gemm.h set_tc_dequant_x32; the same bits)
   // Engram tables on the host (EngramPlace::kHost, the release's 189 GiB): threads that copy each
   // step's rows out of the mapped tables (page faults, i.e. drive reads, in flight together) from
   // the moment its ids are hashed, while the layers before the Engram layers are issued and run
@@ -240,7 +239,7 @@ struct CudaRunOptions {
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32 (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
-// expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64), rs_stage_pieces (0..1024).
+// expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.

@@ -41,7 +41,6 @@ constexpr int kGroupCtasDefault = 8;  // CTAs per stripe of a grouped MXFP4 laun
 
 std::atomic<int> g_fp8_target{0}, g_fp4_target{0}, g_depth{0}, g_group_rows{4}, g_group_ctas{kGroupCtasDefault};
 std::atomic<bool> g_tok_stage{true};
-std::atomic<int> g_stage_pieces{0};  // FP8: most 16-byte activation pieces a thread stages (0: the computing warps stage all)
 constexpr int kFp8TargetDefault = 4096, kFp4TargetDefault = 768, kDepthDefault = 2;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -670,7 +669,6 @@ int rs_warps(int64_t N, int64_t K, bool fp4) {
 
 void rs_set_group_rows(int g) { g_group_rows = g == 8 ? 8 : 4; }
 void rs_set_token_staging(bool on) { g_tok_stage = on; }
-void rs_set_stage_pieces(int n) { g_stage_pieces = std::max(0, n); }
 void rs_set_group_ctas(int y) { g_group_ctas = y >= 1 && y <= int(kMaxGroupRows) ? y : kGroupCtasDefault; }
 
 void rs_set_tuning(int fp8_target_warps, int fp4_target_warps, int depth) {
@@ -742,15 +740,7 @@ Status rs_fp8_gemv2(const QuantBuf& q, int64_t M, const RsWeight& wa, uint16_t* 
   const int W = std::max(pa.warps, pb.warps);
   const int cols = int(std::min<int64_t>(M, kFp8Cols));
   const size_t smem = size_t(cols) * steps * 32 * 4 + size_t(kFp8Cols) * steps * 2 * 4 + size_t(W) * 128 * 4;
-  // Threads that stage the activations: a CTA of W computing warps (few where N has many stripes,
-  // e.g. 2 for wo_b) would give each thread cols * steps * 4 / (32 W) 16-byte pieces to convert
-  // after its PDL wait; warps beyond W only stage and fold (the sums and their order are the W
-  // warps', so the bits do not change), up to g_stage_pieces pieces a thread.
-  const int sp = g_stage_pieces.load();
-  const int64_t pieces = int64_t(cols) * steps * 4;
-  const int stage_warps = sp > 0 ? int(std::min<int64_t>(kMaxWarps, (pieces + int64_t(sp) * 32 - 1) / (int64_t(sp) * 32))) : 0;
-  const int threads = std::max(W, stage_warps) * 32;
-  const dim3 grid(unsigned(std::max(pa.stripes, pb.stripes)), unsigned((M + kFp8Cols - 1) / kFp8Cols), wb ? 2u : 1u), block(static_cast<unsigned>(threads));
+  const dim3 grid(unsigned(std::max(pa.stripes, pb.stripes)), unsigned((M + kFp8Cols - 1) / kFp8Cols), wb ? 2u : 1u), block(unsigned(W * 32));
   const uint8_t* xc = q.codes;
   const float* xs = q.scales;
   return with_depth(g_depth.load() > 0 ? g_depth.load() : kDepthDefault, [&](auto D) {

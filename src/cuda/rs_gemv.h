@@ -73,9 +73,6 @@ void rs_set_group_ctas(int y);
 // Grouped MXFP4 rows of at most 8 tokens' activations (x_div > 1): the tokens' rows staged once per
 // CTA for all its groups (on, the default) or each group's rows staged for it. The same bits.
 void rs_set_token_staging(bool on);
-// FP8 launches: at most n 16-byte activation pieces staged per thread, by adding warps that only
-// stage and fold beside the W computing ones (0: the W warps stage everything). The same bits.
-void rs_set_stage_pieces(int n);
 
 // The executor's A/B (CudaRunOptions::rs_gemv, off by default; fast_gemv.h routes its FP8 calls of
 // at most 64 rows and its MXFP4 calls of registered experts here while on, grouped or not, so a

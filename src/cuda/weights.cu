@@ -90,7 +90,6 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "engram_prefetch_tasks") return integer(0, 64, o.engram_prefetch_tasks);
   if (name == "rs_gemv") return integer(0, 2, o.rs_gemv);
   if (name == "rs_group_ctas") return integer(1, 64, o.rs_group_ctas);
-  if (name == "rs_stage_pieces") return integer(0, 1024, o.rs_stage_pieces);
   if (name == "rs_group_rows") {
     if (value != "4" && value != "8") return FB_ERROR(kInvalidArgument) << "option rs_group_rows takes 4 or 8 (got \"" << value << "\")";
     o.rs_group_rows = value == "8" ? 8 : 4;
@@ -99,7 +98,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, rs_stage_pieces, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
