@@ -28,17 +28,7 @@ timeout ${FB_BUILD_TIMEOUT:-400} cmake --build build/device -j16 --target flashb
 rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s"
 [ $rc -ne 0 ] && grep -m8 -E "error" "$LOG/build.log" | cut -c1-200 >>"$T"
-exe() { find build/device -name "$1" -type f -perm -u+x | head -1; }
-gtest() {  # name binary filter timeout
-  local b
-  b=$(exe "$2")
-  [ -z "$b" ] && { row "$1" "not built"; return; }
-  FB_FIXTURES_DIR="$PWD/$FIX" timeout "$4" "$b" --gtest_filter="$3" >"$LOG/gtest_$1.log" 2>&1
-  local r=$?
-  row "$1" "rc=$r ok=$(grep -c '^\[       OK \]' "$LOG/gtest_$1.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest_$1.log")"
-  grep -E '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest_$1.log" | head -4 | sed 's/^/  /' >>"$T"
-  grep -E "Failure|Expected|Which is|nmse" "$LOG/gtest_$1.log" | head -8 | cut -c1-180 | sed 's/^/  /' >>"$T"
-}
+. "$(dirname "$0")/device_gtest.sh"
 gtest rs_tests cuda_fast_gemv_test '*Rs*:-*RsBench' 120
 Q=${FB_QUICK:-0}
 [ "$Q" = 1 ] || gtest options cuda_options_test '*' 30

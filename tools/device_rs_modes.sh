@@ -33,17 +33,7 @@ timeout ${FB_BUILD_TIMEOUT:-360} cmake --build build/device -j16 --target $TARGE
 rc=$?
 row build "rc=$rc $(($(date +%s) - t0))s"
 [ $rc -ne 0 ] && grep -m8 -E "error" "$LOG/build.log" | cut -c1-200 >>"$T"
-exe() { find build/device -name "$1" -type f -perm -u+x | head -1; }
-gtest() {  # name binary filter timeout
-  local b
-  b=$(exe "$2")
-  [ -z "$b" ] && { row "$1" "not built"; return; }
-  FB_FIXTURES_DIR="$PWD/$FIX" timeout "$4" "$b" --gtest_filter="$3" >"$LOG/gtest_$1.log" 2>&1
-  local r=$?
-  row "$1" "rc=$r ok=$(grep -c '^\[       OK \]' "$LOG/gtest_$1.log") failed=$(grep -cE '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest_$1.log")"
-  grep -E '^\[  FAILED  \] [A-Za-z0-9_./]+ \(' "$LOG/gtest_$1.log" | head -4 | sed 's/^/  /' >>"$T"
-  grep -E "Failure|Expected|Which is|changed beside" "$LOG/gtest_$1.log" | head -6 | cut -c1-180 | sed 's/^/  /' >>"$T"
-}
+. "$(dirname "$0")/device_gtest.sh"
 gtest options cuda_options_test '*' 30
 [ "${FB_GEMV_TESTS:-0}" = 1 ] && gtest rs_fp8_tests cuda_fast_gemv_test '*RsFp8*' 120
 gtest row_invariance_rs_fp8 cuda_row_invariance_test '*fast_rs_fp8*' 150

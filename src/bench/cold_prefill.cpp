@@ -94,8 +94,8 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
   if (plan) *plan = p;
 
   const cuda::CudaRunOptions before = ex.run_options();
-  auto with_prefetch = [&](bool on, int64_t chunk) {
-    cuda::CudaRunOptions o = before;
+  // `o` (the bench's options, or those with an A/B value set) with the prefetch on or off.
+  auto with_prefetch = [&](bool on, int64_t chunk, cuda::CudaRunOptions o) {
     o.expert_prefetch = on;
     o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, chunk);
     ex.set_run_options(o);
@@ -172,7 +172,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
     // Warm-up: the prompt's last chunk after a fake-filled context (tc scratch, cuBLASLt plans,
     // the staging's first use), then the count is checked against what the step used.
     {
-      with_prefetch(true, C);
+      with_prefetch(true, C, before);
       auto s = ex.new_session();
       Status st = fill_fake_context(ex, static_cast<cuda::CudaSession&>(*s), N - C, uint64_t(N) + 29);
       std::vector<model::SessionState*> ss{s.get()};
@@ -207,7 +207,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
     for (const Mode& mode : modes) {
       const bool on = mode.prefetch;
       const int64_t replay_start = mode.replay ? std::max<int64_t>(0, N - c.window_size) : 0;
-      with_prefetch(on, C);
+      with_prefetch(on, C, before);
       // Cold for every run. With the router's own routing the warm-up step and the run before
       // left this prompt's experts resident (the same tokens route the same way), which made a
       // second run warm (session 13: the streamed run after the serial one had no misses and used
@@ -270,9 +270,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
         for (const std::string& v : opt.ab_values) {
           cuda::CudaRunOptions o = before;
           if (Status st = cuda::set_run_option(o, opt.ab_name, v); !st.ok()) return fail(st);
-          o.expert_prefetch = true;
-          o.expert_prefetch_min_rows = std::min<int64_t>(o.expert_prefetch_min_rows, C);
-          ex.set_run_options(o);
+          with_prefetch(true, C, o);
           const auto t0 = std::chrono::steady_clock::now();
           if (Status st = run_prompt(ex, N, C, 0, prefill_step, nullptr); !st.ok()) return fail(st);
           const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -288,7 +286,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       }
       auto tracer = KernelTracer::start();
       if (!tracer.ok()) return fail(tracer.status());
-      with_prefetch(true, C);
+      with_prefetch(true, C, before);
       auto recs = (*tracer)->capture([&] { return run_prompt(ex, N, C, 0, prefill_step, nullptr); });
       tracer->reset();
       if (!recs.ok()) return fail(recs.status());
