@@ -66,11 +66,32 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_NE(st.to_string().find("rs_group_ctas"), std::string::npos) << st.to_string();
 }
 
+// NAME1+NAME2 = V1+V2 sets both (an A/B of options that move together), or neither.
+TEST(CudaRunOptions, SeveralOptionsJoinedByPlus) {
+  cuda::CudaRunOptions o;
+  ASSERT_TRUE(cuda::set_run_option(o, "reuse_staging+sm_uploads", "0+1").ok());
+  EXPECT_FALSE(o.reuse_staging);
+  EXPECT_TRUE(o.sm_uploads);
+  ASSERT_TRUE(cuda::set_run_option(o, "reuse_staging+sm_uploads+rs_gemv", "1+0+2").ok());
+  EXPECT_TRUE(o.reuse_staging);
+  EXPECT_FALSE(o.sm_uploads);
+  EXPECT_EQ(o.rs_gemv, 2);
+  // a bad value or a count that does not match leaves every option as it was
+  EXPECT_FALSE(cuda::set_run_option(o, "reuse_staging+rs_gemv", "0+7").ok());
+  EXPECT_TRUE(o.reuse_staging);
+  EXPECT_EQ(o.rs_gemv, 2);
+  EXPECT_FALSE(cuda::set_run_option(o, "reuse_staging+sm_uploads", "0").ok());
+  EXPECT_FALSE(cuda::set_run_option(o, "reuse_staging+sm_uploads", "0+1+1").ok());
+  EXPECT_TRUE(o.reuse_staging);
+  EXPECT_FALSE(o.sm_uploads);
+}
+
 TEST(CudaRunOptions, DefaultsOfTheFastClass) {
   const cuda::CudaRunOptions o;
   EXPECT_EQ(o.numerics, cuda::Numerics::kFast);
   EXPECT_TRUE(o.tc_gemv && o.tc_global_fold && o.pdl);
   EXPECT_EQ(o.tc_cluster_fold_ctas, 1000);  // docs/results.md: the one-row launches' cluster fold
+  EXPECT_TRUE(o.reuse_staging);
 }
 
 }  // namespace

@@ -19,7 +19,8 @@
 #      FB_ROUTING (--cold-prefill-routing: uniform (default; a chunk reaches nearly every expert, as a
 #      real prompt does), router (the synthetic router: a few dozen experts a layer), or a top-10 share),
 #      FB_REPLAY=1 (also a streamed run with bounded replay: the CED figure), FB_TRACE=1 (one more
-#      streamed run of the first prompt under CUPTI: copy time beside kernels / exposed, idle, kernels by time),
+#      streamed run of the first prompt under CUPTI: copy time beside kernels / exposed, idle, kernels by time;
+#      its records in trace.cold<N>.csv.gz, cut into layer steps by tools/trace_layers.py),
 #      FB_AB=NAME=a,b (3 interleaved rounds of a streamed run of the first prompt per value of a CUDA run
 #      option), FB_OPS_FILTER (also builds cuda_ops_test and runs this gtest filter first).
 set -u
@@ -65,8 +66,13 @@ if [ -x build/device/flashbox ]; then
   [ $((BT - 100)) -lt $DEADLINE ] && DEADLINE=$((BT - 100))
   [ $DEADLINE -lt 20 ] && DEADLINE=20
   timeout $BT build/device/flashbox bench --synthetic --experts 384 --expert-slots 128 --reps 3 --cold-prefill "$PROMPTS" \
-    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} ${FB_TRACE:+--cold-prefill-trace} ${FB_AB:+--cold-prefill-ab "$FB_AB"} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
+    --cold-prefill-routing "${FB_ROUTING:-uniform}" ${FB_REPLAY:+--cold-prefill-replay} ${FB_TRACE:+--cold-prefill-trace --trace-csv "$LOG/trace"} ${FB_AB:+--cold-prefill-ab "$FB_AB"} --cold-prefill-serial "$SERIAL_UPTO" --cold-prefill-deadline "$DEADLINE" --csv "$LOG/cold_prefill.csv" >"$LOG/bench.out" 2>"$LOG/bench.err"
   rc=$?
+  for f in "$LOG"/trace.cold*.csv; do  # the traced run cut into layer steps, then kept compressed
+    [ -f "$f" ] || continue
+    python3 tools/trace_layers.py "$f" --show 4 >"$LOG/trace_layers.txt" 2>&1
+    gzip -f "$f"
+  done
   row bench "rc=$rc $(($(date +%s) - s))s --cold-prefill $PROMPTS, routing ${FB_ROUTING:-uniform} (serial up to $SERIAL_UPTO, deadline ${DEADLINE}s, timeout ${BT}s)"
   grep -E "^bench: (synthetic|page-locked)" "$LOG/bench.err" | cut -c1-220 | sed 's/^/  /' >>"$T"
   grep -E "^bench: cold prefill: [0-9]+ tokens: chunk" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill: /  sizing: /' >>"$T"
@@ -100,13 +106,14 @@ if [ -x build/device/flashbox ]; then
     grep -E "^bench: cold prefill [0-9]+ (serial|stream|replay): PCIe" "$LOG/bench.err" | cut -c1-220 | sed 's/^bench: cold prefill /  limits /'
     grep -E "^bench: cold prefill trace" "$LOG/bench.err" | cut -c1-400 | sed 's/^bench: cold prefill trace /  trace /'
     grep -E "^bench: cold prefill (A/B round|[0-9]+ streamed: A/B)" "$LOG/bench.err" | cut -c1-200 | sed 's/^bench: cold prefill /  /'
+    [ -f "$LOG/trace_layers.txt" ] && sed 's/^/  layers /' "$LOG/trace_layers.txt"
   } >"$LOG/results.txt"
 fi
 row total "$(($(date +%s) - t0))s"
 [ -f "$LOG/results.txt" ] && cat "$LOG/results.txt" >>"$T"
 # $OUT keeps one archive (every log and the table) plus the CSVs.
-if tar czf "$LOG/cold_prefill_logs.tar.gz" -C "$LOG" --exclude=cold_prefill_logs.tar.gz $(cd "$LOG" && ls) 2>/dev/null; then
-  (cd "$LOG" && for f in *; do case "$f" in *.csv | cold_prefill_logs.tar.gz) ;; *) rm -f -- "$f" ;; esac; done)
+if tar czf "$LOG/cold_prefill_logs.tar.gz" -C "$LOG" --exclude=cold_prefill_logs.tar.gz --exclude="*.csv.gz" $(cd "$LOG" && ls) 2>/dev/null; then
+  (cd "$LOG" && for f in *; do case "$f" in *.csv | *.csv.gz | cold_prefill_logs.tar.gz) ;; *) rm -f -- "$f" ;; esac; done)
 fi
 echo "==================== device_cold_prefill summary ===================="
 tar xzf "$LOG/cold_prefill_logs.tar.gz" -O table.txt 2>/dev/null || cat "$T" 2>/dev/null

@@ -304,6 +304,7 @@ Result<std::vector<ColdPrefillRun>> run_cold_prefill(cuda::CudaExecutor& ex, con
       t.top.assign(by.begin(), by.end());
       std::sort(t.top.begin(), t.top.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
       if (t.top.size() > 12) t.top.resize(12);
+      t.recs = std::move(*recs);
       if (opt.on_trace) opt.on_trace(t);
     }
   }

@@ -27,6 +27,7 @@ struct ColdPrefillTrace {
   int64_t prompt = 0, chunks = 0, layers = 0;
   CopyOverlap overlap;
   std::vector<std::pair<std::string, std::pair<int64_t, double>>> top;  // kernel name -> (calls, us), by time, the largest first
+  std::vector<TraceRecord> recs;  // every record, sorted by start (bench --trace-csv writes them)
 };
 
 struct ColdPrefillOptions {

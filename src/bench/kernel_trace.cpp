@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -15,6 +16,19 @@
 #endif
 
 namespace fb::bench {
+
+Status write_trace_csv(const std::string& path, const std::vector<TraceRecord>& recs) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return FB_ERROR(kIo) << "cannot write " << path;
+  std::fprintf(f, "name,stream,start_us,end_us,grid,kernel\n");
+  uint64_t t0 = UINT64_MAX;
+  for (const TraceRecord& r : recs) t0 = std::min(t0, r.start_ns);
+  for (const TraceRecord& r : recs)
+    std::fprintf(f, "\"%s\",%u,%.3f,%.3f,%u,%d\n", r.name.c_str(), r.stream, double(r.start_ns - t0) * 1e-3, double(r.end_ns - t0) * 1e-3, r.grid,
+                 int(r.kernel));
+  if (std::fclose(f) != 0) return FB_ERROR(kIo) << "cannot write " << path;
+  return Status();
+}
 
 std::string short_kernel_name(const std::string& name) {
   std::string s = name;

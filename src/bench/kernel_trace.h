@@ -55,6 +55,10 @@ std::vector<TraceRecord> records_after(const std::vector<TraceRecord>& recs, con
 // namespace prefixes dropped, template arguments kept ("tc_gemv_kernel<1, 1>").
 std::string short_kernel_name(const std::string& demangled);
 
+// The records as CSV (name, stream, start_us, end_us, grid, kernel), times from the first
+// record's start: the raw timeline for a script to cut by layer or stream.
+Status write_trace_csv(const std::string& path, const std::vector<TraceRecord>& recs);
+
 bool kernel_trace_available();
 
 // CUPTI activity recording from start() to destruction (enabling it costs the first launch after

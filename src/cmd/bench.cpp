@@ -579,7 +579,7 @@ Runner add_bench(CLI::App& app) {
   app.add_option("--trace-steps", a->trace_steps,
                  "with --synthetic: trace N decode steps (and N of --verify-rows rows) at each context with CUPTI, as they run in production "
                  "(PDL and the side stream on): span, busy and idle GPU time, kernels by time");
-  app.add_option("--trace-csv", a->trace_csv, "with --trace-steps: write the median traced step's kernels and copies (start, end, stream) here");
+  app.add_option("--trace-csv", a->trace_csv, "with --trace-steps: write the median traced step's kernels and copies (start, end, stream) to PATH.<kind><context>.csv; with --cold-prefill-trace: the traced run's to PATH.cold<prompt>.csv");
   app.add_flag("--profile-kernels", a->profile_kernels,
                "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
   app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");

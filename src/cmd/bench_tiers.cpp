@@ -104,6 +104,11 @@ int run_cold_prefill_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, 
     csv.row(k + "copy_hidden_share", t.prompt, v.hidden_share(), "share of the HtoD copy time with a kernel running beside it");
     csv.row(k + "copy_alone_ms", t.prompt, v.copy_only_us * 1e-3, "ms of HtoD copy with no kernel running (exposed)");
     csv.row(k + "idle_ms", t.prompt, v.idle_us * 1e-3, "ms with neither a kernel nor an HtoD copy running");
+    if (!a.trace_csv.empty()) {
+      const std::string path = a.trace_csv + ".cold" + std::to_string(t.prompt) + ".csv";
+      if (Status st = bench::write_trace_csv(path, t.recs); !st.ok()) std::fprintf(stderr, "bench: %s\n", st.to_string().c_str());
+      else std::fprintf(stderr, "bench: cold prefill trace records written to %s\n", path.c_str());
+    }
   };
   PhaseProgress progress;  // on a terminal only
   o.progress = progress.fn();

@@ -83,14 +83,7 @@ int trace_decode_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, mode
   }
   if (!a.trace_csv.empty()) {
     const std::string path = a.trace_csv + "." + tag + std::to_string(L) + ".csv";
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) return bench_failed(FB_ERROR(kIo) << "cannot write " << path, "--trace-csv");
-    std::fprintf(f, "name,stream,start_us,end_us,grid,kernel\n");
-    const uint64_t t0 = med.recs.empty() ? 0 : med.recs.front().start_ns;
-    for (const bench::TraceRecord& r : med.recs)
-      std::fprintf(f, "\"%s\",%u,%.3f,%.3f,%u,%d\n", r.name.c_str(), r.stream, double(r.start_ns - t0) * 1e-3, double(r.end_ns - t0) * 1e-3, r.grid,
-                   int(r.kernel));
-    std::fclose(f);
+    if (Status st = bench::write_trace_csv(path, med.recs); !st.ok()) return bench_failed(st, "--trace-csv");
     std::fprintf(stderr, "bench: trace records written to %s\n", path.c_str());
   }
   return 0;

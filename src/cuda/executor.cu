@@ -854,6 +854,8 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   rs_set_group_rows(run_.rs_group_rows);
   rs_set_group_ctas(run_.rs_group_ctas);
   set_tc_dequant_x32(run_.dequant_x32);
+  ws_.sm_uploads = run_.sm_uploads;
+  ws_.reuse_staging = run_.reuse_staging;
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));

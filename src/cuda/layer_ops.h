@@ -617,6 +617,7 @@ class CudaLayerOps {
   }
   void sync() {
     if (ok() && !m_.ws_.capturing) step(cuda_status(cudaStreamSynchronize(st_), "stream"));
+    if (ok()) arena_.drained();  // every upload issued so far has landed
   }
   int64_t row_bytes() const { return c_.head_dim + c_.head_dim / 32; }
   // GEMMs: the exact CUDA-core kernels, or in a step of prefill rows the tensor-core path

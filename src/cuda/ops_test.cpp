@@ -25,6 +25,7 @@
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
 #include "cuda/ops_test_util.h"
+#include "cuda/step_arena.h"
 #include "cuda/tc_gemm.h"
 #include "model/rope.h"
 #include "model/step.h"
@@ -37,6 +38,28 @@ using namespace ops_test_util;  // bf16_t, Dev, have_gpu, Rng, expect_same, ...
 
 
 // ---- quantisers and GEMMs --------------------------------------------------------------------
+
+// copy_from_pinned (CudaRunOptions::sm_uploads): the bytes cudaMemcpyAsync would deliver, for
+// sizes around the 16-byte pieces and for sources and destinations off 16-byte alignment.
+TEST(CudaOps, CopyFromPinnedEqualsMemcpy) {
+  NEED_GPU();
+  void* host = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host, 8192), cudaSuccess);
+  auto* h = static_cast<uint8_t*>(host);
+  for (int i = 0; i < 8192; ++i) h[i] = uint8_t(i * 131 + 7);
+  Dev<uint8_t> dst(8192);
+  for (size_t off : {size_t(0), size_t(3)})
+    for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(4099)}) {
+      dst.poison();
+      ASSERT_TRUE(copy_from_pinned(dst.p() + off, h + off, n, nullptr).ok());
+      const auto got = dst.get();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const uint8_t want = i >= off && i < off + n ? h[i] : uint8_t(0xFF);
+        ASSERT_EQ(got[i], want) << "byte " << i << " of a " << n << "-byte copy at offset " << off;
+      }
+    }
+  cudaFreeHost(host);
+}
 
 TEST(CudaOps, Fp8GemmReleasedAndRagged) {
   NEED_GPU();

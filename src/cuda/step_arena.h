@@ -14,6 +14,13 @@
 
 namespace fb::cuda {
 
+// `bytes` from page-locked host memory (device-addressable: cudaMallocHost under unified
+// addressing) into device memory by a kernel on `st` that reads the host bytes over PCIe, so the
+// copy does not queue behind other streams' transfers on the copy engines (a cold prefill's expert
+// prefetch keeps them busy for tens of milliseconds). The same bytes as cudaMemcpyAsync.
+// Defined in device.cu.
+Status copy_from_pinned(void* dst, const void* pinned_src, size_t bytes, cudaStream_t st);
+
 // Per-step device allocations: bump-allocated from the executor's StepWorkspace (no cudaMalloc
 // once warmed up; uploads staged through its pinned buffer), with plain cudaMalloc as the
 // fallback when it is too small or already in use. The destructor synchronises the stream (the
@@ -53,15 +60,7 @@ class Arena {
         cudaGetLastError();
       }
     }
-    constexpr size_t kPinMax = size_t(256) << 20;
-    if (ws_->pin_high > ws_->pin_cap && ws_->pin_high <= kPinMax) {
-      if (ws_->pinned) cudaFreeHost(ws_->pinned);
-      ws_->pinned = nullptr;
-      ws_->pin_cap = 0;
-      const size_t want = std::max<size_t>(ws_->pin_high + ws_->pin_high / 4, size_t(1) << 20);
-      if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
-      else ws_->pinned = nullptr, cudaGetLastError();
-    }
+    grow_pinned(ws_->pin_high);
     ws_->busy = false;
   }
   template <typename T>
@@ -87,6 +86,7 @@ class Arena {
     if (!p || v.empty()) return status.ok() ? p : nullptr;
     const size_t bytes = v.size() * sizeof(T);
     const void* src = v.data();
+    bool staged = false;
     if (ws_) {
       const size_t off = pin_need_;
       pin_need_ += round_up(bytes);
@@ -94,11 +94,27 @@ class Arena {
         void* stage = static_cast<uint8_t*>(ws_->pinned) + off;
         std::memcpy(stage, v.data(), bytes);
         src = stage;
+        staged = true;
       }
     }
-    status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    if (staged && ws_->sm_uploads && !ws_->capturing) status = copy_from_pinned(p, src, bytes, st_);
+    else status = cuda_status(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
     kprof_mark("upload");
     return status.ok() ? p : nullptr;
+  }
+
+  // The caller has synchronised the stream: every staged upload's copy has finished, so the
+  // page-locked staging is used again from its start (CudaRunOptions::reuse_staging), and grown
+  // now if the uploads since the last drain overflowed it. A prefill chunk uploads tens of MB of
+  // key tables a layer; staged per step they overflow any sane staging buffer, and the overflow
+  // goes out as pageable copies, which block the host until the copy engine reaches them, i.e.
+  // behind every expert copy the prefetch has queued. Between two routing syncs a step uploads
+  // one layer's tables.
+  void drained() {
+    if (!ws_ || ws_->capturing || !ws_->reuse_staging) return;
+    const size_t need = pin_need_;
+    pin_need_ = 0;
+    grow_pinned(need);
   }
 
   // Frames: device memory allocated after mark() is reused by allocations after release(m).
@@ -120,6 +136,18 @@ class Arena {
 
  private:
   static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
+  // Grows the page-locked staging to 1.25x `need` (a need above kPinMax grows nothing; a failure
+  // leaves none: uploads then go out pageable). Only with no staged copy still pending.
+  void grow_pinned(size_t need) {
+    constexpr size_t kPinMax = size_t(256) << 20;
+    if (need <= ws_->pin_cap || need > kPinMax) return;
+    if (ws_->pinned) cudaFreeHost(ws_->pinned);
+    ws_->pinned = nullptr;
+    ws_->pin_cap = 0;
+    const size_t want = std::max<size_t>(need + need / 4, size_t(1) << 20);
+    if (cudaMallocHost(&ws_->pinned, want) == cudaSuccess) ws_->pin_cap = want;
+    else ws_->pinned = nullptr, cudaGetLastError();
+  }
   cudaStream_t st_;
   StepWorkspace* ws_;
   size_t dev_need_ = 0, pin_need_ = 0, dev_peak_ = 0;

@@ -35,6 +35,22 @@ Result<Numerics> parse_numerics(const std::string& s) {
 }
 
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value) {
+  if (name.find('+') != std::string::npos) {  // several options moved together: a+b = 1+0
+    auto split = [](const std::string& s) {
+      std::vector<std::string> out;
+      size_t from = 0;
+      for (size_t p; (p = s.find('+', from)) != std::string::npos; from = p + 1) out.push_back(s.substr(from, p - from));
+      out.push_back(s.substr(from));
+      return out;
+    };
+    const auto names = split(name), values = split(value);
+    if (names.size() != values.size())
+      return FB_ERROR(kInvalidArgument) << "options " << name << " take " << names.size() << " values joined by '+' (got \"" << value << "\")";
+    CudaRunOptions t = o;  // all or nothing
+    for (size_t i = 0; i < names.size(); ++i) FB_RETURN_IF_ERROR(set_run_option(t, names[i], values[i]));
+    o = t;
+    return Status();
+  }
   auto flag = [&](bool& b) -> Status {
     if (value != "0" && value != "1") return FB_ERROR(kInvalidArgument) << "option " << name << " takes 0 or 1 (got \"" << value << "\")";
     b = value == "1";
@@ -85,6 +101,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "early_uploads") return flag(o.early_uploads);
   if (name == "markov_step") return flag(o.markov_step);
   if (name == "dequant_x32") return flag(o.dequant_x32);
+  if (name == "sm_uploads") return flag(o.sm_uploads);
+  if (name == "reuse_staging") return flag(o.reuse_staging);
   if (name == "expert_prefetch_min_rows") return integer(1, 1ll << 30, o.expert_prefetch_min_rows);
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   if (name == "engram_prefetch_tasks") return integer(0, 64, o.engram_prefetch_tasks);
@@ -98,7 +116,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, sm_uploads)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
