@@ -856,6 +856,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   set_tc_dequant_x32(run_.dequant_x32);
   ws_.sm_uploads = run_.sm_uploads;
   ws_.reuse_staging = run_.reuse_staging;
+  ws_.pinned_ids = run_.pinned_ids;
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
   FB_RETURN_IF_ERROR(rope_plain_.ensure(max_pos + 1, stream_));
   FB_RETURN_IF_ERROR(rope_yarn_.ensure(max_pos + 1, stream_));

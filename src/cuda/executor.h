@@ -150,11 +150,15 @@ struct StepWorkspace {
   bool capturing = false;  // the stream is being captured into a CUDA graph: no syncs, no downloads
   bool sm_uploads = false;  // CudaRunOptions::sm_uploads: staged uploads copied by a kernel (copy_from_pinned)
   bool reuse_staging = true;  // CudaRunOptions::reuse_staging: Arena::drained restarts the page-locked staging
+  bool pinned_ids = true;     // CudaRunOptions::pinned_ids: the routing's ids come back through `down`
+  void* down = nullptr;       // page-locked landing of the downloads the host waits for (CudaLayerOps::download_synced)
+  size_t down_cap = 0;
   StepWorkspace() = default;
   StepWorkspace(const StepWorkspace&) = delete;
   StepWorkspace& operator=(const StepWorkspace&) = delete;
   ~StepWorkspace() {
     if (pinned) cudaFreeHost(pinned);
+    if (down) cudaFreeHost(down);
   }
 };
 
@@ -223,6 +227,7 @@ struct CudaRunOptions {
   int rs_group_ctas = 8;              // with rs_gemv: CTAs per stripe of a grouped MXFP4 launch, 1..64 (the same bits)
   bool dequant_x32 = true;            // kFast prefill: MXFP4 experts expanded to bf16 by 32-blocks (tc_gemm.h set_tc_dequant_x32; the same bits)
   bool reuse_staging = true;          // a step's page-locked upload staging used again from its start after each host sync of the stream (the routing's): a prefill chunk's key tables then stay staged (asynchronous) instead of overflowing into pageable copies that block the host behind the expert prefetch; the same bytes
+  bool pinned_ids = true;             // a tiered MoE's expert ids downloaded into page-locked memory: a pageable download waits behind every expert copy the prefetch has queued (38 ms a layer in the 32K trace); the same ids
   bool sm_uploads = false;            // a step's staged host tables reach the GPU through a kernel reading page-locked memory instead of the copy engines, which a cold prefill's expert prefetch keeps busy (the same bytes)
   // Engram tables on the host (EngramPlace::kHost, the release's 189 GiB): threads that copy each
   // step's rows out of the mapped tables (page faults, i.e. drive reads, in flight together) from
@@ -243,7 +248,7 @@ struct CudaRunOptions {
 // options at once as NAME1+NAME2 = V1+V2 (all set or none):
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
-// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, sm_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
+// expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
