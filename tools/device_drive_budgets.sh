@@ -9,10 +9,13 @@
 # Builds flashbox into build/device first when it is not there (a warm machine keeps it).
 # Usage, in the repo root:  tools/device_drive_budgets.sh [SETTINGS] [SKEW]
 #   default SETTINGS "96:64 128:64 128:1536 128:64:0@400:unlink", SKEW 0.45
-# Env: FB_WARM_STEPS (decode steps to the pool's steady state, default 512), FB_STEPS (timed, 6),
-#      FB_DRIVE_WARM_STEPS (steps through the drives before each timed arm, default 3: the pool warm-up
-#      bypasses the host cache, so a large host cache is nearly empty after 3 steps; session 23 saw 0.3
-#      host hits per token with 1536 records: give such settings ~60),
+# Warm-up (session 24): FB_DRIVE_REPLAY_TOKENS decode tokens (default 3000, the plan's steady state)
+# are replayed in the HBM slot caches and the host cache without kernels (bench
+# --drive-replay-tokens), then FB_WARM_STEPS real decode steps from the pool (default 128) also look
+# every slot miss up in the host cache, whose records are then read from the drives: the timed steps
+# start with the slots and the host cache as the plan models them.
+# Env: FB_DRIVE_REPLAY_TOKENS (3000), FB_WARM_STEPS (128), FB_STEPS (timed per arm, 16),
+#      FB_DRIVE_WARM_STEPS (steps through the drives before each timed arm, 3),
 #      FB_DRIVE_RECORDS (per file, 64), FB_RUN_TIMEOUT (s per setting, 150).
 # Logs and the CSVs go to $OUT (or /tmp/fb_out); the table is printed LAST. The plan to compare
 # with: `flashbox probe --drive-gbps G --expert-slots S --host-experts H ...` with the drives' rate
@@ -48,10 +51,11 @@ for s in $SETTINGS; do
   mkdir -p "$W/d0" "$W/d1"
   s0=$(date +%s)
   timeout ${FB_RUN_TIMEOUT:-150} $FB bench --synthetic --experts 384 --expert-slots "$S" --expert-drives "$W/d0,$W/d1" --host-experts "$H" \
-    --drive-records ${FB_DRIVE_RECORDS:-64} --skews "$SKEW" --steps ${FB_STEPS:-6} --tier-warm-steps ${FB_WARM_STEPS:-512} \
-    --drive-warm-steps ${FB_DRIVE_WARM_STEPS:-3} --contexts 4096 $FAULT >"$LOG/db_$tag.csv" 2>"$LOG/db_$tag.err"
+    --drive-records ${FB_DRIVE_RECORDS:-64} --skews "$SKEW" --steps ${FB_STEPS:-16} --tier-warm-steps ${FB_WARM_STEPS:-128} \
+    --drive-replay-tokens ${FB_DRIVE_REPLAY_TOKENS:-3000} --drive-warm-steps ${FB_DRIVE_WARM_STEPS:-3} --contexts 4096 $FAULT \
+    >"$LOG/db_$tag.csv" 2>"$LOG/db_$tag.err"
   row "slots $S host $H${F1:+ fault $F1:$F2}" "rc=$? $(($(date +%s) - s0))s"
-  grep -E "^bench: drive" "$LOG/db_$tag.err" | cut -c1-300 | sed 's/^bench: /  /' >>"$T"
+  grep -E "^bench: drive" "$LOG/db_$tag.err" | cut -c1-330 | sed 's/^bench: /  /' >>"$T"
   grep -iE "error|fail" "$LOG/db_$tag.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
 done
 rm -rf "$W"

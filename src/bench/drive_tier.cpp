@@ -82,13 +82,57 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
     if (opt.progress) opt.progress(phase, 0, total, "steps");
     draw->set_skew(share);
     src.use_drives(false);
+    if (opt.replay_tokens > 0) {
+      // The same routing law, the executor's own slot calls (no kernels), each slot miss looked up
+      // in the host cache's policy as the drive tiers would: the caches' steady state in seconds.
+      const double r0 = now_ms();
+      std::vector<int32_t> ids;
+      for (int t = 0; t < opt.replay_tokens && st.ok(); ++t)
+        for (int l = 0; l < c.n_layers && st.ok(); ++l) {
+          if (slots->slots(l) == 0) continue;
+          const int k = c.roles[size_t(l)].n_active;  // the executor's top-k of the layer (what the route override gets)
+          ids.resize(size_t(k));
+          draw->draw(l, ids, 1, k);
+          std::vector<int32_t> want(ids);
+          std::sort(want.begin(), want.end());
+          want.erase(std::unique(want.begin(), want.end()), want.end());
+          Status host_st;
+          st = slots->replay(l, std::move(want), [&](int32_t e) {
+            if (host_st.ok()) host_st = tiers.replay_lookup(l, int(e));
+          });
+          if (st.ok()) st = host_st;
+        }
+      if (!st.ok()) break;
+      auto copied = slots->load_replayed();
+      if (!copied.ok()) {
+        st = copied.status();
+        break;
+      }
+      p.replayed_slot_copies = *copied;
+      std::fprintf(stderr, "bench: drive tier top-10 share %.2f: %d decode tokens replayed in the caches (%lld slots loaded) in %.1f s\n", share,
+                   opt.replay_tokens, (long long)*copied, (now_ms() - r0) / 1e3);
+    }
+    src.replay_host(true);
     st = decode_steps(opt.pool_warm_steps, nullptr);
+    src.replay_host(false);
     if (!st.ok()) break;
+    {
+      const double f0 = now_ms();
+      auto filled = tiers.fill_host(16);
+      if (!filled.ok()) {
+        st = filled.status();
+        break;
+      }
+      p.host_fill_s = (now_ms() - f0) / 1e3;
+      std::fprintf(stderr, "bench: drive tier top-10 share %.2f: host cache warmed: %lld records read from the drives in %.1f s, %lld hold an expert\n",
+                   share, (long long)*filled, p.host_fill_s, (long long)tiers.host_records_filled());
+    }
     src.use_drives(true);
     for (int arm = 0; arm < 2 && st.ok(); ++arm) {
       tiers.set_prefetch(arm == 0);
       st = decode_steps(opt.drive_warm_steps, nullptr);
       if (!st.ok()) break;
+      if (arm == 0) p.host_filled = tiers.host_records_filled();
       slots->reset_stats();
       const storage::TierStats t0 = tiers.stats();
       std::vector<double> ms;
@@ -105,7 +149,7 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
       p.host_hits_token[arm] = double(t1.host_hits - t0.host_hits) / n;
       p.drive_reads_token[arm] = double(t1.drive_reads - t0.drive_reads) / n;
       p.drive_gbps[arm] = wall_s > 0 ? double(t1.drive_bytes - t0.drive_bytes) / wall_s / 1e9 : 0;
-      if (arm == 0) p.hbm_hit = d.hit_rate();
+      (arm == 0 ? p.hbm_hit : p.hbm_hit_asked) = d.hit_rate();
     }
     src.use_drives(false);
     tiers.set_prefetch(true);
@@ -113,9 +157,9 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
     std::fprintf(stderr,
                  "bench: drive tier top-10 share %.2f: HBM hits %.1f%%; reads at routing time: %.1f ms/token, exposed drive wait %.1f ms/token, "
                  "%.1f host hits + %.1f drive reads per token, drives %.2f GB/s; read when asked: %.1f ms/token, wait %.1f ms/token, %.1f + %.1f, "
-                 "%.2f GB/s\n",
+                 "%.2f GB/s (HBM hits %.1f%%)\n",
                  share, 100 * p.hbm_hit, p.ms_token[0], p.wait_ms_token[0], p.host_hits_token[0], p.drive_reads_token[0], p.drive_gbps[0],
-                 p.ms_token[1], p.wait_ms_token[1], p.host_hits_token[1], p.drive_reads_token[1], p.drive_gbps[1]);
+                 p.ms_token[1], p.wait_ms_token[1], p.host_hits_token[1], p.drive_reads_token[1], p.drive_gbps[1], 100 * p.hbm_hit_asked);
     out.push_back(p);
   }
   ex.set_route_override(nullptr);

@@ -7,6 +7,13 @@
 // the drives would take minutes to fill 43 x S slots), then decode runs through the drives, with
 // reads started when the router has run and without (A/B): ms/token, HBM hit rate, host hits and
 // drive reads per token, exposed drive wait per token, per-drive rates.
+// Warm-up to the steady state the plan models (probe's storage::SlotSim): first `replay_tokens`
+// decode tokens of the same routing are replayed in the HBM slot caches (DevExpertSlots::replay:
+// the executor's own take_wave calls, no kernels) and their slot misses in the host cache's policy
+// (TieredExperts::replay_lookup), the changed slots' bytes are copied in, then `pool_warm_steps`
+// real decode steps run from the pool with each slot miss also looked up in the host cache; the
+// records the host cache then holds are read from the drives (TieredExperts::fill_host). So a
+// large host cache is warm when timed, and the timed steps read through the real tiers.
 // [policy] benchmark-only: an expert's bytes are its record's (storage/record_file.h), so outputs
 // are noise; only traffic and time are measured.
 #pragma once
@@ -15,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "base/progress.h"
 #include "base/status.h"
 #include "cuda/executor.h"
@@ -29,7 +37,17 @@ class SwitchExperts final : public model::ExpertSource {
   SwitchExperts(std::shared_ptr<const model::ExpertSource> pool, std::shared_ptr<storage::TieredExperts> drives)
       : pool_(std::move(pool)), drives_(std::move(drives)) {}
   void use_drives(bool on) { on_ = on; }
-  model::ExpertWeights expert(int layer, int e) const override { return on_ ? drives_->expert(layer, e) : pool_->expert(layer, e); }
+  // With replay_host(true), a miss served from the pool is also looked up in the host cache's
+  // policy (TieredExperts::replay_lookup), as the drive tiers would have looked it up.
+  void replay_host(bool on) { replay_host_ = on; }
+  model::ExpertWeights expert(int layer, int e) const override {
+    if (on_) return drives_->expert(layer, e);
+    if (replay_host_) {
+      const Status st = drives_->replay_lookup(layer, e);
+      FB_CHECK(st.ok()) << st.to_string();
+    }
+    return pool_->expert(layer, e);
+  }
   void prefetch(int layer, const std::vector<int>& experts) const override {
     if (on_) drives_->prefetch(layer, experts);
   }
@@ -40,11 +58,12 @@ class SwitchExperts final : public model::ExpertSource {
  private:
   std::shared_ptr<const model::ExpertSource> pool_;
   std::shared_ptr<storage::TieredExperts> drives_;
-  bool on_ = false;
+  bool on_ = false, replay_host_ = false;
 };
 
 struct DriveTierOptions {
   std::vector<double> skews = {0.30, 0.45, 0.60};
+  int replay_tokens = 0;      // decode tokens replayed in the slot and host caches first (no kernels)
   int pool_warm_steps = 256;  // decode steps from the pool before each point (the HBM slots settle)
   int drive_warm_steps = 8;   // then through the drives (the host cache fills), per A/B arm
   int steps = 8;              // timed decode steps per arm
@@ -54,12 +73,16 @@ struct DriveTierOptions {
 
 struct DriveTierPoint {
   double top10_share = 0;
-  double hbm_hit = 0;  // HBM slot hits / lookups (timed steps, prefetch arm)
+  double hbm_hit = 0;        // HBM slot hits / lookups (timed steps, prefetch arm)
+  double hbm_hit_asked = 0;  // ... of the other arm's timed steps (the same slots, later tokens)
   // [0]: reads started when the router has run; [1]: each record read when asked for.
   double ms_token[2] = {0, 0};
   double wait_ms_token[2] = {0, 0};  // exposed drive wait per token
   double host_hits_token[2] = {0, 0}, drive_reads_token[2] = {0, 0};
   double drive_gbps[2] = {0, 0};     // drive bytes / timed wall time
+  int64_t host_filled = 0;           // host cache records holding an expert when the first arm's timed steps began
+  double host_fill_s = 0;            // reading the warmed host cache's records from the drives
+  int64_t replayed_slot_copies = 0;  // slots whose bytes the replay changed
 };
 
 // Writes R records of the snapshot's first tiered layer's experts (cycling) into DIR/records.bin

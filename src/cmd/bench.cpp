@@ -602,6 +602,9 @@ Runner add_bench(CLI::App& app) {
                  "with --expert-drives: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
                  "(unlink and truncate change the record file) or DRIVE@AFTER:delay=US; repeatable; the run must go on through the other replica");
   app.add_option("--drive-warm-steps", a->drive_warm_steps, "with --expert-drives: decode steps through the drives before each timed arm");
+  app.add_option("--drive-replay-tokens", a->drive_replay_tokens,
+                 "with --expert-drives: decode tokens whose cache lookups are replayed (no kernels) before the --tier-warm-steps "
+                 "steps, so the HBM slots and the host cache start the steps at the policy's steady state (0: none)");
   app.add_option("--cold-prefill", a->cold_prefill,
                  "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "
                  "a layer ahead (--cuda-opt expert_prefetch; issue 26); replaces the tier sweep")

@@ -70,6 +70,7 @@ struct BenchArgs {
   int drive_records = 64;                  // ... expert records written per drive
   std::vector<std::string> drive_faults;  // ... replica faults injected mid-run (storage::parse_reader_fault)
   int drive_warm_steps = 8;                // ... decode steps through the drives before each timed arm
+  int drive_replay_tokens = 3000;          // ... decode tokens replayed in the slot and host caches first (DriveTierOptions)
   std::vector<int64_t> kv_restore;  // contexts for the disk KV cache restore rows
   std::string kv_dir;               // their state files ("": the temp folder)
   bool kv_restore_estimate = false;

@@ -186,6 +186,7 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
                                                            const cuda::DevExpertSlots&) {
     o.pool_warm_steps = a.tier_warm_steps;
     o.drive_warm_steps = a.drive_warm_steps;
+    o.replay_tokens = a.drive_replay_tokens;
     auto pts = bench::run_drive_tier(ex, s, src, o);
     if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
     csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
@@ -197,6 +198,9 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
       std::snprintf(k, sizeof k, "drive_tier_s%02d", int(p.top10_share * 100 + 0.5));
       const std::string key(k);
       csv.row(key + "_hbm_hit", L, p.hbm_hit, "HBM slot hit rate");
+      csv.row(key + "_asked_hbm_hit", L, p.hbm_hit_asked, "HBM slot hit rate (the read-when-asked arm's timed steps)");
+      csv.row(key + "_host_filled", L, double(p.host_filled), "host cache records holding an expert when the timed steps began");
+      csv.row(key + "_host_fill_s", L, p.host_fill_s, "s to read the warmed host cache's records from the drives");
       const char* arm[2] = {"_routed", "_asked"};
       for (int i = 0; i < 2; ++i) {
         csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");

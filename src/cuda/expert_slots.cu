@@ -196,6 +196,36 @@ void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const
   storage::resident_first(cache, want);
 }
 
+Status DevExpertSlots::replay(int layer, std::vector<int32_t> want, const std::function<void(int32_t)>& on_miss) {
+  Layer& L = layers_.at(size_t(layer));
+  if (!L.cache) return FB_ERROR(kInternal) << "layer " << layer << " has no expert slots";
+  if (!L.pinned.empty()) release(layer);
+  if (L.replay_keys.empty())
+    for (int s = 0; s < L.cache->n_slots(); ++s) L.replay_keys.push_back(L.cache->key_of(s));
+  storage::replay_call(*L.cache, std::move(want), staging_, [&](const storage::WaveTake& t) {
+    if (!t.hit && on_miss) on_miss(t.expert);
+  });
+  return Status();
+}
+
+Result<int64_t> DevExpertSlots::load_replayed() {
+  FB_CUDA_TRY(cudaDeviceSynchronize());  // no kernel may still read a slot whose bytes change
+  int64_t n = 0;
+  for (int l = 0; l < int(layers_.size()); ++l) {
+    Layer& L = layers_[size_t(l)];
+    if (!L.cache || L.replay_keys.empty()) continue;
+    for (int s = 0; s < L.cache->n_slots(); ++s) {
+      const int64_t key = L.cache->key_of(s);
+      if (key < 0 || key == L.replay_keys[size_t(s)]) continue;
+      FB_RETURN_IF_ERROR(copy_in(l, int(key), s));
+      ++n;
+    }
+    L.replay_keys.clear();
+  }
+  FB_CUDA_TRY(cudaStreamSynchronize(copy_));
+  return n;
+}
+
 Status DevExpertSlots::join(cudaStream_t compute) {
   FB_CUDA_TRY(cudaStreamWaitEvent(compute, done_, 0));
   return Status();

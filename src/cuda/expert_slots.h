@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -119,6 +120,16 @@ class DevExpertSlots {
   // misses copy at the pinned rate; unregistered in the destructor.
   Status pin_host(const void* p, size_t bytes);
 
+  // Warm-up by replay (the drive-tier bench): the lookups one MoE call of `layer` with the
+  // distinct experts `want` makes in the layer's slot cache, exactly as resident_first + take make
+  // them (storage::take_wave, the calls storage::SlotSim makes too), with no copy and no kernel;
+  // on_miss(e) for each miss in take order (where take's copy asks the source for the expert).
+  // The caches then hold the keys the same calls run for real would have left. load_replayed()
+  // copies the bytes of every slot whose key changed since its layer's first replay (from the
+  // source, synchronously, after the device is idle): the slots are then as if the calls had run.
+  Status replay(int layer, std::vector<int32_t> want, const std::function<void(int32_t)>& on_miss);
+  Result<int64_t> load_replayed();
+
   // Adds the finished copy batches' GPU times to the stats (the caller's stream has drained).
   void settle();
   ExpertSlotStats stats() const { return stats_; }
@@ -141,6 +152,7 @@ class DevExpertSlots {
     int n_experts = 0;
     std::vector<cudaEvent_t> read_done;  // per entry: after its last marked reader (mark_read)
     std::vector<char> read_marked;
+    std::vector<int64_t> replay_keys;  // replay(): each slot's key before the first replayed call
   };
   Status copy_in(int layer, int e, int slot);
   Status copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st);

@@ -13,6 +13,7 @@
 #include "loader/bind.h"
 #include "loader/tiny_model.h"
 #include "storage/record_file.h"
+#include "storage/route_sim.h"
 #include "storage/tiered_experts.h"
 
 namespace fb::storage {
@@ -292,6 +293,109 @@ TEST_F(TieredExpertsTest, PrefetchFailoverAndChecksums) {
 
 // The bench's record file: a few records of real expert bytes, every (layer, expert) of the model
 // mapped onto one of them; the tiers read each expert's record from two replica files.
+// The drive-tier bench's warm-up (bench/drive_tier.h): host cache lookups replayed without bytes
+// (replay_lookup), then the records the cache holds read from the drives (fill_host), leave the
+// cache as the same lookups through the drives (expert(), reads when asked) do, for one read per
+// record held, and every record then serves its expert's bytes with no drive read; a record
+// replayed but not filled yet is read when asked. And the plan's model of the policy
+// (storage::SlotSim's host tier) counts the host hits and drive reads these tiers count for the
+// same slot misses.
+TEST_F(TieredExpertsTest, ReplayedWarmUpAndTheSimulatedHostCache) {
+  const std::string a = (t.p / "a").string(), b = (t.p / "b").string();
+  ASSERT_TRUE(write_expert_store(*snap, a, {b}).ok());
+  loader::SnapshotExperts direct(*snap);
+  const model::Config& c = snap->config();
+  std::vector<int> layers;
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.roles[size_t(l)].n_experts > 2) layers.push_back(l);
+  ASSERT_GE(layers.size(), 2u);
+  const int E = c.roles[size_t(layers[0])].n_experts, k = c.n_activated_experts;
+  constexpr int kHost = 5;
+  auto make = [&](bool views) -> std::shared_ptr<TieredExperts> {
+    TieredOptions o;
+    o.slots_per_layer = 1;
+    o.host_experts = kHost;
+    o.host_views = views;
+    o.prefetch = false;
+    auto x = tiered_experts_for(*snap, {a, b}, o);
+    EXPECT_TRUE(x.ok()) << x.status().to_string();
+    return x.ok() ? *x : nullptr;
+  };
+  // Slot misses of 2 LFU slots per layer over skewed routing (the executor's calls), and the
+  // simulation of the same calls with the host cache under the slots.
+  ZipfRouting r(c.n_total_layers(), E, 5);
+  r.set_skew(0.5, 2);
+  std::vector<SlotCache> hbm;
+  for (int l = 0; l < c.n_total_layers(); ++l) hbm.emplace_back(2, EvictionPolicy::kLfu, 64);
+  SlotSimOptions so;
+  so.slots = 2;
+  so.aging = 64;
+  so.top_k = k;
+  so.host_records = kHost;
+  SlotSim sim(c.n_total_layers(), so);
+  std::vector<std::pair<int, int>> misses;
+  std::vector<int32_t> ids(static_cast<size_t>(k));
+  for (int step = 0; step < 60; ++step)
+    for (int l : layers) {
+      r.draw(l, ids, 1, k);
+      replay_call(hbm[size_t(l)], ids, 0, [&](const WaveTake& w) {
+        if (!w.hit) misses.push_back({l, w.expert});
+      });
+      sim.call(l, ids);
+    }
+  auto real = make(true), warm = make(true);
+  ASSERT_TRUE(real && warm);
+  for (const auto& [l, e] : misses) (void)real->expert(l, e);
+  for (const auto& [l, e] : misses) ASSERT_TRUE(warm->replay_lookup(l, e).ok());
+  const TierStats rs = real->stats();
+  EXPECT_GT(rs.host_hits, 0u);
+  EXPECT_GT(rs.drive_reads, uint64_t(kHost));
+  EXPECT_EQ(sim.host_hits(), rs.host_hits);
+  EXPECT_EQ(sim.drive_reads(), rs.drive_reads);
+  EXPECT_EQ(sim.lookups() - uint64_t(misses.size()), uint64_t(sim.result().hit_rate * double(sim.lookups()) + 0.5));
+
+  EXPECT_EQ(warm->host_records_filled(), 0);
+  const Result<int64_t> filled = warm->fill_host(3);
+  ASSERT_TRUE(filled.ok()) << filled.status().to_string();
+  int64_t held = 0;
+  for (int l : layers)
+    for (int e = 0; e < E; ++e) {
+      EXPECT_EQ(warm->resident(l, e), real->resident(l, e)) << "layer " << l << " expert " << e;
+      held += real->resident(l, e);
+    }
+  EXPECT_EQ(*filled, held);
+  EXPECT_EQ(held, kHost);
+  EXPECT_EQ(warm->host_records_filled(), held);
+  TierStats ws = warm->stats();
+  EXPECT_EQ(ws.drive_reads, 0u);
+  EXPECT_EQ(ws.warm_reads, uint64_t(held));
+  EXPECT_EQ(ws.warm_lookups, uint64_t(misses.size()));
+  for (int l : layers)
+    for (int e = 0; e < E; ++e)
+      if (warm->resident(l, e)) {
+        ASSERT_TRUE(same(warm->expert(l, e), direct.expert(l, e))) << "layer " << l << " expert " << e;
+      }
+  ws = warm->stats();
+  EXPECT_EQ(ws.drive_reads, 0u);
+  EXPECT_EQ(ws.host_hits, uint64_t(held));
+
+  // Replayed, not filled: not resident, and read (a host miss) when asked.
+  auto stale = make(true);
+  ASSERT_TRUE(stale);
+  const auto [l0, e0] = misses.front();
+  ASSERT_TRUE(stale->replay_lookup(l0, e0).ok());
+  EXPECT_FALSE(stale->resident(l0, e0));
+  ASSERT_TRUE(same(stale->expert(l0, e0), direct.expert(l0, e0)));
+  EXPECT_EQ(stale->stats().drive_reads, 1u);
+  EXPECT_EQ(stale->stats().host_hits, 0u);
+  EXPECT_TRUE(stale->resident(l0, e0));
+  EXPECT_EQ(*stale->fill_host(), 0);  // nothing stale is left
+
+  auto no_views = make(false);
+  ASSERT_TRUE(no_views);
+  EXPECT_EQ(no_views->replay_lookup(l0, e0).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(RecordFileTest, CyclicRecordsThroughTheTiers) {
   const model::Config& c = snap->config();
   loader::SnapshotExperts direct(*snap);

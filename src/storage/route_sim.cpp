@@ -63,18 +63,30 @@ void ZipfRouting::draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k
 
 SlotSim::SlotSim(int n_layers, const SlotSimOptions& o) : o_(o) {
   for (int l = 0; l < n_layers; ++l) caches_.emplace_back(o.slots, o.policy, o.aging);
+  if (o.host_records > 0) host_ = std::make_unique<SlotCache>(int(o.host_records), o.policy, o.host_aging);
+}
+
+void SlotSim::host_lookup(int layer, int32_t e) {
+  if (!host_) {
+    ++drive_reads_;
+    return;
+  }
+  if (layer != epoch_layer_) {  // TieredExperts::expert: a new layer's call ends the last epoch's pins
+    for (int h : host_pins_) host_->release(h);
+    host_pins_.clear();
+    epoch_layer_ = layer;
+  }
+  const SlotCache::Lookup h = host_->acquire(host_record_key(layer, e));
+  if (h.slot >= 0) host_pins_.push_back(h.slot);
+  if (h.hit) ++host_hits_;
+  else ++drive_reads_;  // a miss reads the drives (into the record, or past a fully pinned cache)
 }
 
 void SlotSim::call(int layer, std::vector<int32_t> want) {
-  SlotCache& c = caches_.at(size_t(layer));
-  resident_first(c, want);
-  std::vector<WaveTake> wave;
-  for (size_t i = 0; i < want.size();) {  // the waves of DevExpertSlots::take
-    std::vector<int> pinned;
-    i = take_wave(c, want, i, o_.staging, pinned, wave);
-    for (const WaveTake& t : wave) (t.hit ? hits_ : misses_) += 1;
-    for (int s : pinned) c.release(s);
-  }
+  replay_call(caches_.at(size_t(layer)), std::move(want), o_.staging, [&](const WaveTake& t) {  // the waves of DevExpertSlots::take
+    (t.hit ? hits_ : misses_) += 1;
+    if (!t.hit) host_lookup(layer, t.expert);  // the slot's copy asks the source for the expert
+  });
 }
 
 void SlotSim::decode(ZipfRouting& r, int64_t tokens) {
@@ -99,14 +111,17 @@ void SlotSim::prefill(ZipfRouting& r, int64_t rows) {
 }
 
 void SlotSim::reset_counts() {
-  hits_ = misses_ = 0;
+  hits_ = misses_ = host_hits_ = drive_reads_ = 0;
   tokens_ = 0;
 }
 
 SlotSimResult SlotSim::result() const {
   SlotSimResult r;
-  r.hit_rate = hits_ + misses_ ? double(hits_) / double(hits_ + misses_) : 1.0;
+  const uint64_t lookups = hits_ + misses_;
+  r.hit_rate = lookups ? double(hits_) / double(lookups) : 1.0;
   r.misses_per_token = tokens_ > 0 ? double(misses_) / double(tokens_) : 0.0;
+  r.host_hit_rate = lookups ? double(host_hits_) / double(lookups) : 0.0;
+  r.drive_reads_per_token = tokens_ > 0 ? double(drive_reads_) / double(tokens_) : 0.0;
   return r;
 }
 

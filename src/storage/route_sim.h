@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -40,11 +41,20 @@ struct SlotSimOptions {
   int staging = 0;               // admission staging slots (0: admit every miss)
   EvictionPolicy policy = EvictionPolicy::kLfu;
   int top_k = 6;
+  // The host cache under the slots (storage::TieredExperts with host views, as the CUDA executor
+  // and the drive-tier bench run it): one SlotCache of `host_records` records shared by every
+  // layer, keyed (layer, expert), SlotCache's default aging (8), looked up once per slot miss
+  // (staged misses too); the records a layer looked up stay pinned until a later layer's lookup
+  // (TieredExperts' layer epochs). 0: no host cache (every slot miss reads a drive).
+  int64_t host_records = 0;
+  int host_aging = 8;
 };
 
 struct SlotSimResult {
   double hit_rate = 0;           // over the lookups since reset_counts()
   double misses_per_token = 0;   // per decode token, summed over layers
+  double host_hit_rate = 0;      // host cache hits / slot lookups (the same denominator as hit_rate)
+  double drive_reads_per_token = 0;  // slot misses the host cache did not hold, per decode token
 };
 
 // One SlotCache per layer, looked up as DevExpertSlots::take does: a MoE call takes its distinct
@@ -61,11 +71,20 @@ class SlotSim {
   void prefill(ZipfRouting& r, int64_t rows);
   void reset_counts();
   SlotSimResult result() const;
+  const SlotCache* host() const { return host_.get(); }
+  // Counts since reset_counts(): slot lookups, host cache hits, drive reads.
+  uint64_t lookups() const { return hits_ + misses_; }
+  uint64_t host_hits() const { return host_hits_; }
+  uint64_t drive_reads() const { return drive_reads_; }
 
  private:
+  void host_lookup(int layer, int32_t e);
   SlotSimOptions o_;
   std::vector<SlotCache> caches_;
-  uint64_t hits_ = 0, misses_ = 0;
+  std::unique_ptr<SlotCache> host_;
+  std::vector<int> host_pins_;  // host records pinned by the current layer epoch
+  int epoch_layer_ = -1;
+  uint64_t hits_ = 0, misses_ = 0, host_hits_ = 0, drive_reads_ = 0;
   int64_t tokens_ = 0;
 };
 

@@ -119,5 +119,45 @@ TEST(SlotSim, SteadyStatePolicies) {
   }
 }
 
+// The host cache under the slots (TieredExperts with host views: one LFU cache of every layer's
+// records, looked up once per slot miss). It never changes the slots' hits; every slot miss is a
+// host hit or a drive read; a larger cache holds more; the slots and the host cache together do
+// not beat the best static placement of their capacity per layer; 64 records for 40 layers hold
+// almost nothing (the H200 drive bench: 0.0 host hits a token).
+TEST(SlotSim, HostCacheUnderTheSlots) {
+  auto run = [](int64_t host) {
+    ZipfRouting r(40, 384, 3);
+    r.set_skew(0.45);
+    SlotSimOptions o;
+    o.slots = 128;
+    o.aging = 64;
+    o.host_records = host;
+    SlotSim sim(40, o);
+    sim.decode(r, 1000);
+    sim.reset_counts();
+    sim.decode(r, 200);
+    const SlotSimResult x = sim.result();
+    EXPECT_EQ(sim.host_hits() + sim.drive_reads(), uint64_t(x.misses_per_token * 200 + 0.5)) << host;
+    return std::make_pair(x, r.static_hit(128 + int(host / 40)));
+  };
+  const SlotSimResult none = run(0).first;
+  EXPECT_EQ(none.host_hit_rate, 0.0);
+  EXPECT_DOUBLE_EQ(none.drive_reads_per_token, none.misses_per_token);
+  double last = -1;
+  for (int64_t host : {64, 512, 1536}) {
+    const auto [x, stat] = run(host);
+    std::printf("host cache %lld records: HBM %.3f, host %.4f (%.2f a token), drive reads %.2f a token, static bound %.3f\n",
+                (long long)host, x.hit_rate, x.host_hit_rate, x.host_hit_rate * 240, x.drive_reads_per_token, stat);
+    EXPECT_DOUBLE_EQ(x.hit_rate, none.hit_rate) << "the host cache must not change the slots' policy";
+    EXPECT_GT(x.host_hit_rate, last);
+    EXPECT_LE(x.hit_rate + x.host_hit_rate, stat + 0.01);
+    if (host == 64) {
+      EXPECT_LT(x.host_hit_rate, 0.002);
+    }
+    last = x.host_hit_rate;
+  }
+  EXPECT_GT(last, 0.01);
+}
+
 }  // namespace
 }  // namespace fb::storage

@@ -125,4 +125,17 @@ void resident_first(const SlotCache& c, std::vector<int32_t>& want) {
   std::stable_partition(want.begin(), want.end(), [&](int32_t e) { return c.find(e) >= 0; });
 }
 
+void replay_call(SlotCache& c, std::vector<int32_t> want, int staging, const std::function<void(const WaveTake&)>& on_take) {
+  resident_first(c, want);
+  std::vector<WaveTake> wave;
+  std::vector<int> pinned;
+  for (size_t i = 0; i < want.size();) {
+    i = take_wave(c, want, i, staging, pinned, wave);
+    for (const WaveTake& t : wave)
+      if (on_take) on_take(t);
+    for (int s : pinned) c.release(s);
+    pinned.clear();
+  }
+}
+
 }  // namespace fb::storage

@@ -11,12 +11,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
 namespace fb::storage {
 
 enum class EvictionPolicy { kLru, kLfu };
+
+// The key of (layer, expert) in a cache shared by every layer (TieredExperts' host cache; SlotSim).
+inline int64_t host_record_key(int layer, int e) { return (int64_t(layer) << 32) | int64_t(e); }
 
 class SlotCache {
  public:
@@ -78,5 +82,10 @@ size_t take_wave(SlotCache& c, const std::vector<int32_t>& want, size_t from, in
 // Resident keys first (stable): a call that needs more experts than slots uses its hits before
 // its later waves evict them.
 void resident_first(const SlotCache& c, std::vector<int32_t>& want);
+// A whole MoE call's lookups as DevExpertSlots makes them, without bytes: resident_first, then
+// take_wave after take_wave, each wave's slots released before the next; on_take(t) for every
+// expert taken, in take order. SlotSim replays calls with it, and DevExpertSlots::replay warms its
+// slots with it (the drive-tier bench), so the replayed policy is the executor's own code.
+void replay_call(SlotCache& c, std::vector<int32_t> want, int staging, const std::function<void(const WaveTake&)>& on_take);
 
 }  // namespace fb::storage

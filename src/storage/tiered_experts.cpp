@@ -10,7 +10,7 @@
 namespace fb::storage {
 
 namespace {
-int64_t host_key(int layer, int e) { return (int64_t(layer) << 32) | int64_t(e); }
+int64_t host_key(int layer, int e) { return host_record_key(layer, e); }
 uint64_t now_ns() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
@@ -65,6 +65,7 @@ Result<std::shared_ptr<TieredExperts>> TieredExperts::create(std::unique_ptr<Exp
   t->host_ = std::make_unique<SlotCache>(int(opt.host_experts), opt.policy);
   t->host_buf_.resize(size_t(opt.host_experts));
   t->host_grants_.resize(size_t(opt.host_experts));
+  t->host_stale_.assign(size_t(opt.host_experts), 0);
   if (ledger) {
     TieredExperts* self = t.get();
     t->owner_id_ = ledger->register_owner(memory::Tier::kHost, "host expert cache", 0, [self](uint64_t want) { return self->shrink_host(want); });
@@ -86,6 +87,7 @@ uint64_t TieredExperts::shrink_host(uint64_t want) {
   for (int s = 0; s < host_->n_slots() && freed < want; ++s) {
     if (host_buf_[size_t(s)].size() == 0 || host_->pins(s) > 0) continue;
     host_->evict_slot(s);
+    host_stale_[size_t(s)] = 0;
     (void)reader_->drain(host_buf_[size_t(s)].data(), host_buf_[size_t(s)].size());
     freed += host_grants_[size_t(s)].bytes();
     host_grants_[size_t(s)].release();
@@ -156,7 +158,8 @@ int TieredExperts::host_reserve_locked(int layer, int e) const {
   if (host_->n_slots() == 0) return -1;
   const SlotCache::Lookup h = host_->acquire(host_key(layer, e));
   if (h.slot < 0) return -1;
-  FB_CHECK(!h.hit) << "host_reserve_locked for a cached record";
+  FB_CHECK(!h.hit || host_stale_[size_t(h.slot)]) << "host_reserve_locked for a cached record";
+  host_stale_[size_t(h.slot)] = 0;  // the caller reads the record into it (or evicts it)
   AlignedBuffer& b = host_buf_[size_t(h.slot)];
   if (b.size() == 0) {
     const uint64_t stride = loc_->layout().stride_bytes;
@@ -267,11 +270,12 @@ Result<int> TieredExperts::host_slot_locked(int layer, int e) const {
     return -1;
   }
   AlignedBuffer& b = host_buf_[size_t(h.slot)];
-  if (h.hit) {
+  if (h.hit && !host_stale_[size_t(h.slot)]) {
     ++stats_.host_hits;
     return h.slot;
   }
   ++stats_.host_misses;
+  host_stale_[size_t(h.slot)] = 0;  // read below (or evicted)
   bool ok = true;
   if (b.size() == 0) {
     if (ledger_) {
@@ -355,24 +359,109 @@ bool TieredExperts::resident(int layer, int e) const {
 bool TieredExperts::resident_locked(int layer, int e) const {
   const Layer& L = layers_[size_t(layer)];
   if (!opt_.host_views && L.slots && L.slots->find(e) >= 0) return true;
-  return host_ && host_->n_slots() > 0 && host_->find(host_key(layer, e)) >= 0;
+  if (!host_ || host_->n_slots() == 0) return false;
+  const int h = host_->find(host_key(layer, e));
+  return h >= 0 && !host_stale_[size_t(h)];
+}
+
+void TieredExperts::begin_epoch_locked(int layer) const {
+  if (epoch_layer_ >= 0) {
+    Layer& old = layers_[size_t(epoch_layer_)];
+    for (int s : old.epoch_pins) old.slots->release(s);
+    old.epoch_pins.clear();
+  }
+  for (int h : epoch_host_pins_) host_->release(h);
+  epoch_host_pins_.clear();
+  for (AlignedBuffer& b : overflow_) (void)reader_->drain(b.data(), b.size());
+  overflow_.clear();
+  retire_pending_locked(layer);
+  epoch_layer_ = layer;
+}
+
+Status TieredExperts::replay_lookup(int layer, int e) const {
+  std::lock_guard lock(mu_);
+  if (host_->n_slots() == 0) return Status();  // no host cache: nothing to warm
+  if (!opt_.host_views) return FB_ERROR(kInvalidArgument) << "replay_lookup replays the host cache of host views only";
+  if (layer < 0 || layer >= int(layers_.size()) || e < 0 || e >= loc_->n_experts(layer))
+    return FB_ERROR(kInvalidArgument) << "expert " << e << " of layer " << layer << " is not in the tiers";
+  if (layer != epoch_layer_) begin_epoch_locked(layer);
+  ++stats_.warm_lookups;
+  const SlotCache::Lookup h = host_->acquire(host_key(layer, e));
+  if (h.slot < 0) return Status();  // every record pinned: expert() would read past the cache
+  if (!h.hit) host_stale_[size_t(h.slot)] = 1;
+  epoch_host_pins_.push_back(h.slot);
+  return Status();
+}
+
+Result<int64_t> TieredExperts::fill_host(int in_flight) {
+  std::lock_guard lock(mu_);
+  begin_epoch_locked(-1);  // the warm-up's last epoch ends: no record stays pinned
+  const uint64_t stride = loc_->layout().stride_bytes;
+  struct Fill {
+    int slot = -1, layer = -1, e = -1;
+    ReplicaReader::Job job = 0;
+  };
+  std::vector<Fill> q;
+  size_t head = 0;
+  int64_t filled = 0;
+  Status err;
+  auto drop = [&](int s, const Status& st) {
+    host_->evict_slot(s);
+    host_stale_[size_t(s)] = 0;
+    if (err.ok()) err = st;
+  };
+  auto finish = [&](const Fill& f) {
+    Status st = reader_->wait(f.job);
+    if (st.ok()) st = verify_locked(f.layer, f.e, host_buf_[size_t(f.slot)].data());
+    if (!st.ok()) return drop(f.slot, st.with_context("expert " + std::to_string(f.e) + " of layer " + std::to_string(f.layer)));
+    host_stale_[size_t(f.slot)] = 0;
+    ++filled;
+  };
+  for (int s = 0; s < host_->n_slots(); ++s) {
+    const int64_t key = host_->key_of(s);
+    AlignedBuffer& b = host_buf_[size_t(s)];
+    if (key < 0 || (b.size() > 0 && !host_stale_[size_t(s)])) continue;
+    if (b.size() == 0) {
+      if (ledger_) {
+        auto g = ledger_->admit(memory::Tier::kHost, memory::Kind::kElastic, stride, "host expert cache");
+        if (!g.ok()) {  // no room: the record leaves the cache, as a lookup would read past it
+          host_->evict_slot(s);
+          host_stale_[size_t(s)] = 0;
+          continue;
+        }
+        host_grants_[size_t(s)] = std::move(g.value());
+      }
+      b = AlignedBuffer(stride);
+      if (opt_.on_host_alloc) opt_.on_host_alloc(b.data(), b.size());
+    }
+    const int layer = int(key >> 32), e = int(key & 0xffffffff);
+    Status st = reader_->drain(b.data(), stride);
+    const std::vector<ReadRange> r = loc_->ranges(layer, e, b.data());
+    Result<ReplicaReader::Job> job = st.ok() ? reader_->submit(r) : Result<ReplicaReader::Job>(st);
+    if (!job.ok()) {
+      drop(s, job.status());
+      continue;
+    }
+    ++stats_.warm_reads;
+    for (const ReadRange& x : r) stats_.warm_bytes += x.nbytes;
+    q.push_back(Fill{s, layer, e, *job});
+    if (int(q.size() - head) >= std::max(1, in_flight)) finish(q[head++]);
+  }
+  while (head < q.size()) finish(q[head++]);
+  if (!err.ok()) return err.with_context("filling the host expert cache");
+  return filled;
+}
+
+int64_t TieredExperts::host_records_filled() const {
+  std::lock_guard lock(mu_);
+  int64_t n = 0;
+  for (int s = 0; s < host_->n_slots(); ++s) n += host_->key_of(s) >= 0 && host_buf_[size_t(s)].size() > 0 && !host_stale_[size_t(s)];
+  return n;
 }
 
 model::ExpertWeights TieredExperts::expert(int layer, int e) const {
   std::lock_guard lock(mu_);
-  if (layer != epoch_layer_) {
-    if (epoch_layer_ >= 0) {
-      Layer& old = layers_[size_t(epoch_layer_)];
-      for (int s : old.epoch_pins) old.slots->release(s);
-      old.epoch_pins.clear();
-    }
-    for (int h : epoch_host_pins_) host_->release(h);
-    epoch_host_pins_.clear();
-    for (AlignedBuffer& b : overflow_) (void)reader_->drain(b.data(), b.size());
-    overflow_.clear();
-    retire_pending_locked(layer);
-    epoch_layer_ = layer;
-  }
+  if (layer != epoch_layer_) begin_epoch_locked(layer);
   if (opt_.host_views && host_->n_slots() > 0) {
     // The record itself, pinned in the host cache until the epoch ends (no first-tier copy).
     FB_CHECK(layer >= 0 && layer < int(layers_.size())) << "layer " << layer;

@@ -59,6 +59,9 @@ struct TierStats {
   uint64_t prefetch_used = 0;    // ... and an expert() call then took
   uint64_t prefetch_unused = 0;  // ... finished without being asked for (bytes read for nothing)
   uint64_t checksum_failovers = 0;  // records re-read from another replica after a bad checksum
+  // Warm-up (replay_lookup / fill_host): lookups replayed in the host cache's policy without
+  // bytes, and the records fill_host then read from the drives (not in drive_reads/drive_bytes).
+  uint64_t warm_lookups = 0, warm_reads = 0, warm_bytes = 0;
   std::vector<DriveStats> drives;   // per replica drive: reads, errors, hedges, failed (stats() fills it)
   std::string to_string() const;
 };
@@ -97,6 +100,19 @@ class TieredExperts final : public model::ExpertSource {
   // read no drive (cache-conditional routing's question; cpu::RoutePreference).
   bool resident(int layer, int e) const;
   Result<ExpertLease> acquire(int layer, int e) const;
+  // Warming the host cache without the drives (the drive-tier bench, whose HBM slots settle from
+  // a page-locked pool first): replay_lookup makes the one host cache lookup that expert() makes
+  // for (layer, e) with host views (the same SlotCache call, pinned until a later layer's lookup)
+  // but moves no bytes; a record it admits is marked stale. fill_host() then reads every record the
+  // cache holds whose bytes are stale or not allocated from the drives, `in_flight` at a time, and
+  // verifies each: the cache is then in the state the same lookups through the drives would have
+  // left it in, for one read per record held instead of one per miss. A lookup that finds a stale
+  // record before fill_host reads it then (a miss). Host views only (kInvalidArgument otherwise;
+  // without a host cache replay_lookup does nothing).
+  Status replay_lookup(int layer, int e) const;
+  Result<int64_t> fill_host(int in_flight = 16);
+  // Records of the host cache that hold an expert's bytes (filled, not stale).
+  int64_t host_records_filled() const;
   TierStats stats() const;
   // One line per replica drive: reads, bytes, estimated rate, errors, hedges, failed and why.
   std::string drive_report() const;
@@ -126,6 +142,9 @@ class TieredExperts final : public model::ExpertSource {
   void unpin(int layer, int slot) const;
   // With mu_ held: resident() for a valid layer.
   bool resident_locked(int layer, int e) const;
+  // With mu_ held: a lookup of `layer` ends the previous layer's epoch (its pins, spare buffers and
+  // unclaimed prefetches); -1 ends it without starting another.
+  void begin_epoch_locked(int layer) const;
   uint64_t shrink_host(uint64_t want);
   struct Pending {  // a prefetched read
     ReplicaReader::Job job = 0;
@@ -157,6 +176,7 @@ class TieredExperts final : public model::ExpertSource {
   mutable std::unique_ptr<SlotCache> host_;
   mutable std::vector<AlignedBuffer> host_buf_;
   mutable std::vector<memory::Grant> host_grants_;
+  mutable std::vector<char> host_stale_;  // per host record: admitted by replay_lookup, bytes not read yet
   mutable AlignedBuffer staging_;
   mutable int epoch_layer_ = -1;
   mutable std::vector<AlignedBuffer> overflow_;
