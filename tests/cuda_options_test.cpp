@@ -91,7 +91,7 @@ TEST(CudaRunOptions, DefaultsOfTheFastClass) {
   EXPECT_EQ(o.numerics, cuda::Numerics::kFast);
   EXPECT_TRUE(o.tc_gemv && o.tc_global_fold && o.pdl);
   EXPECT_EQ(o.tc_cluster_fold_ctas, 1000);  // docs/results.md: the one-row launches' cluster fold
-  EXPECT_TRUE(o.reuse_staging && o.pinned_ids);
+  EXPECT_TRUE(o.reuse_staging && o.pinned_ids && o.sm_uploads);
 }
 
 }  // namespace

@@ -854,7 +854,7 @@ Result<model::StepOutput> CudaExecutor::forward(const model::Step& step, const s
   rs_set_group_rows(run_.rs_group_rows);
   rs_set_group_ctas(run_.rs_group_ctas);
   set_tc_dequant_x32(run_.dequant_x32);
-  ws_.sm_uploads = run_.sm_uploads;
+  ws_.sm_uploads = run_.sm_uploads && prefetch_step(step);  // only beside a layer-ahead expert stream (the copy engines' queue)
   ws_.reuse_staging = run_.reuse_staging;
   ws_.pinned_ids = run_.pinned_ids;
   fast_attention_set_heads_per_cta(run_.attn_heads_per_cta);
