@@ -4,7 +4,9 @@
 Measures, between GPU 0 and each other GPU (NCCL through torch.distributed, one process per GPU):
   - ping-pong: GPU 0 sends a message, the peer sends it back; half the round trip is one exchange;
   - all_to_all_single over every GPU: each sends `size` bytes to every other, as a token's hidden
-    state goes out to the experts' GPUs and their partial sums come back;
+    state goes out to the experts' GPUs and their partial sums come back; timed one at a time
+    (barrier, op, synchronise: includes the host round trip) and queued (`iters` back to back,
+    one synchronisation: the GPU-side time a step's in-order exchanges would see);
 at message sizes from one token's bf16 hidden state (10,240 bytes at hidden 5,120) to 64 MiB, and
 prints per size the median time and rate, then the two figures `flashbox probe --gpus N` takes
 (--link-latency-us: the one-token exchange; --link-gbps: the large-message rate).
@@ -79,6 +81,18 @@ def worker(rank, world, args, queue):
         if rank == 0:
             t = statistics.median(times)
             rows.append(("all_to_all", world, size, t, size * (world - 1) / t))
+        # queued: `iters` all_to_all back to back with one synchronisation at the end, as a step
+        # issues its per-layer exchanges in stream order: the GPU-side time of one exchange
+        # without the host round trip each timed one above includes.
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        for it in range(iters):
+            dist.all_to_all_single(out, inp)
+        sync()
+        t = (time.perf_counter() - t0) / iters
+        if rank == 0:
+            rows.append(("a2a_queued", world, size, t, size * (world - 1) / t))
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -121,6 +135,9 @@ def main():
             for r in rows:
                 f.write(",".join(str(x) for x in r) + "\n")
     one = [r for r in rows if r[0] == "all_to_all" and r[2] == args.hidden_bytes]
+    queued = [r for r in rows if r[0] == "a2a_queued" and r[2] == args.hidden_bytes]
+    if queued:
+        print(f"one token's exchange queued in stream order: {queued[0][3] * 1e6:.1f} us (the host-timed one: {one[0][3] * 1e6 if one else float('nan'):.1f} us)")
     big = [r for r in rows if r[0] == "pingpong" and r[2] == max(sizes_for(args.hidden_bytes))]
     if one and big:
         print(f"flashbox probe --gpus {world} --link-latency-us {one[0][3] * 1e6:.1f} --link-gbps {max(r[4] for r in big) / 1e9:.1f}")
