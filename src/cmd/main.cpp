@@ -1,8 +1,6 @@
 // flashbox: DeepSeek-V4.1-Flash inference runtime. Thin dispatch to the subcommands.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <string>
 #include <map>
 
 #include "base/log.h"
@@ -23,15 +21,6 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--threads", threads, "CPU threads (0 = all cores)");
   app.add_option("--log", log_level, "log level: debug, info, warn, error");
-  // The CUDA driver feeds a process's streams through CUDA_DEVICE_MAX_CONNECTIONS hardware queues
-  // (8 by default); streams that share one see each other's work in order, so the compute stream's
-  // routing download waited behind a whole layer of prefetched expert copies (issue 26's 32K trace:
-  // 40 ms a layer step). Set before the first CUDA call; an explicit environment value is kept.
-  int cuda_connections = 32;
-  app.add_option("--cuda-connections", cuda_connections,
-                 "hardware work queues for this process's CUDA streams (CUDA_DEVICE_MAX_CONNECTIONS; the driver's default is 8; "
-                 "an environment value wins unless this flag is given)")
-      ->check(CLI::Range(1, 32));
   std::map<CLI::App*, fb::cmd::Runner> runners;
   auto reg = [&](const char* name, const char* help, fb::cmd::Runner (*add)(CLI::App&)) {
     CLI::App* sub = app.add_subcommand(name, help);
@@ -61,8 +50,6 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (app.count("--cuda-connections") > 0 || !std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(cuda_connections).c_str(), 1);
   fb::set_thread_count(threads);
   if (log_level == "debug") fb::set_log_level(fb::LogLevel::kDebug);
   else if (log_level == "warn") fb::set_log_level(fb::LogLevel::kWarn);
