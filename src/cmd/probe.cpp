@@ -41,7 +41,11 @@ struct ProbeArgs {
   int64_t host_experts = -1;
   int sessions = 1;
   int gpus = 1;
-  double link_gbps = 450, link_latency_us = 10;
+  // Issue 25's link, measured on the 2 x H200 device kind (NV18 NVLink; tools/device_nccl_link.py,
+  // docs/bench/h200x2-s24-nccl-link.csv): 278 GB/s one way at 64 MiB; a one-token all_to_all 60.8 us
+  // timed with the host's barrier and synchronisation around it (an upper bound: the queued,
+  // in-stream figure was not measured).
+  double link_gbps = 278, link_latency_us = 60.8;
   int64_t context = 131072;
   bool no_dspark = false;
   bool no_sim = false;
@@ -327,7 +331,7 @@ int run_probe(const ProbeArgs& a) {
     const memory::LinkRates link{a.link_gbps * kGB, a.link_latency_us * 1e-6};
     const double hidden_bytes = double(cfg->dim) * 2.0;  // a token's bf16 hidden state
     std::printf("%d GPUs (projection; no multi-GPU code yet): %d expert slots per layer (1 GPU: %d), %lld host experts; link %.0f GB/s, "
-                "%.1f us per exchange (assumed, not measured: replace with the NCCL rates of a multi-GPU device), two exchanges per MoE layer\n",
+                "%.1f us per exchange (2 x H200 default: NCCL measured with host synchronisation per exchange, an upper bound), two exchanges per MoE layer\n",
                 a.gpus, pg->hbm_slots_per_layer, plan->hbm_slots_per_layer, (long long)pg->host_cache_experts, a.link_gbps, a.link_latency_us);
     for (double share : {0.3, 0.45, 0.6}) {
       const memory::DecodeLoad l = static_load(*pg, share);
@@ -371,8 +375,8 @@ Runner add_probe(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
       ->check(CLI::Range(1, 8));
-  app.add_option("--link-gbps", a->link_gbps, "with --gpus: the GPUs' link rate for the MoE exchanges (default 450, assumed)")->check(CLI::PositiveNumber);
-  app.add_option("--link-latency-us", a->link_latency_us, "with --gpus: the fixed cost of one exchange (default 10 us, assumed)")
+  app.add_option("--link-gbps", a->link_gbps, "with --gpus: the GPUs' link rate for the MoE exchanges (default 278: 2 x H200 NVLink, NCCL, 64 MiB one way)")->check(CLI::PositiveNumber);
+  app.add_option("--link-latency-us", a->link_latency_us, "with --gpus: the fixed cost of one exchange (default 60.8 us: a one-token NCCL all_to_all on 2 x H200 timed with host synchronisation, an upper bound)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
   return [a] { return run_probe(*a); };
