@@ -8,7 +8,10 @@ stream the most host-to-device copies; host-to-device copies on the compute stre
 own uploads (key tables, permutations), which queue on the copy engines with the prefetch.
 Per layer step: span; kernels busy (union); prefetch copies busy; copies with no kernel beside
 them (exposed); idle (neither); the compute stream's uploads (count, their time, the largest) and
-its gaps (no record on the compute stream) split into gaps ending at an upload and other gaps.
+its gaps (no record on the compute stream) split by the record that ends them: an upload (waiting
+behind the copy engine's queue), a download (device to host: the host waiting to read the routing),
+anything else (a kernel or an event wait: the host late with its work, or the step waiting on the
+prefetch).
 Prints the median layer step and the slowest few.
 
 Usage: python3 tools/trace_layers.py TRACE.csv[.gz] [--show 5]
@@ -85,7 +88,7 @@ def analyse(rows):
         busy = length(union(k + c))
         ups = [(a, b) for n, a, b, kk in on_compute if not kk and "HtoD" in n and lo <= a < hi]
         # gaps on the compute stream: from the latest end so far to the next record's start
-        gap_up = gap_other = 0.0
+        gap_up = gap_down = gap_other = 0.0
         end = None
         for n, a, b, kk in on_compute:
             if b < lo:
@@ -98,13 +101,15 @@ def analyse(rows):
                 if g > 0:
                     if not kk and "HtoD" in n:
                         gap_up += g
+                    elif not kk and "DtoH" in n:
+                        gap_down += g
                     else:
                         gap_other += g
             end = b if end is None else max(end, b)
         steps.append(dict(
             start=lo, span=hi - lo, kernels=length(k), copies=length(c), copies_alone=length(c) - both,
             idle=(hi - lo) - busy, uploads=len(ups), upload_time=sum(b - a for a, b in ups),
-            upload_max=max((b - a for a, b in ups), default=0.0), gap_at_upload=gap_up, gap_other=gap_other))
+            upload_max=max((b - a for a, b in ups), default=0.0), gap_at_upload=gap_up, gap_at_download=gap_down, gap_other=gap_other))
     return compute, prefetch, steps
 
 
@@ -114,7 +119,7 @@ def main():
     p.add_argument("--show", type=int, default=5, help="also print this many of the slowest layer steps")
     args = p.parse_args()
     compute, prefetch, steps = analyse(load(args.trace))
-    cols = ["span", "kernels", "copies", "copies_alone", "idle", "upload_time", "upload_max", "gap_at_upload", "gap_other"]
+    cols = ["span", "kernels", "copies", "copies_alone", "idle", "upload_time", "upload_max", "gap_at_upload", "gap_at_download", "gap_other"]
     print(f"compute stream {compute}, prefetch stream {prefetch}, {len(steps)} layer steps (router to router), ms:")
     print(f"{'':>10} " + " ".join(f"{c:>13}" for c in cols) + f" {'uploads':>8}")
     med = {c: statistics.median(s[c] for s in steps) for c in cols + ["uploads"]}
