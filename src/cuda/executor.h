@@ -227,7 +227,7 @@ struct CudaRunOptions {
   int rs_group_ctas = 8;              // with rs_gemv: CTAs per stripe of a grouped MXFP4 launch, 1..64 (the same bits)
   bool dequant_x32 = true;            // kFast prefill: MXFP4 experts expanded to bf16 by 32-blocks (tc_gemm.h set_tc_dequant_x32; the same bits)
   bool reuse_staging = true;          // a step's page-locked upload staging used again from its start after each host sync of the stream (the routing's): a prefill chunk's key tables then stay staged (asynchronous) instead of overflowing into pageable copies that block the host behind the expert prefetch; the same bytes
-  bool pinned_ids = true;             // a tiered MoE's expert ids downloaded into page-locked memory: a pageable download waits behind every expert copy the prefetch has queued (38 ms a layer in the 32K trace); the same ids
+  bool pinned_ids = true;             // a tiered MoE's expert ids downloaded through page-locked memory (CudaLayerOps::download_synced; its own effect not yet measured apart); the same ids
   bool sm_uploads = true;             // in steps that stream experts a layer ahead (expert_prefetch), the step's staged host tables reach the GPU through a kernel reading page-locked memory instead of the copy engines, where they queued behind the layer's expert copies (32K cold prefill 2,262 -> 2,757 tok/s); the same bytes
   // Engram tables on the host (EngramPlace::kHost, the release's 189 GiB): threads that copy each
   // step's rows out of the mapped tables (page faults, i.e. drive reads, in flight together) from

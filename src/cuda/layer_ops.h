@@ -614,9 +614,11 @@ class CudaLayerOps {
     if (ok() && n > 0) step(cuda_status(cudaMemcpyAsync(out.data(), src, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost, st_), "download"));
   }
   // download(out, src, n), then sync(): the host waits for `out` now. With pinned_ids the copy
-  // lands in page-locked memory first: a pageable device-to-host copy is staged by the driver and
-  // waits behind the host-to-device copies other streams have queued (a cold prefill's expert
-  // prefetch: 38 ms a layer step in the 32K trace), a page-locked one runs on its own engine.
+  // lands in page-locked memory first (an asynchronous copy instead of the driver's staged path for
+  // pageable memory), then into `out`. On as in the configuration session 24's cold-prefill A/B of
+  // sm_uploads measured; its own A/B ran while the bench's pageable scale copies held the issuing
+  // thread (the 38 ms gap before this download was that, not the download), so its separate
+  // effect is not known yet.
   template <typename T>
   void download_synced(std::vector<T>& out, const T* src, int64_t n) {
     StepWorkspace& ws = m_.ws_;
