@@ -16,6 +16,7 @@
 #include "memory/prefill_budget.h"
 #include "memory/tier_model.h"
 #include "model/config.h"
+#include "model/schema.h"
 #include "storage/drive_probe.h"
 #include "storage/replica_reader.h"
 #include "storage/route_sim.h"
@@ -98,6 +99,15 @@ Gpu probe_gpu() {
   return g;
 }
 
+// One expert record's bytes on the drives (layer 0, expert 0: each tensor 4 KiB aligned, as the
+// store lays a record out and the reader reads it).
+static uint64_t expert_record_bytes(const model::Config& c) {
+  uint64_t stride = 0;
+  for (const model::TensorSpec& s : model::expected_tensors(c))
+    if (s.layer == 0 && s.expert == 0) stride += (uint64_t(s.nbytes()) + 4095) / 4096 * 4096;
+  return stride;
+}
+
 int run_probe(const ProbeArgs& a) {
   struct sysinfo si;
   sysinfo(&si);
@@ -107,6 +117,13 @@ int run_probe(const ProbeArgs& a) {
   std::printf("host: %.1f GiB RAM (%.1f GiB free), %d CPU cores usable (%u online)\n", ram_total / memory::kGiB, ram_free / memory::kGiB,
               CPU_COUNT(&set), std::thread::hardware_concurrency());
 
+  std::string cfg_path = a.model.empty() ? std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json" : a.model;
+  if (fs::is_directory(cfg_path)) cfg_path += "/config.json";
+  auto cfg = model::Config::from_file(cfg_path);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "probe: %s\n", cfg.status().to_string().c_str());
+    return 2;
+  }
   std::vector<std::string> dirs = a.dirs.empty() ? std::vector<std::string>{fs::temp_directory_path().string()} : a.dirs;
   double drive_total = 0;
   for (const std::string& d : dirs) {
@@ -118,20 +135,23 @@ int run_probe(const ProbeArgs& a) {
     std::printf("drive %s (%s, %s, %llu MiB file): sequential 1M %.2f GB/s, random 1M %.2f GB/s, random 4K %.3f GB/s (%.0f IOPS)\n",
                 d.c_str(), r->engine.c_str(), r->direct ? "O_DIRECT" : "buffered: O_DIRECT refused", (unsigned long long)(r->file_bytes >> 20),
                 r->seq_bytes_per_s / kGB, r->rand1m_bytes_per_s / kGB, r->rand4k_bytes_per_s / kGB, r->rand4k_iops());
-    drive_total += r->rand1m_bytes_per_s;  // expert reads are ~19 MB at scattered offsets
+    drive_total += r->rand1m_bytes_per_s;  // the old measure: 1 MiB reads at random offsets, 8 in flight
   }
-  if (dirs.size() > 1) {
-    // The replicas read together, as the expert reader reads them (its chunk size and depth per
-    // dir): the rate the plan uses. Summing the dirs' rates is right only for separate devices.
-    const storage::ReaderOptions ro;
-    auto together = storage::probe_drives_together(dirs, uint64_t(a.file_mib) << 20, a.seconds, ro.chunk_bytes, ro.queue_depth_per_drive);
+  {
+    // The rate the plan uses: every dir read at once as the expert reader reads a layer's misses
+    // (ReaderOptions' chunk size and reads in flight per replica dir, O_DIRECT, whole expert
+    // records: one record's chunks in order from a random record offset). Summing the dirs'
+    // rates is right only for separate devices; random 1M reads miss the record's locality.
+    const storage::DriveProbeShape shape = storage::reader_probe_shape(storage::ReaderOptions{}, expert_record_bytes(*cfg));
+    auto together = storage::probe_drives_together(dirs, uint64_t(a.file_mib) << 20, a.seconds, shape);
     if (together.ok()) {
-      std::printf("drives together (%zu dirs, %d random %u KiB reads in flight each, as the expert reader): %.2f GB/s (the dirs alone "
-                  "summed: %.2f GB/s)\n",
-                  dirs.size(), ro.queue_depth_per_drive, ro.chunk_bytes >> 10, *together / kGB, drive_total / kGB);
+      std::printf("drives together (%zu dir%s, as the expert reader: %.1f MB records in %u KiB reads, %d in flight per dir): %.2f GB/s "
+                  "(the dirs' random 1M summed: %.2f GB/s)\n",
+                  dirs.size(), dirs.size() == 1 ? "" : "s", double(shape.record_bytes) / 1e6, shape.block >> 10, shape.depth_per_dir,
+                  *together / kGB, drive_total / kGB);
       drive_total = *together;
     } else {
-      std::printf("drives together: %s (the plan uses the dirs' rates summed)\n", together.status().to_string().c_str());
+      std::printf("drives together: %s (the plan uses the dirs' random 1M rates summed)\n", together.status().to_string().c_str());
     }
   }
 
@@ -148,13 +168,6 @@ int run_probe(const ProbeArgs& a) {
 #endif
     );
 
-  std::string cfg_path = a.model.empty() ? std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json" : a.model;
-  if (fs::is_directory(cfg_path)) cfg_path += "/config.json";
-  auto cfg = model::Config::from_file(cfg_path);
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "probe: %s\n", cfg.status().to_string().c_str());
-    return 2;
-  }
   memory::PlanInputs in;
   const uint64_t reserve = 2 * memory::kGiB;  // CUDA context, allocator slack
   in.hbm_target_bytes = a.hbm_target_gib >= 0 ? uint64_t(a.hbm_target_gib * memory::kGiB)

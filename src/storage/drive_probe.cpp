@@ -20,7 +20,11 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 // Keeps `depth` reads of `block` bytes in flight on each of `fds` (files of file_bytes) for
 // `seconds`; returns the bytes/s of all of them together.
-Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_bytes, uint32_t block, int depth, bool random, double seconds) {
+// record_bytes > 0: the reads walk whole records as the expert reader reads a missed record (its
+// block-sized chunks in order, from a record at a random record-aligned offset), each fd's reads
+// taking the next chunk of that fd's current record.
+Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_bytes, uint32_t block, int depth, bool random, double seconds,
+                       uint64_t record_bytes = 0, const std::function<void(size_t, uint64_t, uint32_t)>& on_read = {}) {
   const size_t n_fd = fds.size();
   std::vector<AlignedBuffer> bufs;
   for (size_t i = 0; i < n_fd * size_t(depth); ++i) bufs.emplace_back(block);
@@ -28,11 +32,27 @@ Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_
   const uint64_t n_blocks = file_bytes / block;
   uint64_t bytes = 0;
   std::vector<uint64_t> next(n_fd, 0);
-  auto offset = [&](size_t f) { return (random ? rng() % n_blocks : next[f]++ % n_blocks) * block; };
+  const uint64_t rec_stride = (record_bytes + 4095) / 4096 * 4096;
+  const uint64_t n_records = rec_stride ? file_bytes / rec_stride : 0;
+  std::vector<uint64_t> rec_start(n_fd, 0), rec_pos(n_fd, record_bytes);
+  std::vector<uint32_t> len(n_fd * size_t(depth), block);
+  auto offset = [&](size_t f, size_t buf) -> uint64_t {
+    if (record_bytes == 0) return (random ? rng() % n_blocks : next[f]++ % n_blocks) * block;
+    if (rec_pos[f] >= record_bytes) {
+      rec_start[f] = (rng() % n_records) * rec_stride;
+      rec_pos[f] = 0;
+    }
+    const uint64_t off = rec_start[f] + rec_pos[f];
+    len[buf] = uint32_t((std::min<uint64_t>(block, record_bytes - rec_pos[f]) + 4095) / 4096 * 4096);
+    rec_pos[f] += block;
+    return off;
+  };
   const double t0 = now_s();
   for (size_t i = 0; i < bufs.size(); ++i) {
     const size_t f = i % n_fd;
-    FB_RETURN_IF_ERROR(io.submit({fds[f], offset(f), block, bufs[i].data(), uint64_t(i)}));
+    const uint64_t off = offset(f, i);
+    if (on_read) on_read(f, off, len[i]);
+    FB_RETURN_IF_ERROR(io.submit({fds[f], off, len[i], bufs[i].data(), uint64_t(i)}));
   }
   std::vector<IoDone> done;
   bool stop = false;
@@ -44,7 +64,11 @@ Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_
       if (d.result < 0) return FB_ERROR(kIo) << "probe read: " << std::strerror(int(-d.result));
       bytes += uint64_t(d.result);
       const size_t f = size_t(d.tag) % n_fd;
-      if (!stop) FB_RETURN_IF_ERROR(io.submit({fds[f], offset(f), block, bufs[d.tag].data(), d.tag}));
+      if (!stop) {
+        const uint64_t off = offset(f, size_t(d.tag));
+        if (on_read) on_read(f, off, len[size_t(d.tag)]);
+        FB_RETURN_IF_ERROR(io.submit({fds[f], off, len[size_t(d.tag)], bufs[d.tag].data(), d.tag}));
+      }
     }
     if (stop && io.in_flight() == 0) break;
   }
@@ -106,12 +130,29 @@ Result<DriveRates> probe_drive(const std::string& dir, uint64_t file_bytes, doub
   return r;
 }
 
+DriveProbeShape reader_probe_shape(const ReaderOptions& ro, uint64_t record_bytes) {
+  DriveProbeShape s;
+  s.block = ro.chunk_bytes;
+  s.depth_per_dir = ro.queue_depth_per_drive;
+  s.record_bytes = record_bytes;
+  return s;
+}
+
+Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, const DriveProbeShape& s) {
+  if (s.record_bytes > 0 && s.record_bytes < s.block)
+    return FB_ERROR(kInvalidArgument) << "probe records of " << s.record_bytes << " bytes: smaller than one " << s.block << "-byte read";
+  return probe_drives_together(dirs, file_bytes, seconds, s.block, s.depth_per_dir, s.record_bytes, s.on_read);
+}
+
 Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, uint32_t block,
-                                     int depth_per_dir) {
+                                     int depth_per_dir, uint64_t record_bytes,
+                                     const std::function<void(size_t, uint64_t, uint32_t)>& on_read) {
   if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no directories to probe";
   if (block == 0 || block % 4096 != 0 || depth_per_dir < 1)
     return FB_ERROR(kInvalidArgument) << "probe reads of " << block << " bytes, " << depth_per_dir << " in flight: need a multiple of 4 KiB and >= 1";
   file_bytes = std::max<uint64_t>(probe_file_bytes(file_bytes), uint64_t(block) * 4);
+  const uint64_t rec = (record_bytes + 4095) / 4096 * 4096;
+  if (rec > 0) file_bytes = std::max(file_bytes, align_up(rec * 4));
   std::vector<int> fds;
   auto close_all = [&] {
     for (int fd : fds) ::close(fd);
@@ -126,7 +167,7 @@ Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint6
     fds.push_back(*fd);
   }
   auto io = make_io_engine(true, unsigned(std::max<size_t>(64, fds.size() * size_t(depth_per_dir))));
-  auto rate = measure(*io, fds, file_bytes, block, depth_per_dir, true, seconds);
+  auto rate = measure(*io, fds, file_bytes, block, depth_per_dir, true, seconds, record_bytes, on_read);
   close_all();
   return rate;
 }

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "storage/replica_reader.h"
 
 namespace fb::storage {
 
@@ -30,7 +32,23 @@ Result<DriveRates> probe_drive(const std::string& dir, uint64_t file_bytes, doub
 // when its replicas share a device (two dirs on one disk) or do not, where the sum of
 // probe_drive's one-dir rates is right only for separate devices whose rate does not grow with
 // depth (issue 22: one cloud disk gave 1.0 GB/s per dir alone and ~2.0 GB/s under two replicas).
+// record_bytes > 0: each dir's reads walk whole records (block-sized chunks in order from a
+// random record-aligned offset, the last chunk of a record shorter), as the reader reads a miss.
 Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, uint32_t block,
-                                     int depth_per_dir);
+                                     int depth_per_dir, uint64_t record_bytes = 0,
+                                     const std::function<void(size_t, uint64_t, uint32_t)>& on_read = {});
+
+// The expert reader's read shape, taken from its options (one constant: ReaderOptions'
+// chunk_bytes and queue_depth_per_drive), with the record size the plan reads per miss.
+struct DriveProbeShape {
+  uint32_t block = 0;
+  int depth_per_dir = 0;
+  uint64_t record_bytes = 0;
+  // Test hook: each read as it is submitted (dir index, file offset, bytes).
+  std::function<void(size_t dir, uint64_t offset, uint32_t nbytes)> on_read;
+};
+DriveProbeShape reader_probe_shape(const ReaderOptions& ro, uint64_t record_bytes);
+// The expert reader's pattern (reader_probe_shape); the file grows to hold >= 4 records.
+Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, const DriveProbeShape& shape);
 
 }  // namespace fb::storage

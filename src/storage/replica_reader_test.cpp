@@ -412,5 +412,68 @@ TEST(DriveProbe, DirsTogether) {
   fs::remove_all(base);
 }
 
+// probe's drive rate (the plan's expert-from-drive rate) reads as the expert reader does: its
+// chunk size and reads in flight per dir come from ReaderOptions itself, and the reads walk whole
+// records, a record's chunks in order from a record-aligned offset (the last one shorter).
+TEST(DriveProbe, ReaderShapeFollowsReaderOptions) {
+  const ReaderOptions def;
+  const DriveProbeShape s = reader_probe_shape(def, 18'800'000);
+  EXPECT_EQ(s.block, def.chunk_bytes);
+  EXPECT_EQ(s.depth_per_dir, def.queue_depth_per_drive);
+  EXPECT_EQ(s.record_bytes, 18'800'000u);
+  ReaderOptions other;
+  other.chunk_bytes = 256u << 10;
+  other.queue_depth_per_drive = 3;
+  const DriveProbeShape o = reader_probe_shape(other, 1u << 20);
+  EXPECT_EQ(o.block, 256u << 10);
+  EXPECT_EQ(o.depth_per_dir, 3);
+}
+
+TEST(DriveProbe, ReadsWholeRecordsAtReaderDepth) {
+  const fs::path base = fs::temp_directory_path() / ("fb_probe_records_" + std::to_string(::getpid()));
+  fs::create_directories(base / "a");
+  fs::create_directories(base / "b");
+  ReaderOptions ro;
+  ro.chunk_bytes = 1u << 20;
+  ro.queue_depth_per_drive = 3;
+  const uint64_t record = (5u << 20) / 2 + 4096 * 3 + 100;  // 2.5 MiB + a bit: 3 chunks, the last short
+  const uint64_t stride = (record + 4095) / 4096 * 4096;
+  DriveProbeShape shape = reader_probe_shape(ro, record);
+  struct Read {
+    uint64_t off;
+    uint32_t n;
+  };
+  std::vector<std::vector<Read>> reads(2);
+  shape.on_read = [&](size_t dir, uint64_t off, uint32_t n) { reads.at(dir).push_back({off, n}); };
+  auto r = probe_drives_together({(base / "a").string(), (base / "b").string()}, 16u << 20, 0.2, shape);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(*r, 0);
+  for (const auto& v : reads) {
+    ASSERT_GE(v.size(), size_t(ro.queue_depth_per_drive));
+    // The first depth reads go out at once: the reader's depth per dir, no more.
+    EXPECT_EQ(v[0].off % stride, 0u);
+    EXPECT_EQ(v[1].off, v[0].off + ro.chunk_bytes);
+    EXPECT_EQ(v[2].off, v[0].off + 2 * ro.chunk_bytes);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint64_t in_rec = v[i].off % stride;
+      EXPECT_EQ(in_rec % ro.chunk_bytes, 0u);
+      EXPECT_EQ(v[i].off - in_rec + stride <= std::max<uint64_t>(16u << 20, stride * 4), true);
+      const uint64_t want = std::min<uint64_t>(ro.chunk_bytes, record - in_rec);
+      EXPECT_EQ(v[i].n, (want + 4095) / 4096 * 4096) << "read " << i;
+      if (in_rec > 0) {
+        ASSERT_GT(i, 0u);
+        EXPECT_EQ(v[i].off, v[i - 1].off + ro.chunk_bytes) << "a record's chunks in order, read " << i;
+      }
+      if (i > 0 && v[i - 1].off % stride + ro.chunk_bytes < record) {
+        EXPECT_EQ(v[i].off, v[i - 1].off + ro.chunk_bytes) << "the next chunk of an unfinished record, read " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(fs::is_empty(base / "a") && fs::is_empty(base / "b")) << "a probe file was left behind";
+  DriveProbeShape tiny = reader_probe_shape(ro, 4096);
+  EXPECT_FALSE(probe_drives_together({(base / "a").string()}, 16u << 20, 0.1, tiny).ok()) << "a record smaller than one read";
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace fb::storage
