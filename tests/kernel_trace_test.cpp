@@ -3,6 +3,11 @@
 // and kernel names as CUPTI reports them. Host code only (no device, no CUPTI). Label: fast.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
 #include "bench/kernel_trace.h"
 
 namespace fb {
@@ -86,6 +91,26 @@ TEST(KernelTrace, ShortNames) {
             "tc_gemv_kernel<0, 0>");
   // parentheses inside template arguments stay
   EXPECT_EQ(bench::short_kernel_name("void fb::cuda::k<(int)3>(int)"), "k<(int)3>");
+}
+
+// The records as CSV (bench --trace-csv; tools/trace_layers.py reads it): one header, one line a
+// record in the given order, times in microseconds from the earliest start (not the first
+// record's), names quoted; a path that cannot be opened is an error.
+TEST(KernelTrace, WriteTraceCsv) {
+  std::vector<bench::TraceRecord> r = {rec(7, 3000, 4500), rec(9, 1000, 2250, false)};
+  r[0].name = "tc_gemv_kernel<1, 2>";
+  r[0].grid = 132;
+  const std::string path = ::testing::TempDir() + "trace_csv_test.csv";
+  ASSERT_TRUE(bench::write_trace_csv(path, r).ok());
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(),
+            "name,stream,start_us,end_us,grid,kernel\n"
+            "\"tc_gemv_kernel<1, 2>\",7,2.000,3.500,132,1\n"
+            "\"memcpy HtoD\",9,0.000,1.250,0,0\n");
+  std::remove(path.c_str());
+  EXPECT_FALSE(bench::write_trace_csv("/nonexistent-dir/x.csv", r).ok());
 }
 
 }  // namespace

@@ -17,11 +17,16 @@ namespace {
 
 constexpr uint64_t kSyntheticHash = 0xe5237fe8c4e6a88bull;  // the tiny synthetic model of PooledScalesKeepTheBytes, as built before the scales were pooled
 
-TEST(Synthetic, TinyShapeValidatesAndRuns) {
+// The tiny-shaped synthetic snapshot two tests below build.
+Result<std::unique_ptr<loader::Snapshot>> tiny_synthetic() {
   loader::TinyModelOptions o;
   o.vocab_size = 2048;
   o.engram_compressed_vocab = 1500;
-  auto snap = loader::synthetic_snapshot(loader::tiny_config_json(o), 7);
+  return loader::synthetic_snapshot(loader::tiny_config_json(o), 7);
+}
+
+TEST(Synthetic, TinyShapeValidatesAndRuns) {
+  auto snap = tiny_synthetic();
   ASSERT_TRUE(snap.ok()) << snap.status().to_string();
   EXPECT_TRUE((*snap)->validate().ok()) << (*snap)->validate().to_string();
   auto map = (*snap)->engram_token_map();
@@ -113,10 +118,7 @@ TEST(Synthetic, ReleasedDimensionsValidate) {
 // The tensors keep the bytes they had before the scales were pooled (ReleasedDimensionsValidate):
 // the FNV-1a hash of every tensor's name and bytes, pinned from the build before the change.
 TEST(Synthetic, PooledScalesKeepTheBytes) {
-  loader::TinyModelOptions o;
-  o.vocab_size = 2048;
-  o.engram_compressed_vocab = 1500;
-  auto snap = loader::synthetic_snapshot(loader::tiny_config_json(o), 7);
+  auto snap = tiny_synthetic();
   ASSERT_TRUE(snap.ok()) << snap.status().to_string();
   uint64_t h = 1469598103934665603ull;
   for (const std::string& name : (*snap)->tensor_names()) {
