@@ -82,7 +82,7 @@ if [ -x build/device/flashbox ]; then
   # and the H2D rate the bench measured.
   H2D=$(grep -E ',h2d_pinned,' "$LOG/cold_prefill.csv" 2>/dev/null | head -1 | cut -d, -f9)
   : >"$LOG/probe.txt"
-  echo "prompt,chunk_rows,budget_gib,probe_serial_tok_s,probe_stream_tok_s" >"$LOG/probe.csv"
+  echo "prompt,chunk_rows,budget_gib,probe_serial_tok_s,probe_stream_tok_s,probe_replay_tok_s" >"$LOG/probe.csv"
   grep -E "^bench: cold prefill: [0-9]+ tokens: chunk" "$LOG/bench.err" | while read -r line; do
     N=$(echo "$line" | sed -E 's/^bench: cold prefill: ([0-9]+) tokens.*/\1/')
     B=$(echo "$line" | sed -E 's/.*step budget ([0-9.]+) GiB.*/\1/')
@@ -93,7 +93,10 @@ if [ -x build/device/flashbox ]; then
     C=$(echo "$P" | sed -nE 's/.*chunk\(s\) of ([0-9]+) rows.*/\1/p')
     S1=$(echo "$P" | sed -nE 's/.*serial ([0-9]+) tok\/s.*/\1/p')
     S2=$(echo "$P" | sed -nE 's/.*streamed ([0-9]+) tok\/s.*/\1/p')
-    echo "$N,$C,$B,$S1,$S2" >>"$LOG/probe.csv"
+    R=$(grep -E "the same with bounded replay" "$LOG/probe_$N.txt" | head -1)
+    S3=$(echo "$R" | sed -nE 's/.*streamed ([0-9]+) tok\/s.*/\1/p')
+    [ -n "$R" ] && echo "  $N replay: streamed ${S3:-?} tok/s" >>"$LOG/probe.txt"
+    echo "$N,$C,$B,$S1,$S2,$S3" >>"$LOG/probe.csv"
   done
   row probe "flashbox probe --prefill-budget-gib (bench's budget) --h2d-gbps ${H2D:-?}"
   sed -E 's/ +a ([0-9]+)-token prompt cold in/ cold in/' "$LOG/probe.txt" | cut -c1-200 >>"$T"

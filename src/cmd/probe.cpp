@@ -37,7 +37,7 @@ struct ProbeArgs {
   double seconds = 2.0;
   int file_mib = 1024;
   double hbm_target_gib = -1, host_target_gib = -1, hbm_gbps = -1, h2d_gbps = -1, drive_gbps = -1, kernel_gbps = -1;
-  double prefill_tok_s = -1, prefill_hidden = -1;
+  double prefill_layer_ms = -1, prefill_row_us = -1;
   int expert_slots = -1;
   int64_t host_experts = -1;
   int sessions = 1;
@@ -200,13 +200,12 @@ int run_probe(const ProbeArgs& a) {
   {
     // Cold prefill (issue 26): the chunk the step workspace allows, and the copy-bound rate when
     // every chunk routes to every expert (the non-resident ones cross PCIe once per chunk).
-    // Compute side: the prefill's rate when every chunk reaches every expert, as measured on the
-    // H200 with uniform routing (memory::kColdPrefillTokS, 2,274 tok/s at 8,192-row chunks; the
-    // 4,290 tok/s of a 2,048-row chunk with a few dozen experts a layer (fbc2be4) ran far lighter
-    // MoE GEMMs); larger chunks are assumed no faster. Overlap: the measured share hidden
-    // (memory::kColdPrefillHidden), beside the perfect-overlap bound.
-    const double resident_tok_s = a.prefill_tok_s > 0 ? a.prefill_tok_s : memory::kColdPrefillTokS;
-    const double hidden = a.prefill_hidden >= 0 ? std::min(1.0, a.prefill_hidden) : memory::kColdPrefillHidden;
+    // Compute side: a layer step's time from its rows and position, measured on the H200 with
+    // uniform routing (memory::kColdPrefillH200: a fixed part per layer step, a part per row, the
+    // attention's growth with the position; the copies at the prefetch's share of the H2D rate).
+    memory::ColdPrefillCompute compute = memory::kColdPrefillH200;
+    if (a.prefill_layer_ms >= 0) compute.fixed_ms = a.prefill_layer_ms;
+    if (a.prefill_row_us > 0) compute.row_us = a.prefill_row_us;
     const int64_t ctx = in.context_tokens;
     const uint64_t budget = a.prefill_budget_gib > 0 ? uint64_t(a.prefill_budget_gib * memory::kGiB) : in.hbm_workspace_bytes;
     const int64_t rows = memory::prefill_chunk_rows(*cfg, budget, ctx);
@@ -226,20 +225,25 @@ int run_probe(const ProbeArgs& a) {
       double miss_bytes = 0;
       for (int l = 0; l < cfg->n_layers; ++l)
         miss_bytes += double(std::max(0, cfg->roles[size_t(l)].n_experts - slots)) * double(plan->expert_bytes);
-      const double copy_s = miss_bytes / rates.h2d_bytes_per_s;
-      std::printf("cold prefill with %d HBM slots per layer: %.1f GB of experts cross PCIe per chunk (%.2f s at %.1f GB/s); streaming a "
-                  "layer ahead needs %.1f GiB of staging (2 x %d experts; not in the plan above)\n",
-                  slots, miss_bytes / 1e9, copy_s, rates.h2d_bytes_per_s / 1e9,
+      const double copy_rate = rates.h2d_bytes_per_s * compute.copy_efficiency;
+      const double copy_s = miss_bytes / copy_rate;
+      std::printf("cold prefill with %d HBM slots per layer: %.1f GB of experts cross PCIe per chunk (%.2f s at %.1f GB/s, %.0f%% of the H2D "
+                  "rate); streaming a layer ahead needs %.1f GiB of staging (2 x %d experts; not in the plan above)\n",
+                  slots, miss_bytes / 1e9, copy_s, copy_rate / 1e9, 100.0 * compute.copy_efficiency,
                   2.0 * double(plan->n_experts_per_layer - slots) * double(plan->expert_bytes) / memory::kGiB, plan->n_experts_per_layer - slots);
-      std::printf("  compute at %.0f tok/s%s; streamed = the longer of copies and compute + %.0f%% of the shorter (measured overlap; "
-                  "bound: perfect overlap)\n",
-                  resident_tok_s, a.prefill_tok_s > 0 ? " (--prefill-tok-s)" : " (H200, uniform routing, 8K chunks)", 100.0 * (1.0 - hidden));
+      std::printf("  a layer step computes in %.1f ms + %.2f us a row + %.4f ns a row and token of position%s; streamed = per layer step "
+                  "the longer of compute and copies (+ %.1f ms exposed when copy-bound)\n",
+                  compute.fixed_ms, compute.row_us, compute.ctx_ns,
+                  a.prefill_layer_ms >= 0 || a.prefill_row_us > 0 ? " (--prefill-layer-ms / --prefill-row-us)" : " (H200, uniform routing)",
+                  compute.exposed_copy_ms);
       for (int64_t r : {int64_t(2048), int64_t(8192), int64_t(32768)}) {
-        const double compute_s = double(r) / resident_tok_s;
-        const double streamed_s = std::max(compute_s, copy_s) + (1.0 - hidden) * std::min(compute_s, copy_s);
-        std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (bound %.0f; compute %.2f s, copies %.2f s per chunk)\n",
-                    (long long)r, double(r) / (compute_s + copy_s), double(r) / streamed_s, double(r) / std::max(compute_s, copy_s), compute_s,
-                    copy_s);
+        // one chunk of r rows at the start of a prompt
+        const memory::ColdPrefillEstimate one =
+            memory::cold_prefill_estimate(r, r, cfg->n_layers, -1, cfg->window_size, plan->n_experts_per_layer, slots, cfg->n_activated_experts,
+                                          double(plan->expert_bytes), rates.h2d_bytes_per_s, compute);
+        const double compute_s = cfg->n_layers * compute.layer_ms(double(r), 0.5 * double(r)) * 1e-3;
+        std::printf("  %6lld-row chunks: serial %.0f tok/s, streamed %.0f tok/s (compute %.2f s, copies %.2f s per chunk)\n", (long long)r,
+                    double(r) / one.serial_s, double(r) / one.streamed_s, compute_s, one.copy_s);
       }
       if (rows > 0) {
         // The prediction `bench --cold-prefill` checks: a prompt of --context tokens in the
@@ -248,10 +252,10 @@ int run_probe(const ProbeArgs& a) {
         const int64_t chunk = memory::prefill_balanced_chunk(rows, ctx);
         const memory::ColdPrefillEstimate e =
             memory::cold_prefill_estimate(ctx, chunk, cfg->n_layers, cfg->decoder_start, cfg->window_size, plan->n_experts_per_layer, slots,
-                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s, hidden, true);
+                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, compute, true);
         const memory::ColdPrefillEstimate routed =
             memory::cold_prefill_estimate(ctx, chunk, cfg->n_layers, cfg->decoder_start, cfg->window_size, plan->n_experts_per_layer, slots,
-                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, resident_tok_s, hidden, false);
+                                          cfg->n_activated_experts, double(plan->expert_bytes), rates.h2d_bytes_per_s, compute, false);
         std::printf("  a %lld-token prompt cold in %lld chunk(s) of %lld rows: serial %.0f tok/s (%.1f s), streamed %.0f tok/s (%.1f s)\n",
                     (long long)ctx, (long long)e.chunks, (long long)chunk, double(ctx) / e.serial_s, e.serial_s, double(ctx) / e.streamed_s,
                     e.streamed_s);
@@ -379,13 +383,12 @@ Runner add_probe(CLI::App& app) {
   app.add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");
   app.add_option("--prefill-budget-gib", a->prefill_budget_gib,
                  "HBM for one prefill step when sizing the cold-prefill chunk (default: the plan's workspace; bench --cold-prefill prints its own)");
-  app.add_option("--prefill-tok-s", a->prefill_tok_s,
-                 "cold prefill: the compute rate of a chunk that reaches every expert (default: measured on the H200, 2,274 tok/s)")
+  app.add_option("--prefill-layer-ms", a->prefill_layer_ms,
+                 "cold prefill: the fixed compute of a layer step whatever its rows, ms (default: measured on the H200, 34.1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefill-row-us", a->prefill_row_us,
+                 "cold prefill: the compute per row of a layer step, us (default: measured on the H200, 6.23)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--prefill-hidden", a->prefill_hidden,
-                 "cold prefill: share (0..1) of the shorter of copies and compute hidden when the next layer streams (default 0.30, "
-                 "measured; 1 = perfect overlap)")
-      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
       ->check(CLI::Range(1, 8));
   app.add_option("--link-gbps", a->link_gbps, "with --gpus: the GPUs' link rate for the MoE exchanges (default 278: 2 x H200 NVLink, NCCL, 64 MiB one way)")->check(CLI::PositiveNumber);

@@ -288,28 +288,34 @@ uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uin
 }
 
 ColdPrefillEstimate cold_prefill_estimate(int64_t prompt, int64_t chunk, int n_layers, int decoder_start, int64_t window, int experts, int slots,
-                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s, double hidden,
+                                          int top_k, double expert_bytes, double h2d_bytes_per_s, const ColdPrefillCompute& compute,
                                           bool replay_stages_all) {
   ColdPrefillEstimate e;
-  if (prompt <= 0 || chunk <= 0 || n_layers <= 0 || experts <= 0 || h2d_bytes_per_s <= 0 || tok_s <= 0) return e;
-  const double h = std::clamp(hidden, 0.0, 1.0);
-  const auto overlapped = [h](double a, double b) { return std::max(a, b) + (1.0 - h) * std::min(a, b); };
+  const double rate = h2d_bytes_per_s * compute.copy_efficiency;
+  if (prompt <= 0 || chunk <= 0 || n_layers <= 0 || experts <= 0 || !(rate > 0)) return e;
   const double E = experts, missing = std::max(0, experts - slots);
-  const double layer_copy_s = missing * expert_bytes / h2d_bytes_per_s, copy_s = n_layers * layer_copy_s;
+  const double layer_copy_s = missing * expert_bytes / rate;
+  e.copy_s = n_layers * layer_copy_s;
+  // A streamed layer step: the longer of its compute and its copies (+ what a copy-bound step
+  // leaves exposed); nothing to copy, nothing exposed.
+  const auto streamed = [&](double compute_s, double copy_s) {
+    return copy_s > 0 ? std::max(compute_s, copy_s + compute.exposed_copy_ms * 1e-3) : compute_s;
+  };
   const bool replay = decoder_start > 0 && decoder_start < n_layers;
   const int64_t W = std::min(window, prompt);
   for (int64_t s0 = 0; s0 < prompt; s0 += chunk, ++e.chunks) {
     const int64_t n = std::min(chunk, prompt - s0);
-    const double compute_s = double(n) / tok_s;
-    e.serial_s += compute_s + copy_s;
-    e.streamed_s += overlapped(compute_s, copy_s);
+    const double layer_s = compute.layer_ms(double(n), double(s0) + 0.5 * double(n)) * 1e-3;
+    e.serial_s += n_layers * (layer_s + layer_copy_s);
+    e.streamed_s += n_layers * streamed(layer_s, layer_copy_s);
     if (!replay) continue;
-    e.replay_s += decoder_start * overlapped(compute_s / n_layers, layer_copy_s);
+    e.replay_s += decoder_start * streamed(layer_s, layer_copy_s);
     const int64_t d = std::max<int64_t>(0, s0 + n - std::max(s0, prompt - W));  // this chunk's rows that run the decoder
     if (d == 0) continue;
     const double distinct = E * (1.0 - std::pow(1.0 - double(top_k) / E, double(d)));
-    const double dec_copy_s = replay_stages_all ? layer_copy_s : distinct * missing / E * expert_bytes / h2d_bytes_per_s;
-    e.replay_s += (n_layers - decoder_start) * overlapped(double(d) / tok_s / n_layers, dec_copy_s);
+    const double dec_copy_s = replay_stages_all ? layer_copy_s : distinct * missing / E * expert_bytes / rate;
+    const double dec_s = compute.layer_ms(double(d), double(prompt) - 0.5 * double(d)) * 1e-3;
+    e.replay_s += (n_layers - decoder_start) * streamed(dec_s, dec_copy_s);
   }
   return e;
 }

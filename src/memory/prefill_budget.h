@@ -60,35 +60,53 @@ uint64_t prefill_budget_from_free(uint64_t free_bytes, uint64_t total_bytes, uin
 
 // Cold prefill of a `prompt`-token prompt in chunks of `chunk` rows (issue 26; `flashbox probe`
 // prints it, `bench --cold-prefill` measures it): every chunk routes to every expert, so each of
-// the n_layers layers copies its experts - slots non-resident experts (expert_bytes each) at
-// h2d_bytes_per_s per chunk, while the chunk's rows compute at tok_s (every layer the same cost
-// per row). Serial: copies then compute; streamed: per chunk the larger of the two plus the part
-// of the smaller that the overlap does not hide (`hidden`: 1 = perfect overlap, the bound; the
-// H200 hid 0.30 of it in session 22, kColdPrefillHidden). Replay (bounded replay, the CED
-// schedule; decoder_start > 0): the layers before decoder_start as streamed, the decoder layers
-// for the prompt's last `window` rows only; per layer its copies and its compute overlapped the
-// same way. The decoder layers' copies: with `replay_stages_all` (what the CUDA executor does: a
-// layer's prefetch runs before its routing is known and stages every non-resident expert; H200
-// session 22: 9,567 of 10,240 staged experts read at 8K) the same as a streamed layer's, else only
-// the window's distinct experts under uniform routing, experts (1 - (1 - top_k / experts)^rows),
+// the n_layers layers copies its experts - slots non-resident experts (expert_bytes each) per
+// chunk, at h2d_bytes_per_s x copy_efficiency (a prefetch copies each expert as a few separate
+// pieces). A layer step of n rows whose middle sits at position p computes for
+//   fixed_ms + row_us x n / 1000 + ctx_ns x n x p / 1e9 ms
+// (fixed: the expansion of every expert a chunk reaches, the routing's download and the host's
+// tables; per row: GEMMs and the small ops; the attention and the indexers grow with the
+// position). Serial: per layer step its copies, then its compute. Streamed (the next layer's
+// experts copied during this layer's compute): per layer step the longer of the compute and the
+// copies + exposed_copy_ms (what of a copy-bound step is not hidden: the wait between the last
+// copy and the kernels that read it). Replay (bounded replay, the CED schedule; decoder_start > 0):
+// the layers before decoder_start as streamed, the decoder layers over the prompt's last `window`
+// rows only, each step the longer of its compute and its copies. The decoder layers' copies: with
+// `replay_stages_all` (what the CUDA executor does: a layer's prefetch runs before its routing is
+// known and stages every non-resident expert) the same as a streamed layer's, else only the
+// window's distinct experts under uniform routing, experts (1 - (1 - top_k / experts)^rows),
 // (experts - slots) / experts of them not resident (what a prefetch that follows the routing
 // could reach).
+struct ColdPrefillCompute {
+  double fixed_ms = 0;         // per layer step, whatever its rows
+  double row_us = 0;           // per row and layer step
+  double ctx_ns = 0;           // per row, layer step and token of position (attention, indexers)
+  double exposed_copy_ms = 0;  // per streamed layer step that waits on its copies
+  double copy_efficiency = 1;  // the prefetch's copy rate as a share of the measured pinned H2D rate
+  double layer_ms(double rows, double mid_position) const {
+    return fixed_ms + row_us * rows * 1e-3 + ctx_ns * rows * mid_position * 1e-6;
+  }
+};
+
+// Measured on the H200 (session 25, commit 6d4a185, `tools/device_cold_prefill.sh 8192,32768,131072
+// 0` with FB_TRACE=1 FB_REPLAY=1; docs/bench/h200-s25-cold-prefill-6d4a185*): released dims, 384
+// experts, 128 slots, uniform routing. The 32K and 128K prompts (16,384-row chunks) are
+// compute-bound: 139.70 and 150.26 ms per layer step at mean positions 16,384 and 65,536, which
+// gives ctx_ns; the traced 8K chunk's kernels + routing downloads (72.9 + 12.7 ms per layer step
+// (medians), copy-bound at 97.9 ms against 93.5 ms of copies) give the 8,192-row compute, hence
+// row_us and fixed_ms; exposed_copy_ms is that run's step minus its copies; copy_efficiency the
+// copies' 51.3-51.7 GB/s against the 55.1 GB/s pinned peak of the same runs. Fitted on those
+// three prompts; checked out of sample at other prompt sizes in docs/results.md.
+// `flashbox probe --prefill-layer-ms / --prefill-row-us` override fixed_ms / row_us.
+inline constexpr ColdPrefillCompute kColdPrefillH200{34.1, 6.23, 0.0131, 4.4, 0.933};
+
 struct ColdPrefillEstimate {
   int64_t chunks = 0;
   double serial_s = 0, streamed_s = 0, replay_s = 0;  // replay_s 0 without a decoder
+  double copy_s = 0;                                  // one chunk's copies (every layer)
 };
 ColdPrefillEstimate cold_prefill_estimate(int64_t prompt, int64_t chunk, int n_layers, int decoder_start, int64_t window, int experts, int slots,
-                                          int top_k, double expert_bytes, double h2d_bytes_per_s, double tok_s, double hidden = 1.0,
+                                          int top_k, double expert_bytes, double h2d_bytes_per_s, const ColdPrefillCompute& compute,
                                           bool replay_stages_all = false);
-
-// Measured on the H200 (session 22, bench --cold-prefill 8192 at released dims, 384 experts, 128
-// slots, uniform routing: every chunk reaches every expert; docs/bench/h200-s22-cold-prefill-8k-replay.csv):
-// the compute of an 8,192-row chunk, 90.08 ms per layer step (2,274 tok/s over 40 layers), and the
-// share of the shorter side hidden when the next layer's experts stream during this one's compute
-// (154.45 ms per streamed layer step against 90.08 + 91.55 serial: 0.30). Calibrations from one
-// prompt size, not yet checked at 32K and 128K; `flashbox probe --prefill-tok-s / --prefill-hidden`
-// override them.
-inline constexpr double kColdPrefillTokS = 2274.0;
-inline constexpr double kColdPrefillHidden = 0.30;
 
 }  // namespace fb::memory

@@ -205,37 +205,44 @@ TEST(PrefillBudget, ChunkFromFreeHbmLeavesTheMargin) {
 }
 
 // The cold-prefill plan by hand: 4 layers (the decoder from layer 2), 8 experts with 4 slots, top
-// 2, 1 GB experts at 1 GB/s (4 s of copies per layer and chunk), 1,000 tok/s; a 2,000-token prompt
-// in two chunks of 1,000 and a window of 10 rows. Perfect overlap unless a share is given.
+// 2, 1 GB experts at 1 GB/s (4 s of copies per layer and chunk); a layer step computes in 100 ms +
+// 1 ms a row; a 2,000-token prompt in two chunks of 1,000 and a window of 10 rows.
 TEST(ColdPrefillEstimate, ByHand) {
-  const ColdPrefillEstimate e = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0);
+  ColdPrefillCompute c;
+  c.fixed_ms = 100;
+  c.row_us = 1000;
+  const ColdPrefillEstimate e = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, c);
   EXPECT_EQ(e.chunks, 2);
-  EXPECT_DOUBLE_EQ(e.serial_s, 2 * (1.0 + 16.0));
-  EXPECT_DOUBLE_EQ(e.streamed_s, 2 * 16.0);
-  // encoder: 2 layers x max(0.25 s, 4 s) per chunk; decoder, last chunk only: 10 rows reach
+  EXPECT_DOUBLE_EQ(e.copy_s, 16.0);
+  EXPECT_DOUBLE_EQ(e.serial_s, 2 * 4 * (1.1 + 4.0));
+  EXPECT_DOUBLE_EQ(e.streamed_s, 2 * 4 * 4.0) << "copy-bound: the copies per layer step";
+  // encoder: 2 layers x max(1.1 s, 4 s) per chunk; decoder, last chunk only: 10 rows (0.11 s) reach
   // 8 (1 - (3/4)^10) experts, half of them not resident, 2 layers
   const double distinct = 8.0 * (1.0 - std::pow(0.75, 10.0));
   EXPECT_NEAR(e.replay_s, 2 * 2 * 4.0 + 2 * distinct * 0.5, 1e-9);
   EXPECT_LT(e.replay_s, e.streamed_s);
-  // no decoder (decoder_start <= 0): no replay figure; compute-bound chunks stream at the compute rate
-  EXPECT_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0).replay_s, 0.0);
-  EXPECT_DOUBLE_EQ(cold_prefill_estimate(64000, 32000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0).streamed_s, 64.0);
-  // every expert resident: nothing to copy, serial == streamed == compute
-  const ColdPrefillEstimate r = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 8, 2, 1e9, 1e9, 1000.0);
-  EXPECT_DOUBLE_EQ(r.serial_s, 2.0);
-  EXPECT_DOUBLE_EQ(r.streamed_s, 2.0);
-  // partial overlap: the longer side plus the unhidden part of the shorter; 0 hides nothing (serial)
-  const ColdPrefillEstimate half = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 0.5);
-  EXPECT_DOUBLE_EQ(half.streamed_s, 2 * (16.0 + 0.5 * 1.0));
-  EXPECT_NEAR(half.replay_s, 2 * 2 * (4.0 + 0.5 * 0.25) + 2 * (distinct * 0.5 + 0.5 * (10.0 / 1000.0 / 4.0)), 1e-9);
-  const ColdPrefillEstimate none = cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 0.0);
-  EXPECT_DOUBLE_EQ(none.streamed_s, none.serial_s);
-  // a replay that stages every non-resident expert of a decoder layer too: its copies are a streamed
-  // layer's (4 s), the decoder's compute of 10 rows is hidden beneath them
-  const ColdPrefillEstimate all = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 1.0, true);
-  EXPECT_NEAR(all.replay_s, 2 * 2 * 4.0 + 2 * 4.0, 1e-9);
-  // out-of-range shares clamp to [0, 1]
-  EXPECT_DOUBLE_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, 1000.0, 7.0).streamed_s, e.streamed_s);
+  // the executor's replay stages every non-resident expert of a decoder layer: a streamed layer's copies
+  EXPECT_NEAR(cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 4, 2, 1e9, 1e9, c, true).replay_s, 2 * 2 * 4.0 + 2 * 4.0, 1e-9);
+  // no decoder (decoder_start <= 0): no replay figure; compute-bound chunks stream at the compute
+  EXPECT_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, c).replay_s, 0.0);
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(64000, 32000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, c).streamed_s, 2 * 4 * 32.1);
+  // every expert resident: nothing to copy, serial == streamed == compute, nothing exposed
+  c.exposed_copy_ms = 500;
+  const ColdPrefillEstimate r = cold_prefill_estimate(2000, 1000, 4, 2, 10, 8, 8, 2, 1e9, 1e9, c);
+  EXPECT_DOUBLE_EQ(r.serial_s, 2 * 4 * 1.1);
+  EXPECT_DOUBLE_EQ(r.streamed_s, 2 * 4 * 1.1);
+  // a copy-bound step leaves exposed_copy_ms beside its copies; a compute-bound one does not
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, c).streamed_s, 2 * 4 * 4.5);
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(64000, 32000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, c).streamed_s, 2 * 4 * 32.1);
+  // copies at half the H2D rate take twice as long
+  c.exposed_copy_ms = 0;
+  c.copy_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 4, 2, 1e9, 1e9, c).streamed_s, 2 * 4 * 8.0);
+  // the attention's growth with the position: each chunk at its own middle (500 and 1,500)
+  c.copy_efficiency = 1;
+  c.ctx_ns = 2.0;  // 1,000 rows x 500 tokens x 2 ns = 1 ms; x 1,500 = 3 ms
+  EXPECT_DOUBLE_EQ(cold_prefill_estimate(2000, 1000, 4, -1, 10, 8, 8, 2, 1e9, 1e9, c).serial_s, 4 * (1.101 + 1.103));
+  EXPECT_DOUBLE_EQ(c.layer_ms(1000, 500), 1101.0);
 }
 
 }  // namespace
