@@ -193,6 +193,7 @@ struct CudaRunOptions {
   bool tc_prefill = true;             // tensor-core GEMMs for steps made only of prefill rows ...
   int64_t tc_prefill_min_rows = 64;   // ... of at least this many rows
   bool tc_hc_mixes = true;            // the mHC mix dots of those steps on tensor cores as well
+  bool tc_route = true;               // ... and the router's dots (a bf16 matmul, f32 out; route_from_dots in ops.h)
   bool fast_gemv = true;              // kFast: decode/verify/draft GEMVs on the fast kernels (fast_gemv.h)
   bool fast_occupancy = true;         // ... compiled with a register cap for more warps per SM (same bits; A/B in docs/results.md)
   bool tc_gemv = true;                // ... FP8 / MXFP4 ones on the tensor-core kernels of tc_gemv.h (other bits, same guarantees; A/B in docs/results.md)
@@ -246,7 +247,7 @@ struct CudaRunOptions {
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`; several
 // options at once as NAME1+NAME2 = V1+V2 (all set or none):
-// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
+// numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, tc_route, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64).
@@ -493,6 +494,7 @@ class CudaExecutor final : public model::Executor {
   // The mHC mix dots of tensor-core prefill steps on tensor cores too (tc_hc_mixes,
   // [reference-defining]): +17-20% prefill tok/s on the H200, docs/history.md.
   bool tc_hc_mixes_ = true;
+  bool tc_route_ = true;  // the router's dots of those steps on tensor cores (CudaRunOptions::tc_route)
   int64_t tc_min_rows_ = 64;
   bool profile_ = false, kernel_profile_ = false;
   mutable std::map<std::string, OpProfile> prof_;

@@ -41,6 +41,22 @@ __global__ void route_scores_kernel(const uint16_t* u, int64_t T, int64_t D, con
   }
 }
 
+// The same scores from dots computed elsewhere (route_from_dots: a tensor-core matmul of a
+// prefill step): z [T, E] f32 in `biased`, read and overwritten element by element.
+__global__ void route_scores_from_dots_kernel(int64_t T, int E, const float* bias, const float* bias_vl, const uint8_t* image, float gate_temp,
+                                              float* score, float* biased) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= T * E) return;
+  const int64_t t = w / E;
+  const int e = int(w % E);
+  const float* b = (image && image[t] && bias_vl) ? bias_vl : bias;
+  const float s = fm::sqrt_rn(fm::softplus(fm::div(biased[w], gate_temp)));
+  score[w] = s;
+  biased[w] = fm::add(s, b[e]);
+}
+
 __global__ void route_kernel(const float* score_g, const float* biased_g, int E, int top_k, bool norm_topk, float route_scale, int32_t* experts,
                              float* weights) {
   pdl_trigger();  // PDL (pdl.cuh): plain stream order unless launched with the attribute
@@ -392,6 +408,22 @@ Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, in
   FB_CUDA_TRY(launch_pdl(pdl, route_scores_kernel, dim3(blocks_for(T * E, 8)), dim3(256), 0, st, u, T, D, gate_w, E, bias, bias_vl, image, gate_temp,
                          vec, score, biased));
   FB_CUDA_LAUNCHED("route_scores_kernel");
+  FB_CUDA_TRY(launch_pdl(pdl, route_kernel, dim3(unsigned(T)), dim3(256), size_t(2 * E) * sizeof(float), st, score, biased, E, top_k, norm_topk,
+                         route_scale, experts, weights));
+  FB_CUDA_LAUNCHED("route_kernel");
+  return Status();
+}
+
+Status route_from_dots(int64_t T, int E, const float* bias, const float* bias_vl, const uint8_t* image, int top_k, float gate_temp, bool norm_topk,
+                       float route_scale, int32_t* experts, float* weights, float* scratch, cudaStream_t st) {
+  FB_CHECK(top_k >= 1 && top_k <= kMaxTopK && top_k <= E && scratch) << "top_k " << top_k << " of " << E;
+  if (T == 0) return Status();
+  float* score = scratch;
+  float* biased = scratch + T * E;
+  const bool pdl = fast_pdl();
+  FB_CUDA_TRY(launch_pdl(pdl, route_scores_from_dots_kernel, dim3(blocks_for(T * E, 256)), dim3(256), 0, st, T, E, bias, bias_vl, image, gate_temp,
+                         score, biased));
+  FB_CUDA_LAUNCHED("route_scores_from_dots_kernel");
   FB_CUDA_TRY(launch_pdl(pdl, route_kernel, dim3(unsigned(T)), dim3(256), size_t(2 * E) * sizeof(float), st, score, biased, E, top_k, norm_topk,
                          route_scale, experts, weights));
   FB_CUDA_LAUNCHED("route_kernel");

@@ -388,6 +388,38 @@ __global__ void hc_post_kernel(const uint16_t* y, const uint16_t* x, int64_t T, 
   out[i] = to_bf(fm::add(fm::mul(mx.post[b], bf(y[t * dim + d])), s));
 }
 
+// hc_post_kernel by 8 dims a thread (prefill chunks: tens of thousands of rows): the row's HC
+// streams of x and y read as 16-byte vectors once, the HC outputs of those 8 dims written as
+// 16-byte vectors; a row per blockIdx.y (no 64-bit division per element). Every output is the
+// same operations in the same order as hc_post_kernel's: the same bits.
+template <int HC>
+__global__ void hc_post_vec_kernel(const uint16_t* __restrict__ y, const uint16_t* __restrict__ x, int64_t dim, const HcMix* __restrict__ mix,
+                                   uint16_t* __restrict__ out) {
+  const int64_t t = blockIdx.y;
+  const int64_t d0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (d0 >= dim) return;
+  const HcMix& mx = mix[t];
+  const uint16_t* xr = x + t * HC * dim + d0;
+  uint4 xv[HC];
+#pragma unroll
+  for (int a = 0; a < HC; ++a) xv[a] = __ldg(reinterpret_cast<const uint4*>(xr + a * dim));
+  const uint4 yv = __ldg(reinterpret_cast<const uint4*>(y + t * dim + d0));
+  const uint16_t* yh = reinterpret_cast<const uint16_t*>(&yv);
+#pragma unroll
+  for (int b = 0; b < HC; ++b) {
+    uint4 o;
+    uint16_t* oh = reinterpret_cast<uint16_t*>(&o);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s = 0.0f;
+#pragma unroll
+      for (int a = 0; a < HC; ++a) s = fm::add(s, fm::mul(mx.comb[a * HC + b], bf(reinterpret_cast<const uint16_t*>(&xv[a])[j])));
+      oh[j] = to_bf(fm::add(fm::mul(mx.post[b], bf(yh[j])), s));
+    }
+    reinterpret_cast<uint4*>(out + t * HC * dim + int64_t(b) * dim + d0)[0] = o;
+  }
+}
+
 __global__ void hc_take_pre_kernel(const HcMix* mix, int64_t T, int hc, float* pre) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < T * hc) pre[i] = mix[i / hc].pre[i % hc];
@@ -530,6 +562,12 @@ Status hc_pre(const uint16_t* x, int64_t n, const int32_t* rows, int hc, int64_t
 
 Status hc_post(const uint16_t* y, const uint16_t* x, int64_t T, int hc, int64_t dim, const HcMix* mix, uint16_t* out, cudaStream_t st) {
   if (T == 0) return Status();
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (hc == 4 && dim % 8 == 0 && T <= 65535 && a16(y) && a16(x) && a16(out)) {
+    hc_post_vec_kernel<4><<<dim3(blocks_for(dim / 8, 128), unsigned(T)), 128, 0, st>>>(y, x, dim, mix, out);
+    FB_CUDA_LAUNCHED("hc_post_vec_kernel");
+    return Status();
+  }
   hc_post_kernel<<<blocks_for(T * hc * dim, 256), 256, 0, st>>>(y, x, T, hc, dim, mix, out);
   FB_CUDA_LAUNCHED("hc_post_kernel");
   return Status();

@@ -153,6 +153,11 @@ Status scale_bf16(uint16_t* x, int64_t n, float s, cudaStream_t st);
 Status route(const uint16_t* u, int64_t T, int64_t D, const uint16_t* gate_w, int E, const float* bias, const float* bias_vl,
              const uint8_t* image, int top_k, float gate_temp, bool norm_topk, float route_scale, int32_t* experts, float* weights, float* scratch,
              cudaStream_t st);
+// route() from dots computed elsewhere: scratch + T * E holds z = u . gate_w^T [T, E] (f32; a
+// prefill step's tensor-core matmul); the scores, biased scores and selection as route() makes
+// them from its own dots.
+Status route_from_dots(int64_t T, int E, const float* bias, const float* bias_vl, const uint8_t* image, int top_k, float gate_temp, bool norm_topk,
+                       float route_scale, int32_t* experts, float* weights, float* scratch, cudaStream_t st);
 // act_quant(swiglu(a, b) [x weight[m]]) into q without storing h (n % 32 == 0): the codes and
 // scales swiglu followed by act_quant give.
 Status swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q, cudaStream_t st);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -304,6 +305,70 @@ TEST(CudaOps, TensorCoreHcMixes) {
   }
   EXPECT_LE(worst, 1e-3);
   std::printf("[ tc ] hc mixes T=%lld: worst |tc - cpu| = %.3g (tolerance 1e-3)\n", (long long)T, worst);
+}
+
+// The router of tensor-core prefill steps (CudaRunOptions::tc_route): the dots u . gate_w^T as a
+// bf16 matmul with f32 output (every product exact, the f32 sum in the tensor cores' order), then
+// route_from_dots. (1) The scores and biased scores are route()'s formulas of the dots, bit for bit
+// (checked on the host from the dots themselves, image rows on the second bias); (2) against
+// route()'s own dots: scores within 1e-5 relative, the same experts except where the exact
+// biased scores tie within 1e-4 at the k-th place, the weights within 1e-5 where the picks agree.
+TEST(CudaOps, TensorCoreRouteFromDots) {
+  NEED_GPU();
+  auto tc = make_tc();
+  ASSERT_TRUE(tc);
+  Rng rng(31);
+  const int64_t T = 96, D = 512;
+  const int E = 64, K = 6;
+  const float temp = 1.5f, scale = 2.5f;
+  const auto u = rng.act(T * D);
+  std::vector<bf16_t> gw(size_t(E) * D);
+  for (auto& x : gw) x = bf16_bits_from_f32(rng.normal(0.05f));
+  std::vector<float> bias(E), bias_vl(E);
+  for (int e = 0; e < E; ++e) {
+    bias[size_t(e)] = rng.normal(0.01f);
+    bias_vl[size_t(e)] = rng.normal(0.01f);
+  }
+  std::vector<uint8_t> image(size_t(T), 0);
+  for (int64_t t = 0; t < T; t += 5) image[size_t(t)] = 1;
+  Dev<bf16_t> du(u), dw(gw);
+  Dev<float> db(bias), dbv(bias_vl);
+  Dev<uint8_t> dimg(image);
+  Dev<float> s1(size_t(2 * T * E)), s2(size_t(2 * T * E)), w1(size_t(T * K)), w2(size_t(T * K));
+  Dev<int32_t> e1(size_t(T * K)), e2(size_t(T * K));
+  ASSERT_TRUE(route(du.p(), T, D, dw.p(), E, db.p(), dbv.p(), dimg.p(), K, temp, true, scale, e1.p(), w1.p(), s1.p(), nullptr).ok());
+  ASSERT_TRUE(tc->matmul(du.p(), T, D, D, dw.p(), E, s2.p() + T * E, E, GemmOut::kF32, 1, 0, 0, 0, nullptr).ok());
+  const auto z = s2.get();  // the dots, before route_from_dots overwrites them
+  ASSERT_TRUE(route_from_dots(T, E, db.p(), dbv.p(), dimg.p(), K, temp, true, scale, e2.p(), w2.p(), s2.p(), nullptr).ok());
+  const auto a = s1.get(), b = s2.get(), wa = w1.get(), wb = w2.get();
+  const auto ea = e1.get(), eb = e2.get();
+  // (1) the formulas, bit for bit
+  for (int64_t i = 0; i < T * E; ++i) {
+    const int64_t t = i / E;
+    const float s = fm::sqrt_rn(fm::softplus(fm::div(z[size_t(T * E + i)], temp)));
+    const float bb = fm::add(s, (image[size_t(t)] ? bias_vl : bias)[size_t(i % E)]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(b[size_t(i)]), std::bit_cast<uint32_t>(s)) << "score " << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(b[size_t(T * E + i)]), std::bit_cast<uint32_t>(bb)) << "biased " << i;
+  }
+  // (2) against route()'s dots
+  double worst = 0;
+  int differ = 0;
+  for (int64_t i = 0; i < T * E; ++i) worst = std::max(worst, std::fabs(double(a[size_t(i)]) - b[size_t(i)]) / (1.0 + std::fabs(a[size_t(i)])));
+  for (int64_t t = 0; t < T; ++t) {
+    bool same = true;
+    for (int k = 0; k < K; ++k) same = same && ea[size_t(t * K + k)] == eb[size_t(t * K + k)];
+    if (same) {
+      for (int k = 0; k < K; ++k) EXPECT_NEAR(wa[size_t(t * K + k)], wb[size_t(t * K + k)], 1e-5) << "row " << t;
+      continue;
+    }
+    ++differ;
+    std::vector<float> v(a.begin() + (T + t) * E, a.begin() + (T + t + 1) * E);
+    std::sort(v.begin(), v.end(), std::greater<float>());
+    EXPECT_LE(v[size_t(K - 1)] - v[size_t(K)], 1e-4) << "row " << t << " picks other experts without a near tie";
+  }
+  EXPECT_LE(worst, 1e-5);
+  std::printf("[ tc ] router from tensor-core dots T=%lld E=%d: worst score difference %.3g (relative), %d of %lld rows pick otherwise\n",
+              (long long)T, E, worst, differ, (long long)T);
 }
 
 // Issue 26: memory::prefill_step_bytes counts each scratch slot at 9/8 of its largest request

@@ -72,6 +72,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "tc_prefill_min_rows") return integer(1, std::numeric_limits<int64_t>::max(), o.tc_prefill_min_rows);
   if (name == "tc_prefill") return flag(o.tc_prefill);
   if (name == "tc_hc_mixes") return flag(o.tc_hc_mixes);
+  if (name == "tc_route") return flag(o.tc_route);
   if (name == "fast_gemv") return flag(o.fast_gemv);
   if (name == "fast_occupancy") return flag(o.fast_occupancy);
   if (name == "tc_gemv") return flag(o.tc_gemv);
@@ -115,7 +116,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
     return Status();
   }
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
-                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
+                                    << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, tc_route, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads)";
 }
@@ -127,6 +128,7 @@ void CudaExecutor::set_run_options(const CudaRunOptions& o) {
   tc_on_ = fast && o.tc_prefill;
   tc_min_rows_ = std::max<int64_t>(1, o.tc_prefill_min_rows);
   tc_hc_mixes_ = fast && o.tc_hc_mixes;
+  tc_route_ = fast && o.tc_route;
   fast_gemv_ = fast && o.fast_gemv;
   set_fp8_gemv_fma(o.fp8_fma);  // exact either way (same bits)
   set_fast_gemv_occupancy(o.fast_occupancy);  // process-wide, same bits either way
