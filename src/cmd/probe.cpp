@@ -387,7 +387,7 @@ Runner add_probe(CLI::App& app) {
                  "cold prefill: the fixed compute of a layer step whatever its rows, ms (default: measured on the H200, 34.1)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-row-us", a->prefill_row_us,
-                 "cold prefill: the compute per row of a layer step, us (default: measured on the H200, 6.23)")
+                 "cold prefill: the compute per row of a layer step, us (default: measured on the H200, 5.49)")
       ->check(CLI::PositiveNumber);
   app.add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
       ->check(CLI::Range(1, 8));

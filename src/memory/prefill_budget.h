@@ -88,17 +88,20 @@ struct ColdPrefillCompute {
   }
 };
 
-// Measured on the H200 (session 25, commit 6d4a185, `tools/device_cold_prefill.sh 8192,32768,131072
-// 0` with FB_TRACE=1 FB_REPLAY=1; docs/bench/h200-s25-cold-prefill-6d4a185*): released dims, 384
-// experts, 128 slots, uniform routing. The 32K and 128K prompts (16,384-row chunks) are
-// compute-bound: 139.70 and 150.26 ms per layer step at mean positions 16,384 and 65,536, which
-// gives ctx_ns; the traced 8K chunk's kernels + routing downloads (72.9 + 12.7 ms per layer step
-// (medians), copy-bound at 97.9 ms against 93.5 ms of copies) give the 8,192-row compute, hence
-// row_us and fixed_ms; exposed_copy_ms is that run's step minus its copies; copy_efficiency the
-// copies' 51.3-51.7 GB/s against the 55.1 GB/s pinned peak of the same runs. Fitted on those
-// three prompts; checked out of sample at other prompt sizes in docs/results.md.
+// Measured on the H200 (session 25; docs/bench/h200-s25-cold-prefill-*): released dims, 384
+// experts, 128 slots, uniform routing. At 6d4a185 (`tools/device_cold_prefill.sh 8192,32768,131072
+// 0` with FB_TRACE=1 FB_REPLAY=1) the 32K and 128K prompts (16,384-row chunks) are compute-bound:
+// 139.70 and 150.26 ms per layer step at mean positions 16,384 and 65,536, which gives ctx_ns; the
+// traced 8K chunk's kernels + routing downloads (72.9 + 12.7 ms per layer step (medians),
+// copy-bound at 97.9 ms against 93.5 ms of copies) give the 8,192-row compute, hence fixed_ms (and
+// row_us 6.23); exposed_copy_ms is that run's step minus its copies; copy_efficiency the copies'
+// 51.3-51.7 GB/s against the 55.1 GB/s pinned peak of the same runs. Checked out of sample on
+// 16K / 64K / 96K prompts (one 16,384-row chunk, 3 x 22,528, 5 x 20,480): measured / plan 0.91 /
+// 1.05 / 1.03 streamed, 0.94 / 1.08 / 1.07 with bounded replay. Then 881f21b took two per-row
+// costs off the step (the router's dots on tensor cores, hc_post by 16-byte vectors): row_us
+// refitted on its 32K run (127.55 ms per layer step), the rest unchanged.
 // `flashbox probe --prefill-layer-ms / --prefill-row-us` override fixed_ms / row_us.
-inline constexpr ColdPrefillCompute kColdPrefillH200{34.1, 6.23, 0.0131, 4.4, 0.933};
+inline constexpr ColdPrefillCompute kColdPrefillH200{34.1, 5.49, 0.0131, 4.4, 0.933};
 
 struct ColdPrefillEstimate {
   int64_t chunks = 0;
