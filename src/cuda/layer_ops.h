@@ -37,11 +37,7 @@ using model::Row;
 using model::RowKind;
 using model::Site;
 
-
-
 inline uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
-
 
 // ---------------------------------------------------------------------------------------------
 // Sublayer ops shared by the backbone and the draft (cpu::CpuLayerOps). Activations are device
@@ -391,17 +387,14 @@ class CudaLayerOps {
       step(fast_fp8_gemv_q(sq, T_, w.sh_w2, ys, side));
       step(cuda_status(cudaEventRecord(m_.join_, side), "moe join"));
     }
-    if (tc_ && T_ >= kTcMinGemmRows && m_.tc_route_ &&
-        tc_gemm_shape_ok(u_, D, D, 0, w.gate_w, 0, route_biased_, r.n_experts, 0, GemmOut::kF32)) {
-      // prefill rows: the router's dots as one tensor-core matmul into the biased half of the
-      // scratch, then route()'s formulas and selection on them ([reference-defining], tc_gemm.h)
+    // prefill rows: the router's dots as one tensor-core matmul into the biased scores' half of the scratch ([reference-defining])
+    if (tc_ && T_ >= kTcMinGemmRows && m_.tc_route_ && tc_gemm_shape_ok(u_, D, D, 0, w.gate_w, 0, route_biased_, r.n_experts, 0, GemmOut::kF32)) {
       step(tc_->matmul(u_, T_, D, D, w.gate_w, r.n_experts, route_scratch + T_ * r.n_experts, r.n_experts, GemmOut::kF32, 1, 0, 0, 0, st_));
       step(route_from_dots(T_, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale, experts,
                            weights, route_scratch, st_));
-    } else {
+    } else
       step(route(u_, T_, D, w.gate_w, r.n_experts, w.gate_bias, w.gate_bias_vl, image_, int(K), c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
                  experts, weights, route_scratch, st_));
-    }
     bool shared_done = overlap;
     auto shared = [&] {  // independent of the routed experts: issued while their copies run
       if (shared_done) return;
