@@ -19,7 +19,8 @@
 #      FB_DRIVE_RECORDS (per file, 64), FB_RUN_TIMEOUT (s per setting, 150).
 # Logs and the CSVs go to $OUT (or /tmp/fb_out); the table is printed LAST. The plan to compare
 # with: `flashbox probe --drive-gbps G --expert-slots S --host-experts H ...` with the drives' rate
-# the run measured (docs/tiers.md).
+# the run measured, or the rate `probe --store` reads from the run's own record files after it
+# (printed per setting; docs/tiers.md).
 set -u
 SETTINGS=${1:-"96:64 128:64 128:1536 128:64:0@400:unlink"}
 SKEW=${2:-0.45}
@@ -57,6 +58,10 @@ for s in $SETTINGS; do
   row "slots $S host $H${F1:+ fault $F1:$F2}" "rc=$? $(($(date +%s) - s0))s"
   grep -E "^bench: drive" "$LOG/db_$tag.err" | cut -c1-330 | sed 's/^bench: /  /' >>"$T"
   grep -iE "error|fail" "$LOG/db_$tag.err" | head -3 | cut -c1-200 | sed 's/^/  /' >>"$T"
+  # The plan's drive rate read from this run's own record files, as the reader reads them
+  # (`probe --store`, nothing written), right after the run: the rate to plan this setting with.
+  timeout 60 $FB probe --store "$W/d0" --store "$W/d1" --dir "$W" --seconds 2 --file-mib 256 --no-sim >"$LOG/db_probe_$tag.log" 2>&1
+  grep -E "^(drives reading the store|drives together|probe:)" "$LOG/db_probe_$tag.log" | cut -c1-220 | sed 's/^/  probe: /' >>"$T"
 done
 rm -rf "$W"
 row total "$(($(date +%s) - t0))s"

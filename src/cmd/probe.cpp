@@ -33,6 +33,7 @@ constexpr double kGB = 1e9;
 
 struct ProbeArgs {
   std::vector<std::string> dirs;
+  std::vector<std::string> stores;  // replica dirs holding the records the drive tier will read (experts.fbx or records.bin)
   std::string model;
   double seconds = 2.0;
   int file_mib = 1024;
@@ -152,6 +153,21 @@ int run_probe(const ProbeArgs& a) {
       drive_total = *together;
     } else {
       std::printf("drives together: %s (the plan uses the dirs' random 1M rates summed)\n", together.status().to_string().c_str());
+    }
+    if (!a.stores.empty()) {
+      // The same pattern on the records the tier will read (no scratch file): their devices,
+      // their place on them and whatever caches them. The plan takes this rate when given.
+      auto files = storage::record_files_in(a.stores, shape.record_bytes);
+      auto rate = files.ok() ? storage::probe_record_files(*files, a.seconds, shape) : Result<double>(files.status());
+      if (rate.ok()) {
+        std::printf("drives reading the store (%zu replica%s, %llu records of %.1f MB from %s): %.2f GB/s (the plan's drive rate)\n",
+                    files->paths.size(), files->paths.size() == 1 ? "" : "s", (unsigned long long)files->n_records,
+                    double(files->record_bytes) / 1e6, files->paths.front().c_str(), *rate / kGB);
+        drive_total = *rate;
+      } else {
+        std::fprintf(stderr, "probe: --store: %s\n", rate.status().to_string().c_str());
+        return 2;
+      }
     }
   }
 
@@ -367,6 +383,9 @@ int run_probe(const ProbeArgs& a) {
 Runner add_probe(CLI::App& app) {
   auto a = std::make_shared<ProbeArgs>();
   app.add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
+  app.add_option("--store", a->stores,
+                 "replica dirs of the expert store (experts.fbx from flashbox convert, or the drive bench's records.bin): also read "
+                 "its records as the expert reader does and plan with that rate (repeatable; nothing is written)");
   app.add_option("--model", a->model, "snapshot folder or config.json (default: the released config)");
   app.add_flag("--no-sim", a->no_sim, "skip the simulated LFU hit rates (a few seconds)");
   app.add_option("--seconds", a->seconds, "seconds per drive measurement");

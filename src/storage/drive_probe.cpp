@@ -1,6 +1,7 @@
 #include "storage/drive_probe.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "storage/aligned_buffer.h"
+#include "storage/expert_store.h"
 #include "storage/io_engine.h"
 
 namespace fb::storage {
@@ -23,8 +25,9 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 // record_bytes > 0: the reads walk whole records as the expert reader reads a missed record (its
 // block-sized chunks in order, from a record at a random record-aligned offset), each fd's reads
 // taking the next chunk of that fd's current record.
+// base: the records' first byte (files that hold records after a header); file_bytes counts from it.
 Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_bytes, uint32_t block, int depth, bool random, double seconds,
-                       uint64_t record_bytes = 0, const std::function<void(size_t, uint64_t, uint32_t)>& on_read = {}) {
+                       uint64_t record_bytes = 0, const std::function<void(size_t, uint64_t, uint32_t)>& on_read = {}, uint64_t base = 0) {
   const size_t n_fd = fds.size();
   std::vector<AlignedBuffer> bufs;
   for (size_t i = 0; i < n_fd * size_t(depth); ++i) bufs.emplace_back(block);
@@ -39,7 +42,7 @@ Result<double> measure(IoEngine& io, const std::vector<int>& fds, uint64_t file_
   auto offset = [&](size_t f, size_t buf) -> uint64_t {
     if (record_bytes == 0) return (random ? rng() % n_blocks : next[f]++ % n_blocks) * block;
     if (rec_pos[f] >= record_bytes) {
-      rec_start[f] = (rng() % n_records) * rec_stride;
+      rec_start[f] = base + (rng() % n_records) * rec_stride;
       rec_pos[f] = 0;
     }
     const uint64_t off = rec_start[f] + rec_pos[f];
@@ -168,6 +171,64 @@ Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint6
   }
   auto io = make_io_engine(true, unsigned(std::max<size_t>(64, fds.size() * size_t(depth_per_dir))));
   auto rate = measure(*io, fds, file_bytes, block, depth_per_dir, true, seconds, record_bytes, on_read);
+  close_all();
+  return rate;
+}
+
+Result<RecordFiles> record_files_in(const std::vector<std::string>& dirs, uint64_t record_bytes) {
+  if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no replica dirs to read records from";
+  RecordFiles f;
+  for (const std::string& d : dirs) {
+    const std::string store = d + "/" + kStoreFile, flat = d + "/records.bin";
+    uint64_t base = 0, n = 0, rec = 0;
+    if (::access(store.c_str(), R_OK) == 0) {
+      auto s = FB_TRY(ExpertStore::open(d));
+      base = s->data_start();
+      n = uint64_t(s->n_records());
+      rec = s->layout().stride_bytes;
+    } else if (::access(flat.c_str(), R_OK) == 0) {
+      if (record_bytes == 0) return FB_ERROR(kInvalidArgument) << flat << ": the record size is needed to read it";
+      struct stat st;
+      if (::stat(flat.c_str(), &st) != 0) return FB_ERROR(kIo) << flat << ": " << std::strerror(errno);
+      rec = (record_bytes + 4095) / 4096 * 4096;
+      n = uint64_t(st.st_size) / rec;
+    } else {
+      return FB_ERROR(kNotFound) << d << ": neither " << kStoreFile << " nor records.bin";
+    }
+    if (n == 0) return FB_ERROR(kInvalidArgument) << d << ": no whole record of " << rec << " bytes";
+    if (!f.paths.empty() && (base != f.base || rec != f.record_bytes))
+      return FB_ERROR(kInvalidArgument) << d << ": its records are laid out unlike " << f.paths.front() << "'s";
+    f.paths.push_back(::access(store.c_str(), R_OK) == 0 ? store : flat);
+    f.base = base;
+    f.record_bytes = rec;
+    f.n_records = f.n_records == 0 ? n : std::min(f.n_records, n);
+  }
+  return f;
+}
+
+Result<double> probe_record_files(const RecordFiles& files, double seconds, const DriveProbeShape& shape) {
+  if (files.paths.empty() || files.n_records == 0 || files.record_bytes == 0) return FB_ERROR(kInvalidArgument) << "no records to read";
+  if (shape.block == 0 || shape.block % 4096 != 0 || shape.depth_per_dir < 1)
+    return FB_ERROR(kInvalidArgument) << "probe reads of " << shape.block << " bytes, " << shape.depth_per_dir << " in flight: need a multiple of 4 KiB and >= 1";
+  if (files.base % 4096 != 0) return FB_ERROR(kInvalidArgument) << "records from offset " << files.base << ": not 4 KiB aligned";
+  std::vector<int> fds;
+  auto close_all = [&] {
+    for (int fd : fds) ::close(fd);
+  };
+  for (const std::string& p : files.paths) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0) fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      close_all();
+      return FB_ERROR(kIo) << p << ": " << std::strerror(errno);
+    }
+    fds.push_back(fd);
+  }
+  // Reads of a record's last chunk round up to 4 KiB: within the record's stride.
+  const uint64_t stride = (files.record_bytes + 4095) / 4096 * 4096;
+  auto io = make_io_engine(true, unsigned(std::max<size_t>(64, fds.size() * size_t(shape.depth_per_dir))));
+  auto rate = measure(*io, fds, files.n_records * stride, shape.block, shape.depth_per_dir, true, seconds, files.record_bytes, shape.on_read,
+                      files.base);
   close_all();
   return rate;
 }

@@ -51,4 +51,23 @@ DriveProbeShape reader_probe_shape(const ReaderOptions& ro, uint64_t record_byte
 // The expert reader's pattern (reader_probe_shape); the file grows to hold >= 4 records.
 Result<double> probe_drives_together(const std::vector<std::string>& dirs, uint64_t file_bytes, double seconds, const DriveProbeShape& shape);
 
+// Records that already lie in files, one file per replica dir: DIR/experts.fbx (a store written
+// by `flashbox convert`; its records from data_start()) or DIR/records.bin (the drive bench's flat
+// record file, storage/record_file.h, from offset 0). The same base and count in every file (the
+// smallest count when they differ).
+struct RecordFiles {
+  std::vector<std::string> paths;
+  uint64_t base = 0;          // the first record's offset
+  uint64_t n_records = 0;     // records from base
+  uint64_t record_bytes = 0;  // one record (the store's stride; records.bin: the record size asked for)
+};
+// DIR/experts.fbx when present (validated as ExpertStore::open does), else DIR/records.bin of
+// record_bytes records; an error names a dir that has neither or a file with no whole record.
+Result<RecordFiles> record_files_in(const std::vector<std::string>& dirs, uint64_t record_bytes);
+// The expert reader's pattern (shape: chunk and depth per file; shape.record_bytes is replaced by
+// the files') on those files, read together for `seconds`, O_DIRECT where the file system allows,
+// nothing written: the rate the drive tier gets from these very bytes (their devices, their
+// place on them and whatever caches them), which a fresh scratch file need not show.
+Result<double> probe_record_files(const RecordFiles& files, double seconds, const DriveProbeShape& shape);
+
 }  // namespace fb::storage

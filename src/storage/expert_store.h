@@ -58,6 +58,9 @@ class ExpertStore {
   int n_experts(int layer) const { return n_experts_[size_t(layer)]; }
   uint64_t record_offset(int layer, int e) const;
   uint32_t record_crc(int layer, int e) const;
+  // The records lie one after another from data_start() (record_offset's order), n_records() of them.
+  uint64_t data_start() const { return data_start_; }
+  int64_t n_records() const { return int64_t(crcs_.size()); }
   // Reads every record through `reader` and checks its CRC (convert runs it on each replica).
   // `progress` (optional) gets (records checked, records) every 64 records and at the end.
   Status verify_all(ReplicaReader& reader, const std::function<void(int64_t, int64_t)>& progress = {}) const;

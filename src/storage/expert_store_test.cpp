@@ -12,6 +12,7 @@
 
 #include "loader/bind.h"
 #include "loader/tiny_model.h"
+#include "storage/drive_probe.h"
 #include "storage/record_file.h"
 #include "storage/route_sim.h"
 #include "storage/tiered_experts.h"
@@ -437,6 +438,75 @@ TEST_F(RecordFileTest, CyclicRecordsThroughTheTiers) {
   std::vector<model::ExpertWeights> w;
   auto bad = write_record_file((t.p / "nodir/x.bin").string(), *lay, 1, [&](int) { return direct.expert(first, 0); });
   EXPECT_EQ(bad.code(), StatusCode::kIo);
+}
+
+// probe --store: the reader's pattern on the records the tier will read, in place. The store's
+// experts.fbx on each replica (records from data_start(), its stride) and the drive bench's
+// records.bin (from 0, the stride asked for) are found and read record by record, nothing
+// written; a dir with neither, a records.bin without a record size or a whole record, and
+// replicas laid out differently are refused.
+TEST_F(ExpertStoreTest, ProbeReadsTheStoreInPlace) {
+  const std::string a = (t.p / "pa").string(), b = (t.p / "pb").string(), c = (t.p / "pc").string(), none = (t.p / "pn").string();
+  fs::create_directories(c);
+  fs::create_directories(none);
+  ASSERT_TRUE(write_expert_store(*snap, a, {b}).ok());
+  auto store = ExpertStore::open(a);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  const uint64_t stride = (*store)->layout().stride_bytes, base = (*store)->data_start();
+  const uint64_t n = uint64_t((*store)->n_records());
+  ASSERT_GT(n, 0u);
+  EXPECT_EQ((*store)->record_offset(0, 0) >= base, true);
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::string before = slurp(a + "/" + kStoreFile);
+  auto files = record_files_in({a, b}, 12345);
+  ASSERT_TRUE(files.ok()) << files.status().to_string();
+  ASSERT_EQ(files->paths.size(), 2u);
+  EXPECT_EQ(files->paths[0], a + "/" + kStoreFile);
+  EXPECT_EQ(files->base, base);
+  EXPECT_EQ(files->n_records, n);
+  EXPECT_EQ(files->record_bytes, stride) << "a store's records are its stride, whatever size was asked";
+  ReaderOptions ro;
+  ro.chunk_bytes = 4096;  // several chunks a record when records are larger
+  ro.queue_depth_per_drive = 3;
+  DriveProbeShape shape = reader_probe_shape(ro, 1);
+  size_t reads = 0;
+  std::vector<uint64_t> first_in_record;
+  shape.on_read = [&](size_t f, uint64_t off, uint32_t len) {
+    ++reads;
+    EXPECT_LT(f, 2u);
+    EXPECT_GE(off, base);
+    EXPECT_LE(off + len, base + n * stride) << "a read past the records";
+    EXPECT_EQ((off - base) % 4096, 0u);
+  };
+  auto rate = probe_record_files(*files, 0.1, shape);
+  ASSERT_TRUE(rate.ok()) << rate.status().to_string();
+  EXPECT_GT(*rate, 0.0);
+  EXPECT_GE(reads, 6u);
+  EXPECT_EQ(slurp(a + "/" + kStoreFile), before) << "the probe wrote to the store";
+  // The drive bench's flat record file: from offset 0, records of the size asked (rounded to 4 KiB),
+  // a partial record at the end not counted.
+  {
+    std::ofstream f(c + "/records.bin", std::ios::binary);
+    const std::string bytes(size_t(3 * 8192 + 100), 'x');
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  auto flat = record_files_in({c}, 8000);
+  ASSERT_TRUE(flat.ok()) << flat.status().to_string();
+  EXPECT_EQ(flat->paths[0], c + "/records.bin");
+  EXPECT_EQ(flat->base, 0u);
+  EXPECT_EQ(flat->record_bytes, 8192u);
+  EXPECT_EQ(flat->n_records, 3u);
+  shape.on_read = [&](size_t, uint64_t off, uint32_t len) { EXPECT_LE(off + len, 3u * 8192u); };
+  EXPECT_TRUE(probe_record_files(*flat, 0.05, shape).ok());
+  EXPECT_EQ(record_files_in({c}, 0).status().code(), StatusCode::kInvalidArgument) << "records.bin needs the record size";
+  EXPECT_EQ(record_files_in({c}, 1 << 20).status().code(), StatusCode::kInvalidArgument) << "no whole record";
+  EXPECT_EQ(record_files_in({none}, 8000).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(record_files_in({}, 8000).status().code(), StatusCode::kInvalidArgument);
+  if (base != 0 || stride != 8192) EXPECT_FALSE(record_files_in({a, c}, 8000).ok()) << "replicas laid out differently";
+  EXPECT_FALSE(probe_record_files(RecordFiles{}, 0.05, shape).ok());
 }
 
 // Reads started at routing time hide drive latency: a drive that serves one record per 20 ms,
