@@ -13,6 +13,9 @@ TEST(CudaRunOptions, FlagsIntegersAndErrors) {
   EXPECT_TRUE(cuda::set_run_option(o, "numerics", "exact").ok());
   EXPECT_EQ(o.numerics, cuda::Numerics::kExact);
   EXPECT_FALSE(cuda::set_run_option(o, "numerics", "fastest").ok());
+  EXPECT_TRUE(o.tc_route);  // the router's dots of tensor-core prefill steps on tensor cores, on by default
+  EXPECT_TRUE(cuda::set_run_option(o, "tc_route", "0").ok());
+  EXPECT_FALSE(o.tc_route);
   EXPECT_TRUE(cuda::set_run_option(o, "tc_global_fold", "0").ok());
   EXPECT_FALSE(o.tc_global_fold);
   EXPECT_FALSE(cuda::set_run_option(o, "tc_global_fold", "yes").ok());

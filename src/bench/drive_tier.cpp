@@ -15,7 +15,6 @@ namespace {
 
 double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-constexpr char kRecordFile[] = "records.bin";
 
 }  // namespace
 
@@ -37,9 +36,9 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
   const int E = n_experts[size_t(first)];
   for (const std::string& d : dirs) {
     const double t0 = now_ms();
-    FB_RETURN_IF_ERROR(storage::write_record_file(d + "/" + kRecordFile, lay, records, [&](int r) { return pool.expert(first, r % E); }));
+    FB_RETURN_IF_ERROR(storage::write_record_file(d + "/" + storage::kRecordFile, lay, records, [&](int r) { return pool.expert(first, r % E); }));
     std::fprintf(stderr, "bench: wrote %d expert records (%.2f GB) to %s/%s in %.1f s\n", records, double(records) * double(lay.stride_bytes) / 1e9,
-                 d.c_str(), kRecordFile, (now_ms() - t0) / 1e3);
+                 d.c_str(), storage::kRecordFile, (now_ms() - t0) / 1e3);
   }
   storage::TieredOptions to;
   to.slots_per_layer = 1;  // unused with host views
@@ -48,7 +47,7 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
   to.on_host_alloc = std::move(on_alloc);
   to.on_host_free = std::move(on_free);
   to.faults = std::move(faults);
-  return storage::TieredExperts::create(storage::cyclic_locator(lay, n_experts, records, kRecordFile), dirs, to);
+  return storage::TieredExperts::create(storage::cyclic_locator(lay, n_experts, records, storage::kRecordFile), dirs, to);
 }
 
 Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model::SessionState& s, SwitchExperts& src,

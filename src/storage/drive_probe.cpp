@@ -13,6 +13,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/expert_store.h"
 #include "storage/io_engine.h"
+#include "storage/record_file.h"
 
 namespace fb::storage {
 
@@ -179,9 +180,10 @@ Result<RecordFiles> record_files_in(const std::vector<std::string>& dirs, uint64
   if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no replica dirs to read records from";
   RecordFiles f;
   for (const std::string& d : dirs) {
-    const std::string store = d + "/" + kStoreFile, flat = d + "/records.bin";
+    const std::string store = d + "/" + kStoreFile, flat = d + "/" + kRecordFile;
     uint64_t base = 0, n = 0, rec = 0;
-    if (::access(store.c_str(), R_OK) == 0) {
+    const bool is_store = ::access(store.c_str(), R_OK) == 0;
+    if (is_store) {
       auto s = FB_TRY(ExpertStore::open(d));
       base = s->data_start();
       n = uint64_t(s->n_records());
@@ -193,12 +195,12 @@ Result<RecordFiles> record_files_in(const std::vector<std::string>& dirs, uint64
       rec = (record_bytes + 4095) / 4096 * 4096;
       n = uint64_t(st.st_size) / rec;
     } else {
-      return FB_ERROR(kNotFound) << d << ": neither " << kStoreFile << " nor records.bin";
+      return FB_ERROR(kNotFound) << d << ": neither " << kStoreFile << " nor " << kRecordFile;
     }
     if (n == 0) return FB_ERROR(kInvalidArgument) << d << ": no whole record of " << rec << " bytes";
     if (!f.paths.empty() && (base != f.base || rec != f.record_bytes))
       return FB_ERROR(kInvalidArgument) << d << ": its records are laid out unlike " << f.paths.front() << "'s";
-    f.paths.push_back(::access(store.c_str(), R_OK) == 0 ? store : flat);
+    f.paths.push_back(is_store ? store : flat);
     f.base = base;
     f.record_bytes = rec;
     f.n_records = f.n_records == 0 ? n : std::min(f.n_records, n);

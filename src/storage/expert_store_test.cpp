@@ -455,7 +455,17 @@ TEST_F(ExpertStoreTest, ProbeReadsTheStoreInPlace) {
   const uint64_t stride = (*store)->layout().stride_bytes, base = (*store)->data_start();
   const uint64_t n = uint64_t((*store)->n_records());
   ASSERT_GT(n, 0u);
-  EXPECT_EQ((*store)->record_offset(0, 0) >= base, true);
+  // data_start() and n_records() span record_offset's records exactly: the first record at base,
+  // the last one ending at base + n x stride.
+  int first = -1, last = -1;
+  for (int l = 0; l < (*store)->n_layers(); ++l)
+    if ((*store)->n_experts(l) > 0) {
+      if (first < 0) first = l;
+      last = l;
+    }
+  ASSERT_GE(first, 0);
+  EXPECT_EQ((*store)->record_offset(first, 0), base);
+  EXPECT_EQ((*store)->record_offset(last, (*store)->n_experts(last) - 1) + stride, base + n * stride);
   auto slurp = [](const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -473,7 +483,6 @@ TEST_F(ExpertStoreTest, ProbeReadsTheStoreInPlace) {
   ro.queue_depth_per_drive = 3;
   DriveProbeShape shape = reader_probe_shape(ro, 1);
   size_t reads = 0;
-  std::vector<uint64_t> first_in_record;
   shape.on_read = [&](size_t f, uint64_t off, uint32_t len) {
     ++reads;
     EXPECT_LT(f, 2u);

@@ -16,6 +16,9 @@
 
 namespace fb::storage {
 
+// The record file's name under each drive root (the drive bench's; `probe --store` finds it).
+inline constexpr char kRecordFile[] = "records.bin";
+
 // Writes `n_records` records (record(r) gives the tensors of record r) to `path` (fsynced).
 Status write_record_file(const std::string& path, const ExpertLayout& lay, int n_records,
                          const std::function<model::ExpertWeights(int r)>& record);
