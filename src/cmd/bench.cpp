@@ -542,123 +542,138 @@ int run(const BenchArgs& a) {
 
 Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
+  CLI::App* g = nullptr;  // the option group of the options that follow (sections of --help)
   app.add_flag("--limits", a->limits, "only the physical limits (always measured)");
   app.add_flag("--synthetic", a->synthetic, "released-dimension synthetic model in HBM: decode, verify curve, draft");
   app.add_option("--model", a->model, "a checkpoint folder: prefill --prompt-len random tokens, then decode");
   app.add_option("--prompt-len", a->prompt_len, "prompt tokens for --model");
-  app.add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
-  app.add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
-  app.add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
-  app.add_option("--engram-place", a->engram_place,
-                 "where the synthetic model's Engram tables live: auto (HBM up to 16 GiB of tables), hbm, or host (each step's rows "
-                 "copied from host memory, ahead of their layers by --cuda-opt engram_prefetch_tasks=N threads)");
-  auto* contexts = app.add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
-  app.add_option("--steps", a->steps, "timed repetitions per row (median)");
-  app.add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
-  app.add_option("--prefill", a->prefill, "with --synthetic: prefill these prompt lengths (real, chunked)")->delimiter(',');
-  app.add_option("--prefill-chunk", a->prefill_chunk, "rows per prefill step");
-  app.add_option("--prefill-at", a->prefill_at,
-                 "with --synthetic: prefill throughput of one --prefill-chunk chunk ending at these contexts (earlier context fake-filled)")
+  g = app.add_option_group("synthetic model", "the released-dimension model of --synthetic");
+  g->add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
+  g->add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
+  g->add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
+  g->add_option("--engram-place", a->engram_place,
+                "where the synthetic model's Engram tables live: auto (HBM up to 16 GiB of tables), hbm, or host (each step's rows "
+                "copied from host memory, ahead of their layers by --cuda-opt engram_prefetch_tasks=N threads)");
+  g = app.add_option_group("decode rows", "one-session decode steps of --synthetic");
+  auto* contexts = g->add_option("--contexts", a->contexts, "context lengths for --synthetic")->delimiter(',');
+  g->add_option("--steps", a->steps, "timed repetitions per row (median)");
+  g->add_option("--verify-rows", a->verify_rows, "measure verify steps of 1..N rows");
+  g = app.add_option_group("prefill", "prefill steps of --synthetic");
+  g->add_option("--prefill", a->prefill, "with --synthetic: prefill these prompt lengths (real, chunked)")->delimiter(',');
+  g->add_option("--prefill-chunk", a->prefill_chunk, "rows per prefill step");
+  g->add_option("--prefill-at", a->prefill_at,
+                "with --synthetic: prefill throughput of one --prefill-chunk chunk ending at these contexts (earlier context fake-filled)")
       ->delimiter(',');
-  app.add_option("--prefill-gemms", a->prefill_gemms, "with --synthetic: time a prefill chunk's GEMM work (tensor cores) at these row counts")
+  g->add_option("--prefill-gemms", a->prefill_gemms, "with --synthetic: time a prefill chunk's GEMM work (tensor cores) at these row counts")
       ->delimiter(',');
-  app.add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
-  app.add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
-  app.add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
-  app.add_option("--sweep-tokens", a->sweep_tokens, "generated tokens per --dspark-sweep run (default 240; the tokens per round at a forced acceptance are a random draw: fewer rounds, noisier ratios)");
-  app.add_option("--ab", a->ab_env,
-                 "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0); "
-                 "several, one after the other: NAME=v1,v2;NAME2=v1,v2");
-  app.add_option("--ab-rounds", a->ab_rounds, "with --ab: interleaved rounds per value (default 3; the medians over them)")->check(CLI::Range(1, 100));
-  app.add_option("--prefill-ab", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a CUDA run option on each chunk, NAME=v1,v2");
-  app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU)")
+  g = app.add_option_group("DSpark sweep", "DSpark rounds at forced acceptance");
+  g->add_flag("--dspark-sweep", a->dspark_sweep, "with --synthetic: DSpark tok/s at forced acceptance rates (--accept)");
+  g->add_option("--accept", a->accept, "forced per-draft acceptance rates for --dspark-sweep")->delimiter(',');
+  g->add_flag("--sweep-schedule", a->sweep_schedule, "with --dspark-sweep: also run it under the confidence scheduler and back-off");
+  g->add_option("--sweep-tokens", a->sweep_tokens,
+                "generated tokens per --dspark-sweep run (default 240; the tokens per round at a forced acceptance are a random draw: fewer rounds, "
+                "noisier ratios)");
+  g = app.add_option_group("CUDA options and A/B", "the run options of the CUDA executor, and interleaved A/B of them");
+  g->add_option("--ab", a->ab_env,
+                "with --synthetic: interleaved A/B of a CUDA run option on the decode rows, NAME=v1,v2 (e.g. numerics=exact,fast or attn_split=1,0); "
+                "several, one after the other: NAME=v1,v2;NAME2=v1,v2");
+  g->add_option("--ab-rounds", a->ab_rounds, "with --ab: interleaved rounds per value (default 3; the medians over them)")->check(CLI::Range(1, 100));
+  g->add_option("--prefill-ab", a->prefill_ab_env, "with --prefill-at: interleaved A/B of a CUDA run option on each chunk, NAME=v1,v2");
+  g->add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU)")
       ->check(CLI::IsMember({"fast", "exact"}));
-  app.add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for --ab)");
-  app.add_flag("--graph-step", a->graph_step,
-               "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
-  app.add_option("--trace-steps", a->trace_steps,
-                 "with --synthetic: trace N decode steps (and N of --verify-rows rows) at each context with CUPTI, as they run in production "
-                 "(PDL and the side stream on): span, busy and idle GPU time, kernels by time");
-  app.add_option("--trace-csv", a->trace_csv, "with --trace-steps: write the median traced step's kernels and copies (start, end, stream) to PATH.<kind><context>.csv; with --cold-prefill-trace: the traced run's to PATH.cold<prompt>.csv");
-  app.add_flag("--profile-kernels", a->profile_kernels,
-               "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
-  app.add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
-  app.add_option("--expert-slots", a->expert_slots,
-                 "with --synthetic: routed experts per layer in HBM slots, the rest copied from pinned host memory on a miss; runs the "
-                 "tier sweep (issue 9) at the first --contexts value instead of the other rows");
-  app.add_option("--expert-staging", a->expert_staging,
-                 "with --expert-slots: staging slots per layer for LFU admission (cold misses do not evict hotter experts)");
-  app.add_option("--lfu-aging", a->lfu_aging, "with --expert-slots: LFU counts halve every N x slots lookups of a layer");
-  app.add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
-  app.add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
-  app.add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
-  app.add_option("--expert-drives", a->expert_drives,
-                 "with --expert-slots: the drive tier (issue 22): expert records written to these replica dirs (a disk, not tmpfs), "
-                 "misses through --host-experts page-locked records, then O_DIRECT reads; replaces the tier sweep")
+  g->add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for --ab)");
+  g = app.add_option_group("timing detail", "CUDA graphs, CUPTI traces, per-op and per-kernel times");
+  g->add_flag("--graph-step", a->graph_step,
+              "with --synthetic: also the GPU time of one decode step captured as a CUDA graph and replayed (launch overhead excluded)");
+  g->add_option("--trace-steps", a->trace_steps,
+                "with --synthetic: trace N decode steps (and N of --verify-rows rows) at each context with CUPTI, as they run in production "
+                "(PDL and the side stream on): span, busy and idle GPU time, kernels by time");
+  g->add_option("--trace-csv", a->trace_csv,
+                "with --trace-steps: write the median traced step's kernels and copies (start, end, stream) to PATH.<kind><context>.csv; with "
+                "--cold-prefill-trace: the traced run's to PATH.cold<prompt>.csv");
+  g->add_flag("--profile-kernels", a->profile_kernels,
+              "with --profile: also per-kernel GPU time (k:<op>/<kernel>, an event after every launch; gaps count with the next kernel)");
+  g->add_flag("--profile", a->profile, "per-op GPU time of a one-row decode step (CUDA events) after each --synthetic context");
+  g = app.add_option_group("expert tiers", "routed experts through HBM slots, pinned host memory and drives (issues 9, 22)");
+  g->add_option("--expert-slots", a->expert_slots,
+                "with --synthetic: routed experts per layer in HBM slots, the rest copied from pinned host memory on a miss; runs the "
+                "tier sweep (issue 9) at the first --contexts value instead of the other rows");
+  g->add_option("--expert-staging", a->expert_staging,
+                "with --expert-slots: staging slots per layer for LFU admission (cold misses do not evict hotter experts)");
+  g->add_option("--lfu-aging", a->lfu_aging, "with --expert-slots: LFU counts halve every N x slots lookups of a layer");
+  g->add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
+  g->add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
+  g->add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
+  g->add_option("--expert-drives", a->expert_drives,
+                "with --expert-slots: the drive tier (issue 22): expert records written to these replica dirs (a disk, not tmpfs), "
+                "misses through --host-experts page-locked records, then O_DIRECT reads; replaces the tier sweep")
       ->delimiter(',');
-  app.add_option("--host-experts", a->host_experts, "with --expert-drives: host cache records");
-  app.add_option("--drive-records", a->drive_records, "with --expert-drives: expert records per drive file (18.8 MB each at released dims)");
-  app.add_option("--drive-fault", a->drive_faults,
-                 "with --expert-drives: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
-                 "(unlink and truncate change the record file) or DRIVE@AFTER:delay=US; repeatable; the run must go on through the other replica");
-  app.add_option("--drive-warm-steps", a->drive_warm_steps, "with --expert-drives: decode steps through the drives before each timed arm");
-  app.add_option("--drive-replay-tokens", a->drive_replay_tokens,
-                 "with --expert-drives: decode tokens whose cache lookups are replayed (no kernels) before the --tier-warm-steps "
-                 "steps, so the HBM slots and the host cache start the steps at the policy's steady state (0: none)");
-  app.add_option("--cold-prefill", a->cold_prefill,
-                 "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "
-                 "a layer ahead (--cuda-opt expert_prefetch; issue 26); replaces the tier sweep")
+  g->add_option("--host-experts", a->host_experts, "with --expert-drives: host cache records");
+  g->add_option("--drive-records", a->drive_records, "with --expert-drives: expert records per drive file (18.8 MB each at released dims)");
+  g->add_option("--drive-fault", a->drive_faults,
+                "with --expert-drives: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
+                "(unlink and truncate change the record file) or DRIVE@AFTER:delay=US; repeatable; the run must go on through the other replica");
+  g->add_option("--drive-warm-steps", a->drive_warm_steps, "with --expert-drives: decode steps through the drives before each timed arm");
+  g->add_option("--drive-replay-tokens", a->drive_replay_tokens,
+                "with --expert-drives: decode tokens whose cache lookups are replayed (no kernels) before the --tier-warm-steps "
+                "steps, so the HBM slots and the host cache start the steps at the policy's steady state (0: none)");
+  g = app.add_option_group("cold prefill", "long prompts prefilled through the expert tiers (issue 26)");
+  g->add_option("--cold-prefill", a->cold_prefill,
+                "with --expert-slots: prompts of these lengths prefilled through the expert tiers, serial copies vs experts streamed "
+                "a layer ahead (--cuda-opt expert_prefetch; issue 26); replaces the tier sweep")
       ->delimiter(',');
-  app.add_option("--cold-prefill-chunk", a->cold_prefill_chunk, "cold prefill: rows per chunk (0: the largest the free HBM allows)");
-  app.add_option("--cold-prefill-serial", a->cold_prefill_serial,
-                 "cold prefill: also run prompts with serial copies: 1 every prompt, 0 none, N > 1 prompts of at most N tokens");
-  app.add_option("--cold-prefill-routing", a->cold_prefill_routing,
-                 "cold prefill: whose routing: uniform (each row's experts drawn uniformly: a chunk reaches nearly every expert, as a "
-                 "real prompt does), router (the synthetic router's own picks: a few dozen experts a layer), or a share in (0, 1) "
-                 "carried by each layer's 10 hottest experts (Zipf)")
+  g->add_option("--cold-prefill-chunk", a->cold_prefill_chunk, "cold prefill: rows per chunk (0: the largest the free HBM allows)");
+  g->add_option("--cold-prefill-serial", a->cold_prefill_serial,
+                "cold prefill: also run prompts with serial copies: 1 every prompt, 0 none, N > 1 prompts of at most N tokens");
+  g->add_option("--cold-prefill-routing", a->cold_prefill_routing,
+                "cold prefill: whose routing: uniform (each row's experts drawn uniformly: a chunk reaches nearly every expert, as a "
+                "real prompt does), router (the synthetic router's own picks: a few dozen experts a layer), or a share in (0, 1) "
+                "carried by each layer's 10 hottest experts (Zipf)")
       ->check(CLI::Validator(
           [](const std::string& v) {
             const auto r = bench::parse_route_share(v);
             return r.ok() ? std::string() : r.status().to_string();
           },
           "uniform|router|SHARE"));
-  app.add_flag("--cold-prefill-replay", a->cold_prefill_replay,
-               "cold prefill: also a streamed run with SWA bounded replay (spec/11 sec. 8.4, an approximation): the decoder layers "
-               "and their experts run for the prompt's last window rows only (the CED schedule)");
-  app.add_flag("--cold-prefill-trace", a->cold_prefill_trace,
-               "cold prefill: after the first prompt's runs, one more streamed run of it traced with CUPTI: the copy time beside "
-               "kernels and exposed, the GPU's idle time, the kernels by time (untimed)");
-  app.add_option("--cold-prefill-ab", a->cold_prefill_ab,
-                 "cold prefill: NAME=a,b[,...]: after the first prompt's runs, 3 rounds of one streamed run of it per value of the CUDA "
-                 "run option NAME, interleaved; medians of tok/s");
-  app.add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
-                 "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
-  app.add_option("--kv-restore", a->kv_restore,
-                 "with --synthetic: disk KV cache rows at these contexts: prefill, save, write + fsync, cold read, restore (no decode "
-                 "rows unless --contexts is given)")
+  g->add_flag("--cold-prefill-replay", a->cold_prefill_replay,
+              "cold prefill: also a streamed run with SWA bounded replay (spec/11 sec. 8.4, an approximation): the decoder layers "
+              "and their experts run for the prompt's last window rows only (the CED schedule)");
+  g->add_flag("--cold-prefill-trace", a->cold_prefill_trace,
+              "cold prefill: after the first prompt's runs, one more streamed run of it traced with CUPTI: the copy time beside "
+              "kernels and exposed, the GPU's idle time, the kernels by time (untimed)");
+  g->add_option("--cold-prefill-ab", a->cold_prefill_ab,
+                "cold prefill: NAME=a,b[,...]: after the first prompt's runs, 3 rounds of one streamed run of it per value of the CUDA "
+                "run option NAME, interleaved; medians of tok/s");
+  g->add_option("--cold-prefill-deadline", a->cold_prefill_deadline,
+                "cold prefill: seconds; a prompt whose time predicted from the last streamed rate would end later is skipped (0: none)");
+  g = app.add_option_group("disk KV cache", "saving and restoring a session state");
+  g->add_option("--kv-restore", a->kv_restore,
+                "with --synthetic: disk KV cache rows at these contexts: prefill, save, write + fsync, cold read, restore (no decode "
+                "rows unless --contexts is given)")
       ->delimiter(',');
-  app.add_option("--kv-dir", a->kv_dir, "folder of the --kv-restore state files (default: the temp folder)");
-  app.add_flag("--kv-restore-estimate", a->kv_restore_estimate,
-               "with --kv-restore: fake-fill the context and estimate its prefill from chunk rates instead of prefilling it");
-  auto* sessions = app.add_option("--sessions", a->sessions,
-                                  "with --synthetic: aggregate decode of N sessions in shared steps at --sessions-context (issue 20; no "
-                                  "single-session decode rows unless --contexts is given)")
+  g->add_option("--kv-dir", a->kv_dir, "folder of the --kv-restore state files (default: the temp folder)");
+  g->add_flag("--kv-restore-estimate", a->kv_restore_estimate,
+              "with --kv-restore: fake-fill the context and estimate its prefill from chunk rates instead of prefilling it");
+  g = app.add_option_group("sessions", "several sessions in shared steps (issue 20)");
+  auto* sessions = g->add_option("--sessions", a->sessions,
+                                 "with --synthetic: aggregate decode of N sessions in shared steps at --sessions-context (issue 20; no "
+                                 "single-session decode rows unless --contexts is given)")
                        ->delimiter(',');
-  app.add_option("--sessions-context", a->sessions_context, "context tokens of each --sessions session (fake-filled unless --sessions-prefill)")
+  g->add_option("--sessions-context", a->sessions_context, "context tokens of each --sessions session (fake-filled unless --sessions-prefill)")
       ->capture_default_str();
-  app.add_flag("--sessions-prefill", a->sessions_prefill,
-               "really prefill the --sessions contexts and the whole --arrival-prompt (minutes at 4K x 16 sessions; default: fake-filled "
-               "caches, bench/fake_context.h)");
-  app.add_option("--session-rounds", a->session_rounds, "timed decode rounds per session count")->capture_default_str();
-  app.add_flag("--sessions-dspark", a->sessions_dspark, "--sessions rounds with DSpark (drafts in one call, verify blocks in the step)");
-  auto* arrival = app.add_option("--arrival-prompt", a->arrival_prompt,
-                                 "with --synthetic: a prompt of N tokens arrives beside --arrival-streams decoding sessions (at "
-                                 "--sessions-context); the streams' worst gap while it prefills vs their median");
-  app.add_option("--arrival-streams", a->arrival_streams, "decoding sessions beside --arrival-prompt")->capture_default_str();
-  app.add_option("--arrival-tail", a->arrival_tail,
-                 "the --arrival-prompt's last N tokens are prefilled beside the streams, the rest fake-filled before it arrives (0: all)")
+  g->add_flag("--sessions-prefill", a->sessions_prefill,
+              "really prefill the --sessions contexts and the whole --arrival-prompt (minutes at 4K x 16 sessions; default: fake-filled "
+              "caches, bench/fake_context.h)");
+  g->add_option("--session-rounds", a->session_rounds, "timed decode rounds per session count")->capture_default_str();
+  g->add_flag("--sessions-dspark", a->sessions_dspark, "--sessions rounds with DSpark (drafts in one call, verify blocks in the step)");
+  auto* arrival = g->add_option("--arrival-prompt", a->arrival_prompt,
+                                "with --synthetic: a prompt of N tokens arrives beside --arrival-streams decoding sessions (at "
+                                "--sessions-context); the streams' worst gap while it prefills vs their median");
+  g->add_option("--arrival-streams", a->arrival_streams, "decoding sessions beside --arrival-prompt")->capture_default_str();
+  g->add_option("--arrival-tail", a->arrival_tail,
+                "the --arrival-prompt's last N tokens are prefilled beside the streams, the rest fake-filled before it arrives (0: all)")
       ->capture_default_str();
-  app.add_option("--mixed-step-factor", a->mixed_step_factor, "the prefill policy's bound for --arrival-prompt (as serve's)")->capture_default_str();
+  g->add_option("--mixed-step-factor", a->mixed_step_factor, "the prefill policy's bound for --arrival-prompt (as serve's)")->capture_default_str();
   app.add_option("--csv", a->csv, "write CSV here (default stdout)");
   app.add_option("--reps", a->reps, "timed repetitions per limit measurement (median)");
   return [a, contexts, sessions, arrival] {

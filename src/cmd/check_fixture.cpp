@@ -150,24 +150,30 @@ int run(const Args& a) {
 
 Runner add_check_fixture(CLI::App& app) {
   auto a = std::make_shared<Args>();
+  CLI::App* g = nullptr;  // the option group of the options that follow (sections of --help)
   app.add_option("dir", a->dirs, "fixture folder(s): checkpoint/, prompt.i32, steps.json, logits.f32 ...")->required();
   app.add_option("--backend", a->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--chunk", a->chunk, "prefill chunk size in rows (0 = one shot)");
   app.add_flag("--bounded-replay", a->bounded_replay,
                "approximate prefill (SWA bounded replay, spec/11 sec. 8.4); the fixtures are exact, so expect FAIL");
-  app.add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
-  app.add_option("--host-experts", a->host_experts, "with --expert-slots: records in the host-RAM cache (default: --expert-slots; on CUDA at least 64 unless given)");
-  app.add_option("--expert-store", a->expert_store, "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
-  app.add_option("--fault-replica", a->faults,
-                 "with --expert-store: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
-                 "(unlink and truncate change the real file) or DRIVE@AFTER:delay=US (a slow drive); repeatable; the output must not change");
-  app.add_flag("!--no-expert-prefetch", a->prefetch, "with --expert-slots: read each missing expert only when it is asked for (no reads at routing time)");
+  g = app.add_option_group("expert tiers", "routed experts through HBM slots, the host cache and an expert store (the output must not change)");
+  g->add_option("--expert-slots", a->expert_slots, "resident experts per layer (tiered store)");
+  g->add_option("--host-experts", a->host_experts,
+                "with --expert-slots: records in the host-RAM cache (default: --expert-slots; on CUDA at least 64 unless given)");
+  g->add_option("--expert-store", a->expert_store,
+                "with --expert-slots: expert-store replicas written by flashbox convert (default: the snapshot's shards)");
+  g->add_option("--fault-replica", a->faults,
+                "with --expert-store: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
+                "(unlink and truncate change the real file) or DRIVE@AFTER:delay=US (a slow drive); repeatable; the output must not change");
+  g->add_flag("!--no-expert-prefetch", a->prefetch,
+              "with --expert-slots: read each missing expert only when it is asked for (no reads at routing time)");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
-  app.add_flag("--compare-cpu", a->compare_cpu,
-               "also run the CPU reference in lockstep and compare logits, taps and drafts (bit for bit with --numerics exact)");
-  app.add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU reference)")
+  g = app.add_option_group("CUDA", "the CUDA executor: its numerics class, run options and the CPU in lockstep");
+  g->add_flag("--compare-cpu", a->compare_cpu,
+              "also run the CPU reference in lockstep and compare logits, taps and drafts (bit for bit with --numerics exact)");
+  g->add_option("--numerics", a->numerics, "CUDA numerics class: fast (default) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));
-  app.add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for bench --ab), e.g. tc_gemv=1");
+  g->add_option("--cuda-opt", a->cuda_opts, "CUDA run option NAME=VALUE (repeatable; names as for bench --ab), e.g. tc_gemv=1");
   app.add_option("--dump-taps", a->dump, "write detailed prefill taps (f32) to this folder");
   return [a] { return run(*a); };
 }

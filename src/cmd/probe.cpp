@@ -382,36 +382,47 @@ int run_probe(const ProbeArgs& a) {
 
 Runner add_probe(CLI::App& app) {
   auto a = std::make_shared<ProbeArgs>();
-  app.add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
-  app.add_option("--store", a->stores,
-                 "replica dirs of the expert store (experts.fbx from flashbox convert, or the drive bench's records.bin): also read "
-                 "its records as the expert reader does and plan with that rate (repeatable; nothing is written)");
+  CLI::App* g = nullptr;  // the option group of the options that follow (sections of --help)
   app.add_option("--model", a->model, "snapshot folder or config.json (default: the released config)");
   app.add_flag("--no-sim", a->no_sim, "skip the simulated LFU hit rates (a few seconds)");
-  app.add_option("--seconds", a->seconds, "seconds per drive measurement");
-  app.add_option("--file-mib", a->file_mib, "size of the scratch file per drive");
-  app.add_option("--hbm-target-gib", a->hbm_target_gib, "override the HBM byte target");
-  app.add_option("--host-target-gib", a->host_target_gib, "override the pinned host RAM target");
-  app.add_option("--hbm-gbps", a->hbm_gbps, "override the HBM read rate");
-  app.add_option("--h2d-gbps", a->h2d_gbps, "override the pinned H2D rate");
-  app.add_option("--kernel-gbps", a->kernel_gbps, "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
-  app.add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
-  app.add_option("--expert-slots", a->expert_slots, "HBM expert slots per layer (default: from the remainder)");
-  app.add_option("--host-experts", a->host_experts, "host cache size in experts (default: from the remainder)");
-  app.add_option("--sessions", a->sessions, "sessions whose KV is mandatory");
-  app.add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");
-  app.add_option("--prefill-budget-gib", a->prefill_budget_gib,
-                 "HBM for one prefill step when sizing the cold-prefill chunk (default: the plan's workspace; bench --cold-prefill prints its own)");
-  app.add_option("--prefill-layer-ms", a->prefill_layer_ms,
-                 "cold prefill: the fixed compute of a layer step whatever its rows, ms (default: measured on the H200, 34.1)")
+  g = app.add_option_group("drives", "what is measured of the drives, and for how long");
+  g->add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
+  g->add_option("--store", a->stores,
+                "replica dirs of the expert store (experts.fbx from flashbox convert, or the drive bench's records.bin): also read "
+                "its records as the expert reader does and plan with that rate (repeatable; nothing is written)");
+  g->add_option("--seconds", a->seconds, "seconds per drive measurement");
+  g->add_option("--file-mib", a->file_mib, "size of the scratch file per drive");
+  g = app.add_option_group("budgets", "memory targets and expert placement (default: planned from the measured machine)");
+  g->add_option("--hbm-target-gib", a->hbm_target_gib, "override the HBM byte target");
+  g->add_option("--host-target-gib", a->host_target_gib, "override the pinned host RAM target");
+  g->add_option("--expert-slots", a->expert_slots, "HBM expert slots per layer (default: from the remainder)");
+  g->add_option("--host-experts", a->host_experts, "host cache size in experts (default: from the remainder)");
+  g = app.add_option_group("rates", "measured rates replaced by given ones");
+  g->add_option("--hbm-gbps", a->hbm_gbps, "override the HBM read rate");
+  g->add_option("--h2d-gbps", a->h2d_gbps, "override the pinned H2D rate");
+  g->add_option("--kernel-gbps", a->kernel_gbps,
+                "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
+  g->add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
+  g = app.add_option_group("workload", "what the plan serves");
+  g->add_option("--sessions", a->sessions, "sessions whose KV is mandatory");
+  g->add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");
+  g = app.add_option_group("cold prefill", "the cold-prefill estimate");
+  g->add_option("--prefill-budget-gib", a->prefill_budget_gib,
+                "HBM for one prefill step when sizing the cold-prefill chunk (default: the plan's workspace; bench --cold-prefill prints its own)");
+  g->add_option("--prefill-layer-ms", a->prefill_layer_ms,
+                "cold prefill: the fixed compute of a layer step whatever its rows, ms (default: measured on the H200, 34.1)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--prefill-row-us", a->prefill_row_us,
-                 "cold prefill: the compute per row of a layer step, us (default: measured on the H200, 5.49)")
+  g->add_option("--prefill-row-us", a->prefill_row_us, "cold prefill: the compute per row of a layer step, us (default: measured on the H200, 5.49)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
+  g = app.add_option_group("several GPUs", "a projection with the routed experts spread over N GPUs (issue 25)");
+  g->add_option("--gpus", a->gpus, "also project decode with the routed experts spread over N GPUs of one box (issue 25; 1..8)")
       ->check(CLI::Range(1, 8));
-  app.add_option("--link-gbps", a->link_gbps, "with --gpus: the GPUs' link rate for the MoE exchanges (default 278: 2 x H200 NVLink, NCCL, 64 MiB one way)")->check(CLI::PositiveNumber);
-  app.add_option("--link-latency-us", a->link_latency_us, "with --gpus: the fixed cost of one exchange (default 60.8 us: a one-token NCCL all_to_all on 2 x H200 timed with host synchronisation, an upper bound)")
+  g->add_option("--link-gbps", a->link_gbps,
+                "with --gpus: the GPUs' link rate for the MoE exchanges (default 278: 2 x H200 NVLink, NCCL, 64 MiB one way)")
+      ->check(CLI::PositiveNumber);
+  g->add_option("--link-latency-us", a->link_latency_us,
+                "with --gpus: the fixed cost of one exchange (default 60.8 us: a one-token NCCL all_to_all on 2 x H200 timed with host "
+                "synchronisation, an upper bound)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-dspark", a->no_dspark, "plan without the DSpark draft");
   return [a] { return run_probe(*a); };

@@ -13,6 +13,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
 #include "cuda/ops.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -26,6 +27,34 @@ struct KeyRef {
   const uint8_t* p;  // nullptr = empty entry
   int fp4;           // 0: FP8 row (d codes + d/32 e8m0), 1: FP4 row (d/2 packed + d/16 e4m3)
 };
+
+// Row t's key list: w0 / n_win its window rows, the count of all its keys returned.
+__device__ __forceinline__ int row_keys(const AttnKeys& keys, int64_t t, int& w0, int& n_win) {
+  w0 = keys.win_off[t];
+  n_win = keys.win_off[t + 1] - w0;
+  return n_win + (keys.sel ? keys.sel_count[t] : 0);
+}
+
+// Resolves key e of row t (nullptr = empty entry).
+__device__ __forceinline__ KeyRef key_ref(const AttnKeys& keys, int64_t t, int w0, int n_win, int64_t comp_bytes, int e) {
+  KeyRef k{nullptr, 0};
+  if (e < n_win) {
+    k.p = reinterpret_cast<const uint8_t*>(keys.win[w0 + e]);
+  } else {
+    const int32_t id = keys.sel[t * keys.sel_ld + (e - n_win)];
+    if (id >= 0) k = KeyRef{reinterpret_cast<const uint8_t*>(keys.comp_base[t]) + int64_t(id) * comp_bytes, 1};
+  }
+  return k;
+}
+
+// Head h of row t's query into qf as f32 and acc zeroed, threads [tid, d) by nthr.
+__device__ __forceinline__ void stage_query(const uint16_t* q, int64_t t, int h, int n_heads, int d, int tid, int nthr, float* qf, float* acc) {
+  const uint16_t* qh = q + (t * n_heads + h) * int64_t(d);
+  for (int i = tid; i < d; i += nthr) {
+    qf[i] = bf(qh[i]);
+    acc[i] = 0.0f;
+  }
+}
 
 __device__ __forceinline__ float key_val(const KeyRef& k, int d, int64_t i) {
   if (!k.fp4) return round_bf16(fm::mul(e4m3_val(k.p[i]), e8m0_val(k.p[d + i / 32])));
@@ -41,34 +70,19 @@ __global__ void sparse_attention_kernel(const uint16_t* q, int n_heads, int d, A
   __shared__ float s_m, s_l, s_alpha, s_m2;
   const int64_t t = blockIdx.x / n_heads;
   const int h = int(blockIdx.x % n_heads);
-  const uint16_t* qh = q + (t * n_heads + h) * int64_t(d);
-  for (int i = threadIdx.x; i < d; i += kThreads) {
-    qf[i] = bf(qh[i]);
-    acc[i] = 0.0f;
-  }
+  stage_query(q, t, h, n_heads, d, int(threadIdx.x), kThreads, qf, acc);
   if (threadIdx.x == 0) {
     s_m = -1e30f;
     s_l = 0.0f;
   }
-  const int w0 = keys.win_off[t], n_win = keys.win_off[t + 1] - w0;
-  const int n_sel = keys.sel ? keys.sel_count[t] : 0;
-  const int n = n_win + n_sel;
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win);
   const int64_t comp_bytes = d / 2 + d / 16;
   const int warp = int(threadIdx.x / 32);
   __syncthreads();
   for (int b0 = 0; b0 < n; b0 += 64) {
     const int nb = n - b0 < 64 ? n - b0 : 64;
-    if (threadIdx.x < nb) {
-      const int e = b0 + int(threadIdx.x);
-      KeyRef k{nullptr, 0};
-      if (e < n_win) {
-        k.p = reinterpret_cast<const uint8_t*>(keys.win[w0 + e]);
-      } else {
-        const int32_t id = keys.sel[t * keys.sel_ld + (e - n_win)];
-        if (id >= 0) k = KeyRef{reinterpret_cast<const uint8_t*>(keys.comp_base[t]) + int64_t(id) * comp_bytes, 1};
-      }
-      kr[threadIdx.x] = k;
-    }
+    if (threadIdx.x < nb) kr[threadIdx.x] = key_ref(keys, t, w0, n_win, comp_bytes, b0 + int(threadIdx.x));
     __syncthreads();
     for (int j = warp; j < nb; j += kThreads / 32) {
       const KeyRef k = kr[j];
@@ -119,19 +133,6 @@ __global__ void sparse_attention_kernel(const uint16_t* q, int n_heads, int d, A
 
 constexpr int kTiledThreads = 512;
 constexpr int kTiledMaxD = 1024;  // 64 x d bf16 tile + 2 x d f32 <= 136 KB
-
-// Resolves key e of row t (nullptr = empty entry).
-__device__ __forceinline__ KeyRef key_ref(const AttnKeys& keys, int64_t t, int w0, int n_win, int64_t comp_bytes, int e) {
-  KeyRef k{nullptr, 0};
-  if (e < n_win) {
-    k.p = reinterpret_cast<const uint8_t*>(keys.win[w0 + e]);
-  } else {
-    const int32_t id = keys.sel[t * keys.sel_ld + (e - n_win)];
-    if (id >= 0) k = KeyRef{reinterpret_cast<const uint8_t*>(keys.comp_base[t]) + int64_t(id) * comp_bytes, 1};
-  }
-  return k;
-}
-
 
 // Threads 0..63 (warps 0 and 1 whole) resolve keys b0 .. b0 + nb - 1 of row t; s_valid gets the
 // ballot of non-empty entries. The caller synchronises before use.
@@ -269,19 +270,14 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
   const int tid = int(threadIdx.x), nthr = int(blockDim.x), lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x / n_heads;
   const int h = int(blockIdx.x % n_heads);
-  const uint16_t* qh = q + (t * n_heads + h) * int64_t(d);
-  for (int i = tid; i < d; i += nthr) {
-    qf[i] = bf(qh[i]);
-    acc[i] = 0.0f;
-  }
+  stage_query(q, t, h, n_heads, d, tid, nthr, qf, acc);
   if (tid < 256) lut8[tid] = e4m3_val(uint8_t(tid));
   if (tid == 0) {
     s_m = -1e30f;
     s_l = 0.0f;
   }
-  const int w0 = keys.win_off[t], n_win = keys.win_off[t + 1] - w0;
-  const int n_sel = keys.sel ? keys.sel_count[t] : 0;
-  const int n = n_win + n_sel;
+  int w0, n_win;
+  const int n = row_keys(keys, t, w0, n_win);
   const int64_t comp_bytes = d / 2 + d / 16;
   __syncthreads();
   for (int b0 = 0; b0 < n; b0 += 64) {
@@ -351,16 +347,23 @@ __global__ void __launch_bounds__(kTiledThreads) sparse_attention_tiled_kernel(c
 // by the same operations in the same order as the CPU: exact.
 constexpr int kSplitHeads = 2;  // heads per CTA (the key tile is dequantised once per CTA)
 
-__device__ __forceinline__ int row_keys(const AttnKeys& keys, int64_t t, int& w0, int& n_win) {
-  w0 = keys.win_off[t];
-  n_win = keys.win_off[t + 1] - w0;
-  return n_win + (keys.sel ? keys.sel_count[t] : 0);
-}
-
 struct SplitScratch {
   float *z, *bmax, *alpha, *psum, *pv;
   uint16_t* keys;  // [T][nblk][64][d] bf16: every key tile dequantised ONCE per step, shared by all head groups
   int nblk;        // block capacity per row
+};
+
+// CTA (t, block b, head group g) of the split kernels: row t's keys (n of them; w0 / n_win as
+// row_keys gives), block b's first key b0 and its nb keys, the group's first head h0 and its hn
+// heads. A CTA whose block starts past the row's keys (b0 >= n) has nothing to do.
+struct SplitCta {
+  int64_t t;
+  int b, w0, n_win, n, b0, nb, h0, hn;
+  struct At {
+    int64_t t;
+    int b, w0, n_win, b0, nb, h0, hn;
+  };
+  __device__ At at() const { return {t, b, w0, n_win, b0, nb, h0, hn}; }
 };
 
 // Floats before the key tiles (rounded up to 16 bytes) and in all.
@@ -420,6 +423,19 @@ __global__ void __launch_bounds__(256) attn_split_keys_kernel(int64_t T, int n_h
   dequant_key_chunks(kp, kfp4, d, lut8, sc.keys + (t * sc.nblk + b) * int64_t(64) * d, c_begin, c_end);
 }
 
+__device__ __forceinline__ SplitCta split_cta(const AttnKeys& keys, const SplitScratch& sc, int n_heads) {
+  const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  SplitCta c;
+  const int g = int(blockIdx.x % groups);
+  c.b = int((blockIdx.x / groups) % sc.nblk);
+  c.t = int64_t(blockIdx.x / groups / sc.nblk);
+  c.n = row_keys(keys, c.t, c.w0, c.n_win);
+  c.b0 = c.b * 64;
+  c.nb = c.n - c.b0 < 64 ? c.n - c.b0 : 64;
+  c.h0 = g * kSplitHeads;
+  c.hn = n_heads - c.h0 < kSplitHeads ? n_heads - c.h0 : kSplitHeads;
+  return c;
+}
 
 // CTA (t, block b, head group g): tile of keys 64b.., dots for kSplitHeads heads, block maxima.
 template <bool kPre>
@@ -436,15 +452,9 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_scores_kernel(const 
   __shared__ float z[kSplitHeads][64];
   __shared__ unsigned s_valid[2];
   const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
-  const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
-  const int g = int(blockIdx.x % groups);
-  const int b = int((blockIdx.x / groups) % sc.nblk);
-  const int64_t t = int64_t(blockIdx.x / groups / sc.nblk);
-  int w0, n_win;
-  const int n = row_keys(keys, t, w0, n_win), b0 = b * 64;
-  if (b0 >= n) return;  // whole CTA
-  const int nb = n - b0 < 64 ? n - b0 : 64, h0 = g * kSplitHeads;
-  const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
+  const SplitCta cta = split_cta(keys, sc, n_heads);
+  if (cta.b0 >= cta.n) return;  // whole CTA
+  const auto [t, b, w0, n_win, b0, nb, h0, hn] = cta.at();
   const int tid = int(threadIdx.x), nthr = int(blockDim.x);
   for (int i = tid; i < hn * d; i += nthr) qf[i] = bf(q[(t * n_heads + h0) * int64_t(d) + i]);
   stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
@@ -486,15 +496,9 @@ __global__ void __launch_bounds__(kTiledThreads) attn_split_pv_kernel(int64_t T,
   __shared__ float s_m2[kSplitHeads];
   __shared__ unsigned s_valid[2];
   const SplitScratch sc = split_scratch(keys.split, T, n_heads, d, keys.max_keys);
-  const int groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
-  const int g = int(blockIdx.x % groups);
-  const int b = int((blockIdx.x / groups) % sc.nblk);
-  const int64_t t = int64_t(blockIdx.x / groups / sc.nblk);
-  int w0, n_win;
-  const int n = row_keys(keys, t, w0, n_win), b0 = b * 64;
-  if (b0 >= n) return;
-  const int nb = n - b0 < 64 ? n - b0 : 64, h0 = g * kSplitHeads;
-  const int hn = n_heads - h0 < kSplitHeads ? n_heads - h0 : kSplitHeads;
+  const SplitCta cta = split_cta(keys, sc, n_heads);
+  if (cta.b0 >= cta.n) return;  // whole CTA
+  const auto [t, b, w0, n_win, b0, nb, h0, hn] = cta.at();
   const int tid = int(threadIdx.x), nthr = int(blockDim.x);
   stage_key_refs(keys, t, w0, n_win, int64_t(d / 2 + d / 16), b0, nb, kp, kfp4, s_valid);
   if (kPre) load_key_tile(sc, t, b, nb, d, tile);
@@ -603,15 +607,13 @@ Status sparse_attention(const uint16_t* q, int64_t T, int n_heads, int d, const 
   if (d <= kTiledMaxD) {
     const size_t smem = size_t(64) * size_t(d) * 2 + size_t(2 * d) * sizeof(float);
     FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(sparse_attention_tiled_kernel), smem));
-    sparse_attention_tiled_kernel<<<unsigned(T * n_heads), kTiledThreads, smem, st>>>(q, n_heads, d, keys, sinks, scale, out);
-    FB_CUDA_LAUNCHED("sparse_attention_tiled_kernel");
-    return Status();
+    return launch_op("sparse_attention_tiled_kernel", sparse_attention_tiled_kernel, unsigned(T * n_heads), kTiledThreads, smem, st, q, n_heads, d,
+                     keys, sinks, scale, out);
   }
   const size_t smem = size_t(2 * d) * sizeof(float);
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(sparse_attention_kernel), smem));
-  sparse_attention_kernel<<<unsigned(T * n_heads), kThreads, smem, st>>>(q, n_heads, d, keys, sinks, scale, out);
-  FB_CUDA_LAUNCHED("sparse_attention_kernel");
-  return Status();
+  return launch_op("sparse_attention_kernel", sparse_attention_kernel, unsigned(T * n_heads), kThreads, smem, st, q, n_heads, d, keys, sinks, scale,
+                   out);
 }
 
 }  // namespace fb::cuda

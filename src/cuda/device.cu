@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "cuda/device.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -36,9 +37,8 @@ __global__ void copy_from_pinned_kernel(uint8_t* __restrict__ dst, const uint8_t
 Status copy_from_pinned(void* dst, const void* pinned_src, size_t bytes, cudaStream_t st) {
   if (bytes == 0) return Status();
   const size_t pieces = (bytes + 15) / 16;
-  copy_from_pinned_kernel<<<unsigned((pieces + 255) / 256), 256, 0, st>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(pinned_src), bytes);
-  FB_CUDA_LAUNCHED("copy_from_pinned_kernel");
-  return Status();
+  return launch_op("copy_from_pinned_kernel", copy_from_pinned_kernel, unsigned((pieces + 255) / 256), 256, 0, st, static_cast<uint8_t*>(dst),
+                   static_cast<const uint8_t*>(pinned_src), bytes);
 }
 
 }  // namespace fb::cuda

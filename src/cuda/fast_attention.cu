@@ -12,6 +12,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/numerics.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -513,10 +514,8 @@ Status fast_index_scores(const uint16_t* iq, const uint16_t* wts, int64_t T, int
       << "fast_index_scores IH=" << IH << " ihd=" << ihd;
   if (T == 0 || ld == 0) return Status();
   const dim3 grid(unsigned((ld + kIdxEnt - 1) / kIdxEnt), unsigned(T));
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_index_scores_kernel, grid, dim3(kIdxThreads), fast_index_smem(IH, ihd), st, iq, wts, IH, ihd, keys_base,
-                         key_bytes, n_vis, n_scored, I, ld, mask, mask_ld, mask_len));
-  FB_CUDA_LAUNCHED("fast_index_scores_kernel");
-  return Status();
+  return launch_op_pdl("fast_index_scores_kernel", fast_pdl(), fast_index_scores_kernel, grid, dim3(kIdxThreads), fast_index_smem(IH, ihd), st, iq,
+                       wts, IH, ihd, keys_base, key_bytes, n_vis, n_scored, I, ld, mask, mask_ld, mask_len);
 }
 
 }  // namespace fb::cuda

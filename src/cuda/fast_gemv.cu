@@ -45,6 +45,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/rs_gemv.h"
 #include "cuda/tc_gemv.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -639,10 +640,8 @@ Status launch_fp8(const QuantBuf& q, int64_t M, const Fp8W& wa, uint16_t* ya, co
   FB_CHECK(chunks <= 65535) << "fast fp8 gemv M=" << M;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, pa.passes + pb.passes, chunks, &gx));
   const dim3 grid(gx, unsigned(chunks));
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_fp8_kernel<R, kOccBlocks> : fast_fp8_kernel<R, 1>, grid, dim3(kThreads), smem, st, q.codes, q.scales,
-                         M, pa, pb, int(wa.K), kt));
-  FB_CUDA_LAUNCHED("fast_fp8_kernel");
-  return Status();
+  return launch_op_pdl("fast_fp8_kernel", fast_pdl(), occ ? fast_fp8_kernel<R, kOccBlocks> : fast_fp8_kernel<R, 1>, grid, dim3(kThreads), smem, st,
+                       q.codes, q.scales, M, pa, pb, int(wa.K), kt);
 }
 
 template <bool TWO>
@@ -660,10 +659,8 @@ Status launch_fp4(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, c
   FB_CHECK(M <= 65535) << "fast fp4 gemv rows " << M;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (wa.N + per_pass - 1) / per_pass, M, &gx));
   const dim3 grid(gx, unsigned(M));
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_fp4_kernel<TWO, kOccBlocks> : fast_fp4_kernel<TWO, 1>, grid, dim3(kThreads), smem, st, q.codes,
-                         q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride, expert, ks, kt, ya, yb));
-  FB_CUDA_LAUNCHED("fast_fp4_kernel");
-  return Status();
+  return launch_op_pdl("fast_fp4_kernel", fast_pdl(), occ ? fast_fp4_kernel<TWO, kOccBlocks> : fast_fp4_kernel<TWO, 1>, grid, dim3(kThreads), smem,
+                       st, q.codes, q.scales, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, int(wa.K), wa.w_stride, wa.s_stride, expert, ks, kt, ya, yb);
 }
 
 void check_fp4(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w) {
@@ -687,10 +684,8 @@ Status launch_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const u
   unsigned gridx = 0;
   FB_RETURN_IF_ERROR(grid_for(kernel, smem, (N + per_pass - 1) / per_pass, gy_ctas, &gridx));
   const dim3 grid(gridx, unsigned(gy_ctas));
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), occ ? fast_bf16_kernel<R, kOccBlocks> : fast_bf16_kernel<R, 1>, grid, dim3(kThreads), smem, st, x, M, int(K),
-                         ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt));
-  FB_CUDA_LAUNCHED("fast_bf16_kernel");
-  return Status();
+  return launch_op_pdl("fast_bf16_kernel", fast_pdl(), occ ? fast_bf16_kernel<R, kOccBlocks> : fast_bf16_kernel<R, 1>, grid, dim3(kThreads), smem, st,
+                       x, M, int(K), ldx, w, N, y, ldy, int(out), G, gx, gw, gy, ks, kt);
 }
 
 }  // namespace

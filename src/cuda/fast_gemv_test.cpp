@@ -365,27 +365,10 @@ TEST(FastGemv, TcAsyncScalesEqualPlainLoads) {
   struct Fp8Case { int64_t Na, Nb, K; };
   for (Fp8Case c : {Fp8Case{1280, 512, 5120}, Fp8Case{2048, 0, 1280}, Fp8Case{5120, 0, 8192}, Fp8Case{1000, 72, 2304}, Fp8Case{96, 0, 2080}}) {
     SCOPED_TRACE("fp8 Na=" + std::to_string(c.Na) + " Nb=" + std::to_string(c.Nb) + " K=" + std::to_string(c.K));
-    const int64_t K = c.K, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    Dev<uint8_t> wa(rng.e4m3(c.Na * K)), sa(rng.bytes(((c.Na + 31) / 32) * KB, 118, 132));
-    Dev<uint8_t> wb(rng.e4m3(std::max<int64_t>(c.Nb, 1) * K)), sb(rng.bytes(std::max<int64_t>((c.Nb + 31) / 32, 1) * KB, 118, 132));
-    const Fp8W A{wa.p(), sa.p(), c.Na, K}, B{wb.p(), sb.p(), c.Nb, K};
-    Dev<bf16_t> ya(size_t(kRows * c.Na)), yb(size_t(kRows * std::max<int64_t>(c.Nb, 1)));
+    Fp8PairSet set(rng, c.Na, c.Nb, c.K);
     for (int64_t M : {1, 3, 8, 9, 64}) {
       SCOPED_TRACE("M=" + std::to_string(M));
-      const auto [plain, async] = both([&] {
-        ya.poison();
-        yb.poison();
-        EXPECT_TRUE((c.Nb ? tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr) : tc_fp8_gemv(q, M, A, ya.p(), nullptr, nullptr, nullptr)).ok());
-        auto v = ya.get();
-        const auto vb = yb.get();
-        v.insert(v.end(), vb.begin(), vb.end());
-        return v;
-      });
+      const auto [plain, async] = both([&] { return set.gemv(M); });
       ASSERT_EQ(plain.size(), async.size());
       EXPECT_TRUE(plain == async) << "cp.async scales != plain loads";
     }
@@ -446,27 +429,10 @@ template <typename Same>
 void tc_sweep(Rng& rng, const TcSweep& sw, Same same) {
   for (TcSweep::Fp8Case c : sw.fp8) {
     SCOPED_TRACE("fp8 Na=" + std::to_string(c.Na) + " Nb=" + std::to_string(c.Nb) + " K=" + std::to_string(c.K));
-    const int64_t K = c.K, KB = K / 32;
-    Dev<bf16_t> dx(rng.act(kRows * K));
-    Dev<uint8_t> qc(size_t(kRows * K));
-    Dev<float> qs(size_t(kRows * KB));
-    const QuantBuf q{qc.p(), qs.p(), kRows * K};
-    ASSERT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
-    Dev<uint8_t> wa(rng.e4m3(c.Na * K)), sa(rng.bytes(((c.Na + 31) / 32) * KB, 118, 132));
-    Dev<uint8_t> wb(rng.e4m3(std::max<int64_t>(c.Nb, 1) * K)), sb(rng.bytes(std::max<int64_t>((c.Nb + 31) / 32, 1) * KB, 118, 132));
-    const Fp8W A{wa.p(), sa.p(), c.Na, K}, B{wb.p(), sb.p(), c.Nb, K};
-    Dev<bf16_t> ya(size_t(kRows * c.Na)), yb(size_t(kRows * std::max<int64_t>(c.Nb, 1)));
+    Fp8PairSet set(rng, c.Na, c.Nb, c.K);
     for (int64_t M : {1, 9, 64}) {
       SCOPED_TRACE("M=" + std::to_string(M));
-      same("fp8", [&] {
-        ya.poison();
-        yb.poison();
-        EXPECT_TRUE((c.Nb ? tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr) : tc_fp8_gemv(q, M, A, ya.p(), nullptr, nullptr, nullptr)).ok());
-        auto v = ya.get();
-        const auto vb = yb.get();
-        v.insert(v.end(), vb.begin(), vb.end());
-        return v;
-      });
+      same("fp8", [&] { return set.gemv(M); });
     }
   }
   for (TcSweep::Fp4Case c : sw.fp4) {

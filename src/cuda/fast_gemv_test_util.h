@@ -14,6 +14,7 @@
 #include "base/dtype.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/ops.h"
+#include "cuda/tc_gemv.h"
 
 namespace fb::cuda::gemv_test {
 
@@ -140,6 +141,38 @@ struct Fp4Set {
         qs(size_t(T * KB)), q{qc.p(), qs.p(), T * K}, A{wa.p(), sa.p(), N, K, N * K / 2, N * KB}, B{wb.p(), sb.p(), N, K, N * K / 2, N * KB} {
     Dev<bf16_t> dx(rng.act(T * K));
     EXPECT_TRUE(act_quant(dx.p(), T, K, q, nullptr).ok());
+  }
+};
+
+// Two FP8 weights sharing the quantised rows of one activation: A [Na, K] and, when Nb > 0, B
+// [Nb, K] (a one-row buffer otherwise), for tc_fp8_gemv's one- and two-output forms. The random
+// draws in the order the tests made them before this helper (activations, A, its scales, B, its
+// scales), so the cases' data did not change.
+struct Fp8PairSet {
+  int64_t Na, Nb, K, KB;
+  Dev<bf16_t> dx;
+  Dev<uint8_t> qc;
+  Dev<float> qs;
+  QuantBuf q;
+  Dev<uint8_t> wa, sa, wb, sb;
+  Fp8W A, B;
+  Dev<bf16_t> ya, yb;
+  Fp8PairSet(Rng& rng, int64_t na, int64_t nb, int64_t k)
+      : Na(na), Nb(nb), K(k), KB(k / 32), dx(rng.act(kRows * K)), qc(size_t(kRows * K)), qs(size_t(kRows * KB)), q{qc.p(), qs.p(), kRows * K},
+        wa(rng.e4m3(Na * K)), sa(rng.bytes(((Na + 31) / 32) * KB, 118, 132)), wb(rng.e4m3(std::max<int64_t>(Nb, 1) * K)),
+        sb(rng.bytes(std::max<int64_t>((Nb + 31) / 32, 1) * KB, 118, 132)), A{wa.p(), sa.p(), Na, K}, B{wb.p(), sb.p(), Nb, K},
+        ya(size_t(kRows * Na)), yb(size_t(kRows * std::max<int64_t>(Nb, 1))) {
+    EXPECT_TRUE(act_quant(dx.p(), kRows, K, q, nullptr).ok());
+  }
+  // tc_fp8_gemv over the first M rows (outputs poisoned first): A's outputs, then B's buffer.
+  std::vector<bf16_t> gemv(int64_t M) {
+    ya.poison();
+    yb.poison();
+    EXPECT_TRUE((Nb ? tc_fp8_gemv(q, M, A, ya.p(), &B, yb.p(), nullptr) : tc_fp8_gemv(q, M, A, ya.p(), nullptr, nullptr, nullptr)).ok());
+    auto v = ya.get();
+    const auto vb = yb.get();
+    v.insert(v.end(), vb.begin(), vb.end());
+    return v;
   }
 };
 

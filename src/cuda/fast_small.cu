@@ -15,6 +15,7 @@
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -221,6 +222,22 @@ __global__ void __launch_bounds__(kSiteThreads) fast_hc_partial_kernel(const uin
   }
 }
 
+// One Sinkhorn normalisation of the HC x HC matrix C: each of the HC lines starting at C[o * SO]
+// (entries C[o * SO + i * SI], i ascending) summed from 0, its sum + eps inverted, the line scaled.
+// <HC, 1, HC>: the columns; <HC, HC, 1>: the rows.
+template <int HC, int SO, int SI>
+__device__ __forceinline__ void sinkhorn_normalize(float* C, float eps) {
+#pragma unroll
+  for (int o = 0; o < HC; ++o) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC; ++i) s = __fadd_rn(s, C[o * SO + i * SI]);
+    const float r = __frcp_rn(__fadd_rn(s, eps));
+#pragma unroll
+    for (int i = 0; i < HC; ++i) C[o * SO + i * SI] = __fmul_rn(C[o * SO + i * SI], r);
+  }
+}
+
 // Sinkhorn of one row in one thread's registers (hc_split_sinkhorn's steps; a reciprocal per
 // row / column instead of a division per element), pre and post; m = the scaled mixes.
 template <int HC>
@@ -254,25 +271,9 @@ __device__ __forceinline__ void sinkhorn_thread(const float* m, const float* sc,
   const int n_norm = iters > 1 ? 2 * iters - 1 : 1;  // col, then (row, col) x (iters - 1)
   for (int it = 0; it < n_norm; ++it) {
     if ((it & 1) == 0) {
-#pragma unroll
-      for (int b = 0; b < HC; ++b) {
-        float s = 0.0f;
-#pragma unroll
-        for (int a = 0; a < HC; ++a) s = __fadd_rn(s, C[a * HC + b]);
-        const float r = __frcp_rn(__fadd_rn(s, eps));
-#pragma unroll
-        for (int a = 0; a < HC; ++a) C[a * HC + b] = __fmul_rn(C[a * HC + b], r);
-      }
+      sinkhorn_normalize<HC, 1, HC>(C, eps);  // columns
     } else {
-#pragma unroll
-      for (int a = 0; a < HC; ++a) {
-        float s = 0.0f;
-#pragma unroll
-        for (int b = 0; b < HC; ++b) s = __fadd_rn(s, C[a * HC + b]);
-        const float r = __frcp_rn(__fadd_rn(s, eps));
-#pragma unroll
-        for (int b = 0; b < HC; ++b) C[a * HC + b] = __fmul_rn(C[a * HC + b], r);
-      }
+      sinkhorn_normalize<HC, HC, 1>(C, eps);  // rows
     }
   }
 #pragma unroll
@@ -663,17 +664,15 @@ Status fast_norm_quant(const uint16_t* x, int64_t M, int64_t n, const uint16_t* 
            (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0)
       << "fast_norm_quant n=" << n;
   if (M == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_norm_quant_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, x, n, w, eps, y, q.codes, q.scales));
-  FB_CUDA_LAUNCHED("fast_norm_quant_kernel");
-  return Status();
+  return launch_op_pdl("fast_norm_quant_kernel", fast_pdl(), fast_norm_quant_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, x, n, w, eps, y,
+                       q.codes, q.scales);
 }
 
 Status fast_act_quant(const uint16_t* x, int64_t M, int64_t K, const QuantBuf& q, cudaStream_t st) {
   FB_CHECK(K % 32 == 0 && M * K <= q.capacity && aligned16(x) && (reinterpret_cast<uintptr_t>(q.codes) & 7) == 0) << "fast_act_quant K=" << K;
   if (M == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), fast_act_quant_kernel, dim3(blocks(M * (K / 8), 128)), dim3(128), 0, st, x, M, K, q.codes, q.scales));
-  FB_CUDA_LAUNCHED("fast_act_quant_kernel");
-  return Status();
+  return launch_op_pdl("fast_act_quant_kernel", fast_pdl(), fast_act_quant_kernel, dim3(blocks(M * (K / 8), 128)), dim3(128), 0, st, x, M, K, q.codes,
+                       q.scales);
 }
 
 Status fast_swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q,

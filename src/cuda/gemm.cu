@@ -14,6 +14,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
 #include "cuda/ops.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -70,55 +71,62 @@ __global__ void fp8_qdq_warp_kernel(const uint16_t* x, int64_t M, int64_t K, uin
   if (out) out[m * K + b * 32 + lane] = to_bf(fm::mul(e4m3_val(code), e8m0_val(sc)));
 }
 
+// Block b (B elements) of row m quantised to e2m1 with its scale s (code sc): packed into the
+// compact row (B / 2 bytes at b * B / 2, the scale code after the K / 2 code bytes) and/or
+// dequantised (code value times sv) into out.
+template <int B>
+__device__ __forceinline__ void fp4_block_out(const uint16_t* xb, float s, uint8_t sc, float sv, int64_t m, int64_t b, int64_t K, uint8_t* compact,
+                                              int64_t ld, uint16_t* out) {
+  uint8_t packed[B / 2];
+  for (int j = 0; j < B; j += 2) {
+    const float v0 = smin(smax(fm::div(bf(xb[j]), s), -6.0f), 6.0f);
+    const float v1 = smin(smax(fm::div(bf(xb[j + 1]), s), -6.0f), 6.0f);
+    packed[j / 2] = uint8_t(e2m1_code(v0) | (e2m1_code(v1) << 4));
+  }
+  if (compact) {
+    uint8_t* row = compact + m * ld;
+    for (int j = 0; j < B / 2; ++j) row[b * (B / 2) + j] = packed[j];
+    row[K / 2 + b] = sc;
+  }
+  if (out)
+    for (int j = 0; j < B; ++j) out[m * K + b * B + j] = to_bf(fm::mul(e2m1_val(e2m1_code_at(packed, j)), sv));
+}
+
+// This thread's block of the FP4 quantisers: row m, block b (B elements at xb) and their largest
+// magnitude; false past the last block.
+template <int B>
+__device__ __forceinline__ bool fp4_block_at(const uint16_t* x, int64_t M, int64_t K, int64_t& m, int64_t& b, const uint16_t*& xb, float& amax) {
+  const int64_t KB = K / B, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * KB) return false;
+  m = i / KB;
+  b = i % KB;
+  xb = x + m * K + b * B;
+  amax = 0.0f;
+  for (int j = 0; j < B; ++j) amax = smax(amax, fabsf(bf(xb[j])));
+  return true;
+}
+
 __global__ void fp4_e8m0_qdq_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
-  const int64_t KB = K / 32, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= M * KB) return;
-  const int64_t m = i / KB, b = i % KB;
-  const uint16_t* xb = x + m * K + b * 32;
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) amax = smax(amax, fabsf(bf(xb[j])));
+  int64_t m, b;
+  const uint16_t* xb;
+  float amax;
+  if (!fp4_block_at<32>(x, M, K, m, b, xb, amax)) return;
   amax = smax(amax, fm::mul(6.0f, fm::pow2i(-126)));
   const float s = pow2_ceil_bits(fm::mul(amax, __uint_as_float(0x3E2AAAABu)));  // f32(1/6)
   const uint8_t sc = e8m0_code(s);
   const float sv = e8m0_val(sc);
-  uint8_t packed[16];
-  for (int j = 0; j < 32; j += 2) {
-    const float v0 = smin(smax(fm::div(bf(xb[j]), s), -6.0f), 6.0f);
-    const float v1 = smin(smax(fm::div(bf(xb[j + 1]), s), -6.0f), 6.0f);
-    packed[j / 2] = uint8_t(e2m1_code(v0) | (e2m1_code(v1) << 4));
-  }
-  if (compact) {
-    uint8_t* row = compact + m * ld;
-    for (int j = 0; j < 16; ++j) row[b * 16 + j] = packed[j];
-    row[K / 2 + b] = sc;
-  }
-  if (out)
-    for (int j = 0; j < 32; ++j) out[m * K + b * 32 + j] = to_bf(fm::mul(e2m1_val(e2m1_code_at(packed, j)), sv));
+  fp4_block_out<32>(xb, s, sc, sv, m, b, K, compact, ld, out);
 }
 
 __global__ void fp4_e4m3_qdq_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
-  const int64_t KB = K / 16, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= M * KB) return;
-  const int64_t m = i / KB, b = i % KB;
-  const uint16_t* xb = x + m * K + b * 16;
-  float amax = 0.0f;
-  for (int j = 0; j < 16; ++j) amax = smax(amax, fabsf(bf(xb[j])));
+  int64_t m, b;
+  const uint16_t* xb;
+  float amax;
+  if (!fp4_block_at<16>(x, M, K, m, b, xb, amax)) return;
   amax = smax(amax, fm::mul(6.0f, fm::pow2i(-9)));
   const uint8_t sc = e4m3_code(fm::div(amax, 6.0f));
   const float s = e4m3_val(sc);
-  uint8_t packed[8];
-  for (int j = 0; j < 16; j += 2) {
-    const float v0 = smin(smax(fm::div(bf(xb[j]), s), -6.0f), 6.0f);
-    const float v1 = smin(smax(fm::div(bf(xb[j + 1]), s), -6.0f), 6.0f);
-    packed[j / 2] = uint8_t(e2m1_code(v0) | (e2m1_code(v1) << 4));
-  }
-  if (compact) {
-    uint8_t* row = compact + m * ld;
-    for (int j = 0; j < 8; ++j) row[b * 8 + j] = packed[j];
-    row[K / 2 + b] = sc;
-  }
-  if (out)
-    for (int j = 0; j < 16; ++j) out[m * K + b * 16 + j] = to_bf(fm::mul(e2m1_val(e2m1_code_at(packed, j)), s));
+  fp4_block_out<16>(xb, s, sc, s, m, b, K, compact, ld, out);
 }
 
 __global__ void fp8_dequant_rows_kernel(const uint64_t* rows, int64_t n, int64_t K, uint16_t* out) {
@@ -456,40 +464,31 @@ __global__ void scale_bf16_kernel(uint16_t* x, int64_t n, float s) {
 Status act_quant(const uint16_t* x, int64_t M, int64_t K, const QuantBuf& q, cudaStream_t st) {
   FB_CHECK(K % 32 == 0 && M * K <= q.capacity) << "act_quant M=" << M << " K=" << K << " capacity=" << q.capacity;
   if (M == 0) return Status();
-  act_quant_warp_kernel<<<blocks_for(M * (K / 32), 8), 256, 0, st>>>(x, M, K, q.codes, q.scales);
-  FB_CUDA_LAUNCHED("act_quant_warp_kernel");
-  return Status();
+  return launch_op("act_quant_warp_kernel", act_quant_warp_kernel, blocks_for(M * (K / 32), 8), 256, 0, st, x, M, K, q.codes, q.scales);
 }
 
 Status fp8_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 32 == 0);
   if (M == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), fp8_qdq_warp_kernel, dim3(blocks_for(M * (K / 32), 8)), dim3(256), 0, st, x, M, K, compact, ld, out));
-  FB_CUDA_LAUNCHED("fp8_qdq_warp_kernel");
-  return Status();
+  return launch_op_pdl("fp8_qdq_warp_kernel", fast_pdl(), fp8_qdq_warp_kernel, dim3(blocks_for(M * (K / 32), 8)), dim3(256), 0, st, x, M, K, compact,
+                       ld, out);
 }
 
 Status fp4_e8m0_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 32 == 0);
   if (M == 0) return Status();
-  fp4_e8m0_qdq_kernel<<<blocks_for(M * (K / 32), 128), 128, 0, st>>>(x, M, K, compact, ld, out);
-  FB_CUDA_LAUNCHED("fp4_e8m0_qdq_kernel");
-  return Status();
+  return launch_op("fp4_e8m0_qdq_kernel", fp4_e8m0_qdq_kernel, blocks_for(M * (K / 32), 128), 128, 0, st, x, M, K, compact, ld, out);
 }
 
 Status fp4_e4m3_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 16 == 0);
   if (M == 0) return Status();
-  fp4_e4m3_qdq_kernel<<<blocks_for(M * (K / 16), 128), 128, 0, st>>>(x, M, K, compact, ld, out);
-  FB_CUDA_LAUNCHED("fp4_e4m3_qdq_kernel");
-  return Status();
+  return launch_op("fp4_e4m3_qdq_kernel", fp4_e4m3_qdq_kernel, blocks_for(M * (K / 16), 128), 128, 0, st, x, M, K, compact, ld, out);
 }
 
 Status fp8_dequant_rows(const uint64_t* rows, int64_t n, int64_t K, uint16_t* out, cudaStream_t st) {
   if (n == 0) return Status();
-  fp8_dequant_rows_kernel<<<blocks_for(n * K, 256), 256, 0, st>>>(rows, n, K, out);
-  FB_CUDA_LAUNCHED("fp8_dequant_rows_kernel");
-  return Status();
+  return launch_op("fp8_dequant_rows_kernel", fp8_dequant_rows_kernel, blocks_for(n * K, 256), 256, 0, st, rows, n, K, out);
 }
 
 namespace {
@@ -514,9 +513,7 @@ Status fp8_gemm_q(const QuantBuf& q, int64_t M, const Fp8W& w, uint16_t* y, cuda
     FB_CUDA_LAUNCHED("fp8_gemv_kernel");
     return Status();
   }
-  fp8_gemm_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
-  FB_CUDA_LAUNCHED("fp8_gemm_kernel");
-  return Status();
+  return launch_op("fp8_gemm_kernel", fp8_gemm_kernel, blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st, q.codes, q.scales, M, w.w, w.s, w.N, w.K, y);
 }
 
 Status fp8_gemm(const uint16_t* x, int64_t M, const Fp8W& w, uint16_t* y, const QuantBuf& q, cudaStream_t st) {
@@ -535,15 +532,11 @@ Status fp4_gemm_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& w, co
   FB_CHECK(w.K % 32 == 0 && x_div >= 1 && w.w && w.s) << "fp4 gemm K=" << w.K;
   if (M == 0 || w.N == 0) return Status();
   if (fp4_vec_ok(q, w)) {
-    fp4_gemv2_kernel<<<blocks_for(M * ((w.N + 1) / 2), kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, nullptr, nullptr,
-                                                                                    w.N, w.K, w.w_stride, w.s_stride, expert, y, nullptr);
-    FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
-    return Status();
+    return launch_op("fp4_gemv2_kernel", fp4_gemv2_kernel, blocks_for(M * ((w.N + 1) / 2), kWarps), 32 * kWarps, 0, st, q.codes, q.scales, M, x_div,
+                     w.w, w.s, nullptr, nullptr, w.N, w.K, w.w_stride, w.s_stride, expert, y, nullptr);
   }
-  fp4_gemm_kernel<<<blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, w.w, w.s, w.N, w.K, w.w_stride,
-                                                                       w.s_stride, expert, y);
-  FB_CUDA_LAUNCHED("fp4_gemm_kernel");
-  return Status();
+  return launch_op("fp4_gemm_kernel", fp4_gemm_kernel, blocks_for(M * w.N, kWarps), 32 * kWarps, 0, st, q.codes, q.scales, M, x_div, w.w, w.s, w.N,
+                   w.K, w.w_stride, w.s_stride, expert, y);
 }
 
 Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, const Fp4W& wb, const int32_t* expert, uint16_t* ya,
@@ -555,10 +548,8 @@ Status fp4_gemm2_q(const QuantBuf& q, int64_t M, int64_t x_div, const Fp4W& wa, 
   }
   FB_CHECK(wa.w && wa.s) << "fp4 gemm2";
   if (M == 0 || wa.N == 0) return Status();
-  fp4_gemv2_kernel<<<blocks_for(M * wa.N, kWarps), 32 * kWarps, 0, st>>>(q.codes, q.scales, M, x_div, wa.w, wa.s, wb.w, wb.s, wa.N, wa.K,
-                                                                         wa.w_stride, wa.s_stride, expert, ya, yb);
-  FB_CUDA_LAUNCHED("fp4_gemv2_kernel");
-  return Status();
+  return launch_op("fp4_gemv2_kernel", fp4_gemv2_kernel, blocks_for(M * wa.N, kWarps), 32 * kWarps, 0, st, q.codes, q.scales, M, x_div, wa.w, wa.s,
+                   wb.w, wb.s, wa.N, wa.K, wa.w_stride, wa.s_stride, expert, ya, yb);
 }
 
 Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* w, int64_t N, void* y, int64_t ldy, GemmOut out,
@@ -569,23 +560,16 @@ Status bf16_gemm(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uin
     const int64_t warps = ((M + mr - 1) / mr) * G * N;
     const unsigned grid = blocks_for(warps, kWarps);
     const int mode = int(out);
-    if (mr == 1) bf16_gemv_kernel<1><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
-    else if (mr == 2) bf16_gemv_kernel<2><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
-    else if (mr == 4) bf16_gemv_kernel<4><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
-    else bf16_gemv_kernel<8><<<grid, 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
-    FB_CUDA_LAUNCHED("bf16_gemv_kernel");
-    return Status();
+    auto* kernel = mr == 1 ? bf16_gemv_kernel<1> : mr == 2 ? bf16_gemv_kernel<2> : mr == 4 ? bf16_gemv_kernel<4> : bf16_gemv_kernel<8>;
+    return launch_op("bf16_gemv_kernel", kernel, grid, 32 * kWarps, 0, st, x, M, K, ldx, w, N, y, ldy, mode, G, gx, gw, gy);
   }
-  bf16_gemm_kernel<<<blocks_for(M * G * N, kWarps), 32 * kWarps, 0, st>>>(x, M, K, ldx, w, N, y, ldy, int(out), G, gx, gw, gy);
-  FB_CUDA_LAUNCHED("bf16_gemm_kernel");
-  return Status();
+  return launch_op("bf16_gemm_kernel", bf16_gemm_kernel, blocks_for(M * G * N, kWarps), 32 * kWarps, 0, st, x, M, K, ldx, w, N, y, ldy, int(out), G,
+                   gx, gw, gy);
 }
 
 Status scale_bf16(uint16_t* x, int64_t n, float s, cudaStream_t st) {
   if (n == 0) return Status();
-  scale_bf16_kernel<<<blocks_for(n, 256), 256, 0, st>>>(x, n, s);
-  FB_CUDA_LAUNCHED("scale_bf16_kernel");
-  return Status();
+  return launch_op("scale_bf16_kernel", scale_bf16_kernel, blocks_for(n, 256), 256, 0, st, x, n, s);
 }
 
 }  // namespace fb::cuda

@@ -13,6 +13,7 @@
 #include "cuda/device.h"
 #include "cuda/numerics.cuh"
 #include "cuda/ops.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -338,9 +339,8 @@ Status index_scores(const uint16_t* iq, const uint16_t* wts, int64_t T, int IH, 
   FB_CHECK(ihd % 32 == 0);
   if (T == 0 || ld == 0) return Status();
   const dim3 grid(unsigned((ld + kWarps - 1) / kWarps), unsigned(T));
-  index_scores_kernel<<<grid, 32 * kWarps, 0, st>>>(iq, wts, IH, ihd, keys_base, key_bytes, n_vis, n_scored, I, ld, mask, mask_ld, mask_len);
-  FB_CUDA_LAUNCHED("index_scores_kernel");
-  return Status();
+  return launch_op("index_scores_kernel", index_scores_kernel, grid, 32 * kWarps, 0, st, iq, wts, IH, ihd, keys_base, key_bytes, n_vis, n_scored, I,
+                   ld, mask, mask_ld, mask_len);
 }
 
 Status candidate_pool(const float* I, int64_t T, int64_t ld, const int64_t* n_scored, const int64_t* n_vis, int64_t block, int64_t keep,

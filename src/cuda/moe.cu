@@ -9,6 +9,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
 #include "cuda/ops.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -433,69 +434,52 @@ Status route_from_dots(int64_t T, int E, const float* bias, const float* bias_vl
 Status swiglu_quant(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, const QuantBuf& q, cudaStream_t st) {
   FB_CHECK(n % 32 == 0 && M * n <= q.capacity) << "swiglu_quant n=" << n;
   if (M * n == 0) return Status();
-  swiglu_quant_kernel<<<blocks_for(M * (n / 32), 8), 256, 0, st>>>(a, b, M, n, limit, weight, q.codes, q.scales);
-  FB_CUDA_LAUNCHED("swiglu_quant_kernel");
-  return Status();
+  return launch_op("swiglu_quant_kernel", swiglu_quant_kernel, blocks_for(M * (n / 32), 8), 256, 0, st, a, b, M, n, limit, weight, q.codes, q.scales);
 }
 
 Status swiglu(const uint16_t* a, const uint16_t* b, int64_t M, int64_t n, float limit, const float* weight, uint16_t* h, cudaStream_t st) {
   if (M * n == 0) return Status();
-  swiglu_kernel<<<blocks_for(M * n, 256), 256, 0, st>>>(a, b, M, n, limit, weight, h);
-  FB_CUDA_LAUNCHED("swiglu_kernel");
-  return Status();
+  return launch_op("swiglu_kernel", swiglu_kernel, blocks_for(M * n, 256), 256, 0, st, a, b, M, n, limit, weight, h);
 }
 
 Status moe_combine(const uint16_t* ye, int K, const uint16_t* ys, int64_t T, int64_t D, uint16_t* y, cudaStream_t st) {
   if (T == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), moe_combine_kernel, dim3(blocks_for(T * D, 256)), dim3(256), 0, st, ye, K, ys, T, D, y));
-  FB_CUDA_LAUNCHED("moe_combine_kernel");
-  return Status();
+  return launch_op_pdl("moe_combine_kernel", fast_pdl(), moe_combine_kernel, dim3(blocks_for(T * D, 256)), dim3(256), 0, st, ye, K, ys, T, D, y);
 }
 
 Status engram_gather(const uint8_t* table, const uint8_t* table_scale, const int64_t* hashes, int64_t ld_hash, int64_t T, int n_cols, int hd,
                      uint16_t* E, cudaStream_t st) {
   FB_CHECK(hd % 32 == 0);
   if (T == 0) return Status();
-  engram_gather_kernel<<<blocks_for(T * n_cols * hd, 256), 256, 0, st>>>(table, table_scale, hashes, ld_hash, T, n_cols, hd, E);
-  FB_CUDA_LAUNCHED("engram_gather_kernel");
-  return Status();
+  return launch_op("engram_gather_kernel", engram_gather_kernel, blocks_for(T * n_cols * hd, 256), 256, 0, st, table, table_scale, hashes, ld_hash, T,
+                   n_cols, hd, E);
 }
 
 Status engram_gate(uint16_t* X, const uint16_t* kv, const uint16_t* q_w, const uint16_t* k_w, int64_t T, int hc, int64_t D, float eps,
                    float inv_sqrt_d, const uint8_t* image, cudaStream_t st) {
   if (T == 0) return Status();
-  engram_gate_kernel<<<unsigned(T * hc), 128, 0, st>>>(X, kv, q_w, k_w, hc, D, eps, inv_sqrt_d, image);
-  FB_CUDA_LAUNCHED("engram_gate_kernel");
-  return Status();
+  return launch_op("engram_gate_kernel", engram_gate_kernel, unsigned(T * hc), 128, 0, st, X, kv, q_w, k_w, hc, D, eps, inv_sqrt_d, image);
 }
 
 Status ratio2_pool(const uint64_t* even, const uint64_t* odd, int64_t n, int64_t hd, uint16_t* pooled, cudaStream_t st) {
   if (n == 0) return Status();
-  ratio2_pool_kernel<<<blocks_for(n * hd, 256), 256, 0, st>>>(even, odd, n, hd, pooled);
-  FB_CUDA_LAUNCHED("ratio2_pool_kernel");
-  return Status();
+  return launch_op("ratio2_pool_kernel", ratio2_pool_kernel, blocks_for(n * hd, 256), 256, 0, st, even, odd, n, hd, pooled);
 }
 
 Status markov_bias(float* lk, int64_t V, int r, const uint16_t* EM, const uint16_t* HM, const int32_t* prev_id, cudaStream_t st) {
   if (V == 0) return Status();
   const bool vec = r % 8 == 0 && (reinterpret_cast<uintptr_t>(EM) & 15) == 0 && (reinterpret_cast<uintptr_t>(HM) & 15) == 0;
-  markov_bias_kernel<<<blocks_for(V, 8), 256, 0, st>>>(lk, V, r, EM, HM, prev_id, vec);
-  FB_CUDA_LAUNCHED("markov_bias_kernel");
-  return Status();
+  return launch_op("markov_bias_kernel", markov_bias_kernel, blocks_for(V, 8), 256, 0, st, lk, V, r, EM, HM, prev_id, vec);
 }
 
 Status argmax(const float* x, int64_t n, int32_t* out, cudaStream_t st) {
-  argmax_kernel<<<1, 1024, 0, st>>>(x, n, out);
-  FB_CUDA_LAUNCHED("argmax_kernel");
-  return Status();
+  return launch_op("argmax_kernel", argmax_kernel, 1, 1024, 0, st, x, n, out);
 }
 
 Status rows_argmax(const float* x, int64_t rows, int64_t V, int32_t* out, cudaStream_t st) {
   if (rows == 0) return Status();
   FB_CHECK(V > 0 && rows < (int64_t(1) << 31)) << "rows_argmax V=" << V;
-  rows_argmax_kernel<<<unsigned(rows), 1024, 0, st>>>(x, V, out);
-  FB_CUDA_LAUNCHED("rows_argmax_kernel");
-  return Status();
+  return launch_op("rows_argmax_kernel", rows_argmax_kernel, unsigned(rows), 1024, 0, st, x, V, out);
 }
 
 int markov_step_ctas() {
@@ -518,16 +502,13 @@ Status markov_step(float* lk, int64_t V, int r, const uint16_t* EM, const uint16
   const unsigned g = unsigned(std::min<int64_t>(ws.ctas, (V + kMarkovRows * 8 - 1) / (kMarkovRows * 8)));
   const int nc = (r + 255) / 256;
   const auto k = nc == 1 ? &markov_step_kernel<1> : nc == 2 ? &markov_step_kernel<2> : &markov_step_kernel<4>;
-  k<<<g, kMarkovThreads, 0, st>>>(lk, V, r, EM, HM, prev_id, hH, D, wc, next_id, conf, ws.part_v, ws.part_i, ws.counter);
-  FB_CUDA_LAUNCHED("markov_step_kernel");
-  return Status();
+  return launch_op("markov_step_kernel", k, g, kMarkovThreads, 0, st, lk, V, r, EM, HM, prev_id, hH, D, wc, next_id, conf, ws.part_v, ws.part_i,
+                   ws.counter);
 }
 
 Status confidence(const uint16_t* hH, int64_t D, const uint16_t* EM, int r, const int32_t* prev_id, const uint16_t* wc, float* out,
                   cudaStream_t st) {
-  confidence_kernel<<<1, 32, 0, st>>>(hH, D, EM, r, prev_id, wc, out);
-  FB_CUDA_LAUNCHED("confidence_kernel");
-  return Status();
+  return launch_op("confidence_kernel", confidence_kernel, 1, 32, 0, st, hH, D, EM, r, prev_id, wc, out);
 }
 
 }  // namespace fb::cuda

@@ -7,6 +7,7 @@
 #include "cuda/fast_small.h"
 #include "cuda/pdl.cuh"
 #include "cuda/ops.h"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -455,13 +456,10 @@ __global__ void copy_rows_kernel(const uint64_t* src, const uint64_t* dst, int64
 Status rms_norm(const uint16_t* x, int64_t M, int64_t n, const uint16_t* w, float eps, uint16_t* y, cudaStream_t st) {
   if (M == 0) return Status();
   if (M <= kNormBlockMaxRows && n <= kNormBlockMaxN) {
-    FB_CUDA_TRY(launch_pdl(fast_pdl(), rms_norm_block_kernel, dim3(unsigned(M)), dim3(kNormBlockThreads), size_t(n) * sizeof(float), st, x, n, w, eps, y));
-    FB_CUDA_LAUNCHED("rms_norm_block_kernel");
-    return Status();
+    return launch_op_pdl("rms_norm_block_kernel", fast_pdl(), rms_norm_block_kernel, dim3(unsigned(M)), dim3(kNormBlockThreads),
+                         size_t(n) * sizeof(float), st, x, n, w, eps, y);
   }
-  rms_norm_kernel<<<blocks_for(M, 4), 128, 0, st>>>(x, M, n, w, eps, y);
-  FB_CUDA_LAUNCHED("rms_norm_kernel");
-  return Status();
+  return launch_op("rms_norm_kernel", rms_norm_kernel, blocks_for(M, 4), 128, 0, st, x, M, n, w, eps, y);
 }
 
 Status hc_pre_norm_quant(const uint16_t* x, int64_t T, int hc, int64_t dim, const float* pre, int64_t pre_stride, const uint16_t* w, float eps,
@@ -476,20 +474,16 @@ Status hc_pre_norm_quant(const uint16_t* x, int64_t T, int hc, int64_t dim, cons
     FB_RETURN_IF_ERROR(rms_norm(tmp, T, dim, w, eps, y, st));
     return act_quant(y, T, dim, q, st);
   }
-  hc_pre_norm_quant_kernel<<<unsigned(T), kNormBlockThreads, size_t(dim) * sizeof(float), st>>>(x, hc, dim, pre, pre_stride, w, eps, y, q.codes,
-                                                                                              q.scales);
-  FB_CUDA_LAUNCHED("hc_pre_norm_quant_kernel");
-  return Status();
+  return launch_op("hc_pre_norm_quant_kernel", hc_pre_norm_quant_kernel, unsigned(T), kNormBlockThreads, size_t(dim) * sizeof(float), st, x, hc, dim,
+                   pre, pre_stride, w, eps, y, q.codes, q.scales);
 }
 
 Status rope(uint16_t* x, int64_t M, int heads, int64_t width, int rope_dim, const int64_t* pos, const float* cos_t, const float* sin_t,
             bool inverse, cudaStream_t st) {
   const int half = rope_dim / 2;
   if (M == 0 || half == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), rope_kernel, dim3(blocks_for(M * heads * half, 256)), dim3(256), 0, st, x, M, heads, width, half, pos, cos_t,
-                         sin_t, inverse));
-  FB_CUDA_LAUNCHED("rope_kernel");
-  return Status();
+  return launch_op_pdl("rope_kernel", fast_pdl(), rope_kernel, dim3(blocks_for(M * heads * half, 256)), dim3(256), 0, st, x, M, heads, width, half,
+                       pos, cos_t, sin_t, inverse);
 }
 
 namespace {
@@ -568,37 +562,27 @@ Status hc_post(const uint16_t* y, const uint16_t* x, int64_t T, int hc, int64_t 
     FB_CUDA_LAUNCHED("hc_post_vec_kernel");
     return Status();
   }
-  hc_post_kernel<<<blocks_for(T * hc * dim, 256), 256, 0, st>>>(y, x, T, hc, dim, mix, out);
-  FB_CUDA_LAUNCHED("hc_post_kernel");
-  return Status();
+  return launch_op("hc_post_kernel", hc_post_kernel, blocks_for(T * hc * dim, 256), 256, 0, st, y, x, T, hc, dim, mix, out);
 }
 
 Status hc_take_pre(const HcMix* mix, int64_t T, int hc, float* pre, cudaStream_t st) {
   if (T == 0) return Status();
-  hc_take_pre_kernel<<<blocks_for(T * hc, 128), 128, 0, st>>>(mix, T, hc, pre);
-  FB_CUDA_LAUNCHED("hc_take_pre_kernel");
-  return Status();
+  return launch_op("hc_take_pre_kernel", hc_take_pre_kernel, blocks_for(T * hc, 128), 128, 0, st, mix, T, hc, pre);
 }
 
 Status embed_rows(const uint64_t* src, int64_t T, int hc, int64_t D, uint16_t* X, float* pre, cudaStream_t st) {
   if (T == 0) return Status();
-  embed_rows_kernel<<<blocks_for(T * hc * D, 256), 256, 0, st>>>(src, T, hc, D, X, pre);
-  FB_CUDA_LAUNCHED("embed_rows_kernel");
-  return Status();
+  return launch_op("embed_rows_kernel", embed_rows_kernel, blocks_for(T * hc * D, 256), 256, 0, st, src, T, hc, D, X, pre);
 }
 
 Status stream_mean(const uint16_t* X, int64_t T, int hc, int64_t D, uint16_t* out, int64_t ld, cudaStream_t st) {
   if (T == 0) return Status();
-  stream_mean_kernel<<<blocks_for(T * D, 256), 256, 0, st>>>(X, T, hc, D, out, ld);
-  FB_CUDA_LAUNCHED("stream_mean_kernel");
-  return Status();
+  return launch_op("stream_mean_kernel", stream_mean_kernel, blocks_for(T * D, 256), 256, 0, st, X, T, hc, D, out, ld);
 }
 
 Status copy_rows(const uint64_t* src, const uint64_t* dst, int64_t n, int64_t row_bytes, cudaStream_t st) {
   if (n == 0) return Status();
-  FB_CUDA_TRY(launch_pdl(fast_pdl(), copy_rows_kernel, dim3(unsigned(n)), dim3(128), 0, st, src, dst, row_bytes));
-  FB_CUDA_LAUNCHED("copy_rows_kernel");
-  return Status();
+  return launch_op_pdl("copy_rows_kernel", fast_pdl(), copy_rows_kernel, dim3(unsigned(n)), dim3(128), 0, st, src, dst, row_bytes);
 }
 
 }  // namespace fb::cuda

@@ -99,23 +99,24 @@ struct RsFp4Part {
   int stripes = 0;
 };
 
-// One warp's steps [j0, j1) of stripe unit base `u0` (in units), accumulating rows g and g + 8
-// (column 0 of lanes t == 0 is the row's value; other lanes compute zeros). Loads run D steps
-// ahead; the full groups of D steps run without a range test on the step, the last group with.
-template <bool kSlow>
-__device__ __forceinline__ void fp4_step(const uint4& wv, uint32_t sw, const uint4* bp, float2 a, bool b_lane, float& tot0, float& tot1) {
+// The step's four m16n8k16 products: a 32-byte unit of FP4 weights (rows g and g + 8, two
+// 32-blocks) against the staged activations of lane (0, t) (zeros on other lanes' B), into
+// d0 (block 0) and d1 (block 1), zeroed by the caller.
+__device__ __forceinline__ void fp4_unit_mma(const uint4& wv, const uint4* bp, bool b_lane, float (&d0)[4], float (&d1)[4]) {
   uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
   if (b_lane) {
     bl = bp[0];
     bh = bp[1];
   }
-  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma16816(d0, rs::fp4_pair_f16x2(wv.x, 0), rs::fp4_pair_f16x2(wv.x, 1), rs::fp4_pair_f16x2(wv.x, 2), rs::fp4_pair_f16x2(wv.x, 3), bl.x, bl.y);
   mma16816(d0, rs::fp4_pair_f16x2(wv.y, 0), rs::fp4_pair_f16x2(wv.y, 1), rs::fp4_pair_f16x2(wv.y, 2), rs::fp4_pair_f16x2(wv.y, 3), bl.z, bl.w);
   mma16816(d1, rs::fp4_pair_f16x2(wv.z, 0), rs::fp4_pair_f16x2(wv.z, 1), rs::fp4_pair_f16x2(wv.z, 2), rs::fp4_pair_f16x2(wv.z, 3), bh.x, bh.y);
   mma16816(d1, rs::fp4_pair_f16x2(wv.w, 0), rs::fp4_pair_f16x2(wv.w, 1), rs::fp4_pair_f16x2(wv.w, 2), rs::fp4_pair_f16x2(wv.w, 3), bh.z, bh.w);
-  // scale word bytes: (row g, block 0), (g, 1), (g + 8, 0), (g + 8, 1)
-  float w00, w01, w10, w11;
+}
+
+// The scale word's four E8M0 bytes as floats: (row g, block 0), (g, 1), (g + 8, 0), (g + 8, 1).
+template <bool kSlow>
+__device__ __forceinline__ void fp4_unit_scales(uint32_t sw, float& w00, float& w01, float& w10, float& w11) {
   if (kSlow) {
     w00 = dev::e8m0_val(uint8_t(sw));
     w01 = dev::e8m0_val(uint8_t(sw >> 8));
@@ -127,22 +128,13 @@ __device__ __forceinline__ void fp4_step(const uint4& wv, uint32_t sw, const uin
     w10 = e8m0_bits((sw << 7) & 0x7F800000u);
     w11 = e8m0_bits((sw >> 1) & 0x7F800000u);
   }
-  tot0 = __fmaf_rn(d0[0], __fmul_rn(w00, a.x), tot0);
-  tot0 = __fmaf_rn(d1[0], __fmul_rn(w01, a.y), tot0);
-  tot1 = __fmaf_rn(d0[2], __fmul_rn(w10, a.x), tot1);
-  tot1 = __fmaf_rn(d1[2], __fmul_rn(w11, a.y), tot1);
 }
 
-template <int D, bool kSlow>
-__device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint32_t* __restrict__ s, int64_t u0, int j0, int j1,
-                                         const uint32_t* bs, const float* as, int lane, float& tot0, float& tot1) {
-  const int g = lane >> 2, t = lane & 3, n = j1 - j0;
-  if (n <= 0) return;
-  const uint4* wp = w + (u0 + j0) * 32 + lane;                            // + 32 a step
-  const uint32_t* sp = s + (u0 + j0) * 8 + g;                             // + 8 a step
-  const uint4* bp = reinterpret_cast<const uint4*>(bs + (j0 * 4 + t) * 8);  // + 8 a step (32 words)
-  const float2* ap = reinterpret_cast<const float2*>(as) + j0;            // + 1 a step
-  const bool b_lane = g == 0;
+// A warp's n steps of weight units (wp, + 32 a step) and scale words (sp, + 8 a step), loads
+// running D steps ahead: the full groups of D steps run without a range test on the step, the
+// last group with; step(unit, scale word, k) consumes step k in order.
+template <int D, class Step>
+__device__ __forceinline__ void fp4_pipeline(const uint4* __restrict__ wp, const uint32_t* __restrict__ sp, int n, Step&& step) {
   uint4 buf[D];
   uint32_t sbuf[D];
 #pragma unroll
@@ -157,16 +149,60 @@ __device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint
     for (int u = 0; u < D; ++u) {
       const uint4 wv = buf[u];
       const uint32_t sw = sbuf[u];
-      if (i + u + D < n) {  // (a load past j1 would be another warp's bytes read twice)
+      if (i + u + D < n) {  // (a load past the warp's last step would be another warp's bytes read twice)
         buf[u] = __ldg(wp + (i + u + D) * 32);
         sbuf[u] = __ldg(sp + (i + u + D) * 8);
       }
-      fp4_step<kSlow>(wv, sw, bp + (i + u) * 8, ap[i + u], b_lane, tot0, tot1);
+      step(wv, sw, i + u);
     }
   }
 #pragma unroll
   for (int u = 0; u < D; ++u)
-    if (i + u < n) fp4_step<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ap[i + u], b_lane, tot0, tot1);
+    if (i + u < n) step(buf[u], sbuf[u], i + u);
+}
+
+// A warp's four accumulators (rows g and g + 8, columns 2t and 2t + 1) into its fold slot
+// fold[(warp * 16 + row) * 8 + col]; fold_warps sums output o over W warps in warp order.
+__device__ __forceinline__ void put_fold(float* fold, int warp, int g, int t, const float (&tot)[4]) {
+  float* f = fold + warp * 128;
+  f[g * 8 + 2 * t] = tot[0];
+  f[g * 8 + 2 * t + 1] = tot[1];
+  f[(g + 8) * 8 + 2 * t] = tot[2];
+  f[(g + 8) * 8 + 2 * t + 1] = tot[3];
+}
+
+__device__ __forceinline__ float fold_warps(const float* fold, int o, int W) {
+  float v = 0.0f;
+  for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + o]);
+  return v;
+}
+
+// One step of a warp, accumulating rows g and g + 8 (column 0 of lanes t == 0 is the row's
+// value; other lanes compute zeros).
+template <bool kSlow>
+__device__ __forceinline__ void fp4_step(const uint4& wv, uint32_t sw, const uint4* bp, float2 a, bool b_lane, float& tot0, float& tot1) {
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  fp4_unit_mma(wv, bp, b_lane, d0, d1);
+  float w00, w01, w10, w11;
+  fp4_unit_scales<kSlow>(sw, w00, w01, w10, w11);
+  tot0 = __fmaf_rn(d0[0], __fmul_rn(w00, a.x), tot0);
+  tot0 = __fmaf_rn(d1[0], __fmul_rn(w01, a.y), tot0);
+  tot1 = __fmaf_rn(d0[2], __fmul_rn(w10, a.x), tot1);
+  tot1 = __fmaf_rn(d1[2], __fmul_rn(w11, a.y), tot1);
+}
+
+// One warp's steps [j0, j1) of stripe unit base `u0` (in units).
+template <int D, bool kSlow>
+__device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint32_t* __restrict__ s, int64_t u0, int j0, int j1, const uint32_t* bs,
+                                         const float* as, int lane, float& tot0, float& tot1) {
+  const int g = lane >> 2, t = lane & 3, n = j1 - j0;
+  if (n <= 0) return;
+  const uint4* wp = w + (u0 + j0) * 32 + lane;                              // + 32 a step
+  const uint32_t* sp = s + (u0 + j0) * 8 + g;                               // + 8 a step
+  const uint4* bp = reinterpret_cast<const uint4*>(bs + (j0 * 4 + t) * 8);  // + 8 a step (32 words)
+  const float2* ap = reinterpret_cast<const float2*>(as) + j0;              // + 1 a step
+  const bool b_lane = g == 0;
+  fp4_pipeline<D>(wp, sp, n, [&](const uint4& wv, uint32_t sw, int k) { fp4_step<kSlow>(wv, sw, bp + k * 8, ap[k], b_lane, tot0, tot1); });
 }
 
 // Rows grouped by expert: up to 8 expert rows of one expert as the mma's columns (lane (g, t)
@@ -177,28 +213,10 @@ __device__ __forceinline__ void fp4_warp(const uint4* __restrict__ w, const uint
 template <bool kSlow>
 __device__ __forceinline__ void fp4_step_cols(const uint4& wv, uint32_t sw, const uint4* bp, const float* ac0, const float* ac1, bool b_lane,
                                               float (&tot)[4]) {
-  uint4 bl = make_uint4(0, 0, 0, 0), bh = bl;
-  if (b_lane) {
-    bl = bp[0];
-    bh = bp[1];
-  }
   float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma16816(d0, rs::fp4_pair_f16x2(wv.x, 0), rs::fp4_pair_f16x2(wv.x, 1), rs::fp4_pair_f16x2(wv.x, 2), rs::fp4_pair_f16x2(wv.x, 3), bl.x, bl.y);
-  mma16816(d0, rs::fp4_pair_f16x2(wv.y, 0), rs::fp4_pair_f16x2(wv.y, 1), rs::fp4_pair_f16x2(wv.y, 2), rs::fp4_pair_f16x2(wv.y, 3), bl.z, bl.w);
-  mma16816(d1, rs::fp4_pair_f16x2(wv.z, 0), rs::fp4_pair_f16x2(wv.z, 1), rs::fp4_pair_f16x2(wv.z, 2), rs::fp4_pair_f16x2(wv.z, 3), bh.x, bh.y);
-  mma16816(d1, rs::fp4_pair_f16x2(wv.w, 0), rs::fp4_pair_f16x2(wv.w, 1), rs::fp4_pair_f16x2(wv.w, 2), rs::fp4_pair_f16x2(wv.w, 3), bh.z, bh.w);
+  fp4_unit_mma(wv, bp, b_lane, d0, d1);
   float w00, w01, w10, w11;
-  if (kSlow) {
-    w00 = dev::e8m0_val(uint8_t(sw));
-    w01 = dev::e8m0_val(uint8_t(sw >> 8));
-    w10 = dev::e8m0_val(uint8_t(sw >> 16));
-    w11 = dev::e8m0_val(uint8_t(sw >> 24));
-  } else {
-    w00 = e8m0_bits((sw << 23) & 0x7F800000u);
-    w01 = e8m0_bits((sw << 15) & 0x7F800000u);
-    w10 = e8m0_bits((sw << 7) & 0x7F800000u);
-    w11 = e8m0_bits((sw >> 1) & 0x7F800000u);
-  }
+  fp4_unit_scales<kSlow>(sw, w00, w01, w10, w11);
   const float a00 = ac0[0], a01 = ac0[1], a10 = ac1[0], a11 = ac1[1];  // (column 2t, block 0), (2t, 1), (2t + 1, 0), (2t + 1, 1)
   tot[0] = __fmaf_rn(d0[0], __fmul_rn(w00, a00), tot[0]);
   tot[0] = __fmaf_rn(d1[0], __fmul_rn(w01, a01), tot[0]);
@@ -223,30 +241,8 @@ __device__ __forceinline__ void fp4_warp_cols(const uint4* __restrict__ w, const
   const float* ac0 = scol0 + 2 * j0;                                          // + 2 a step
   const float* ac1 = scol1 + 2 * j0;
   const bool b_lane = g < cnt;
-  uint4 buf[D];
-  uint32_t sbuf[D];
-#pragma unroll
-  for (int u = 0; u < D; ++u)
-    if (u < n) {
-      buf[u] = __ldg(wp + u * 32);
-      sbuf[u] = __ldg(sp + u * 8);
-    }
-  int i = 0;
-  for (; i + D <= n; i += D) {
-#pragma unroll
-    for (int u = 0; u < D; ++u) {
-      const uint4 wv = buf[u];
-      const uint32_t sw = sbuf[u];
-      if (i + u + D < n) {
-        buf[u] = __ldg(wp + (i + u + D) * 32);
-        sbuf[u] = __ldg(sp + (i + u + D) * 8);
-      }
-      fp4_step_cols<kSlow>(wv, sw, bp + (i + u) * 8, ac0 + 2 * (i + u), ac1 + 2 * (i + u), b_lane, tot);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < D; ++u)
-    if (i + u < n) fp4_step_cols<kSlow>(buf[u], sbuf[u], bp + (i + u) * 8, ac0 + 2 * (i + u), ac1 + 2 * (i + u), b_lane, tot);
+  fp4_pipeline<D>(wp, sp, n,
+                  [&](const uint4& wv, uint32_t sw, int k) { fp4_step_cols<kSlow>(wv, sw, bp + k * 8, ac0 + 2 * k, ac1 + 2 * k, b_lane, tot); });
 }
 
 // One group of rows (grp: count, expert, rows) of stripe `stripe`: its rows' activations (staged
@@ -281,21 +277,11 @@ __device__ __forceinline__ void group_body(const RsFp4Part& P, const uint8_t* __
   const uint32_t* bcol = bs + sr_g * steps * 32;
   if (P.special[e]) fp4_warp_cols<D, true>(P.w, P.s, u0, j0, j1, bcol, as + sr_0 * KB, as + sr_1 * KB, cnt, lane, tot);
   else fp4_warp_cols<D, false>(P.w, P.s, u0, j0, j1, bcol, as + sr_0 * KB, as + sr_1 * KB, cnt, lane, tot);
-  {
-    float* f = fold + warp * 128;
-    f[g * 8 + 2 * t] = tot[0];
-    f[g * 8 + 2 * t + 1] = tot[1];
-    f[(g + 8) * 8 + 2 * t] = tot[2];
-    f[(g + 8) * 8 + 2 * t + 1] = tot[3];
-  }
+  put_fold(fold, warp, g, t, tot);
   __syncthreads();
   for (int o = tid; o < 128; o += int(blockDim.x)) {
     const int row = o / 8, col = o % 8;
-    if (col < cnt) {
-      float v = 0.0f;
-      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + o]);
-      P.y[int64_t(grp[2 + col]) * P.N + int64_t(stripe) * 16 + row] = to_bf(v);
-    }
+    if (col < cnt) P.y[int64_t(grp[2 + col]) * P.N + int64_t(stripe) * 16 + row] = to_bf(fold_warps(fold, o, W));
   }
 }
 
@@ -504,22 +490,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) rs_fp8_kernel(const uint8_t* _
   for (int u = 0; u < D; ++u)
     if (i + u < n) fp8_step(buf[u][0], buf[u][1], bp + (i + u) * 8, b_lane, sp + 2 * (i + u), ac + 2 * (i + u), KB, tot);
   // fold[(warp * 16 + row) * 8 + col], warps < W
-  if (warp < W) {
-    float* f = fold + warp * 128;
-    f[g * 8 + 2 * t] = tot[0];
-    f[g * 8 + 2 * t + 1] = tot[1];
-    f[(g + 8) * 8 + 2 * t] = tot[2];
-    f[(g + 8) * 8 + 2 * t + 1] = tot[3];
-  }
+  if (warp < W) put_fold(fold, warp, g, t, tot);
   __syncthreads();
   // 128 outputs (16 rows x 8 columns): a CTA of one or two warps folds several each
   for (int o = tid; o < 128; o += int(blockDim.x)) {
     const int row = o / 8, col = o % 8;
-    if (col < rows) {
-      float v = 0.0f;
-      for (int w = 0; w < W; ++w) v = __fadd_rn(v, fold[w * 128 + o]);
-      a.y[(r0 + col) * a.N + int64_t(stripe) * 16 + row] = to_bf(v);
-    }
+    if (col < rows) a.y[(r0 + col) * a.N + int64_t(stripe) * 16 + row] = to_bf(fold_warps(fold, o, W));
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "cuda/numerics.cuh"
+#include "cuda/launch.cuh"
 
 namespace fb::cuda {
 
@@ -34,6 +35,14 @@ inline bool a16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) =
 // exact). A NaN scale or code stays NaN.
 __device__ __forceinline__ uint16_t exact_bf16(float code_value, float scale) { return to_bf(fm::mul(code_value, scale)); }
 
+// Eight e4m3 codes times their scale, stored as eight bf16 (16 bytes).
+__device__ __forceinline__ void store_e4m3x8(const uint8_t* c, float s, uint16_t* dst) {
+  uint16_t v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
+  store_bf16x8(dst, v);
+}
+
 // Thread per 8 elements of one output row.
 __global__ void dequant_act_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t K, const int32_t* __restrict__ src,
                                    int64_t src_div, int64_t n, uint16_t* __restrict__ out) {
@@ -43,10 +52,7 @@ __global__ void dequant_act_kernel(const uint8_t* __restrict__ codes, const floa
   const int64_t sr = (src ? int64_t(src[r]) : r) / src_div;
   const uint8_t* c = codes + sr * K + k0;
   const float s = scales[sr * (K / 32) + k0 / 32];
-  uint16_t v[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
-  store_bf16x8(out + r * K + k0, v);
+  store_e4m3x8(c, s, out + r * K + k0);
 }
 
 // FP8 [N, K] with e8m0 scales [ceil(N/32), K/32]: thread per 8 elements.
@@ -56,11 +62,7 @@ __global__ void dequant_fp8_kernel(const uint8_t* __restrict__ W, const uint8_t*
   const int64_t n = i / per_row, k0 = (i % per_row) * 8;
   const float s = e8m0_val(S[(n / 32) * (K / 32) + k0 / 32]);
   const uint2 raw = *reinterpret_cast<const uint2*>(W + n * K + k0);
-  const uint8_t* c = reinterpret_cast<const uint8_t*>(&raw);
-  uint16_t v[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = exact_bf16(e4m3_val(c[j]), s);
-  store_bf16x8(out + n * K + k0, v);
+  store_e4m3x8(reinterpret_cast<const uint8_t*>(&raw), s, out + n * K + k0);
 }
 
 // MXFP4 packed [N, K/2] (element 2j in the low nibble) with e8m0 [N, K/32]: thread per 8 elements.
@@ -256,17 +258,13 @@ Status TcGemm::matmul(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, cons
 Status tc_dequant_act(const QuantBuf& q, int64_t K, const int32_t* src, int64_t src_div, int64_t n, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 32 == 0 && src_div >= 1);
   if (n == 0) return Status();
-  dequant_act_kernel<<<grid_for(n * (K / 8), 256), 256, 0, st>>>(q.codes, q.scales, K, src, src_div, n, out);
-  FB_CUDA_LAUNCHED("tc_dequant_act_kernel");
-  return Status();
+  return launch_op("tc_dequant_act_kernel", dequant_act_kernel, grid_for(n * (K / 8), 256), 256, 0, st, q.codes, q.scales, K, src, src_div, n, out);
 }
 
 Status tc_dequant_fp8(const Fp8W& w, uint16_t* out, cudaStream_t st) {
   FB_CHECK(w.K % 32 == 0 && (reinterpret_cast<uintptr_t>(w.w) & 7u) == 0);
   if (w.N == 0) return Status();
-  dequant_fp8_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(w.w, w.s, w.N, w.K, out);
-  FB_CUDA_LAUNCHED("tc_dequant_fp8_kernel");
-  return Status();
+  return launch_op("tc_dequant_fp8_kernel", dequant_fp8_kernel, grid_for(w.N * (w.K / 8), 256), 256, 0, st, w.w, w.s, w.N, w.K, out);
 }
 
 void set_tc_dequant_x32(bool on) { g_dequant_x32.store(on, std::memory_order_relaxed); }
@@ -277,28 +275,22 @@ Status tc_dequant_fp4(const Fp4W& w, int64_t expert, uint16_t* out, cudaStream_t
   const uint8_t* wp = w.w + expert * w.w_stride;
   if (g_dequant_x32.load(std::memory_order_relaxed) && (reinterpret_cast<uintptr_t>(wp) & 15u) == 0 &&
       (reinterpret_cast<uintptr_t>(out) & 15u) == 0) {
-    dequant_fp4_x32_kernel<<<grid_for(w.N * (w.K / 32), 256), 256, 0, st>>>(wp, w.s + expert * w.s_stride, w.N, w.K, out);
-    FB_CUDA_LAUNCHED("tc_dequant_fp4_x32_kernel");
-    return Status();
+    return launch_op("tc_dequant_fp4_x32_kernel", dequant_fp4_x32_kernel, grid_for(w.N * (w.K / 32), 256), 256, 0, st, wp, w.s + expert * w.s_stride,
+                     w.N, w.K, out);
   }
-  dequant_fp4_kernel<<<grid_for(w.N * (w.K / 8), 256), 256, 0, st>>>(wp, w.s + expert * w.s_stride, w.N, w.K, out);
-  FB_CUDA_LAUNCHED("tc_dequant_fp4_kernel");
-  return Status();
+  return launch_op("tc_dequant_fp4_kernel", dequant_fp4_kernel, grid_for(w.N * (w.K / 8), 256), 256, 0, st, wp, w.s + expert * w.s_stride, w.N, w.K,
+                   out);
 }
 
 Status tc_gather_f32(const float* v, const int32_t* idx, int64_t n, float* out, cudaStream_t st) {
   if (n == 0) return Status();
-  gather_f32_kernel<<<grid_for(n, 256), 256, 0, st>>>(v, idx, n, out);
-  FB_CUDA_LAUNCHED("tc_gather_f32_kernel");
-  return Status();
+  return launch_op("tc_gather_f32_kernel", gather_f32_kernel, grid_for(n, 256), 256, 0, st, v, idx, n, out);
 }
 
 Status tc_scatter_rows(const uint16_t* src, const int32_t* idx, int64_t n, int64_t cols, uint16_t* dst, cudaStream_t st) {
   FB_CHECK(cols % 8 == 0);
   if (n == 0) return Status();
-  scatter_rows_kernel<<<grid_for(n * (cols / 8), 256), 256, 0, st>>>(src, idx, n, cols, dst);
-  FB_CUDA_LAUNCHED("tc_scatter_rows_kernel");
-  return Status();
+  return launch_op("tc_scatter_rows_kernel", scatter_rows_kernel, grid_for(n * (cols / 8), 256), 256, 0, st, src, idx, n, cols, dst);
 }
 
 bool tc_gemm_shape_ok(const void* x, int64_t K, int64_t ldx, int64_t gx, const void* w, int64_t gw, const void* d, int64_t ldd, int64_t gd,

@@ -11,6 +11,7 @@
 #include "cuda/numerics.cuh"
 #include "cuda/ops.h"
 #include "cuda/vision.h"
+#include "cuda/launch.cuh"
 #include "vision/span.h"
 #include "vision/tower.h"
 
@@ -130,24 +131,18 @@ Status vit_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, co
   if (!bias) return bf16_gemm(x, M, K, K, w, N, y, N, GemmOut::kBf16, 1, 0, 0, 0, st);
   FB_RETURN_IF_ERROR(bf16_gemm(x, M, K, K, w, N, scratch, N, GemmOut::kF32, 1, 0, 0, 0, st));
   if (M * N == 0) return Status();
-  bias_round_kernel<<<blocks_of(M * N, 256), 256, 0, st>>>(scratch, bias, M, N, y);
-  FB_CUDA_LAUNCHED("bias_round_kernel");
-  return Status();
+  return launch_op("bias_round_kernel", bias_round_kernel, blocks_of(M * N, 256), 256, 0, st, scratch, bias, M, N, y);
 }
 
 Status vit_rms_norm(const uint16_t* x, int64_t M, int64_t n, const float* w, float eps, uint16_t* y, cudaStream_t st) {
   if (M == 0) return Status();
-  vit_rms_norm_kernel<<<blocks_of(M, 8), 256, 0, st>>>(x, M, n, w, eps, y);
-  FB_CUDA_LAUNCHED("vit_rms_norm_kernel");
-  return Status();
+  return launch_op("vit_rms_norm_kernel", vit_rms_norm_kernel, blocks_of(M, 8), 256, 0, st, x, M, n, w, eps, y);
 }
 
 Status vit_rope(uint16_t* qkv, int64_t N, int H, int hd, const float* cos_t, const float* sin_t, cudaStream_t st) {
   const int64_t n = N * 2 * H * (hd / 2);
   if (n == 0) return Status();
-  vit_rope_kernel<<<blocks_of(n, 256), 256, 0, st>>>(qkv, N, H, hd, cos_t, sin_t);
-  FB_CUDA_LAUNCHED("vit_rope_kernel");
-  return Status();
+  return launch_op("vit_rope_kernel", vit_rope_kernel, blocks_of(n, 256), 256, 0, st, qkv, N, H, hd, cos_t, sin_t);
 }
 
 Status vit_attention(const uint16_t* qkv, int64_t N, int H, int hd, float scale, uint16_t* o, cudaStream_t st) {
@@ -156,39 +151,29 @@ Status vit_attention(const uint16_t* qkv, int64_t N, int H, int hd, float scale,
   FB_CHECK(smem <= 227 * 1024) << "vit_attention: " << N << " patches exceed one block's shared memory";
   FB_CHECK(N <= 2147483647) << "vit_attention: grid";
   FB_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(vit_attention_kernel), smem));
-  vit_attention_kernel<<<dim3(unsigned(N), unsigned(H)), 256, smem, st>>>(qkv, N, H, hd, scale, o);
-  FB_CUDA_LAUNCHED("vit_attention_kernel");
-  return Status();
+  return launch_op("vit_attention_kernel", vit_attention_kernel, dim3(unsigned(N), unsigned(H)), 256, smem, st, qkv, N, H, hd, scale, o);
 }
 
 Status vit_residual(uint16_t* x, const uint16_t* y, int64_t n, cudaStream_t st) {
   if (n == 0) return Status();
-  vit_residual_kernel<<<blocks_of(n, 256), 256, 0, st>>>(x, y, n);
-  FB_CUDA_LAUNCHED("vit_residual_kernel");
-  return Status();
+  return launch_op("vit_residual_kernel", vit_residual_kernel, blocks_of(n, 256), 256, 0, st, x, y, n);
 }
 
 Status vit_swiglu(const uint16_t* gu, int64_t N, int64_t I, uint16_t* h, cudaStream_t st) {
   if (N * I == 0) return Status();
-  vit_swiglu_kernel<<<blocks_of(N * I, 256), 256, 0, st>>>(gu, N, I, h);
-  FB_CUDA_LAUNCHED("vit_swiglu_kernel");
-  return Status();
+  return launch_op("vit_swiglu_kernel", vit_swiglu_kernel, blocks_of(N * I, 256), 256, 0, st, gu, N, I, h);
 }
 
 Status vit_unfold(const uint16_t* f, int nvh, int nvw, int64_t D, int r, uint16_t* z, cudaStream_t st) {
   const int nlh = (nvh + r - 1) / r, nlw = (nvw + r - 1) / r;
   const int64_t M = int64_t(nlh) * nlw, n = M * D * r * r;
   if (n == 0) return Status();
-  vit_unfold_kernel<<<blocks_of(n, 256), 256, 0, st>>>(f, nvh, nvw, D, r, nlw, M, z);
-  FB_CUDA_LAUNCHED("vit_unfold_kernel");
-  return Status();
+  return launch_op("vit_unfold_kernel", vit_unfold_kernel, blocks_of(n, 256), 256, 0, st, f, nvh, nvw, D, r, nlw, M, z);
 }
 
 Status bf16_lut(uint16_t* x, int64_t n, const uint16_t* lut, cudaStream_t st) {
   if (n == 0) return Status();
-  bf16_lut_kernel<<<blocks_of(n, 256), 256, 0, st>>>(x, n, lut);
-  FB_CUDA_LAUNCHED("bf16_lut_kernel");
-  return Status();
+  return launch_op("bf16_lut_kernel", bf16_lut_kernel, blocks_of(n, 256), 256, 0, st, x, n, lut);
 }
 
 // ---- CudaExecutor::encode_image: vision::VisionTower::vit then ::align, on the device ----------

@@ -287,50 +287,36 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     progress.update(l);
     const model::LayerWeights& w = w_.layers[size_t(l)];
     DevLayer& d = layers_[size_t(l)];
-    d.hc_attn_fn = FB_TRY(up<float>(w.hc_attn_fn));
-    d.hc_attn_base = FB_TRY(up<float>(w.hc_attn_base));
-    d.hc_attn_scale = FB_TRY(up<float>(w.hc_attn_scale));
-    d.hc_ffn_fn = FB_TRY(up<float>(w.hc_ffn_fn));
-    d.hc_ffn_base = FB_TRY(up<float>(w.hc_ffn_base));
-    d.hc_ffn_scale = FB_TRY(up<float>(w.hc_ffn_scale));
-    d.attn_norm = FB_TRY(up<uint16_t>(w.attn_norm));
-    d.ffn_norm = FB_TRY(up<uint16_t>(w.ffn_norm));
-    d.q_norm = FB_TRY(up<uint16_t>(w.q_norm));
-    d.kv_norm = FB_TRY(up<uint16_t>(w.kv_norm));
-    d.attn_sink = FB_TRY(up<float>(w.attn_sink));
-    d.wq_a = FB_TRY(up8(w.wq_a));
-    d.wq_b = FB_TRY(up8(w.wq_b));
-    d.wkv = FB_TRY(up8(w.wkv));
-    d.wo_b = FB_TRY(up8(w.wo_b));
-    {
-      // The reference dequantises wo_a to BF16 at load; so do we (exact).
-      std::vector<uint16_t> wa = model::dequant_fp8_weight(w.wo_a.w, w.wo_a.scale);
-      TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
-      d.wo_a = FB_TRY(up<uint16_t>(v, Held::kWeightCopy));
-    }
+    // Every tensor of the layer through the one list (model::for_each_layer_tensor), stored
+    // formats kept, but for wo_a: the reference dequantises it to BF16 at load; so do we (exact).
+    // Engram tables that stay on the host are not copied.
+    auto one = [&](const auto& h, auto& dv) -> Status {
+      using H = std::decay_t<decltype(h)>;
+      using Dv = std::decay_t<decltype(dv)>;
+      if constexpr (std::is_same_v<Dv, Fp8W>) {
+        dv = FB_TRY(up8(h));
+      } else if constexpr (std::is_same_v<H, model::Fp8Linear>) {  // wo_a
+        static_assert(std::is_same_v<Dv, const uint16_t*>, "an FP8 linear lands as Fp8W or as its BF16 copy");
+        std::vector<uint16_t> wa = model::dequant_fp8_weight(h.w, h.scale);
+        TensorView v{DType::kBF16, {int64_t(wa.size())}, reinterpret_cast<const uint8_t*>(wa.data())};
+        dv = FB_TRY(up<uint16_t>(v, Held::kWeightCopy));
+      } else {
+        const void* at = &h;
+        if (engram_host_ && (at == &w.engram_table || at == &w.engram_table_scale)) return Status();
+        dv = FB_TRY(up<std::remove_const_t<std::remove_pointer_t<Dv>>>(h));
+      }
+      return Status();
+    };
+    Status st;
+    model::for_each_layer_tensor(
+        [&](const char*, model::Presence, const auto& h, auto& dv) {
+          if (st.ok()) st = one(h, dv);
+        },
+        w, d);
+    FB_RETURN_IF_ERROR(st);
     // [fast] the checkpoint's FP8 wo_a as well: decode rows read half the bytes (tc_gemv.h
     // tc_fp8_bf16x_gemv, the same bf16 values); the BF16 copy stays for prefill and the exact class.
     if (opt.run.numerics == Numerics::kFast && opt.run.wo_a_fp8 && w.wo_a.w.valid()) d.wo_a8 = FB_TRY(up8(w.wo_a));
-    d.comp_wkv = FB_TRY(up<uint16_t>(w.comp_wkv));
-    d.comp_wgate = FB_TRY(up<uint16_t>(w.comp_wgate));
-    d.comp_norm = FB_TRY(up<uint16_t>(w.comp_norm));
-    d.idx_wk = FB_TRY(up<uint16_t>(w.idx_wk));
-    d.idx_k_norm = FB_TRY(up<uint16_t>(w.idx_k_norm));
-    d.idx_wq_b = FB_TRY(up8(w.idx_wq_b));
-    d.idx_weights_proj = FB_TRY(up<uint16_t>(w.idx_weights_proj));
-    d.gate_w = FB_TRY(up<uint16_t>(w.gate_w));
-    d.gate_bias = FB_TRY(up<float>(w.gate_bias));
-    d.gate_bias_vl = FB_TRY(up<float>(w.gate_bias_vl));
-    d.sh_w1 = FB_TRY(up8(w.sh_w1));
-    d.sh_w2 = FB_TRY(up8(w.sh_w2));
-    d.sh_w3 = FB_TRY(up8(w.sh_w3));
-    if (!engram_host_) {
-      d.engram_table = FB_TRY(up<uint8_t>(w.engram_table));
-      d.engram_table_scale = FB_TRY(up<uint8_t>(w.engram_table_scale));
-    }
-    d.engram_wkv = FB_TRY(up8(w.engram_wkv));
-    d.engram_q = FB_TRY(up<uint16_t>(w.engram_q));
-    d.engram_k = FB_TRY(up<uint16_t>(w.engram_k));
     if (tiered(l)) {  // routed experts live in the slots, filled on demand
       d.w1 = slots_->w1(l);
       d.w2 = slots_->w2(l);

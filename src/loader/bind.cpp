@@ -16,6 +16,8 @@ struct Binder {
   Fp8Linear fp8(const std::string& n) const { return {s.get(n + ".weight"), s.get(n + ".scale")}; }
   Fp8Linear opt_fp8(const std::string& n) const { return s.has(n + ".weight") ? fp8(n) : Fp8Linear{}; }
   Fp4Linear fp4(const std::string& n) const { return {s.get(n + ".weight"), s.get(n + ".scale")}; }
+  void bind(const std::string& n, Presence need, TensorView& out) const { out = need == Presence::kRequired ? t(n) : opt(n); }
+  void bind(const std::string& n, Presence need, Fp8Linear& out) const { out = need == Presence::kRequired ? fp8(n) : opt_fp8(n); }
 };
 
 }  // namespace
@@ -31,40 +33,7 @@ ModelWeights bind_weights(const Snapshot& snap) {
   for (int l = 0; l < c.n_total_layers(); ++l) {
     const std::string p = layer_prefix(c, l);
     LayerWeights& w = m.layers[size_t(l)];
-    w.hc_attn_fn = b.t(p + "hc_attn_fn");
-    w.hc_attn_base = b.t(p + "hc_attn_base");
-    w.hc_attn_scale = b.t(p + "hc_attn_scale");
-    w.hc_ffn_fn = b.t(p + "hc_ffn_fn");
-    w.hc_ffn_base = b.t(p + "hc_ffn_base");
-    w.hc_ffn_scale = b.t(p + "hc_ffn_scale");
-    w.attn_norm = b.t(p + "attn_norm.weight");
-    w.ffn_norm = b.t(p + "ffn_norm.weight");
-    w.attn_sink = b.t(p + "attn.attn_sink");
-    w.wq_a = b.fp8(p + "attn.wq_a");
-    w.wq_b = b.fp8(p + "attn.wq_b");
-    w.wkv = b.fp8(p + "attn.wkv");
-    w.wo_a = b.fp8(p + "attn.wo_a");
-    w.wo_b = b.fp8(p + "attn.wo_b");
-    w.q_norm = b.t(p + "attn.q_norm.weight");
-    w.kv_norm = b.t(p + "attn.kv_norm.weight");
-    w.comp_wkv = b.opt(p + "attn.compressor.wkv.weight");
-    w.comp_wgate = b.opt(p + "attn.compressor.wgate.weight");
-    w.comp_norm = b.opt(p + "attn.compressor.norm.weight");
-    w.idx_wk = b.opt(p + "attn.indexer.wk.weight");
-    w.idx_k_norm = b.opt(p + "attn.indexer.k_norm.weight");
-    w.idx_wq_b = b.opt_fp8(p + "attn.indexer.wq_b");
-    w.idx_weights_proj = b.opt(p + "attn.indexer.weights_proj.weight");
-    w.gate_w = b.t(p + "ffn.gate.weight");
-    w.gate_bias = b.t(p + "ffn.gate.bias");
-    w.gate_bias_vl = b.opt(p + "ffn.gate.bias_vl");
-    w.sh_w1 = b.fp8(p + "ffn.shared_experts.w1");
-    w.sh_w2 = b.fp8(p + "ffn.shared_experts.w2");
-    w.sh_w3 = b.fp8(p + "ffn.shared_experts.w3");
-    w.engram_table = b.opt(p + "engram.embed.weight");
-    w.engram_table_scale = b.opt(p + "engram.embed.scale");
-    w.engram_wkv = b.opt_fp8(p + "engram.wkv");
-    w.engram_q = b.opt(p + "engram.q_weight");
-    w.engram_k = b.opt(p + "engram.k_weight");
+    for_each_layer_tensor([&](const char* name, Presence need, auto& field) { b.bind(p + name, need, field); }, w);
   }
   if (c.n_mtp_layers > 0) {
     const std::string p0 = layer_prefix(c, c.n_layers);

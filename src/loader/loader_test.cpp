@@ -6,8 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
+#include "loader/bind.h"
 #include "loader/read_in.h"
 #include "loader/safetensors.h"
 
@@ -48,6 +51,57 @@ TEST(Snapshot, FixturesValidate) {
     auto rep = (*s)->validate();
     EXPECT_TRUE(rep.ok()) << c << "\n" << rep.to_string();
     EXPECT_EQ((*s)->engram_token_map().size(), size_t((*s)->config().vocab_size));
+  }
+}
+
+// model::for_each_layer_tensor is the one list of a layer's tensors: binding through it leaves
+// no tensor of a layer unbound (routed experts come through an ExpertSource) and binds each to
+// its own checkpoint bytes.
+TEST(BindWeights, EveryLayerTensorBoundOnce) {
+  for (const char* c : {"tiny-s0", "tiny-vision"}) {
+    std::string d = std::string(FB_SHARED_DIR) + "/fixtures/" + c + "/checkpoint";
+    if (!fs::exists(d)) GTEST_SKIP();
+    auto s = Snapshot::open(d);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const model::Config& cfg = (*s)->config();
+    const model::ModelWeights w = bind_weights(**s);
+    for (int l = 0; l < cfg.n_total_layers(); ++l) {
+      std::set<const uint8_t*> bound;
+      int views = 0;
+      auto add = [&](const TensorView& v) {
+        if (!v.valid()) return;
+        ++views;
+        EXPECT_TRUE(bound.insert(v.data).second) << c << " layer " << l << ": two members bound to one tensor";
+      };
+      model::for_each_layer_tensor(
+          [&](const char*, model::Presence need, const auto& field) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(field)>, model::Fp8Linear>) {
+              add(field.w);
+              add(field.scale);
+              if (need == model::Presence::kRequired) {
+                EXPECT_TRUE(field.w.valid());
+              }
+            } else {
+              add(field);
+              if (need == model::Presence::kRequired) {
+                EXPECT_TRUE(field.valid());
+              }
+            }
+          },
+          w.layers[size_t(l)]);
+      const std::string prefix = model::layer_prefix(cfg, l);
+      int in_file = 0;
+      for (const std::string& n : (*s)->tensor_names()) {
+        if (n.rfind(prefix, 0) != 0 || n.find(".experts.") != std::string::npos) continue;
+        const std::string rest = n.substr(prefix.size());
+        if (l == cfg.n_layers && (rest == "main_proj.weight" || rest == "main_proj.scale" || rest == "main_norm.weight")) continue;  // the draft's
+        if (l == cfg.n_total_layers() - 1 && (rest == "norm.weight" || rest.rfind("markov_head.", 0) == 0 || rest.rfind("confidence_head.", 0) == 0))
+          continue;
+        ++in_file;
+        EXPECT_TRUE(bound.count((*s)->get(n).data)) << c << ": " << n << " is not bound";
+      }
+      EXPECT_EQ(views, in_file) << c << " layer " << l;
+    }
   }
 }
 

@@ -47,6 +47,53 @@ struct LayerWeights {
   TensorView engram_q, engram_k;   // bf16 [hc, D]
 };
 
+// Whether the checkpoint must hold a tensor (kOptional: absent on layers or models without the
+// feature: compressor, indexer, Engram, vision bias).
+enum class Presence { kRequired, kOptional };
+
+// Every tensor of a layer, listed once (issue 23): calls f(name, presence, l.member...) for each
+// member of LayerWeights, over one or more structs with the same member names (LayerWeights, the
+// CUDA executor's DevLayer). `name` is the checkpoint name below the layer's prefix; an FP8 linear
+// is named without its ".weight" / ".scale" suffix.
+template <class F, class... L>
+void for_each_layer_tensor(F&& f, L&... l) {
+  constexpr Presence kReq = Presence::kRequired, kOpt = Presence::kOptional;
+  f("hc_attn_fn", kReq, l.hc_attn_fn...);
+  f("hc_attn_base", kReq, l.hc_attn_base...);
+  f("hc_attn_scale", kReq, l.hc_attn_scale...);
+  f("hc_ffn_fn", kReq, l.hc_ffn_fn...);
+  f("hc_ffn_base", kReq, l.hc_ffn_base...);
+  f("hc_ffn_scale", kReq, l.hc_ffn_scale...);
+  f("attn_norm.weight", kReq, l.attn_norm...);
+  f("ffn_norm.weight", kReq, l.ffn_norm...);
+  f("attn.attn_sink", kReq, l.attn_sink...);
+  f("attn.wq_a", kReq, l.wq_a...);
+  f("attn.wq_b", kReq, l.wq_b...);
+  f("attn.wkv", kReq, l.wkv...);
+  f("attn.wo_a", kReq, l.wo_a...);
+  f("attn.wo_b", kReq, l.wo_b...);
+  f("attn.q_norm.weight", kReq, l.q_norm...);
+  f("attn.kv_norm.weight", kReq, l.kv_norm...);
+  f("attn.compressor.wkv.weight", kOpt, l.comp_wkv...);
+  f("attn.compressor.wgate.weight", kOpt, l.comp_wgate...);
+  f("attn.compressor.norm.weight", kOpt, l.comp_norm...);
+  f("attn.indexer.wk.weight", kOpt, l.idx_wk...);
+  f("attn.indexer.k_norm.weight", kOpt, l.idx_k_norm...);
+  f("attn.indexer.wq_b", kOpt, l.idx_wq_b...);
+  f("attn.indexer.weights_proj.weight", kOpt, l.idx_weights_proj...);
+  f("ffn.gate.weight", kReq, l.gate_w...);
+  f("ffn.gate.bias", kReq, l.gate_bias...);
+  f("ffn.gate.bias_vl", kOpt, l.gate_bias_vl...);
+  f("ffn.shared_experts.w1", kReq, l.sh_w1...);
+  f("ffn.shared_experts.w2", kReq, l.sh_w2...);
+  f("ffn.shared_experts.w3", kReq, l.sh_w3...);
+  f("engram.embed.weight", kOpt, l.engram_table...);
+  f("engram.embed.scale", kOpt, l.engram_table_scale...);
+  f("engram.wkv", kOpt, l.engram_wkv...);
+  f("engram.q_weight", kOpt, l.engram_q...);
+  f("engram.k_weight", kOpt, l.engram_k...);
+}
+
 struct DraftWeights {
   Fp8Linear main_proj;
   TensorView main_norm, norm, markov_embed, markov_head, confidence;  // bf16
