@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cmd/commands.h"
+#include "cpu/host_expert.h"
 #include "memory/plan.h"
 #include "memory/prefill_budget.h"
 #include "memory/tier_model.h"
@@ -51,6 +52,7 @@ struct ProbeArgs {
   int64_t context = 131072;
   bool no_dspark = false;
   bool no_sim = false;
+  bool no_host_experts = false;
   double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 
@@ -213,6 +215,20 @@ int run_probe(const ProbeArgs& a) {
   const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 12.8944e9 / 9.6924e-3;
   rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
   rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
+  if (!a.no_host_experts) {
+    // Routed experts computed on the host where their bytes are (issue 22): one token through one
+    // expert of this config on every thread (cpu::expert_one_token, the CPU reference's bits),
+    // beside the copy that would bring it to the GPU instead. Serving a layer's misses both ways
+    // at once, the share each way in proportion to its rate, gives the combined rate. Not used by
+    // the CUDA executor yet: a measured rate for the plan to come.
+    const cpu::HostExpertRate hx = cpu::measure_host_experts(cfg->dim, cfg->moe_inter_dim, 8, std::min(a.seconds, 2.0));
+    const double copy_ms = hx.weight_bytes / rates.h2d_bytes_per_s * 1e3;
+    const double both = 1e3 / copy_ms + 1e3 / hx.ms_per_expert;  // experts per second
+    std::printf("host experts: one token through one %.1f MB expert in %.2f ms on %d threads (%s, %.1f GB/s of weights); pinned H2D "
+                "moves one in %.2f ms: misses served at %.0f experts/s by copies alone, %.0f with host compute beside them (%.2fx)\n",
+                hx.weight_bytes / 1e6, hx.ms_per_expert, hx.threads, hx.simd ? "AVX-512" : "scalar", hx.bytes_per_s() / kGB, copy_ms,
+                1e3 / copy_ms, both, both * copy_ms / 1e3);
+  }
   {
     // Cold prefill (issue 26): the chunk the step workspace allows, and the copy-bound rate when
     // every chunk routes to every expert (the non-resident ones cross PCIe once per chunk).
@@ -385,6 +401,7 @@ Runner add_probe(CLI::App& app) {
   CLI::App* g = nullptr;  // the option group of the options that follow (sections of --help)
   app.add_option("--model", a->model, "snapshot folder or config.json (default: the released config)");
   app.add_flag("--no-sim", a->no_sim, "skip the simulated LFU hit rates (a few seconds)");
+  app.add_flag("--no-host-experts", a->no_host_experts, "skip timing routed experts computed on the host CPU (a few seconds, 150 MB)");
   g = app.add_option_group("drives", "what is measured of the drives, and for how long");
   g->add_option("--dir", a->dirs, "directories on the drives to measure (default: the temp dir)");
   g->add_option("--store", a->stores,

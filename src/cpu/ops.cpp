@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/fmath.h"
+#include "cpu/block_gemm_simd.h"
 #include "model/selection.h"
 
 namespace fb::cpu {
@@ -161,6 +162,20 @@ void block_scaled_gemm(const bf16_t* x, int64_t M, int64_t N, int64_t K, WeightA
   }
 }
 
+// block_scaled_gemm by the vector kernels (block_gemm_simd.h): the same quantised row, the same
+// bits; rows(q, y_row) computes one output row of N values.
+template <typename Rows>
+void simd_block_gemm(const bf16_t* x, int64_t M, int64_t N, int64_t K, Rows rows, bf16_t* y) {
+  const Luts& L = luts();
+  QuantRow q(K);
+  simd::QuantRowT qt;
+  for (int64_t m = 0; m < M; ++m) {
+    q.set(x + m * K, L);
+    qt.set(q.values.data(), q.scales.data(), K);
+    rows(qt, y + m * N);
+  }
+}
+
 }  // namespace
 
 void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView& w_scale, bf16_t* y) {
@@ -170,6 +185,7 @@ void fp8_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   const Luts& L = luts();
   const uint8_t* W = w.data;
   const uint8_t* S = w_scale.data;  // one scale per 32x32 block
+  if (simd::enabled()) return simd_block_gemm(x, M, N, K, [&](const simd::QuantRowT& q, uint16_t* yr) { simd::fp8_rows(q, W, S, 0, N, yr); }, y);
   block_scaled_gemm(
       x, M, N, K, [&](int64_t n, int64_t k) { return L.e4m3[W[n * K + k]]; }, [&](int64_t n, int64_t b) { return S[(n / 32) * KB + b]; },
       y);
@@ -182,6 +198,7 @@ void fp4_gemm(const bf16_t* x, int64_t M, const TensorView& w, const TensorView&
   const Luts& L = luts();
   const uint8_t* W = w.data;        // packed e2m1 [N, K/2]
   const uint8_t* S = w_scale.data;  // one scale per row and 32 elements
+  if (simd::enabled()) return simd_block_gemm(x, M, N, K, [&](const simd::QuantRowT& q, uint16_t* yr) { simd::fp4_rows(q, W, S, 0, N, yr); }, y);
   block_scaled_gemm(
       x, M, N, K, [&](int64_t n, int64_t k) { return L.e2m1[e2m1_code_at(W + n * (K / 2), k)]; },
       [&](int64_t n, int64_t b) { return S[n * KB + b]; }, y);
