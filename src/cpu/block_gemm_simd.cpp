@@ -22,8 +22,7 @@ namespace fb::cpu::simd {
 namespace {
 
 std::atomic<bool> g_enabled{true};
-constexpr int kFp4Rows = 2;  // output rows interleaved by the FP4 kernel
-constexpr int kFp8Rows = 2;  // ... and by the FP8 kernel
+constexpr int kRows = 2;  // output rows interleaved by the kernels (R = 2, 3, 4 measured: 2 best)
 
 // Exact decode tables (the reference's own functions fill them).
 struct Tables {
@@ -101,56 +100,22 @@ FB_AVX512 inline void fp4_group_dwords(const uint8_t* base, int n_valid, __m512i
   out[3] = _mm512_shuffle_i64x2(a23, b23, 0xEE);
 }
 
-// R output rows at once: their 2R half-sum chains are independent, so the adds' latency hides
-// behind each other (one row alone waits on one dependent add after another).
-template <int R>
-FB_AVX512 inline void fp4_group_rows(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n, float* y) {
-  const Tables& T = tables();
-  const int64_t K = q.K, KB = q.KB;
-  const __m512 lut = _mm512_load_ps(T.e2m1);
-  __m512 acc[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < q.groups; ++g) {
-    const int n_valid = int(std::min<int64_t>(16, KB - 16 * g));
-    const __mmask16 valid = n_valid == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_valid) - 1);
-    const float* qv = q.values + g * 512;
-    __m512 h0[R], h1[R];
-    __m512i dw[R][4];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      h0[r] = h1[r] = _mm512_setzero_ps();
-      fp4_group_dwords(W + (n + r) * (K / 2) + g * 256, n_valid, dw[r]);
-    }
-#pragma GCC unroll 4
-    for (int d = 0; d < 4; ++d) {
-#pragma GCC unroll 8
-      for (int e = 0; e < 8; ++e) {
-        const int i = 8 * d + e;
-        const __m512 x = _mm512_load_ps(qv + i * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          // vpermps reads only the index's low 4 bits: the nibble, without masking the rest
-          const __m512i code = e == 0 ? dw[r][d] : _mm512_srli_epi32(dw[r][d], unsigned(4 * e));
-          const __m512 p = _mm512_mul_ps(x, _mm512_permutexvar_ps(code, lut));
-          if (i < 16) h0[r] = _mm512_add_ps(h0[r], p);
-          else h1[r] = _mm512_add_ps(h1[r], p);
-        }
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = add_group(acc[r], valid, h0[r], h1[r], q.scales + g * 16, S + (n + r) * KB + g * 16, n_valid);
+// MXFP4 rows (W packed e2m1 [N, K / 2], one e8m0 scale per row and block): a group's words are
+// fp4_group_dwords' 4 vectors; element i is nibble i % 8 of word i / 8, its value from the
+// 16-entry table (vpermps reads only the index's low 4 bits: the nibble, without masking).
+struct Fp4Format {
+  using Words = __m512i[4];
+  __m512 lut;
+  FB_AVX512 Fp4Format() : lut(_mm512_load_ps(tables().e2m1)) {}
+  FB_AVX512 static void load(const uint8_t* W, int64_t n, int64_t K, int64_t g, int n_valid, __mmask16, Words& w) {
+    fp4_group_dwords(W + n * (K / 2) + g * 256, n_valid, w);
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) y[r] = finish(acc[r]);
-}
-
-FB_AVX512 void fp4_rows_avx512(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1,
-                                                                 float* y) {
-  int64_t n = n0;
-  for (; n + kFp4Rows <= n1; n += kFp4Rows) fp4_group_rows<kFp4Rows>(q, W, S, n, y + (n - n0));
-  for (; n < n1; ++n) fp4_group_rows<1>(q, W, S, n, y + (n - n0));
-}
+  FB_AVX512 __m512 value(const Words& w, int i) const {
+    const __m512i code = i % 8 == 0 ? w[i / 8] : _mm512_srli_epi32(w[i / 8], unsigned(4 * (i % 8)));
+    return _mm512_permutexvar_ps(code, lut);
+  }
+  static int64_t scale_row(int64_t n) { return n; }
+};
 
 // Exact e4m3 values of the low byte of each lane (e4m3_to_f32's, NaN included), without
 // subnormal arithmetic (slow on x86): a normal code's f32 is its bits moved into place with the
@@ -166,13 +131,31 @@ FB_AVX512 inline __m512 e4m3_values(__m512i b, __m512 nan_value) {
   return _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)), nan_value);
 }
 
-// R output rows at once, as fp4_group_rows; the 32-byte blocks' dwords by gathers.
-template <int R>
-FB_AVX512 inline void fp8_group_rows(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n, float* y) {
+// FP8 rows (W e4m3 [N, K], one e8m0 scale per 32 x 32): a group's words are dword j of each
+// 32-byte block (gathered), element i is byte i % 4 of word i / 4.
+struct Fp8Format {
+  using Words = __m512i[8];
+  __m512 nan_value;
+  FB_AVX512 Fp8Format() : nan_value(_mm512_set1_ps(tables().e4m3[0x7F])) {}
+  FB_AVX512 static void load(const uint8_t* W, int64_t n, int64_t K, int64_t g, int, __mmask16 valid, Words& w) {
+    const __m512i block32 = _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480);
+    const uint8_t* base = W + n * K + g * 512;  // 16 blocks of 32 bytes
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      w[j] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(block32, _mm512_set1_epi32(4 * j)), base, 1);
+  }
+  FB_AVX512 __m512 value(const Words& w, int i) const {
+    const __m512i code = i % 4 == 0 ? w[i / 4] : _mm512_srli_epi32(w[i / 4], unsigned(8 * (i % 4)));
+    return e4m3_values(_mm512_and_si512(code, _mm512_set1_epi32(0xFF)), nan_value);
+  }
+  static int64_t scale_row(int64_t n) { return n / 32; }
+};
+
+// R output rows at once: their 2R half-sum chains are independent, so the adds' latency hides
+// behind each other (one row alone waits on one dependent add after another).
+template <typename Fmt, int R>
+FB_AVX512 inline void group_rows(const Fmt& f, const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n, float* y) {
   const int64_t K = q.K, KB = q.KB;
-  const __m512i byte = _mm512_set1_epi32(0xFF);
-  const __m512 nan_value = _mm512_set1_ps(tables().e4m3[0x7F]);
-  const __m512i block32 = _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480);
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -181,38 +164,35 @@ FB_AVX512 inline void fp8_group_rows(const QuantRowT& q, const uint8_t* W, const
     const __mmask16 valid = n_valid == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n_valid) - 1);
     const float* qv = q.values + g * 512;
     __m512 h0[R], h1[R];
+    typename Fmt::Words w[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) h0[r] = h1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      h0[r] = h1[r] = _mm512_setzero_ps();
+      Fmt::load(W, n + r, K, g, n_valid, valid, w[r]);
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < 32; ++i) {
+      const __m512 x = _mm512_load_ps(qv + i * 16);
 #pragma GCC unroll 8
-    for (int j4 = 0; j4 < 32; j4 += 4) {  // elements j4 .. j4 + 3 of each block
-      const __m512i off = _mm512_add_epi32(block32, _mm512_set1_epi32(j4));
-      __m512i dw[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) dw[r] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, off, W + (n + r) * K + g * 512, 1);
-#pragma GCC unroll 4
-      for (int e = 0; e < 4; ++e) {
-        const int i = j4 + e;
-        const __m512 x = _mm512_load_ps(qv + i * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512i code = e == 0 ? dw[r] : _mm512_srli_epi32(dw[r], unsigned(8 * e));  // e4m3_values reads the low byte
-          const __m512 p = _mm512_mul_ps(x, e4m3_values(_mm512_and_si512(code, byte), nan_value));
-          if (i < 16) h0[r] = _mm512_add_ps(h0[r], p);
-          else h1[r] = _mm512_add_ps(h1[r], p);
-        }
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_mul_ps(x, f.value(w[r], i));
+        if (i < 16) h0[r] = _mm512_add_ps(h0[r], p);
+        else h1[r] = _mm512_add_ps(h1[r], p);
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = add_group(acc[r], valid, h0[r], h1[r], q.scales + g * 16, S + ((n + r) / 32) * KB + g * 16, n_valid);
+    for (int r = 0; r < R; ++r) acc[r] = add_group(acc[r], valid, h0[r], h1[r], q.scales + g * 16, S + Fmt::scale_row(n + r) * KB + g * 16, n_valid);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) y[r] = finish(acc[r]);
 }
 
-FB_AVX512 void fp8_rows_avx512(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y) {
+template <typename Fmt>
+FB_AVX512 void rows_avx512(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y) {
+  const Fmt f;
   int64_t n = n0;
-  for (; n + kFp8Rows <= n1; n += kFp8Rows) fp8_group_rows<kFp8Rows>(q, W, S, n, y + (n - n0));
-  for (; n < n1; ++n) fp8_group_rows<1>(q, W, S, n, y + (n - n0));
+  for (; n + kRows <= n1; n += kRows) group_rows<Fmt, kRows>(f, q, W, S, n, y + (n - n0));
+  for (; n < n1; ++n) group_rows<Fmt, 1>(f, q, W, S, n, y + (n - n0));
 }
 
 }  // namespace
@@ -248,12 +228,12 @@ void QuantRowT::set(const float* values_k, const float* scales_kb, int64_t k) {
 
 void fp4_rows_f32(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y) {
   FB_CHECK(cpu_has_avx512()) << "simd::fp4_rows without AVX-512F";
-  fp4_rows_avx512(q, W, S, n0, n1, y);
+  rows_avx512<Fp4Format>(q, W, S, n0, n1, y);
 }
 
 void fp8_rows_f32(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y) {
   FB_CHECK(cpu_has_avx512()) << "simd::fp8_rows without AVX-512F";
-  fp8_rows_avx512(q, W, S, n0, n1, y);
+  rows_avx512<Fp8Format>(q, W, S, n0, n1, y);
 }
 
 namespace {

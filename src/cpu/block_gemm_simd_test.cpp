@@ -170,6 +170,19 @@ TEST_F(BlockGemmSimd, Fp8SameBitsAsTheReference) {
   }
 }
 
+// The shortest of `reps` runs of fn, in ms, with the vector kernels on or off.
+template <typename F>
+double best_ms(bool vec, int reps, F fn) {
+  simd::set_enabled(vec);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
 // One token through one routed expert at the released dimensions (w1 and w3 [2304, 5120], w2
 // [5120, 2304]), on one thread, both paths: the time is printed (not a gate).
 TEST_F(BlockGemmSimd, ReleasedExpertOneTokenSpeed) {
@@ -183,19 +196,12 @@ TEST_F(BlockGemmSimd, ReleasedExpertOneTokenSpeed) {
   const TensorView v2{DType::kI8, {D, I / 2}, w2.data()}, vs2{DType::kU8, {D, I / 32}, s2.data()};
   const std::vector<uint16_t> x = random_x(rng, 1, D), h = random_x(rng, 1, I);
   std::vector<uint16_t> a(static_cast<size_t>(I)), y(static_cast<size_t>(D));
-  auto expert_ms = [&](bool vec, int reps) {
-    simd::set_enabled(vec);
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fp4_gemm(x.data(), 1, v13, vs13, a.data());  // w1
-      fp4_gemm(x.data(), 1, v13, vs13, a.data());  // w3 (same shape)
-      fp4_gemm(h.data(), 1, v2, vs2, y.data());    // w2
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
+  auto expert = [&] {
+    fp4_gemm(x.data(), 1, v13, vs13, a.data());  // w1
+    fp4_gemm(x.data(), 1, v13, vs13, a.data());  // w3 (same shape)
+    fp4_gemm(h.data(), 1, v2, vs2, y.data());    // w2
   };
-  const double scalar = expert_ms(false, 1), vec = expert_ms(true, 5);
+  const double scalar = best_ms(false, 1, expert), vec = best_ms(true, 5, expert);
   const double bytes = double(2 * w13.size() + w2.size() + 2 * s13.size() + s2.size());
   std::printf("[ bench ] one released-dim expert, one token, one thread: scalar reference %.1f ms, AVX-512 %.2f ms (%.1fx; %.2f GB/s of weights)\n",
               scalar, vec, scalar / vec, bytes / vec / 1e6);
@@ -207,19 +213,12 @@ TEST_F(BlockGemmSimd, ReleasedExpertOneTokenSpeed) {
   const std::vector<uint8_t> g13 = random_scales(rng, size_t((I / 32) * (D / 32)), false), g2 = random_scales(rng, size_t((D / 32) * (I / 32)), false);
   const TensorView u13{DType::kF8E4M3, {I, D}, f13.data()}, us13{DType::kU8, {I / 32, D / 32}, g13.data()};
   const TensorView u2{DType::kF8E4M3, {D, I}, f2.data()}, us2{DType::kU8, {D / 32, I / 32}, g2.data()};
-  auto shared_ms = [&](bool vec_on, int reps) {
-    simd::set_enabled(vec_on);
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fp8_gemm(x.data(), 1, u13, us13, a.data());
-      fp8_gemm(x.data(), 1, u13, us13, a.data());
-      fp8_gemm(h.data(), 1, u2, us2, y.data());
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
+  auto shared = [&] {
+    fp8_gemm(x.data(), 1, u13, us13, a.data());
+    fp8_gemm(x.data(), 1, u13, us13, a.data());
+    fp8_gemm(h.data(), 1, u2, us2, y.data());
   };
-  const double fs = shared_ms(false, 1), fv = shared_ms(true, 3);
+  const double fs = best_ms(false, 1, shared), fv = best_ms(true, 3, shared);
   std::printf("[ bench ] the same shapes in FP8 (a shared expert), one thread: scalar %.1f ms, AVX-512 %.2f ms (%.1fx)\n", fs, fv, fs / fv);
 }
 
