@@ -78,6 +78,23 @@ if [ $bc -eq 0 ] && [ "${FB_SKIP_FIXTURE_CLI:-0}" != 1 ]; then
     done
   done
 fi
+# FB_PROBE=1: the machine's probe (no LFU simulation, short drive reads): the host's rate for
+# routed experts computed on its CPU (issue 22) beside the pinned copy, and its CPU flags.
+if [ $bc -eq 0 ] && [ "${FB_PROBE:-0}" = 1 ]; then
+  timeout 120 "$BUILD/flashbox" probe --no-sim --seconds 1 --file-mib 256 >"$LOG/probe.log" 2>&1
+  row "probe" "rc=$?"
+  grep -E "^host|^gpu:|^host experts" "$LOG/probe.log" | cut -c1-260 | sed 's/^/    /' >>"$LOG/table.txt"
+  printf '    cpu: %s; flags: %s\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
+    "$(grep -m1 -oE 'avx512f|avx512bw|avx512vl' /proc/cpuinfo | sort -u | tr '\n' ' ')" >>"$LOG/table.txt"
+fi
+# FB_MMA_EQUIV=1: issue 19's question (tools/device_mma_equiv.cu): one m16n8k32 e4m3 mma against two
+# chained m16n8k16 f16 mmas on the same exact operands, bit for bit.
+if [ "${FB_MMA_EQUIV:-0}" = 1 ]; then
+  nvcc -std=c++17 -O2 -arch=sm_90a tools/device_mma_equiv.cu -o "$LOG/mma_equiv" >"$LOG/mma_equiv.log" 2>&1 && "$LOG/mma_equiv" >>"$LOG/mma_equiv.log" 2>&1
+  row "mma_equiv" "rc=$?"
+  tail -8 "$LOG/mma_equiv.log" | cut -c1-200 | sed 's/^/    /' >>"$LOG/table.txt"
+  rm -f "$LOG/mma_equiv"
+fi
 row "total" "$(($(date +%s) - t0))s"
 echo "==================== device_run summary ===================="
 cat "$LOG/table.txt"

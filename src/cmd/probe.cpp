@@ -53,6 +53,7 @@ struct ProbeArgs {
   bool no_dspark = false;
   bool no_sim = false;
   bool no_host_experts = false;
+  double host_expert_ms = -1;  // override of the measured host time for one expert and token
   double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 
@@ -215,6 +216,7 @@ int run_probe(const ProbeArgs& a) {
   const double measured_hbm = a.kernel_gbps > 0 ? a.kernel_gbps * kGB : 12.8944e9 / 9.6924e-3;
   rates.h2d_bytes_per_s = a.h2d_gbps > 0 ? a.h2d_gbps * kGB : g.h2d_bytes_per_s > 0 ? g.h2d_bytes_per_s : 53e9;
   rates.drive_bytes_per_s = a.drive_gbps > 0 ? a.drive_gbps * kGB : drive_total;
+  double host_expert_ms = 0;  // measured below: the decode bound's host-compute line
   if (!a.no_host_experts) {
     // Routed experts computed on the host where their bytes are (issue 22): one token through one
     // expert of this config on every thread (cpu::expert_one_token, the CPU reference's bits),
@@ -228,7 +230,9 @@ int run_probe(const ProbeArgs& a) {
                 "moves one in %.2f ms: misses served at %.0f experts/s by copies alone, %.0f with host compute beside them (%.2fx)\n",
                 hx.weight_bytes / 1e6, hx.ms_per_expert, hx.threads, hx.simd ? "AVX-512" : "scalar", hx.bytes_per_s() / kGB, copy_ms,
                 1e3 / copy_ms, both, both * copy_ms / 1e3);
+    host_expert_ms = hx.ms_per_expert;
   }
+  if (a.host_expert_ms >= 0) host_expert_ms = a.host_expert_ms;  // given (0: the decode bound without host compute)
   {
     // Cold prefill (issue 26): the chunk the step workspace allows, and the copy-bound rate when
     // every chunk routes to every expert (the non-resident ones cross PCIe once per chunk).
@@ -332,6 +336,14 @@ int run_probe(const ProbeArgs& a) {
     const memory::DecodeBound bt = memory::decode_bound(l, today);
     std::printf("    with today's kernels (%.0f GB/s effective): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
                 measured_hbm / kGB, bt.serial_s * 1e3, bt.floor_tok_per_s(), bt.overlapped_s * 1e3, bt.ceiling_tok_per_s());
+    if (host_expert_ms > 0) {
+      memory::TierRates th = today;
+      th.host_expert_s = host_expert_ms * 1e-3;
+      const memory::DecodeBound bh = memory::decode_bound(l, th);
+      std::printf("    ... and cold experts computed on the host beside the copies (%.0f%% of the misses; a lever the CUDA executor "
+                  "lacks yet): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
+                  bh.host_share * 100, bh.serial_s * 1e3, bh.floor_tok_per_s(), bh.overlapped_s * 1e3, bh.ceiling_tok_per_s());
+    }
     if (plan->hbm_slots_per_layer > 0 && plan->hbm_slots_per_layer < n && !a.no_sim) {
       // What the executor's policies reach: the HBM slots (CUDA default: LFU, aging 64) and the
       // host cache under them (TieredExperts with host views: one LFU cache of every layer's
@@ -420,6 +432,9 @@ Runner add_probe(CLI::App& app) {
   g->add_option("--kernel-gbps", a->kernel_gbps,
                 "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
   g->add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
+  g->add_option("--host-expert-ms", a->host_expert_ms,
+                "override the host CPU's time for one routed expert and one token (the decode bound's host-compute lines; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   g = app.add_option_group("workload", "what the plan serves");
   g->add_option("--sessions", a->sessions, "sessions whose KV is mandatory");
   g->add_option("--context", a->context, "context tokens per session (and the cold-prefill prompt length)");

@@ -184,6 +184,31 @@ TEST(Plan, ReleasedModelOnH200) {
 namespace fb::memory {
 namespace {
 
+// Misses split between the copies and the host CPU (issue 22's lever), by hand: with the host as
+// fast as a copy, half the misses go each way and take half the copy time; the experts computed
+// on the host leave the HBM term.
+TEST(TierModel, HostComputeSplitsTheMisses) {
+  const double E = 18800640, h2d = 55e9, t_copy = E / h2d;
+  DecodeLoad l{8.52e9, E, 240, 0.75, 0.25};  // 60 misses, all in the host cache
+  TierRates r{4.3e12, h2d, 7e9};
+  const DecodeBound copy_only = decode_bound(l, r);
+  EXPECT_NEAR(copy_only.h2d_s, 60 * t_copy, 1e-12);
+  r.host_expert_s = t_copy;
+  const DecodeBound both = decode_bound(l, r);
+  EXPECT_NEAR(both.host_share, 0.5, 1e-12);
+  EXPECT_NEAR(both.h2d_s, 30 * t_copy, 1e-12);
+  EXPECT_NEAR(both.host_s, 30 * t_copy, 1e-12);
+  EXPECT_NEAR(both.hbm_s, (8.52e9 + 240 * E - 30 * E) / 4.3e12, 1e-12);
+  EXPECT_NEAR(both.serial_s, both.hbm_s + 30 * t_copy, 1e-12);
+  EXPECT_EQ(both.drive_s, 0);
+  // a slow host takes a small share: t_host = 3 t_copy -> f = 1/4
+  r.host_expert_s = 3 * t_copy;
+  const DecodeBound slow = decode_bound(l, r);
+  EXPECT_NEAR(slow.host_share, 0.25, 1e-12);
+  EXPECT_NEAR(slow.h2d_s, slow.host_s, 1e-12);
+  EXPECT_LT(slow.serial_s, copy_only.serial_s);
+}
+
 TEST(TierModel, AllInHbmIsTheHbmRoofline) {
   DecodeLoad l{8.52e9, 18800640, 240, 1.0, 0.0};
   DecodeBound b = decode_bound(l, {4.3e12, 53e9, 7e9});
@@ -196,6 +221,8 @@ TEST(TierModel, AllInHbmIsTheHbmRoofline) {
   EXPECT_GT(b.ceiling_tok_per_s(), b.floor_tok_per_s());
   const double s = zipf_exponent_for_top_share(384, 10, 0.45);
   EXPECT_NEAR(zipf_top_share(384, 10, s), 0.45, 1e-6);
+  EXPECT_EQ(b.host_s, 0);  // no host compute unless its rate is given
+  EXPECT_EQ(b.host_share, 0);
   EXPECT_NEAR(zipf_top_share(384, 384, s), 1.0, 1e-12);
 }
 

@@ -10,13 +10,22 @@ DecodeBound decode_bound(const DecodeLoad& l, const TierRates& r) {
   DecodeBound b;
   const double routed = l.expert_bytes * l.experts_per_token;
   const double miss_host = routed * l.host_hit, miss_drive = routed * std::max(0.0, 1.0 - l.hbm_hit - l.host_hit);
-  // Every byte is read from HBM by the kernels; misses first cross PCIe into a slot; drive misses
-  // also cross the drive into pinned staging first.
-  b.hbm_s = r.hbm_bytes_per_s > 0 ? (l.dense_bytes + routed) / r.hbm_bytes_per_s : 0;
-  b.h2d_s = r.h2d_bytes_per_s > 0 ? (miss_host + miss_drive) / r.h2d_bytes_per_s : 0;
+  // With host compute, a miss is computed on the host with probability f and copied otherwise;
+  // f = t_copy / (t_copy + t_host) balances the two channels (each then takes the same time).
+  if (r.host_expert_s > 0 && r.h2d_bytes_per_s > 0 && l.expert_bytes > 0) {
+    const double t_copy = l.expert_bytes / r.h2d_bytes_per_s;
+    b.host_share = t_copy / (t_copy + r.host_expert_s);
+  }
+  const double misses = (miss_host + miss_drive) / std::max(1.0, l.expert_bytes);  // expert loads per token
+  // Every other byte is read from HBM by the kernels; copied misses first cross PCIe into a slot;
+  // drive misses also cross the drive into pinned staging first (computed or copied after).
+  b.hbm_s = r.hbm_bytes_per_s > 0 ? (l.dense_bytes + routed - b.host_share * (miss_host + miss_drive)) / r.hbm_bytes_per_s : 0;
+  b.h2d_s = r.h2d_bytes_per_s > 0 ? (1.0 - b.host_share) * (miss_host + miss_drive) / r.h2d_bytes_per_s : 0;
+  b.host_s = b.host_share * misses * r.host_expert_s;
   b.drive_s = miss_drive > 0 ? (r.drive_bytes_per_s > 0 ? miss_drive / r.drive_bytes_per_s : INFINITY) : 0;
-  b.serial_s = b.hbm_s + b.h2d_s + b.drive_s;
-  b.overlapped_s = std::max({b.hbm_s, b.h2d_s, b.drive_s});
+  // serial: nothing overlaps but the copies and the host's experts, which run side by side
+  b.serial_s = b.hbm_s + std::max(b.h2d_s, b.host_s) + b.drive_s;
+  b.overlapped_s = std::max({b.hbm_s, b.h2d_s, b.host_s, b.drive_s});
   return b;
 }
 

@@ -10,6 +10,10 @@ struct TierRates {
   double hbm_bytes_per_s = 0;
   double h2d_bytes_per_s = 0;    // pinned host -> device
   double drive_bytes_per_s = 0;  // all drives together
+  // One routed expert for one token computed on the host CPU (issue 22's lever; 0: every miss is
+  // copied). Misses, whose records pass through host memory either way, then split between the
+  // copies and the host in proportion to their rates, both at once.
+  double host_expert_s = 0;
 };
 
 struct DecodeLoad {
@@ -21,7 +25,8 @@ struct DecodeLoad {
 };
 
 struct DecodeBound {
-  double hbm_s = 0, h2d_s = 0, drive_s = 0;
+  double hbm_s = 0, h2d_s = 0, drive_s = 0, host_s = 0;  // host_s: experts computed on the host
+  double host_share = 0;                                  // of the misses, computed on the host
   double serial_s = 0, overlapped_s = 0;
   double floor_tok_per_s() const { return serial_s > 0 ? 1.0 / serial_s : 0; }
   double ceiling_tok_per_s() const { return overlapped_s > 0 ? 1.0 / overlapped_s : 0; }
