@@ -64,8 +64,7 @@ FB_AVX512 inline __m512 e8m0_values(const uint8_t* s, int valid) {
 
 // The reference's last steps for one output row: the group's scaled block sum t added into the
 // accumulators of its valid lanes (b mod 16 = lane).
-FB_AVX512 inline __m512 add_group(__m512 acc, __mmask16 valid, __m512 h0, __m512 h1, const float* qs,
-                                                                    const uint8_t* s, int n_valid) {
+FB_AVX512 inline __m512 add_group(__m512 acc, __mmask16 valid, __m512 h0, __m512 h1, const float* qs, const uint8_t* s, int n_valid) {
   const __m512 scale = _mm512_mul_ps(_mm512_load_ps(qs), e8m0_values(s, n_valid));  // mul(qs[b], e8m0(S))
   const __m512 t = _mm512_mul_ps(_mm512_add_ps(h0, h1), scale);
   return _mm512_mask_add_ps(acc, valid, acc, t);
@@ -88,9 +87,10 @@ FB_AVX512 inline void fp4_group_dwords(const uint8_t* base, int n_valid, __m512i
     const int blocks = std::max(0, std::min(4, n_valid - 4 * k));
     z[k] = _mm512_maskz_loadu_epi32(__mmask16((1u << (4 * blocks)) - 1), base + 64 * k);
   }
-  // p[k2] lanes 0..7: dwords (d0, blocks of z[2k2]) ... : pairs of d per permute.
-  const __m512i lo = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);  // d = 0 (lanes 0..7), 1 (8..15)
-  const __m512i hi = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);  // d = 2, 3
+  // a01: dword 0 of blocks 0..7 in lanes 0..7, dword 1 of blocks 0..7 in lanes 8..15 (from z[0],
+  // z[1]); b01 the same for blocks 8..15 (z[2], z[3]); a23 / b23 likewise dwords 2 and 3.
+  const __m512i lo = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i hi = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
   const __m512i a01 = _mm512_permutex2var_epi32(z[0], lo, z[1]), b01 = _mm512_permutex2var_epi32(z[2], lo, z[3]);
   const __m512i a23 = _mm512_permutex2var_epi32(z[0], hi, z[1]), b23 = _mm512_permutex2var_epi32(z[2], hi, z[3]);
   // blocks 0..7 from a, 8..15 from b: the low 256 bits of each for the first d, the high for the second.
