@@ -195,7 +195,55 @@ FB_AVX512 void rows_avx512(const QuantRowT& q, const uint8_t* W, const uint8_t* 
   for (; n < n1; ++n) group_rows<Fmt, 1>(f, q, W, S, n, y + (n - n0));
 }
 
+// lane l of the 32 (two vectors of 16), element j of chunk c: the bf16 at 256 c + 8 l + j. The
+// dword gather at 2 (8 l + j) bytes brings elements j and j + 1 of each lane (low, high half);
+// D is a multiple of 8, so a lane has all 8 elements of a chunk or none (masked: no read, no add).
+FB_AVX512 float lanes32_dot_bf16_avx512(const Lanes32Row& x, const uint16_t* w) {
+  const __m512i lane8 = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);  // bytes of 8 l
+  const __m512i hi = _mm512_set1_epi32(int(0xFFFF0000u));
+  __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c = 0; c < x.chunks; ++c) {
+    const float* xt = x.t + c * 256;
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(w + c * 256);
+    const int64_t lanes = std::min<int64_t>(32, (x.D - c * 256) / 8);  // lanes with elements in this chunk
+    const __mmask16 m[2] = {__mmask16(lanes >= 16 ? 0xFFFF : (1u << lanes) - 1), __mmask16(lanes <= 16 ? 0 : lanes >= 32 ? 0xFFFF : (1u << (lanes - 16)) - 1)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i d = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m[h], _mm512_add_epi32(lane8, _mm512_set1_epi32(2 * j + 256 * h)), base, 1);
+        const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), wb = _mm512_castsi512_ps(_mm512_and_si512(d, hi));
+        v[h] = _mm512_mask_add_ps(v[h], m[h], v[h], _mm512_mul_ps(_mm512_load_ps(xt + j * 32 + 16 * h), wa));
+        v[h] = _mm512_mask_add_ps(v[h], m[h], v[h], _mm512_mul_ps(_mm512_load_ps(xt + (j + 1) * 32 + 16 * h), wb));
+      }
+    }
+  }
+  alignas(64) float a[32];
+  _mm512_store_ps(a, v[0]);
+  _mm512_store_ps(a + 16, v[1]);
+  return fm::butterfly32(a);
+}
+
 }  // namespace
+
+Lanes32Row::~Lanes32Row() { std::free(t); }
+
+void Lanes32Row::set(const float* x, int64_t d) {
+  const int64_t c = (d + 255) / 256;
+  if (c != chunks) {
+    std::free(t);
+    t = alloc_floats(c * 256);
+  }
+  D = d;
+  chunks = c;
+  std::memset(t, 0, size_t(chunks * 256) * sizeof(float));
+  for (int64_t k = 0; k < D; ++k) t[(k / 256) * 256 + (k % 8) * 32 + (k / 8) % 32] = x[k];
+}
+
+float lanes32_dot_bf16(const Lanes32Row& x, const uint16_t* w) {
+  FB_CHECK(cpu_has_avx512() && x.D % 8 == 0) << "simd::lanes32_dot_bf16: AVX-512 and D % 8 == 0 (D=" << x.D << ")";
+  return lanes32_dot_bf16_avx512(x, w);
+}
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) && cpu_has_avx512(); }
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }

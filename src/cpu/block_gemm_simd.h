@@ -42,4 +42,21 @@ void fp8_rows(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0
 void fp4_rows_f32(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y);
 void fp8_rows_f32(const QuantRowT& q, const uint8_t* W, const uint8_t* S, int64_t n0, int64_t n1, float* y);
 
+// An f32 row x laid out for lanes32 dots with bf16 weight rows (the LM head): fm::lanes32_sum
+// gives term k to lane (k / 8) mod 32, so lane l sums k = 256 c + 8 l + j in (c, j) order; here
+// [c * 256 + j * 32 + l] = x[256 c + 8 l + j], zero past D.
+struct Lanes32Row {
+  int64_t D = 0, chunks = 0;
+  float* t = nullptr;  // [chunks * 256], 64-byte aligned
+  Lanes32Row() = default;
+  Lanes32Row(const Lanes32Row&) = delete;
+  Lanes32Row& operator=(const Lanes32Row&) = delete;
+  ~Lanes32Row();
+  void set(const float* x, int64_t D);
+};
+
+// fm::lanes32_sum(D, mul(x[k], bf16 w[k])) exactly: each vector lane is one of the 32 lanes and
+// adds its terms in the scalar loop's order (masked past D), then the same butterfly. D % 8 == 0.
+float lanes32_dot_bf16(const Lanes32Row& x, const uint16_t* w);
+
 }  // namespace fb::cpu::simd

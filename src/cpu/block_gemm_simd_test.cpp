@@ -170,6 +170,34 @@ TEST_F(BlockGemmSimd, Fp8SameBitsAsTheReference) {
   }
 }
 
+// The LM head's lanes32 dots (simd::lanes32_dot_bf16) against fm::lanes32_sum, bit for bit, on
+// rows with NaN / infinite / subnormal bf16 weights, +-0 terms and D with a partial last chunk of
+// 256; and rows whose lane sums round so that a reordered sum shows (large terms among tiny ones).
+TEST_F(BlockGemmSimd, Lanes32DotSameBitsAsTheReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t D : {8, 64, 256, 264, 1000, 4096, 7168}) {
+    std::vector<float> x(static_cast<size_t>(D));
+    for (auto& v : x) v = round_bf16(nd(rng));
+    x[0] = -0.0f;
+    std::vector<uint16_t> w(static_cast<size_t>(D * 9));
+    for (auto& b : w) b = to_bf(nd(rng) * ((rng() % 5 == 0) ? 1e4f : 1e-3f));  // mixed magnitudes: sums round
+    w[size_t(D + 1)] = 0x7FC0;   // row 1: NaN
+    w[size_t(2 * D + 3)] = 0x7F80;  // row 2: +inf
+    w[size_t(3 * D + 5)] = 0x0001;  // row 3: a subnormal
+    for (int64_t k = 0; k < D; ++k) w[size_t(4 * D + k)] = 0x8000;  // row 4: -0 terms throughout
+    simd::Lanes32Row xr;
+    xr.set(x.data(), D);
+    for (int64_t r = 0; r < 9; ++r) {
+      const uint16_t* wr = w.data() + r * D;
+      const float want = fm::lanes32_sum(D, [&](int64_t k) { return fm::mul(x[size_t(k)], bf16_to_f32(wr[k])); });
+      const float got = simd::lanes32_dot_bf16(xr, wr);
+      EXPECT_TRUE(bits_from_f32(want) == bits_from_f32(got) || (std::isnan(want) && std::isnan(got)))
+          << "D=" << D << " row " << r << ": reference " << want << ", simd " << got;
+    }
+  }
+}
+
 // The shortest of `reps` runs of fn, in ms, with the vector kernels on or off.
 template <typename F>
 double best_ms(bool vec, int reps, F fn) {

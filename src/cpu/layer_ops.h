@@ -12,6 +12,7 @@
 #include "base/fmath.h"
 #include "base/mapped_file.h"
 #include "base/thread_pool.h"
+#include "cpu/block_gemm_simd.h"
 #include "loader/bind.h"
 #include "model/forward.h"
 #include "model/selection.h"
@@ -265,11 +266,14 @@ class CpuLayerOps {
     std::vector<float> nf(static_cast<size_t>(D));
     for (int64_t d = 0; d < D; ++d) nf[size_t(d)] = bf(n[size_t(d)]);
     const bf16_t* W = bfp(m_.w_.head);
+    simd::Lanes32Row xr;  // the same sums by AVX-512 where there is one (block_gemm_simd.h)
+    const bool vec = simd::enabled() && D % 8 == 0;
+    if (vec) xr.set(nf.data(), D);
     parallel_for(0, (c_.vocab_size + 4095) / 4096, [&](int64_t blk) {
       const int64_t v1 = std::min<int64_t>(c_.vocab_size, (blk + 1) * 4096);
       for (int64_t v = blk * 4096; v < v1; ++v) {
         const bf16_t* wr = W + v * D;
-        logits[v] = fm::lanes32_sum(D, [&](int64_t d) { return fm::mul(nf[size_t(d)], bf(wr[d])); });
+        logits[v] = vec ? simd::lanes32_dot_bf16(xr, wr) : fm::lanes32_sum(D, [&](int64_t d) { return fm::mul(nf[size_t(d)], bf(wr[d])); });
       }
     });
   }
