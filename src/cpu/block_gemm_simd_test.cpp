@@ -122,6 +122,14 @@ void expect_same_f32(const char* what, bool fp4, const std::vector<uint16_t>& x,
   EXPECT_EQ(differ, 0u) << what << ": f32 sums that differ";
 }
 
+// Both checks on M rows of x: the bf16 outputs of the two paths, and the f32 sums.
+template <typename Gemm>
+void expect_both(const char* what, bool fp4, const std::vector<uint16_t>& x, int64_t M, const TensorView& wv, const TensorView& sv,
+                 const std::vector<uint8_t>& w, const std::vector<uint8_t>& s, Case c, Gemm gemm) {
+  expect_same_bits(what, x, M, wv, sv, c.N, gemm);
+  expect_same_f32(what, fp4, x, M, w, s, c.N, c.K);
+}
+
 class BlockGemmSimd : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -141,10 +149,7 @@ TEST_F(BlockGemmSimd, Fp4SameBitsAsTheReference) {
       max_weight_row(w.data(), c.K / 2, 0x17);                          // +6 (even elements), +0.5 (odd)
       const std::vector<uint8_t> s = random_scales(rng, size_t(c.N * (c.K / 32)), special);
       const TensorView wv{DType::kI8, {c.N, c.K / 2}, w.data()}, sv{DType::kU8, {c.N, c.K / 32}, s.data()};
-      const int64_t M = 3;
-      const std::vector<uint16_t> x = random_x(rng, M, c.K);
-      expect_same_bits("fp4", x, M, wv, sv, c.N, fp4_gemm);
-      expect_same_f32("fp4", true, x, M, w, s, c.N, c.K);
+      expect_both("fp4", true, random_x(rng, 3, c.K), 3, wv, sv, w, s, c, fp4_gemm);
     }
   }
 }
@@ -162,10 +167,7 @@ TEST_F(BlockGemmSimd, Fp8SameBitsAsTheReference) {
       max_weight_row(w.data(), c.K, 0x7E);  // +448
       const std::vector<uint8_t> s = random_scales(rng, size_t(((c.N + 31) / 32) * (c.K / 32)), special);
       const TensorView wv{DType::kF8E4M3, {c.N, c.K}, w.data()}, sv{DType::kU8, {(c.N + 31) / 32, c.K / 32}, s.data()};
-      const int64_t M = 2;
-      const std::vector<uint16_t> x = random_x(rng, M, c.K);
-      expect_same_bits("fp8", x, M, wv, sv, c.N, fp8_gemm);
-      expect_same_f32("fp8", false, x, M, w, s, c.N, c.K);
+      expect_both("fp8", false, random_x(rng, 2, c.K), 2, wv, sv, w, s, c, fp8_gemm);
     }
   }
 }
