@@ -11,7 +11,7 @@ root=$(git rev-parse --show-toplevel)
 cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || ls "$root"/build/pyenv/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}
 if [[ -n "$cuobjdump" ]]; then export PATH="$(dirname "$cuobjdump"):$PATH"; fi  # nvdisasm beside it (pip install nvidia-cuda-nvdisasm)
 if [[ -z "$cuobjdump" ]]; then
-  echo "no cuobjdump: build/pyenv/bin/pip install nvidia-cuda-cuobjdump (or set CUOBJDUMP)"; exit 2
+  echo "no cuobjdump: build/pyenv/bin/pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (or set CUOBJDUMP)"; exit 2
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,7 +26,8 @@ for f in "$@"; do
     if ! nvcc "${flags[@]}" -I"$base/src" -isystem=/usr/local/cuda/include "$base/$f" -o "$work/$name.$side.cubin" 2> "$work/$name.$side.log"; then
       echo "$f: $side build failed"; tail -5 "$work/$name.$side.log"; exit 2
     fi
-    # Names of functions and addresses vary with inlining order only in labels: keep instructions.
+    # Without the addresses, the encodings and the per-path hash of anonymous namespaces: what is
+    # left differs only where the machine code does.
     "$cuobjdump" -sass "$work/$name.$side.cubin" | sed -E 's@/\*[0-9a-f]{4,}\*/@@; s@ +/\* 0x[0-9a-f]+ \*/@@; s@_GLOBAL__N__[0-9a-f]+_@_GLOBAL__N__@g' > "$work/$name.$side.sass"
   done
   if cmp -s "$work/$name.old.sass" "$work/$name.new.sass"; then

@@ -24,19 +24,15 @@ namespace {
 std::atomic<bool> g_enabled{true};
 constexpr int kRows = 2;  // output rows interleaved by the kernels (R = 2, 3, 4 measured: 2 best)
 
-// Exact decode tables (the reference's own functions fill them).
-struct Tables {
-  alignas(64) float e2m1[16];
-  alignas(64) float e4m3[256];
-  alignas(64) float e8m0[256];
-  Tables() {
-    for (int i = 0; i < 16; ++i) e2m1[i] = e2m1_to_f32(uint8_t(i));
-    for (int i = 0; i < 256; ++i) e4m3[i] = e4m3_to_f32(uint8_t(i));
-    for (int i = 0; i < 256; ++i) e8m0[i] = e8m0_to_f32(uint8_t(i));
+// The e2m1 values as vpermps's table (the reference's own decode fills it).
+struct E2m1Table {
+  alignas(64) float v[16];
+  E2m1Table() {
+    for (int i = 0; i < 16; ++i) v[i] = e2m1_to_f32(uint8_t(i));
   }
 };
-const Tables& tables() {
-  static const Tables t;
+const E2m1Table& e2m1_table() {
+  static const E2m1Table t;
   return t;
 }
 
@@ -56,9 +52,10 @@ float* alloc_floats(int64_t n) {
 // values e8m0_to_f32 gives, checked against it by the tests).
 FB_AVX512 inline __m512 e8m0_values(const uint8_t* s, int valid) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16(valid == 16 ? 0xFFFF : (1u << valid) - 1), s));
+  static const int nan_bits = int(bits_from_f32(e8m0_to_f32(255)));
   __m512i v = _mm512_slli_epi32(b, 23);
   v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
-  v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)), _mm512_set1_epi32(int(bits_from_f32(tables().e8m0[255]))));
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)), _mm512_set1_epi32(nan_bits));
   return _mm512_castsi512_ps(v);
 }
 
@@ -106,7 +103,7 @@ FB_AVX512 inline void fp4_group_dwords(const uint8_t* base, int n_valid, __m512i
 struct Fp4Format {
   using Words = __m512i[4];
   __m512 lut;
-  FB_AVX512 Fp4Format() : lut(_mm512_load_ps(tables().e2m1)) {}
+  FB_AVX512 Fp4Format() : lut(_mm512_load_ps(e2m1_table().v)) {}
   FB_AVX512 static void load(const uint8_t* W, int64_t n, int64_t K, int64_t g, int n_valid, __mmask16, Words& w) {
     fp4_group_dwords(W + n * (K / 2) + g * 256, n_valid, w);
   }
@@ -136,7 +133,7 @@ FB_AVX512 inline __m512 e4m3_values(__m512i b, __m512 nan_value) {
 struct Fp8Format {
   using Words = __m512i[8];
   __m512 nan_value;
-  FB_AVX512 Fp8Format() : nan_value(_mm512_set1_ps(tables().e4m3[0x7F])) {}
+  FB_AVX512 Fp8Format() : nan_value(_mm512_set1_ps(e4m3_to_f32(0x7F))) {}
   FB_AVX512 static void load(const uint8_t* W, int64_t n, int64_t K, int64_t g, int, __mmask16 valid, Words& w) {
     const __m512i block32 = _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480);
     const uint8_t* base = W + n * K + g * 512;  // 16 blocks of 32 bytes

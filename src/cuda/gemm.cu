@@ -71,12 +71,31 @@ __global__ void fp8_qdq_warp_kernel(const uint16_t* x, int64_t M, int64_t K, uin
   if (out) out[m * K + b * 32 + lane] = to_bf(fm::mul(e4m3_val(code), e8m0_val(sc)));
 }
 
-// Block b (B elements) of row m quantised to e2m1 with its scale s (code sc): packed into the
-// compact row (B / 2 bytes at b * B / 2, the scale code after the K / 2 code bytes) and/or
-// dequantised (code value times sv) into out.
-template <int B>
-__device__ __forceinline__ void fp4_block_out(const uint16_t* xb, float s, uint8_t sc, float sv, int64_t m, int64_t b, int64_t K, uint8_t* compact,
-                                              int64_t ld, uint16_t* out) {
+// FP4 QDQ of blocks of B elements, a thread per block: the scale from the block's largest
+// magnitude (floored), the e2m1 codes packed into the compact row (B / 2 bytes at b * B / 2, the
+// scale code after the K / 2 code bytes) and/or dequantised into out. kE8m0: blocks of 32 with a
+// power-of-two e8m0 scale (rounded up from amax / 6); else blocks of 16 with an e4m3 scale.
+template <bool kE8m0>
+__global__ void fp4_qdq_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
+  constexpr int B = kE8m0 ? 32 : 16;
+  const int64_t KB = K / B, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * KB) return;
+  const int64_t m = i / KB, b = i % KB;
+  const uint16_t* xb = x + m * K + b * B;
+  float amax = 0.0f;
+  for (int j = 0; j < B; ++j) amax = smax(amax, fabsf(bf(xb[j])));
+  float s, sv;  // the scale the codes divide by, and the one they are dequantised with
+  uint8_t sc;
+  if constexpr (kE8m0) {
+    amax = smax(amax, fm::mul(6.0f, fm::pow2i(-126)));
+    s = pow2_ceil_bits(fm::mul(amax, __uint_as_float(0x3E2AAAABu)));  // f32(1/6)
+    sc = e8m0_code(s);
+    sv = e8m0_val(sc);
+  } else {
+    amax = smax(amax, fm::mul(6.0f, fm::pow2i(-9)));
+    sc = e4m3_code(fm::div(amax, 6.0f));
+    s = sv = e4m3_val(sc);
+  }
   uint8_t packed[B / 2];
   for (int j = 0; j < B; j += 2) {
     const float v0 = smin(smax(fm::div(bf(xb[j]), s), -6.0f), 6.0f);
@@ -90,43 +109,6 @@ __device__ __forceinline__ void fp4_block_out(const uint16_t* xb, float s, uint8
   }
   if (out)
     for (int j = 0; j < B; ++j) out[m * K + b * B + j] = to_bf(fm::mul(e2m1_val(e2m1_code_at(packed, j)), sv));
-}
-
-// This thread's block of the FP4 quantisers: row m, block b (B elements at xb) and their largest
-// magnitude; false past the last block.
-template <int B>
-__device__ __forceinline__ bool fp4_block_at(const uint16_t* x, int64_t M, int64_t K, int64_t& m, int64_t& b, const uint16_t*& xb, float& amax) {
-  const int64_t KB = K / B, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= M * KB) return false;
-  m = i / KB;
-  b = i % KB;
-  xb = x + m * K + b * B;
-  amax = 0.0f;
-  for (int j = 0; j < B; ++j) amax = smax(amax, fabsf(bf(xb[j])));
-  return true;
-}
-
-__global__ void fp4_e8m0_qdq_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
-  int64_t m, b;
-  const uint16_t* xb;
-  float amax;
-  if (!fp4_block_at<32>(x, M, K, m, b, xb, amax)) return;
-  amax = smax(amax, fm::mul(6.0f, fm::pow2i(-126)));
-  const float s = pow2_ceil_bits(fm::mul(amax, __uint_as_float(0x3E2AAAABu)));  // f32(1/6)
-  const uint8_t sc = e8m0_code(s);
-  const float sv = e8m0_val(sc);
-  fp4_block_out<32>(xb, s, sc, sv, m, b, K, compact, ld, out);
-}
-
-__global__ void fp4_e4m3_qdq_kernel(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out) {
-  int64_t m, b;
-  const uint16_t* xb;
-  float amax;
-  if (!fp4_block_at<16>(x, M, K, m, b, xb, amax)) return;
-  amax = smax(amax, fm::mul(6.0f, fm::pow2i(-9)));
-  const uint8_t sc = e4m3_code(fm::div(amax, 6.0f));
-  const float s = e4m3_val(sc);
-  fp4_block_out<16>(xb, s, sc, s, m, b, K, compact, ld, out);
 }
 
 __global__ void fp8_dequant_rows_kernel(const uint64_t* rows, int64_t n, int64_t K, uint16_t* out) {
@@ -477,13 +459,13 @@ Status fp8_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_
 Status fp4_e8m0_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 32 == 0);
   if (M == 0) return Status();
-  return launch_op("fp4_e8m0_qdq_kernel", fp4_e8m0_qdq_kernel, blocks_for(M * (K / 32), 128), 128, 0, st, x, M, K, compact, ld, out);
+  return launch_op("fp4_e8m0_qdq_kernel", fp4_qdq_kernel<true>, blocks_for(M * (K / 32), 128), 128, 0, st, x, M, K, compact, ld, out);
 }
 
 Status fp4_e4m3_qdq(const uint16_t* x, int64_t M, int64_t K, uint8_t* compact, int64_t ld, uint16_t* out, cudaStream_t st) {
   FB_CHECK(K % 16 == 0);
   if (M == 0) return Status();
-  return launch_op("fp4_e4m3_qdq_kernel", fp4_e4m3_qdq_kernel, blocks_for(M * (K / 16), 128), 128, 0, st, x, M, K, compact, ld, out);
+  return launch_op("fp4_e4m3_qdq_kernel", fp4_qdq_kernel<false>, blocks_for(M * (K / 16), 128), 128, 0, st, x, M, K, compact, ld, out);
 }
 
 Status fp8_dequant_rows(const uint64_t* rows, int64_t n, int64_t K, uint16_t* out, cudaStream_t st) {
