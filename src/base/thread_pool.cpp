@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -13,6 +14,29 @@ namespace {
 
 thread_local bool t_in_parallel = false;  // nested parallel_for runs serially
 
+std::atomic<int> g_spin_us{std::thread::hardware_concurrency() > 2 ? 50 : 0};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until done() or the pool's spin time has passed; true if done() held.
+template <typename Done>
+bool spin_until(Done done) {
+  const int us = g_spin_us.load(std::memory_order_relaxed);
+  if (us <= 0) return done();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return done();
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int n) {
@@ -21,7 +45,7 @@ class Pool {
   ~Pool() {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      stop_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -33,15 +57,17 @@ class Pool {
     {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &fn;
-      next_ = begin;
+      next_.store(begin);
       end_ = end;
-      pending_ = int(workers_.size());
-      ++generation_;
+      pending_.store(int(workers_.size()));
+      generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     work();
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [this] { return pending_ == 0; });
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lk(mu_);
+      done_cv_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
     fn_ = nullptr;
   }
 
@@ -58,18 +84,18 @@ class Pool {
   void loop() {
     uint64_t seen = 0;
     for (;;) {
-      {
+      auto fresh = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
+        cv_.wait(lk, fresh);
       }
+      if (stop_.load()) return;
+      seen = generation_.load(std::memory_order_acquire);
       work();
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        --pending_;
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(mu_);  // the caller checks pending_ under mu_ before it sleeps
+        done_cv_.notify_one();
       }
-      done_cv_.notify_one();
     }
   }
 
@@ -79,9 +105,9 @@ class Pool {
   const std::function<void(int64_t)>* fn_ = nullptr;
   std::atomic<int64_t> next_{0};
   int64_t end_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 std::atomic<int> g_threads{0};
@@ -95,6 +121,8 @@ Pool& pool() {
 
 void set_thread_count(int n) { g_threads.store(n); }
 int thread_count() { return pool().size(); }
+void set_pool_spin_us(int us) { g_spin_us.store(std::max(0, us)); }
+int pool_spin_us() { return g_spin_us.load(); }
 
 void parallel_for(int64_t begin, int64_t end, const std::function<void(int64_t)>& fn) {
   if (end <= begin) return;

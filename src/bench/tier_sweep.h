@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "base/progress.h"
@@ -37,11 +38,21 @@ struct TierPoint {
   double static_hit = 0;     // hit rate of the best static placement (the S hottest experts resident)
   double misses_per_token = 0;
   double bypassed_per_token = 0;  // misses staged, not admitted (LFU admission)
+  double host_per_token = 0;      // misses computed on the host CPU (CudaRunOptions::host_compute)
+  double host_ms_per_token = 0;   // the host's wall time computing them
   double copy_gbps = 0;      // H2D rate of the miss copies (bytes / copy-stream GPU time)
   double floor_ms = 0, ceiling_ms = 0;  // tier model: all-hit step + copies serial / overlapped
   double plan_ms = 0;        // the plan's prediction: static-placement misses, serial, at the pinned peak
   double prefill_s = 0, prefill_hit_rate = 0, prefill_copy_gbps = 0, prefill_misses = 0;
 };
+
+// The synthetic model's experts share one pool of weight bytes (loader/synthetic.cpp), which a host
+// computing cold experts (CudaRunOptions::host_compute) would read from its caches; the real
+// model's cold experts come from DRAM. This wraps the host's compute so that each job reads one of
+// `n` distinct experts' bytes of the job's shape instead (round robin; random values made on first
+// use): the host's time is that of reading cold bytes. The outputs are noise, as the sweep's routing
+// already makes them ([policy] benchmark-only).
+std::shared_ptr<const model::HostExpertCompute> cold_bytes_host_experts(std::shared_ptr<const model::HostExpertCompute> inner, int n);
 
 // `ex` must have tiered layers (CudaLoadOptions::expert_slots < experts); `s` a session at its
 // decode context; `prefill_step(s0, s1, end)` builds prefill rows [s0, s1) of an `end`-row prompt.

@@ -47,6 +47,7 @@
 #include "cmd/bench_rows.h"
 #include "cmd/commands.h"
 #include "cmd/cuda_run_flags.h"
+#include "cpu/host_expert.h"
 #include "cuda/executor.h"
 #include "cuda/host_memory.h"
 #include "engine/generator.h"
@@ -166,6 +167,9 @@ int run(const BenchArgs& a) {
       drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
       lo.experts = drive_src;
     }
+    // used under --cuda-opt host_compute=1|2; the synthetic experts share one pool of bytes, so the
+    // host reads 32 distinct experts' bytes instead (bench::cold_bytes_host_experts)
+    lo.host_compute = bench::cold_bytes_host_experts(cpu::host_expert_compute(), 32);
     auto ex = cuda::CudaExecutor::from_snapshot(std::move(snap.value()), map, lo);
     if (!ex.ok()) return bench_failed(ex.status());
     std::fprintf(stderr, "bench: synthetic released-dimension model (%d routed experts/layer, %s) ready, %.1f s CPU\n", a.experts,

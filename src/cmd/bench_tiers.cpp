@@ -233,7 +233,9 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
       csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
       csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
       csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
-      csv.row(k + "_misses_per_token", L, p.misses_per_token, "expert copies per token");
+      csv.row(k + "_misses_per_token", L, p.misses_per_token, "HBM slot misses per token (copied or computed on the host)");
+      csv.row(k + "_host_experts_per_token", L, p.host_per_token, "misses computed on the host CPU per token (--cuda-opt host_compute)");
+      csv.row(k + "_host_ms_per_token", L, p.host_ms_per_token, "host wall ms computing them per token");
       csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
       csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
       csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");

@@ -5,6 +5,7 @@
 
 #include "cmd/commands.h"
 #include "cpu/executor.h"
+#include "cpu/host_expert.h"
 #ifdef FB_HAVE_CUDA_EXECUTOR
 #include "cmd/cuda_run_flags.h"
 #include "cuda/executor.h"
@@ -86,6 +87,7 @@ int run(const Args& a) {
         tiers.push_back(src.value());
         lo.experts = std::move(src.value());
       }
+      lo.host_compute = cpu::host_expert_compute();  // used under --cuda-opt host_compute=1|2
       auto m = cuda::CudaExecutor::load(ckpt, {}, lo);
       if (!m.ok()) return m.status();
       if (auto t = m.value()->expert_slots()) cuda_tiers.push_back(std::move(t));
@@ -117,9 +119,11 @@ int run(const Args& a) {
 #ifdef FB_HAVE_CUDA_EXECUTOR
     for (const auto& x : cuda_tiers) {
       const cuda::ExpertSlotStats t = x->stats();
-      std::fprintf(stderr, "check-fixture: HBM expert slots: %llu hits, %llu misses, %llu waves over %llu MoE calls, %.1f MB copied\n",
+      std::fprintf(stderr,
+                   "check-fixture: HBM expert slots: %llu hits, %llu misses, %llu waves over %llu MoE calls, %.1f MB copied; %llu misses "
+                   "computed on the host (%llu row-expert pairs, %.1f ms)\n",
                    (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)t.waves, (unsigned long long)t.calls,
-                   double(t.copied_bytes) / 1e6);
+                   double(t.copied_bytes) / 1e6, (unsigned long long)t.host_experts, (unsigned long long)t.host_pairs, t.host_ms);
     }
     cuda_tiers.clear();
 #endif

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cmd/commands.h"
+#include "base/thread_pool.h"
 #include "cpu/host_expert.h"
 #include "memory/plan.h"
 #include "memory/prefill_budget.h"
@@ -221,15 +222,22 @@ int run_probe(const ProbeArgs& a) {
     // Routed experts computed on the host where their bytes are (issue 22): one token through one
     // expert of this config on every thread (cpu::expert_one_token, the CPU reference's bits),
     // beside the copy that would bring it to the GPU instead. Serving a layer's misses both ways
-    // at once, the share each way in proportion to its rate, gives the combined rate. Not used by
-    // the CUDA executor yet: a measured rate for the plan to come.
-    const cpu::HostExpertRate hx = cpu::measure_host_experts(cfg->dim, cfg->moe_inter_dim, 8, std::min(a.seconds, 2.0));
+    // at once, the share each way in proportion to its rate, gives the combined rate (the CUDA
+    // executor's split under --cuda-opt host_compute=1, DevExpertSlots::take_host).
+    // The pool's idle threads spin before they sleep (set_pool_spin_us): measured both ways.
+    const int spin = pool_spin_us();
+    set_pool_spin_us(0);
+    const cpu::HostExpertRate h0 = cpu::measure_host_experts(cfg->dim, cfg->moe_inter_dim, 8, std::min(a.seconds, 2.0) / 2);
+    set_pool_spin_us(spin);
+    const cpu::HostExpertRate hx = spin > 0 ? cpu::measure_host_experts(cfg->dim, cfg->moe_inter_dim, 8, std::min(a.seconds, 2.0) / 2) : h0;
     const double copy_ms = hx.weight_bytes / rates.h2d_bytes_per_s * 1e3;
     const double both = 1e3 / copy_ms + 1e3 / hx.ms_per_expert;  // experts per second
-    std::printf("host experts: one token through one %.1f MB expert in %.2f ms on %d threads (%s, %.1f GB/s of weights); pinned H2D "
-                "moves one in %.2f ms: misses served at %.0f experts/s by copies alone, %.0f with host compute beside them (%.2fx)\n",
-                hx.weight_bytes / 1e6, hx.ms_per_expert, hx.threads, hx.simd ? "AVX-512" : "scalar", hx.bytes_per_s() / kGB, copy_ms,
-                1e3 / copy_ms, both, both * copy_ms / 1e3);
+    std::printf("host experts: one token through one %.1f MB expert in %.2f ms on %d threads (%s, %.1f GB/s of weights; one thread %.2f ms); "
+                "pinned H2D moves one in %.2f ms: misses served at %.0f experts/s by copies alone, %.0f with host compute beside them (%.2fx)\n",
+                hx.weight_bytes / 1e6, hx.ms_per_expert, hx.threads, hx.simd ? "AVX-512" : "scalar", hx.bytes_per_s() / kGB, hx.ms_one_thread,
+                copy_ms, 1e3 / copy_ms, both, both * copy_ms / 1e3);
+    std::printf("host experts: the pool's round trip %.1f us with idle threads spinning %d us, %.1f us sleeping at once (then %.2f ms an expert)\n",
+                hx.pool_us, spin, h0.pool_us, h0.ms_per_expert);
     host_expert_ms = hx.ms_per_expert;
   }
   if (a.host_expert_ms >= 0) host_expert_ms = a.host_expert_ms;  // given (0: the decode bound without host compute)

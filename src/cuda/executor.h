@@ -244,13 +244,25 @@ struct CudaRunOptions {
   bool expert_prefetch = false;
   int64_t expert_prefetch_min_rows = 1024;
   int expert_prefetch_entries = 0;    // experts per staging buffer; 0: a layer's experts minus its slots
+  // Cold experts computed on the host CPU where their bytes are (issue 22, docs/tiers.md), in
+  // decode / verify / draft steps of tiered layers, through the executor's HostExpertCompute
+  // (set_host_experts): 0 off; 1 the misses split between copies and the host, coldest first,
+  // while that shortens the longer queue (DevExpertSlots::take_host: a copy at 50 GB/s against
+  // host_compute_us, or the host's rate measured once); 2 every miss on the host (no copies: the
+  // validation mode). [exact] in the exact class (the host runs the CPU reference, which that
+  // class equals bit for bit). In the fast class a row's bits then depend on which of its experts
+  // the host ran (the cache's state): [approx-approved] pending a quality measurement. Off until
+  // measured on the H200.
+  int host_compute = 0;
+  int64_t host_compute_us = 0;        // the host's time for one (row, expert) pair the split assumes; 0: measured
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`; several
 // options at once as NAME1+NAME2 = V1+V2 (all set or none):
 // numerics=exact|fast, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, tc_route, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap,
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
-// expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64).
+// expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64),
+// host_compute (0, 1 or 2), host_compute_us (>= 0).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.
@@ -269,6 +281,9 @@ struct CudaLoadOptions {
   int lfu_aging = 64;
   // Where missing experts are read from; null: the snapshot's own (mapped) expert tensors.
   std::shared_ptr<const model::ExpertSource> experts;
+  // Where CudaRunOptions::host_compute runs a tiered layer's chosen misses (the engine, the bench
+  // and check-fixture hand in cpu::host_expert_compute(); null: host_compute does nothing).
+  std::shared_ptr<const model::HostExpertCompute> host_compute;
 };
 
 class CudaExecutor final : public model::Executor {
@@ -357,6 +372,8 @@ class CudaExecutor final : public model::Executor {
   // pin_host() for a source whose bytes should copy at the pinned rate.
   // Shared so that counters can be read after the executor is gone (check-fixture).
   std::shared_ptr<DevExpertSlots> expert_slots() const { return slots_; }
+  // CudaLoadOptions::host_compute, replaced (tests).
+  void set_host_experts(std::shared_ptr<const model::HostExpertCompute> h) { host_experts_ = std::move(h); }
   // Expert traffic by tier (issue 24) from the host-side counters: HBM slot hits, then each miss
   // at the tier its copy came from (the host tiers' counters when the source keeps them, else
   // host memory). Op times by family only while profiling (set_profile: CUDA events around each
@@ -507,6 +524,7 @@ class CudaExecutor final : public model::Executor {
   // Expert tier (CudaLoadOptions::expert_slots > 0): layers with fewer slots than experts read
   // their routed experts through it.
   std::shared_ptr<DevExpertSlots> slots_;
+  std::shared_ptr<const model::HostExpertCompute> host_experts_;
   RouteOverride route_override_;
   // Engram tables left on the host (CudaLoadOptions::engram): DevLayer::engram_table is null and
   // the rows are gathered from w_'s mapped views.

@@ -196,6 +196,35 @@ void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const
   storage::resident_first(cache, want);
 }
 
+std::vector<int32_t> DevExpertSlots::take_host(int layer, std::vector<int32_t>& want, const std::vector<int>& rows, double copy_ms, double host_ms) {
+  std::vector<int32_t> host;
+  storage::SlotCache& cache = *layers_[size_t(layer)].cache;
+  std::vector<int32_t> misses;
+  for (const int32_t e : want)
+    if (cache.find(e) < 0) misses.push_back(e);
+  std::stable_sort(misses.begin(), misses.end(), [&](int32_t a, int32_t b) {
+    const uint64_t ua = cache.uses_of(a), ub = cache.uses_of(b);
+    return ua != ub ? ua < ub : a < b;
+  });
+  double copies = copy_ms * double(misses.size()), work = 0;
+  for (const int32_t e : misses) {
+    const double w = work + host_ms * double(std::max(1, rows[size_t(e)])), c = copies - copy_ms;
+    if (std::max(w, c) >= std::max(work, copies)) break;
+    work = w;
+    copies = c;
+    host.push_back(e);
+  }
+  if (host.empty()) return host;
+  std::sort(host.begin(), host.end());
+  for (const int32_t e : host) cache.count_elsewhere(e);
+  stats_.misses += host.size();
+  std::vector<int32_t> rest;
+  for (const int32_t e : want)
+    if (!std::binary_search(host.begin(), host.end(), e)) rest.push_back(e);
+  want.swap(rest);
+  return host;
+}
+
 Status DevExpertSlots::replay(int layer, std::vector<int32_t> want, const std::function<void(int32_t)>& on_miss) {
   Layer& L = layers_.at(size_t(layer));
   if (!L.cache) return FB_ERROR(kInternal) << "layer " << layer << " has no expert slots";

@@ -35,6 +35,10 @@ struct ExpertSlotStats {
   // ahead, those a MoE call then used, the copies' bytes and GPU time (prefetch stream).
   uint64_t prefetched = 0, prefetch_used = 0, prefetch_bytes = 0;
   double prefetch_ms = 0;
+  // Cold experts computed on the host CPU (CudaRunOptions::host_compute): experts, (row, expert)
+  // pairs, and the host's wall time computing them. They count in `misses` too.
+  uint64_t host_experts = 0, host_pairs = 0;
+  double host_ms = 0;
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 1.0; }
   double copy_gbps() const { return copy_ms > 0 ? double(copied_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0; }
 };
@@ -67,6 +71,19 @@ class DevExpertSlots {
   // than slots uses what is resident before the later waves evict it. Called once the routing is
   // known: it hands the source the misses first (ExpertSource::prefetch), so drive reads start.
   void resident_first(int layer, std::vector<int32_t>& want) const;
+  // Cold experts computed on the host CPU where their bytes are (CudaRunOptions::host_compute,
+  // issue 22): moves misses of `want` out of it, coldest (LFU uses, then id) first, while moving
+  // one more shortens the longer of the two queues: the copies (copy_ms an expert, one after
+  // another on the copy stream) and the host's work (host_ms a (row, expert) pair; rows[e]: the
+  // step's rows routed to e). Each one's use is counted in the layer's cache
+  // (SlotCache::count_elsewhere) and nothing is admitted. Returns them, ascending. The choice
+  // depends only on the cache's state and the two rates.
+  std::vector<int32_t> take_host(int layer, std::vector<int32_t>& want, const std::vector<int>& rows, double copy_ms, double host_ms);
+  void note_host(uint64_t experts, uint64_t pairs, double ms) {
+    stats_.host_experts += experts;
+    stats_.host_pairs += pairs;
+    stats_.host_ms += ms;
+  }
   const Layout& layout() const { return layout_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Device bytes held now: every tiered layer's arrays (slots and staging entries) and the two

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/executor.h"
+#include "cpu/host_expert.h"
 #include "cuda/executor.h"
 #include "engine/executor_factory.h"
 #include "engine/fixture_check.h"
@@ -185,6 +186,66 @@ TEST_P(FixtureParity, ExpertSlotsBitForBit) {
       if (k.staging > 0) EXPECT_GT(st.bypassed, 0u) << "no miss was staged";
       expect_bitwise(c);
     }
+  }
+}
+
+// The host's experts (cpu::host_expert_compute) reporting a rate of 1.5 copies an expert, so
+// that the split (DevExpertSlots::take_host) sends some misses of a call to the host and copies
+// the others.
+class SlowerHostExperts final : public model::HostExpertCompute {
+ public:
+  void run(const std::vector<model::HostExpertJob>& jobs, float limit) const override { real_->run(jobs, limit); }
+  double ms_per_expert(int64_t D, int64_t I) const override { return 1.5 * double(I * D) * (1.5 + 3.0 / 32) / 50e9 * 1e3; }
+
+ private:
+  std::shared_ptr<const model::HostExpertCompute> real_ = cpu::host_expert_compute();
+};
+
+// Cold experts computed on the host CPU (CudaRunOptions::host_compute, issue 22): in the exact
+// class the host runs the CPU reference's expert, so the logits, taps and drafts stay equal to the
+// CPU's bit for bit, with every miss on the host (2) and with the misses split between the host
+// and copies (1), in 7-row prefill chunks (rows sharing host experts) and decode steps, with and
+// without staging entries. Each case must actually compute misses on the host, and the split
+// must also copy some.
+TEST_P(FixtureParity, HostComputedExpertsBitForBit) {
+  struct Case {
+    int mode, staging;
+  };
+  for (const Case k : {Case{2, 0}, Case{1, 0}, Case{1, 2}}) {
+    std::vector<std::shared_ptr<DevExpertSlots>> tiers;
+    auto make_tiered = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
+      CudaLoadOptions lo;
+      lo.expert_slots = 2;
+      lo.expert_staging = k.staging;
+      lo.run = run_for(false);
+      lo.run.host_compute = k.mode;
+      lo.host_compute = std::make_shared<SlowerHostExperts>();
+      auto m = CudaExecutor::load(ckpt, {}, lo);
+      if (!m.ok()) return m.status();
+      if (auto t = m.value()->expert_slots()) tiers.push_back(t);
+      return std::unique_ptr<model::Executor>(std::move(m.value()));
+    };
+    engine::FixtureCheckOptions opt;
+    opt.make_reference = make_cpu;
+    opt.chunk = 7;
+    auto rep = engine::check_fixture(dir, make_tiered, opt);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
+    uint64_t host = 0, pairs = 0, copied = 0, misses = 0;
+    for (const auto& t : tiers) {
+      host += t->stats().host_experts;
+      pairs += t->stats().host_pairs;
+      copied += t->stats().copied_bytes;
+      misses += t->stats().misses;
+    }
+    std::printf("[ tc ] %s host compute %d, staging %d: %llu of %llu misses on the host (%llu pairs), %.1f MB copied: %s\n", GetParam(), k.mode,
+                k.staging, (unsigned long long)host, (unsigned long long)misses, (unsigned long long)pairs, double(copied) / 1e6,
+                rep->reference.line().c_str());
+    EXPECT_GT(host, 0u) << "no miss was computed on the host";
+    EXPECT_GT(pairs, host) << "no host expert served several rows";
+    if (k.mode == 2) EXPECT_EQ(host, misses) << "mode 2 computes every miss on the host";
+    if (k.mode == 1) EXPECT_LT(host, misses) << "the split copied no miss";
+    expect_bitwise(rep->reference);
   }
 }
 

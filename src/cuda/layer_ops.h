@@ -418,7 +418,18 @@ class CudaLayerOps {
             break;
           }
       std::vector<int32_t> ids;
-      download_synced(ids, experts, n);
+      // CudaRunOptions::host_compute: the rows' expert inputs and routing weights come back with
+      // the ids (one wait), for the misses the host will compute
+      HostRows host;
+      if (host_compute_on()) {
+        ids.resize(size_t(n));
+        host.u.resize(size_t(T_ * D));
+        host.weights.resize(size_t(n));
+        download_parts_synced({DownPart{ids.data(), experts, size_t(n) * sizeof(int32_t)}, DownPart{host.u.data(), u_, host.u.size() * 2},
+                               DownPart{host.weights.data(), weights, size_t(n) * sizeof(float)}});
+      } else {
+        download_synced(ids, experts, n);
+      }
       if (!ok()) return;
       if (m_.route_override_) m_.route_override_(l, ids, T_, int(K));
       for (int32_t e : ids)
@@ -427,7 +438,7 @@ class CudaLayerOps {
           return;
         }
       if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
-      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared);
+      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared, host.u.empty() ? nullptr : &host);
     } else if (tc_) {
       std::vector<int32_t> ids;
       download_synced(ids, experts, n);
@@ -498,13 +509,53 @@ class CudaLayerOps {
   // Routed experts of a tiered layer on the GEMV kernels: waves of at most the layer's slots
   // (one wave unless the step routes to more experts than that); each wave's rows see their
   // expert's slot, the others -1 (skipped). Per row the arithmetic is the resident path's.
+  // The host's copies of a tiered MoE call's expert inputs [T, D] and routing weights [T * K]
+  // (CudaRunOptions::host_compute).
+  struct HostRows {
+    std::vector<uint16_t> u;
+    std::vector<float> weights;
+  };
+  bool host_compute_on() const { return m_.run_.host_compute > 0 && m_.host_experts_ && !tc_ && !m_.ws_.capturing; }
+  // The misses chosen for the host (DevExpertSlots::take_host; every miss in mode 2) out of `want`.
+  std::vector<int32_t> take_host(int l, const std::vector<int32_t>& ids, std::vector<int32_t>& want) {
+    DevExpertSlots& slots = *m_.slots_;
+    std::vector<int> rows(size_t(c_.roles[size_t(l)].n_experts), 0);
+    for (int32_t e : ids) ++rows[size_t(e)];
+    if (m_.run_.host_compute == 2) return slots.take_host(l, want, rows, 1.0, 0.0);
+    const double copy_ms = double(slots.slot_bytes()) / 50e9 * 1e3;
+    const double host_ms = m_.run_.host_compute_us > 0 ? double(m_.run_.host_compute_us) * 1e-3
+                                                       : m_.host_experts_->ms_per_expert(c_.dim, c_.moe_inter_dim);
+    return slots.take_host(l, want, rows, copy_ms, host_ms);
+  }
+  // The host's experts, once the GPU's share of the call is issued (they run beside it): every
+  // (row, expert) pair of `host_want` on the host's threads, the outputs into their rows of ye.
+  void run_host_experts(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h, const std::vector<int32_t>& host_want, uint16_t* ye) {
+    const int64_t D = c_.dim;
+    std::vector<size_t> pairs;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (std::binary_search(host_want.begin(), host_want.end(), ids[i])) pairs.push_back(i);
+    std::vector<uint16_t> out(pairs.size() * size_t(D));
+    std::vector<model::HostExpertJob> jobs;
+    const model::ExpertSource& src = m_.slots_->source();
+    for (size_t j = 0; j < pairs.size(); ++j) {
+      const size_t i = pairs[j];
+      jobs.push_back({h.u.data() + (int64_t(i) / K) * D, src.expert(l, ids[i]), h.weights[i], out.data() + j * size_t(D)});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    m_.host_experts_->run(jobs, c_.swiglu_limit);
+    m_.slots_->note_host(host_want.size(), pairs.size(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    uint16_t* dev = upload(out);
+    for (size_t j = 0; j < pairs.size() && ok(); ++j) copy_d2d(ye + int64_t(pairs[j]) * D, dev + int64_t(j) * D, D * 2);
+  }
+
   template <typename F>
   void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
-                             uint16_t* ye, F& shared) {
+                             uint16_t* ye, F& shared, const HostRows* host = nullptr) {
     DevExpertSlots& slots = *m_.slots_;
     std::vector<int32_t> want = distinct(ids);
     std::vector<int32_t> staged_want = take_staged(l, want);
     slots.resident_first(l, want);
+    const std::vector<int32_t> host_want = host ? take_host(l, ids, want) : std::vector<int32_t>{};
     const int E = c_.roles[size_t(l)].n_experts;
     std::vector<int32_t> slot_of(size_t(E), -1);
     // The staged experts as one more wave over the staging buffer's arrays (after the hits).
@@ -539,6 +590,10 @@ class CudaLayerOps {
       from = *next;
     }
     if (want.empty()) run_staged();
+    if (!host_want.empty() && ok()) {
+      shared();
+      run_host_experts(l, K, ids, *host, host_want, ye);
+    }
   }
 
   // Prefetch (prefetch_): the staging buffer holding layer l's experts, or null.
@@ -623,30 +678,44 @@ class CudaLayerOps {
   // effect is not known yet.
   template <typename T>
   void download_synced(std::vector<T>& out, const T* src, int64_t n) {
+    if (m_.ws_.capturing) return;
+    out.resize(size_t(std::max<int64_t>(n, 0)));
+    download_parts_synced({DownPart{out.data(), src, out.size() * sizeof(T)}});
+  }
+  // Several device ranges into host memory behind one wait (each part 16-byte aligned in `down`).
+  struct DownPart {
+    void* out;
+    const void* src;
+    size_t bytes;
+  };
+  void download_parts_synced(const std::vector<DownPart>& parts) {
     StepWorkspace& ws = m_.ws_;
-    const size_t bytes = size_t(std::max<int64_t>(n, 0)) * sizeof(T);
-    if (!ws.pinned_ids || ws.capturing || bytes == 0) {
-      download(out, src, n);
-      sync();
-      return;
-    }
-    if (ok() && bytes > ws.down_cap) {  // grown once to the largest (the stream's earlier copies into it are done: each call syncs)
+    if (ws.capturing) return;
+    size_t total = 0;
+    for (const DownPart& p : parts) total += (p.bytes + 15) / 16 * 16;
+    if (ok() && ws.pinned_ids && total > ws.down_cap) {  // grown once to the largest (the stream's earlier copies into it are done: each call syncs)
       if (ws.down) cudaFreeHost(ws.down);
       ws.down = nullptr;
       ws.down_cap = 0;
-      const size_t want = std::max<size_t>(bytes + bytes / 4, size_t(64) << 10);
+      const size_t want = std::max<size_t>(total + total / 4, size_t(64) << 10);
       if (cudaMallocHost(&ws.down, want) == cudaSuccess) ws.down_cap = want;
       else ws.down = nullptr, cudaGetLastError();
     }
-    if (!ws.down) {
-      download(out, src, n);
-      sync();
-      return;
+    const bool pinned = ws.pinned_ids && ws.down && total > 0;
+    size_t off = 0;
+    for (const DownPart& p : parts) {
+      if (ok() && p.bytes > 0)
+        step(cuda_status(cudaMemcpyAsync(pinned ? static_cast<uint8_t*>(ws.down) + off : p.out, p.src, p.bytes, cudaMemcpyDeviceToHost, st_),
+                         "download"));
+      off += (p.bytes + 15) / 16 * 16;
     }
-    out.resize(size_t(n));
-    if (ok()) step(cuda_status(cudaMemcpyAsync(ws.down, src, bytes, cudaMemcpyDeviceToHost, st_), "download"));
     sync();
-    if (ok()) std::memcpy(out.data(), ws.down, bytes);
+    if (!pinned || !ok()) return;
+    off = 0;
+    for (const DownPart& p : parts) {
+      if (p.bytes > 0) std::memcpy(p.out, static_cast<const uint8_t*>(ws.down) + off, p.bytes);
+      off += (p.bytes + 15) / 16 * 16;
+    }
   }
   void sync() {
     if (ok() && !m_.ws_.capturing) step(cuda_status(cudaStreamSynchronize(st_), "stream"));

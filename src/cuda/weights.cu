@@ -109,6 +109,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "expert_prefetch_entries") return integer(0, 1ll << 30, o.expert_prefetch_entries);
   if (name == "engram_prefetch_tasks") return integer(0, 64, o.engram_prefetch_tasks);
   if (name == "rs_gemv") return integer(0, 2, o.rs_gemv);
+  if (name == "host_compute") return integer(0, 2, o.host_compute);
+  if (name == "host_compute_us") return integer(0, std::numeric_limits<int64_t>::max(), o.host_compute_us);
   if (name == "rs_group_ctas") return integer(1, 64, o.rs_group_ctas);
   if (name == "rs_group_rows") {
     if (value != "4" && value != "8") return FB_ERROR(kInvalidArgument) << "option rs_group_rows takes 4 or 8 (got \"" << value << "\")";
@@ -118,7 +120,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   return FB_ERROR(kInvalidArgument) << "unknown CUDA option \"" << name
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, tc_route, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
-                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads)";
+                                       "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads, "
+                                       "host_compute, host_compute_us)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {
@@ -275,6 +278,7 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
     std::shared_ptr<const model::ExpertSource> src = opt.experts;
     if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
     slots_ = FB_TRY(DevExpertSlots::create(cfg_, std::move(src), opt.expert_slots, opt.policy, opt.expert_staging, opt.lfu_aging));
+    host_experts_ = opt.host_compute;
   }
   // Progress on a terminal (issue 24): the host-to-device copies and the expert packing, by layer
   // (the drive reads before them have their own line, "load weights", engine/executor_factory.cpp).

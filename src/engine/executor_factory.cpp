@@ -8,6 +8,7 @@
 #include "memory/plan.h"
 
 #include "cpu/executor.h"
+#include "cpu/host_expert.h"
 #include "loader/read_in.h"
 #include "loader/snapshot.h"
 #include "storage/tiered_experts.h"
@@ -128,6 +129,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     if (opt.expert_slots > 0) {
       tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
       lo.experts = tiers;
+      lo.host_compute = cpu::host_expert_compute();  // used under CudaRunOptions::host_compute (off by default)
     }
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {

@@ -139,4 +139,23 @@ class ExpertSource {
   virtual uint64_t host_bytes() const { return 0; }
 };
 
+// Routed experts computed on the host CPU where their bytes are (issue 22): a tiered layer's
+// chosen misses, each one (row, expert) pair. The CUDA executor hands them to this interface;
+// cpu::host_expert_compute() implements it (cuda and cpu never link each other: the engine, the
+// bench and the parity tests wire the two).
+struct HostExpertJob {
+  const uint16_t* u = nullptr;  // [D] the row's expert input (bf16)
+  ExpertWeights ex;
+  float weight = 1.0f;          // the routing weight (applied before w2, as the executors do)
+  uint16_t* ye = nullptr;       // [D] the output (bf16)
+};
+class HostExpertCompute {
+ public:
+  virtual ~HostExpertCompute() = default;
+  // The CPU reference's bits for every job (jobs of one call share D and I).
+  virtual void run(const std::vector<HostExpertJob>& jobs, float swiglu_limit) const = 0;
+  // One token through one expert of these dimensions on this host, ms (measured once, kept).
+  virtual double ms_per_expert(int64_t D, int64_t I) const = 0;
+};
+
 }  // namespace fb::model

@@ -345,6 +345,28 @@ TEST(SlotCache, LfuHistorySurvivesEviction) {
   lfu.release(c2.slot);
 }
 
+// A use served outside the cache (a cold expert computed on the host) counts as a miss and a
+// use, admits nothing, and its uses then decide admission as acquire()'s would have.
+TEST(SlotCache, UsesServedElsewhereCountWithoutAdmitting) {
+  SlotCache lfu(1, EvictionPolicy::kLfu);
+  for (int i = 0; i < 3; ++i) lfu.release(lfu.acquire(4).slot);
+  lfu.count_elsewhere(9);
+  EXPECT_EQ(lfu.find(9), -1);
+  EXPECT_EQ(lfu.uses_of(9), 1u);
+  EXPECT_EQ(lfu.uses_of(4), 3u);
+  EXPECT_EQ(lfu.misses(), 2u);                 // 4's first lookup and 9's
+  EXPECT_TRUE(lfu.acquire(9, false).bypass);   // 2 uses, fewer than 4's 3: ...
+  lfu.count_elsewhere(9);                      // ... a third use elsewhere ...
+  auto a = lfu.acquire(9, false);              // ... and 9 (4 uses) is admitted over 4 (3)
+  EXPECT_FALSE(a.bypass);
+  EXPECT_EQ(a.evicted_key, 4);
+  lfu.release(a.slot);
+  SlotCache lru(1, EvictionPolicy::kLru);
+  lru.count_elsewhere(3);
+  EXPECT_EQ(lru.uses_of(3), 0u);
+  EXPECT_EQ(lru.find(3), -1);
+}
+
 // The rate estimate is bytes over busy time: a read that took 8 ms and seven more that landed
 // within microseconds of it (a burst, or one reap of several completions) are 8 MiB in ~8 ms, about
 // 1 GB/s; a mean of per-read rates would say hundreds of GB/s. Reads reaped together (0 ns) add

@@ -20,7 +20,12 @@ uint64_t SlotCache::uses(const Slot& s) const {
   return it == freq_.end() ? 0 : it->second;
 }
 
-SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
+uint64_t SlotCache::uses_of(int64_t key) const {
+  auto it = freq_.find(key);
+  return it == freq_.end() ? 0 : it->second;
+}
+
+void SlotCache::count_access(int64_t key) {
   ++clock_;
   if (policy_ == EvictionPolicy::kLfu) {
     if (!slots_.empty() && clock_ % (slots_.size() * size_t(aging_)) == 0)
@@ -30,6 +35,15 @@ SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
       }
     ++freq_[key];
   }
+}
+
+void SlotCache::count_elsewhere(int64_t key) {
+  count_access(key);
+  ++misses_;
+}
+
+SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
+  count_access(key);
   Lookup r;
   if (int s = find(key); s >= 0) {
     Slot& sl = slots_[size_t(s)];

@@ -42,6 +42,11 @@ class SlotCache {
   int find(int64_t key) const;
   // Drops the key of an unpinned slot (the tier is shrinking or the bytes are being reused).
   bool evict_slot(int slot);
+  // A use of a missing key served outside the cache (a cold expert computed on the host CPU): the
+  // access is counted as acquire() counts it (a miss; LFU uses and aging), nothing is admitted.
+  void count_elsewhere(int64_t key);
+  // LFU uses of `key` now (0 for a key never seen or forgotten by aging; LRU: 0).
+  uint64_t uses_of(int64_t key) const;
 
   int n_slots() const { return int(slots_.size()); }
   int pins(int slot) const { return slots_[size_t(slot)].pins; }
@@ -57,6 +62,7 @@ class SlotCache {
     uint64_t last_use = 0;
   };
   uint64_t uses(const Slot& s) const;
+  void count_access(int64_t key);  // the clock, LFU aging and the key's use (every lookup)
   EvictionPolicy policy_;
   int aging_ = 8;
   std::vector<Slot> slots_;
