@@ -418,18 +418,7 @@ class CudaLayerOps {
             break;
           }
       std::vector<int32_t> ids;
-      // CudaRunOptions::host_compute: the rows' expert inputs and routing weights come back with
-      // the ids (one wait), for the misses the host will compute
-      HostRows host;
-      if (host_compute_on()) {
-        ids.resize(size_t(n));
-        host.u.resize(size_t(T_ * D));
-        host.weights.resize(size_t(n));
-        download_parts_synced({DownPart{ids.data(), experts, size_t(n) * sizeof(int32_t)}, DownPart{host.u.data(), u_, host.u.size() * 2},
-                               DownPart{host.weights.data(), weights, size_t(n) * sizeof(float)}});
-      } else {
-        download_synced(ids, experts, n);
-      }
+      download_synced(ids, experts, n);
       if (!ok()) return;
       if (m_.route_override_) m_.route_override_(l, ids, T_, int(K));
       for (int32_t e : ids)
@@ -438,7 +427,7 @@ class CudaLayerOps {
           return;
         }
       if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
-      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared, host.u.empty() ? nullptr : &host);
+      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared);
     } else if (tc_) {
       std::vector<int32_t> ids;
       download_synced(ids, experts, n);
@@ -510,11 +499,20 @@ class CudaLayerOps {
   // (one wave unless the step routes to more experts than that); each wave's rows see their
   // expert's slot, the others -1 (skipped). Per row the arithmetic is the resident path's.
   // The host's copies of a tiered MoE call's expert inputs [T, D] and routing weights [T * K]
-  // (CudaRunOptions::host_compute).
+  // (CudaRunOptions::host_compute), downloaded once the host has chosen misses to compute (a
+  // wait of the idle stream; downloading them with every call's ids cost ~0.5 ms a token at 100%
+  // hits on the H200).
   struct HostRows {
     std::vector<uint16_t> u;
     std::vector<float> weights;
   };
+  HostRows download_host_rows(const float* weights, int64_t n) {
+    HostRows h;
+    h.u.resize(size_t(T_ * c_.dim));
+    h.weights.resize(size_t(n));
+    download_parts_synced({DownPart{h.u.data(), u_, h.u.size() * 2}, DownPart{h.weights.data(), weights, size_t(n) * sizeof(float)}});
+    return h;
+  }
   bool host_compute_on() const { return m_.run_.host_compute > 0 && m_.host_experts_ && !tc_ && !m_.ws_.capturing; }
   // The misses chosen for the host (DevExpertSlots::take_host; every miss in mode 2) out of `want`.
   std::vector<int32_t> take_host(int l, const std::vector<int32_t>& ids, std::vector<int32_t>& want) {
@@ -550,12 +548,13 @@ class CudaLayerOps {
 
   template <typename F>
   void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
-                             uint16_t* ye, F& shared, const HostRows* host = nullptr) {
+                             uint16_t* ye, F& shared) {
     DevExpertSlots& slots = *m_.slots_;
     std::vector<int32_t> want = distinct(ids);
     std::vector<int32_t> staged_want = take_staged(l, want);
     slots.resident_first(l, want);
-    const std::vector<int32_t> host_want = host ? take_host(l, ids, want) : std::vector<int32_t>{};
+    const std::vector<int32_t> host_want = host_compute_on() ? take_host(l, ids, want) : std::vector<int32_t>{};
+    const HostRows host = host_want.empty() ? HostRows{} : download_host_rows(weights, int64_t(ids.size()));
     const int E = c_.roles[size_t(l)].n_experts;
     std::vector<int32_t> slot_of(size_t(E), -1);
     // The staged experts as one more wave over the staging buffer's arrays (after the hits).
@@ -592,7 +591,7 @@ class CudaLayerOps {
     if (want.empty()) run_staged();
     if (!host_want.empty() && ok()) {
       shared();
-      run_host_experts(l, K, ids, *host, host_want, ye);
+      run_host_experts(l, K, ids, host, host_want, ye);
     }
   }
 
