@@ -6,7 +6,7 @@
 # the pool's round trip with and without spinning), then the expert-tier sweep of the synthetic
 # released-dimension model (384 experts, 128 HBM slots per layer) once per host_compute mode.
 # Usage, in the repo root:  tools/device_host_compute.sh [FIXTURES_DIR] [MODES]
-#   defaults .fixtures, "0 1"
+#   defaults .fixtures, "0 1"; a list such as "0 1 0 1" alternates the modes (a CSV and log per run)
 # Env: FB_SKEWS (0.3,0.45,0.6), FB_SWEEP_TIMEOUT (s per sweep, 220), FB_SKIP_TESTS=1,
 #      FB_SWEEP_ARGS (more bench options, e.g. "--cuda-opt numerics=exact").
 # Logs to $OUT (or /tmp/fb_out); the table is printed LAST.
@@ -40,13 +40,15 @@ fi
 timeout 90 $FB probe --no-sim --seconds 2 --file-mib 64 >"$LOG/hc_probe.log" 2>&1
 row probe "rc=$?"
 grep -E "^host experts" "$LOG/hc_probe.log" | cut -c1-300 | sed 's/^/  /' >>"$T"
-for m in $MODES; do
+i=0
+for m in $MODES; do  # a mode listed twice runs twice (alternating modes: an interleaved A/B)
+  i=$((i + 1))
   s0=$(date +%s)
   timeout ${FB_SWEEP_TIMEOUT:-220} $FB bench --synthetic --experts 384 --expert-slots 128 --skews ${FB_SKEWS:-0.3,0.45,0.6} --contexts 4096 \
-    --cuda-opt host_compute=$m ${FB_SWEEP_ARGS:-} --csv "$LOG/hc_sweep_$m.csv" >/dev/null 2>"$LOG/hc_sweep_$m.err"
-  row "tier sweep host_compute=$m" "rc=$? $(($(date +%s) - s0))s"
-  grep -E "bench: tiers top-10 share" "$LOG/hc_sweep_$m.err" | sed 's/^bench: tiers //' | cut -c1-330 | sed 's/^/  /' >>"$T"
-  tail -2 "$LOG/hc_sweep_$m.err" | grep -iE "error|fail" | sed 's/^/  /' >>"$T"
+    --cuda-opt host_compute=$m ${FB_SWEEP_ARGS:-} --csv "$LOG/hc_sweep_${i}_$m.csv" >/dev/null 2>"$LOG/hc_sweep_${i}_$m.err"
+  row "tier sweep $i host_compute=$m" "rc=$? $(($(date +%s) - s0))s"
+  grep -E "bench: tiers top-10 share" "$LOG/hc_sweep_${i}_$m.err" | sed 's/^bench: tiers //' | cut -c1-330 | sed 's/^/  /' >>"$T"
+  tail -2 "$LOG/hc_sweep_${i}_$m.err" | grep -iE "error|fail" | sed 's/^/  /' >>"$T"
 done
 row total "$(($(date +%s) - t0))s"
 echo "==================== host compute summary ===================="
