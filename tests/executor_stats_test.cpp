@@ -126,6 +126,22 @@ TEST(ExecutorStats, TieredExpertsCountEachLookupAtOneTier) {
 // layer; the CPU executor fetches them in a task started when the ids are hashed, so a row is
 // either hidden (staged before its layer asked) or exposed (its layer waited). With the prefetch
 // off every row is exposed; the logits are the same bits either way.
+// --host-compute is a tier option: refused without expert slots and outside 0..2, with the
+// option's name in the message.
+TEST(ExecutorStats, HostComputeNeedsSlotsAndAMode) {
+  engine::ExecutorOptions o;
+  o.host_compute = 1;
+  auto ex = engine::make_executor("cpu", model_dir(), o);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ex.status().to_string().find("--host-compute"), std::string::npos) << ex.status().to_string();
+  o.expert_slots = 1;
+  o.host_compute = 3;
+  ex = engine::make_executor("cpu", model_dir(), o);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_NE(ex.status().to_string().find("--host-compute takes 0, 1 or 2"), std::string::npos) << ex.status().to_string();
+}
+
 TEST(ExecutorStats, EngramRowsHiddenOrExposed) {
   auto a = engine::make_executor("cpu", model_dir());
   auto b = engine::make_executor("cpu", model_dir());

@@ -30,6 +30,11 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--expert-store", tiers.expert_store,
                  "with --expert-slots: expert-store replicas written by flashbox convert (default: read the snapshot's shards)");
   app.add_option("--expert-staging", tiers.expert_staging, "with --expert-slots on CUDA: staging slots per layer for LFU admission");
+  app.add_option("--host-compute", tiers.host_compute,
+                 "with --expert-slots on CUDA: cold experts computed on the host CPU beside the copies over PCIe (0 off, the default; "
+                 "1 the misses split between the two; 2 every miss on the host). Exact class: the same bits. Fast class: a row's "
+                 "bits then depend on which of its experts the host ran (docs/tiers.md)")
+      ->check(CLI::Range(0, 2));
   app.add_option("--numerics", tiers.numerics,
                  "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));

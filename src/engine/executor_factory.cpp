@@ -101,8 +101,10 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   if (opt_in.expert_slots < ExecutorOptions::kAutoSlots || opt_in.expert_staging < 0 || opt_in.host_experts < 0)
     return FB_ERROR(kInvalidArgument) << "expert slots (or -1: auto), staging slots and host experts must be >= 0";
   const ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
-  if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0))
-    return FB_ERROR(kInvalidArgument) << "--host-experts, --expert-store and --expert-staging need --expert-slots N (experts are all resident otherwise)";
+  if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0 || opt.host_compute > 0))
+    return FB_ERROR(kInvalidArgument)
+           << "--host-experts, --expert-store, --expert-staging and --host-compute need --expert-slots N (experts are all resident otherwise)";
+  if (opt.host_compute < 0 || opt.host_compute > 2) return FB_ERROR(kInvalidArgument) << "--host-compute takes 0, 1 or 2";
 #ifdef FB_HAVE_CUDA_EXECUTOR
   const bool have_cuda = true;
 #else
@@ -129,7 +131,8 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     if (opt.expert_slots > 0) {
       tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
       lo.experts = tiers;
-      lo.host_compute = cpu::host_expert_compute();  // used under CudaRunOptions::host_compute (off by default)
+      lo.host_compute = cpu::host_expert_compute();
+      lo.run.host_compute = opt.host_compute;
     }
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {

@@ -22,6 +22,9 @@ struct ExecutorOptions {
   static constexpr int kAutoSlots = -1;
   int64_t context_tokens = 131072;   // the session context the plan reserves KV for
   int expert_staging = 0;            // CUDA: staging slots for LFU admission (0: admit every miss)
+  // CUDA: cold experts computed on the host CPU beside the copies (cuda::CudaRunOptions::host_compute:
+  // 0 off, 1 the misses split between copies and the host, 2 every miss on the host).
+  int host_compute = 0;
   int64_t host_experts = 0;          // host cache records (0: as many as expert_slots per layer x 1)
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards
   bool expert_prefetch = true;            // drive reads start when the router has run (storage::TieredOptions::prefetch)
