@@ -37,6 +37,19 @@ if [ "${FB_SKIP_TESTS:-0}" != 1 ] && [ $rc -eq 0 ]; then
   grep -oE "\[ tc \] .* host compute .*" "$LOG/hc_parity.log" | cut -c1-230 | sed 's/^/  /' >>"$T"
 fi
 [ -x $FB ] || { row flashbox "missing"; cat "$T"; exit 1; }
+# The fast class's quality with the host computing misses (its outputs are the reference's, not the
+# fast GEMV's): the fixture gates and the distance to the CPU with 2 HBM slots, every miss on the
+# host (2) against none (0).
+if [ "${FB_SKIP_TESTS:-0}" != 1 ]; then
+  for c in tiny-smooth tiny-s1-long; do
+    for hm in 0 2; do
+      timeout 90 $FB check-fixture "$FIX/$c" --backend cuda --numerics fast --compare-cpu --expert-slots 2 --cuda-opt host_compute=$hm \
+        >"$LOG/hc_quality_${c}_$hm.log" 2>&1
+      row "fast $c slots 2 host_compute=$hm" "rc=$?"
+      grep -E "^compare |^check-fixture $c|misses computed on the host" "$LOG/hc_quality_${c}_$hm.log" | sed 's/^check-fixture: //' | cut -c1-240 | sed 's/^/  /' >>"$T"
+    done
+  done
+fi
 timeout 90 $FB probe --no-sim --seconds 2 --file-mib 64 >"$LOG/hc_probe.log" 2>&1
 row probe "rc=$?"
 grep -E "^host experts" "$LOG/hc_probe.log" | cut -c1-300 | sed 's/^/  /' >>"$T"
