@@ -10,6 +10,10 @@
 #             pick the lowest index; a later fault might never be seen, as the rate estimates may
 #             send every later read to B), or every read of A failing with EIO; B serves the rest
 #   slow:     replica A serves one read per 5 ms (a slow drive): overdue reads are hedged on B
+#   engram:   the Engram tables on the drives: rows read from the checkpoint's shards with direct I/O
+#             through a row cache of 2,000 bytes (evictions), each step row's misses in one submission
+#   engram_unlink: no row cache, the fixture copied with a replica of its checkpoint, and the copy's
+#             own shard file (drive 0) unlinked after 3 reads: the replica serves the rest
 # Each fault run gets fresh copies of the replicas; its stderr must name the drive as FAILED (or,
 # for the slow drive, show reads hedged on B).
 foreach(case tiny-s0 tiny-s1-long)
@@ -21,11 +25,19 @@ foreach(case tiny-s0 tiny-s1-long)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "convert ${case}: exit ${rc}\n${out}\n${err}")
   endif()
-  set(modes direct shards store noprefetch unlink truncate eio slow)
+  set(modes direct shards store noprefetch unlink truncate eio slow engram engram_unlink)
   set(outs "")
   foreach(mode ${modes})
     set(args check-fixture ${SHARED}/fixtures/${case})
-    if(mode STREQUAL "shards")
+    if(mode STREQUAL "engram")
+      list(APPEND args --engram-cache-bytes 2000)
+    elseif(mode STREQUAL "engram_unlink")
+      file(MAKE_DIRECTORY ${WORK}/${case}/copy)
+      file(COPY ${SHARED}/fixtures/${case} DESTINATION ${WORK}/${case}/copy)
+      file(COPY ${SHARED}/fixtures/${case}/checkpoint DESTINATION ${WORK}/${case}/engram_b)
+      set(args check-fixture ${WORK}/${case}/copy/${case} --engram-cache-bytes 0 --engram-replica ${WORK}/${case}/engram_b/checkpoint
+               --engram-fault 0@3:unlink)
+    elseif(mode STREQUAL "shards")
       list(APPEND args --expert-slots 1)
     elseif(mode STREQUAL "store")
       list(APPEND args --expert-slots 1 --host-experts 2 --expert-store ${store_a} ${store_b})
@@ -48,7 +60,19 @@ foreach(case tiny-s0 tiny-s1-long)
     if(NOT (rc EQUAL 0 OR rc EQUAL 1))
       message(FATAL_ERROR "check-fixture ${case} (${mode}): exit ${rc}\n${out}\n${err}")
     endif()
-    if(NOT mode STREQUAL "direct")
+    if(mode MATCHES "^engram")
+      string(REGEX MATCH "engram cache: [^\n]*" cache "${err}")
+      if(NOT cache MATCHES "[1-9][0-9]* read from the drives")
+        message(FATAL_ERROR "no Engram rows read from the drives for ${case} (${mode}):\n${err}")
+      endif()
+      if(mode STREQUAL "engram" AND NOT cache MATCHES "[1-9][0-9]* evicted")
+        message(FATAL_ERROR "the 2,000-byte Engram row cache evicted nothing for ${case}:\n${err}")
+      endif()
+      if(mode STREQUAL "engram_unlink" AND NOT err MATCHES "engram drive 0 [^\n]*failed")
+        message(FATAL_ERROR "the copy's own shard file did not fail for ${case}:\n${err}")
+      endif()
+      message(STATUS "${case} (${mode}): ${cache}")
+    elseif(NOT mode STREQUAL "direct")
       string(REGEX MATCH "expert tiers: [^\n]*" tiers "${err}")
       if(NOT tiers MATCHES "drive reads [1-9]")
         message(FATAL_ERROR "no drive reads for ${case} (${mode}):\n${err}")

@@ -260,6 +260,40 @@ TEST(ExecutorStats, MemoryLedgerByTier) {
   }
 }
 
+// Engram tables on the drives (--engram-cache-bytes): the ledger counts the row cache instead of
+// the mapped tables, and the drives' Engram bytes as the cache read them; the logits do not move.
+TEST(ExecutorStats, EngramTablesOnTheDrives) {
+  auto plain = engine::make_executor("cpu", model_dir());
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  engine::ExecutorOptions o;
+  o.engram_cache_bytes = 4096;
+  auto ex = engine::make_executor("cpu", model_dir(), o);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const auto& m = static_cast<const cpu::CpuModel&>(**ex);
+  uint64_t tables = 0;
+  for (const std::string& n : m.snapshot().tensor_names())
+    if (n.find(".engram.embed.") != std::string::npos) tables += m.snapshot().get(n).nbytes();
+  ASSERT_GT(tables, 4096u);
+  const model::MemoryByTier p0 = (*plain)->stats().memory, m0 = m.stats().memory;
+  EXPECT_TRUE(m0.has_drive);
+  EXPECT_TRUE(m0.drive.has_engram);
+  EXPECT_EQ(m0.drive.engram_bytes_read, 0u);
+  EXPECT_GT(m0.host.weights + tables, p0.host.weights);           // the cache's bytes in, ...
+  EXPECT_LE(m0.host.weights + tables, p0.host.weights + 4096);  // ... at most its budget
+  auto a = (*plain)->new_session(), b = m.new_session();
+  std::vector<model::SessionState*> sa{a.get()}, sb{b.get()};
+  for (const model::Step& st : {rows(0, 16, 24, false), rows(16, 8, 24, false), rows(24, 1, 0, true), rows(25, 1, 0, true)}) {
+    auto x = (*plain)->forward(st, sa), y = (*ex)->forward(st, sb);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->logits, y->logits);
+  }
+  const model::MemoryByTier m1 = m.stats().memory;
+  const model::Config& c = m.config();
+  EXPECT_GT(m1.drive.engram_bytes_read, 0u);
+  EXPECT_EQ(m1.drive.engram_bytes_read % uint64_t(c.engram_head_dim + c.engram_head_dim / 32), 0u);  // whole rows
+  EXPECT_FALSE((*plain)->stats().memory.drive.has_engram);
+}
+
 // One table names the forward pass's ops for the CPU's clocks and the CUDA executor's device times
 // (its profile entries carry the same names): every run_backbone op has a family, other names
 // (draft-only ops, whole-step entries, per-kernel entries) none, and OpTimes::add files by name.

@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--engram-cache-bytes N [--engram-replica DIR...] [--engram-fault D@N:KIND]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -12,6 +12,7 @@
 #endif
 #include "engine/executor_factory.h"
 #include "engine/fixture_check.h"
+#include "storage/engram_rows.h"
 #include "storage/tiered_experts.h"
 
 namespace fb::cmd {
@@ -33,6 +34,9 @@ struct Args {
   std::string numerics = "fast";
   std::vector<std::string> cuda_opts;  // NAME=VALUE (cuda::set_run_option)
   std::string dump;
+  int64_t engram_cache_bytes = -1;  // >= 0: Engram rows from the shards through a row cache (engine::ExecutorOptions)
+  std::vector<std::string> engram_replicas;
+  std::vector<std::string> engram_faults;  // --engram-fault (storage::parse_reader_fault), drive 0 = the checkpoint's own folder
 };
 
 int run(const Args& a) {
@@ -45,14 +49,35 @@ int run(const Args& a) {
     }
     faults.push_back(*x);
   }
+  std::vector<storage::ReaderFault> engram_faults;
+  for (const std::string& f : a.engram_faults) {
+    auto x = storage::parse_reader_fault(f);
+    if (!x.ok()) {
+      std::fprintf(stderr, "check-fixture: --engram-fault: %s\n", x.status().message().c_str());
+      return 2;
+    }
+    engram_faults.push_back(*x);
+  }
   std::vector<std::shared_ptr<storage::TieredExperts>> tiers;  // kept to report hit/miss counters
 #ifdef FB_HAVE_CUDA_EXECUTOR
   std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
 #endif
+  std::vector<std::shared_ptr<storage::EngramRowCache>> engram;  // reported after each fixture
+  auto make_engram = [&](const loader::Snapshot& snap) -> Result<std::shared_ptr<storage::EngramRowCache>> {
+    if (a.engram_cache_bytes < 0) return std::shared_ptr<storage::EngramRowCache>();
+    storage::EngramCacheOptions eo;
+    eo.capacity_bytes = uint64_t(a.engram_cache_bytes);
+    eo.faults = engram_faults;
+    auto c = storage::engram_cache_for(snap, a.engram_replicas, eo);
+    if (!c.ok()) return c.status().with_context("--engram-cache-bytes");
+    engram.push_back(c.value());
+    return c;
+  };
   auto make = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
     if (a.backend == "cpu") {
       auto m = cpu::CpuModel::load(ckpt);
       if (!m.ok()) return m.status();
+      if (auto e = FB_TRY(make_engram(m.value()->snapshot()))) m.value()->set_engram_source(std::move(e));
       if (a.expert_slots > 0) {  // experts through the tiers: slots, host cache, shard reads
         storage::TieredOptions to;
         to.slots_per_layer = int(a.expert_slots);
@@ -88,6 +113,11 @@ int run(const Args& a) {
         lo.experts = std::move(src.value());
       }
       lo.host_compute = cpu::host_expert_compute();  // used under --cuda-opt host_compute=1|2
+      if (a.engram_cache_bytes >= 0) {
+        auto snap = loader::Snapshot::open(ckpt);
+        if (!snap.ok()) return snap.status();
+        lo.engram_rows = FB_TRY(make_engram(**snap));
+      }
       auto m = cuda::CudaExecutor::load(ckpt, {}, lo);
       if (!m.ok()) return m.status();
       if (auto t = m.value()->expert_slots()) cuda_tiers.push_back(std::move(t));
@@ -127,6 +157,12 @@ int run(const Args& a) {
     }
     cuda_tiers.clear();
 #endif
+    for (const auto& e : engram) {
+      std::fprintf(stderr, "check-fixture: %s\n", e->stats().to_string().c_str());
+      const std::string report = e->drive_report();
+      if (!engram_faults.empty() || report.find("failed") != std::string::npos) std::fprintf(stderr, "%s", report.c_str());
+    }
+    engram.clear();
     if (rep->reference.ran) std::printf("%s\n", rep->reference.line().c_str());
     std::printf("%s\n", rep->summary_line().c_str());
     std::fflush(stdout);
@@ -171,6 +207,14 @@ Runner add_check_fixture(CLI::App& app) {
                 "(unlink and truncate change the real file) or DRIVE@AFTER:delay=US (a slow drive); repeatable; the output must not change");
   g->add_flag("!--no-expert-prefetch", a->prefetch,
               "with --expert-slots: read each missing expert only when it is asked for (no reads at routing time)");
+  g = app.add_option_group("Engram tables on the drives", "their rows read from the shards with direct I/O (the output must not change)");
+  g->add_option("--engram-cache-bytes", a->engram_cache_bytes,
+                "read the Engram rows from the snapshot's shards through a host row cache of this many bytes (0: no cache; -1, the "
+                "default: through the memory mapping)");
+  g->add_option("--engram-replica", a->engram_replicas, "with --engram-cache-bytes: a copy of the checkpoint's shard files elsewhere (repeatable)");
+  g->add_option("--engram-fault", a->engram_faults,
+                "with --engram-cache-bytes: make drive D (0: the checkpoint's folder, then each --engram-replica) fail after N reads, "
+                "as --fault-replica (unlink and truncate change the real file); the output must not change");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   g = app.add_option_group("CUDA", "the CUDA executor: its numerics class, run options and the CPU in lockstep");
   g->add_flag("--compare-cpu", a->compare_cpu,

@@ -35,6 +35,12 @@ void EngineSetup::add_flags(CLI::App& app) {
                  "1 the misses split between the two; 2 every miss on the host). Exact class: the same bits. Fast class: a row's "
                  "bits then depend on which of its experts the host ran (docs/tiers.md)")
       ->check(CLI::Range(0, 2));
+  app.add_option("--engram-cache-bytes", tiers.engram_cache_bytes,
+                 "Engram tables on the drives: read their rows from the snapshot's shards with direct I/O through a host row cache of "
+                 "this many bytes (0: no cache; -1, the default: read them through the memory mapping, i.e. the page cache)");
+  app.add_option("--engram-replica", tiers.engram_replicas,
+                 "with --engram-cache-bytes: a copy of the snapshot's shard files on another drive (repeatable; reads spread over them, "
+                 "a failing one is left out)");
   app.add_option("--numerics", tiers.numerics,
                  "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));

@@ -146,7 +146,8 @@ class CpuStep : public CpuLayerOps {
     std::vector<model::EngramStaging::Table> tabs;
     for (int l : engram_layers_) {
       const auto& w = m_.w_.layers[size_t(l)];
-      tabs.push_back({w.engram_table.data, w.engram_table_scale.data, w.engram_table.dim(0), c_.roles[size_t(l)].engram_table});
+      tabs.push_back({w.engram_table.data, w.engram_table_scale.data, w.engram_table.dim(0), c_.roles[size_t(l)].engram_table,
+                      m_.engram_source_.get(), l});
     }
     const Status st = m_.engram_staging_.start(std::move(tabs), hashes_.data(), T_, int(m_.engram_.size()),
                                             (c_.engram_max_ngram - 1) * c_.engram_n_heads, c_.engram_head_dim, m_.engram_prefetch_ ? 1 : 0);
@@ -157,7 +158,12 @@ class CpuStep : public CpuLayerOps {
   model::EngramStaging::Rows engram_rows_for(int l) {
     const size_t k = size_t(std::find(engram_layers_.begin(), engram_layers_.end(), l) - engram_layers_.begin());
     FB_CHECK(k < engram_layers_.size());
-    return m_.engram_staging_.rows(k, engram_count_);
+    const model::EngramStaging::Rows r = m_.engram_staging_.rows(k, engram_count_);
+    // Every replica of a drive-backed table failed (storage::EngramRowCache failed over first):
+    // the run cannot go on, as with a routed expert that no replica can supply.
+    const Status st = m_.engram_staging_.status();
+    FB_CHECK(st.ok()) << st.to_string();
+    return r;
   }
 
   // spec/11 §6.4: gather + FP8 projection + per-stream gate, before block l.
@@ -523,6 +529,11 @@ model::ExecutorStats CpuModel::stats() const {
   model::MemoryByTier& m = st.memory;
   m.has_host = true;
   m.host.weights = experts_tiered_ ? weight_bytes_no_experts_ : weight_bytes_all_;
+  if (engram_source_) {  // the tables stay on the drives; the row cache holds what steps read
+    for (const model::LayerWeights& lw : w_.layers)
+      if (lw.engram_table.valid()) m.host.weights -= uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
+    m.host.weights += engram_source_->host_bytes();
+  }
   for (const auto& w : wo_a_bf16_) m.host.weight_copies += uint64_t(w.size()) * sizeof(bf16_t);
   const SessionRegistry::Totals live = sessions_->totals();
   m.host.sessions = live.bytes;
@@ -531,9 +542,12 @@ model::ExecutorStats CpuModel::stats() const {
   for (const model::EngramTableConstants& e : engram_)
     m.host.scratch += uint64_t(e.primes.size() + e.offsets.size() + e.multipliers.size()) * sizeof(int64_t);
   m.host.experts = experts_ ? experts_->host_bytes() : 0;
-  // Drives: what the tiers read for the routed experts (the Engram tables stay in the mapping).
-  m.has_drive = st.has_expert_traffic;
+  // Drives: what the tiers read for the routed experts, and the Engram rows the row cache read
+  // (without it the tables stay in the mapping).
+  m.has_drive = st.has_expert_traffic || engram_source_;
   m.drive.expert_bytes_read = st.experts.drive.bytes;
+  m.drive.has_engram = engram_source_ != nullptr;
+  if (engram_source_) m.drive.engram_bytes_read = engram_source_->drive_bytes_read();
   return st;
 }
 

@@ -76,6 +76,9 @@ class CpuModel final : public model::Executor {
   // Replace where routed experts come from (tiered stores); default: the mapped snapshot. The
   // memory ledger then leaves the routed-expert tensors out of the host weights.
   void set_expert_source(std::shared_ptr<const model::ExpertSource> src);
+  // Engram table rows from a drive-backed source (storage::EngramRowCache, issue 22) instead of
+  // the mapping: the same bytes; the ledger then counts the source's cache, not the tables.
+  void set_engram_source(std::shared_ptr<const model::EngramRowSource> src) { engram_source_ = std::move(src); }
 
   // Runs the backbone over `step.rows`; sessions[i] is the state of row.session == i. Appends
   // the rows to their sessions (positions advance). Validates row/session consistency.
@@ -129,6 +132,7 @@ class CpuModel final : public model::Executor {
   model::OpTimes op_times_;
   model::EngramRows engram_rows_;  // forward()'s steps
   bool engram_prefetch_ = true;
+  std::shared_ptr<const model::EngramRowSource> engram_source_;
   // Engram rows staged ahead by a worker kept across steps (model/engram_staging.h); one step at
   // a time uses it (staging_mu_, held for the step).
   mutable model::EngramStaging engram_staging_;

@@ -159,7 +159,7 @@ class CudaStep : public CudaLayerOps {
         const int tab = c_.roles[size_t(l)].engram_table;
         if (tab < 0) continue;
         const model::LayerWeights& hw = m_.w_.layers[size_t(l)];
-        tabs.push_back({hw.engram_table.data, hw.engram_table_scale.data, hw.engram_table.dim(0), tab});
+        tabs.push_back({hw.engram_table.data, hw.engram_table_scale.data, hw.engram_table.dim(0), tab, m_.engram_source_.get(), l});
         engram_layers_.push_back(l);
       }
       step(m_.engram_staging_.start(std::move(tabs), engram_ids_.data(), T_, n_tab, n_ord * H, c_.engram_head_dim,
@@ -192,6 +192,10 @@ class CudaStep : public CudaLayerOps {
         return;
       }
       const model::EngramStaging::Rows staged = m_.engram_staging_.rows(k, &m_.engram_rows_);
+      if (Status st = m_.engram_staging_.status(); !st.ok()) {  // no replica could supply a row
+        step(std::move(st));
+        return;
+      }
       const int64_t sb = hd / 32, n = T_ * n_cols, first = row0_ * n_cols;
       std::vector<int64_t> ident(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) ident[size_t(i)] = i;

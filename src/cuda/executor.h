@@ -284,6 +284,9 @@ struct CudaLoadOptions {
   // Where CudaRunOptions::host_compute runs a tiered layer's chosen misses (the engine, the bench
   // and check-fixture hand in cpu::host_expert_compute(); null: host_compute does nothing).
   std::shared_ptr<const model::HostExpertCompute> host_compute;
+  // Engram table rows from a drive-backed row cache (storage::EngramRowCache, issue 22) instead of
+  // the mapped tables; set, the tables stay on the host whatever `engram` says (EngramPlace::kHost).
+  std::shared_ptr<const model::EngramRowSource> engram_rows;
 };
 
 class CudaExecutor final : public model::Executor {
@@ -529,6 +532,7 @@ class CudaExecutor final : public model::Executor {
   // Engram tables left on the host (CudaLoadOptions::engram): DevLayer::engram_table is null and
   // the rows are gathered from w_'s mapped views.
   bool engram_host_ = false;
+  std::shared_ptr<const model::EngramRowSource> engram_source_;  // CudaLoadOptions::engram_rows
   // Memory ledger: the live sessions new_session() made (shared: a session may outlive the
   // executor), and the bytes of the mapped tensors steps read on the host (upload_weights).
   std::shared_ptr<CudaSessionRegistry> sessions_ = std::make_shared<CudaSessionRegistry>();

@@ -62,7 +62,7 @@ model::MemoryByTier CudaExecutor::memory_by_tier(bool drives, uint64_t drive_byt
 
   m.has_host = true;
   model::TierMemory& h = m.host;
-  h.weights = host_weight_bytes_;
+  h.weights = host_weight_bytes_ + (engram_source_ ? engram_source_->host_bytes() : 0);
   h.sessions = live.host_bytes;
   h.n_sessions = live.sessions;
   h.scratch = ws_.pin_cap;  // the page-locked staging of a step's uploads
@@ -71,9 +71,12 @@ model::MemoryByTier CudaExecutor::memory_by_tier(bool drives, uint64_t drive_byt
     h.scratch += uint64_t(e.primes.size() + e.offsets.size() + e.multipliers.size()) * sizeof(int64_t);
   h.experts = slots_ ? slots_->source().host_bytes() : 0;
 
-  // Drives: what the host tiers read for the routed experts (the Engram tables stay in the mapping).
-  m.has_drive = drives;
+  // Drives: what the host tiers read for the routed experts, and the Engram rows the row cache read
+  // (without one the tables stay in the mapping).
+  m.has_drive = drives || engram_source_;
   m.drive.expert_bytes_read = drive_bytes_read;
+  m.drive.has_engram = engram_source_ != nullptr;
+  if (engram_source_) m.drive.engram_bytes_read = engram_source_->drive_bytes_read();
   return m;
 }
 

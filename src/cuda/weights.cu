@@ -273,7 +273,9 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
   uint64_t table_bytes = 0;
   for (const model::LayerWeights& lw : w_.layers)
     if (lw.engram_table.valid()) table_bytes += uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
-  engram_host_ = table_bytes > 0 && (opt.engram == EngramPlace::kHost || (opt.engram == EngramPlace::kAuto && table_bytes > kEngramHbmMaxBytes));
+  engram_host_ = table_bytes > 0 && (opt.engram == EngramPlace::kHost || opt.engram_rows ||
+                                     (opt.engram == EngramPlace::kAuto && table_bytes > kEngramHbmMaxBytes));
+  if (engram_host_) engram_source_ = opt.engram_rows;
   if (opt.expert_slots > 0) {
     std::shared_ptr<const model::ExpertSource> src = opt.experts;
     if (!src) src = std::make_shared<loader::SnapshotExperts>(*snap_);
@@ -345,7 +347,8 @@ Status CudaExecutor::upload_weights(const CudaLoadOptions& opt) {
   // The memory ledger's host weights: what steps keep reading from the mapping after the upload
   // (counted once here; a tiered source's own buffers are its host_bytes(), not these).
   for (const model::LayerWeights& lw : w_.layers)
-    if (engram_host_ && lw.engram_table.valid()) host_weight_bytes_ += uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
+    if (engram_host_ && !engram_source_ && lw.engram_table.valid())
+      host_weight_bytes_ += uint64_t(lw.engram_table.nbytes() + lw.engram_table_scale.nbytes());
   if (slots_ && dynamic_cast<const loader::SnapshotExperts*>(&slots_->source()))
     for (int l = 0; l < cfg_.n_total_layers(); ++l)
       for (int e = 0; tiered(l) && e < cfg_.roles[size_t(l)].n_experts; ++e) {

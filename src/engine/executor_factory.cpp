@@ -11,6 +11,7 @@
 #include "cpu/host_expert.h"
 #include "loader/read_in.h"
 #include "loader/snapshot.h"
+#include "storage/engram_rows.h"
 #include "storage/tiered_experts.h"
 #ifdef FB_HAVE_CUDA_EXECUTOR
 #include "cuda/executor.h"
@@ -77,12 +78,13 @@ Result<ExecutorOptions> resolve_auto(const std::string& backend, const std::stri
 // progress on a terminal (issue 24): bytes and tensors. Routed experts read through the tiers stay
 // on the drive. Skipped when they exceed 80% of the available memory (they would not stay cached,
 // and the executor pages them in as before).
-void read_in_weights(const std::string& model_dir, bool experts_tiered) {
+void read_in_weights(const std::string& model_dir, bool experts_tiered, bool engram_on_drives) {
   auto snap = loader::Snapshot::open(model_dir);
   if (!snap.ok()) return;  // the executor's loader reports it
   Progress progress("load weights", 0, ProgressUnit::kBytes);
-  std::function<bool(const std::string&)> skip;
-  if (experts_tiered) skip = loader::is_routed_expert_tensor;
+  std::function<bool(const std::string&)> skip = [=](const std::string& name) {
+    return (experts_tiered && loader::is_routed_expert_tensor(name)) || (engram_on_drives && name.find(".engram.embed.") != std::string::npos);
+  };
   const uint64_t avail = loader::available_memory_bytes();
   const uint64_t limit = avail > 0 ? avail / 5 * 4 : ~uint64_t(0);
   auto r = loader::read_in(**snap, skip, limit, &progress);
@@ -110,10 +112,23 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
 #else
   const bool have_cuda = false;
 #endif
-  if (backend == "cpu" || (backend == "cuda" && have_cuda)) read_in_weights(model_dir, opt.expert_slots > 0);
+  if (opt.engram_cache_bytes < -1) return FB_ERROR(kInvalidArgument) << "--engram-cache-bytes takes -1 (off), 0 or a size";
+  if (opt.engram_cache_bytes < 0 && !opt.engram_replicas.empty())
+    return FB_ERROR(kInvalidArgument) << "--engram-replica needs --engram-cache-bytes N (the Engram tables are read through the mapping otherwise)";
+  if (backend == "cpu" || (backend == "cuda" && have_cuda)) read_in_weights(model_dir, opt.expert_slots > 0, opt.engram_cache_bytes >= 0);
+  std::shared_ptr<storage::EngramRowCache> engram;
+  if (opt.engram_cache_bytes >= 0) {
+    auto snap = FB_TRY(loader::Snapshot::open(model_dir));
+    storage::EngramCacheOptions eo;
+    eo.capacity_bytes = uint64_t(opt.engram_cache_bytes);
+    auto c = storage::engram_cache_for(*snap, opt.engram_replicas, eo);
+    if (!c.ok()) return c.status().with_context("--engram-cache-bytes");
+    engram = std::move(c.value());
+  }
   if (backend == "cpu") {
     auto m = cpu::CpuModel::load(model_dir);
     if (!m.ok()) return m.status();
+    if (engram) m.value()->set_engram_source(engram);
     if (opt.expert_slots > 0) {
       tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
       m.value()->set_expert_source(tiers);
@@ -134,6 +149,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
       lo.host_compute = cpu::host_expert_compute();
       lo.run.host_compute = opt.host_compute;
     }
+    lo.engram_rows = engram;
     auto m = cuda::CudaModel::load(model_dir, {}, lo);
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kOutOfMemory)

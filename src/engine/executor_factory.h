@@ -29,6 +29,11 @@ struct ExecutorOptions {
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards
   bool expert_prefetch = true;            // drive reads start when the router has run (storage::TieredOptions::prefetch)
   std::vector<storage::ReaderFault> reader_faults;  // fault injection on the replicas (check-fixture --fault-replica)
+  // Engram tables on the drives (issue 22): >= 0, their rows are read from the snapshot's shards
+  // (and `engram_replicas`, copies of them on other drives) through a host row cache of this many
+  // bytes (storage::EngramRowCache; 0: no cache); -1 (default): read through the mapping.
+  int64_t engram_cache_bytes = -1;
+  std::vector<std::string> engram_replicas;
   // CUDA numerics class (CLARIFICATIONS "Numerics classes"): "fast" (default; tensor cores, fixed
   // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
   // executor is the reference and accepts both names.

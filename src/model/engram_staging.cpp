@@ -43,6 +43,10 @@ Status EngramStaging::start(std::vector<Table> layers, const int64_t* ids, int64
   tables_.clear();
   codes_.clear();
   scales_.clear();
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    error_ = Status();
+  }
   if (head_dim % 32 != 0) return FB_ERROR(kInvalidArgument) << "Engram head_dim " << head_dim << " is not a multiple of 32";
   if (T < 0 || T * int64_t(cols) >= (int64_t(1) << 30))
     return FB_ERROR(kInvalidArgument) << "Engram staging: " << T << " rows x " << cols << " columns is out of range";
@@ -95,14 +99,27 @@ void EngramStaging::stage(size_t k) {
   const Table& tab = tables_[k];
   const int64_t hd = hd_, sb = hd_ / 32;
   for (int64_t t = claimed_[k].fetch_add(1); t < T_; t = claimed_[k].fetch_add(1)) {
-    for (int col = 0; col < cols_; ++col) {
-      const int64_t i = t * cols_ + col;
-      const int64_t row = ids_[(t * n_tables_ + tab.index) * cols_ + col];
-      std::memcpy(&codes_[k][size_t(i * hd)], tab.codes + row * hd, size_t(hd));
-      std::memcpy(&scales_[k][size_t(i * sb)], tab.scales + row * sb, size_t(sb));
+    const int64_t* ids = &ids_[(t * n_tables_ + tab.index) * cols_];
+    if (tab.source) {  // the step row's columns in one call: their drive reads in flight together
+      Status st = tab.source->read_rows(tab.layer, ids, cols_, &codes_[k][size_t(t * cols_ * hd)], &scales_[k][size_t(t * cols_ * sb)]);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu_);
+        if (error_.ok()) error_ = st.with_context("Engram rows of layer " + std::to_string(tab.layer));
+      }
+    } else {
+      for (int col = 0; col < cols_; ++col) {
+        const int64_t i = t * cols_ + col;
+        std::memcpy(&codes_[k][size_t(i * hd)], tab.codes + ids[col] * hd, size_t(hd));
+        std::memcpy(&scales_[k][size_t(i * sb)], tab.scales + ids[col] * sb, size_t(sb));
+      }
     }
     if (staged_[k].fetch_add(1, std::memory_order_acq_rel) + 1 == T_) staged_[k].notify_all();
   }
+}
+
+Status EngramStaging::status() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return error_;
 }
 
 EngramStaging::Rows EngramStaging::rows(size_t k, EngramRows* count) {

@@ -14,6 +14,11 @@
 //
 // Accounting (model::EngramRows): a row staged before its layer asked counts as hidden, the others
 // as exposed, with the time the layer spent copying or waiting for them.
+//
+// Tables on drives (issue 22): a table with a `source` is not read through the mapping but
+// through an EngramRowSource (storage::EngramRowCache: a hot-row cache in host RAM over direct
+// reads of the snapshot's shards on one or more replica drives), a step row's columns in one call
+// so their reads are in flight together. The bytes are the table's: the numerics do not change.
 #pragma once
 
 #include <atomic>
@@ -29,6 +34,20 @@
 
 namespace fb::model {
 
+// Rows of Engram tables from somewhere other than mapped memory (the drives behind a row cache).
+class EngramRowSource {
+ public:
+  virtual ~EngramRowSource() = default;
+  // Copies rows ids[0 .. n) of `layer`'s table: codes [n, head_dim] e4m3, scales [n, head_dim / 32]
+  // e8m0 (the ids are valid rows; the staging checked them). Thread-safe: several staging tasks
+  // call it at once. An error means no replica could supply a row.
+  virtual Status read_rows(int layer, const int64_t* ids, int n, uint8_t* codes, uint8_t* scales) const = 0;
+  // Host memory it holds for rows (the cache), and the bytes it has read from the drives so far
+  // (the rows' bytes), for the executors' memory ledger.
+  virtual uint64_t host_bytes() const { return 0; }
+  virtual uint64_t drive_bytes_read() const { return 0; }
+};
+
 class EngramStaging {
  public:
   // One Engram layer's table: rows x head_dim e4m3 codes and rows x head_dim / 32 e8m0 scales,
@@ -38,6 +57,9 @@ class EngramStaging {
     const uint8_t* scales = nullptr;
     int64_t rows = 0;
     int index = 0;  // the table's position in the row ids' [rows, tables, cols] layout
+    // Set: the rows come from here (codes / scales are then not read), asked for as `layer`'s.
+    const EngramRowSource* source = nullptr;
+    int layer = -1;
   };
   // Layer k's staged rows: codes [T * cols, head_dim], scales [T * cols, head_dim / 32], row-major
   // by (step row, col).
@@ -60,8 +82,11 @@ class EngramStaging {
   Status start(std::vector<Table> layers, const int64_t* ids, int64_t T, int n_tables, int cols, int head_dim, int tasks);
 
   // Layer k's rows (k in start's order), copying or waiting for what is not staged yet; counts
-  // into `count` when not null.
+  // into `count` when not null. A source's read error makes the step's status() an error (the
+  // rows it could not read are then zero bytes: the caller must fail the step).
   Rows rows(size_t k, EngramRows* count);
+  // The first read error of the current step (Status() when every row was read).
+  Status status() const;
 
   size_t layers() const { return tables_.size(); }
   // Layer k's staging buffers whole (valid once rows(k, ...) has returned): callers that copy
@@ -94,6 +119,8 @@ class EngramStaging {
   int n_tables_ = 0, cols_ = 0, hd_ = 0;
   std::vector<std::vector<uint8_t>> codes_, scales_;
   std::unique_ptr<std::atomic<int32_t>[]> claimed_, staged_;
+  mutable std::mutex error_mu_;
+  Status error_;  // the step's first read error (error_mu_)
   // The workers: a step is a generation; workers 0 .. want_ - 1 stage it, active_ of them not done.
   std::mutex mu_;
   std::condition_variable wake_, idle_;

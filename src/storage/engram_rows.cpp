@@ -1,0 +1,255 @@
+#include "storage/engram_rows.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "loader/snapshot.h"
+#include "model/schema.h"
+
+namespace fb::storage {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr uint64_t kFree = ~uint64_t(0);
+uint64_t row_key(int table, int64_t row) { return (uint64_t(uint32_t(table)) << 40) | uint64_t(row); }
+}  // namespace
+
+uint64_t RowIndex::table_bytes(int64_t capacity) {
+  size_t n = 16;
+  while (n < size_t(std::max<int64_t>(capacity, 1)) * 2) n <<= 1;
+  return n * sizeof(int32_t);
+}
+
+RowIndex::RowIndex(int64_t capacity) {
+  const size_t n = table_bytes(capacity) / sizeof(int32_t);
+  table_.assign(n, -1);
+  mask_ = n - 1;
+  shift_ = 64;
+  for (size_t m = n; m > 1; m >>= 1) --shift_;
+}
+
+void RowIndex::insert(uint64_t key, int32_t slot) {
+  FB_CHECK_LT(size_t(size_) + 1, table_.size()) << "RowIndex full";
+  size_t i = home(key);
+  while (table_[i] >= 0) i = (i + 1) & mask_;
+  table_[i] = slot;
+  ++size_;
+}
+
+std::string EngramCacheStats::to_string() const {
+  std::ostringstream o;
+  o << "engram cache: " << lookups << " rows asked, " << hits << " hits";
+  if (lookups > 0) o << " (" << (100.0 * double(hits) / double(lookups)) << "%)";
+  o << ", " << drive_rows << " read from the drives (" << drive_bytes << " B in " << read_calls << " submissions, waited "
+    << (double(read_wait_ns) / 1e6) << " ms), " << evictions << " evicted, " << resident_rows << " of " << capacity_rows << " rows held";
+  return o.str();
+}
+
+uint64_t EngramRowCache::bytes_per_row(int head_dim) {
+  // payload, key, clock bit, and two int32 entries of the index (a table >= 2x the rows)
+  return uint64_t(head_dim + head_dim / 32) + sizeof(uint64_t) + 1 + 2 * sizeof(int32_t);
+}
+
+Result<std::shared_ptr<EngramRowCache>> EngramRowCache::create(std::vector<EngramTableFile> tables, int head_dim, std::vector<std::string> roots,
+                                                               EngramCacheOptions opt) {
+  if (head_dim <= 0 || head_dim % 32 != 0) return FB_ERROR(kInvalidArgument) << "Engram head_dim " << head_dim << " is not a positive multiple of 32";
+  if (tables.empty()) return FB_ERROR(kInvalidArgument) << "no Engram tables to cache";
+  std::shared_ptr<EngramRowCache> c(new EngramRowCache());
+  int max_layer = 0;
+  for (const EngramTableFile& t : tables) {
+    if (t.layer < 0 || t.rows <= 0 || t.rows >= (int64_t(1) << 40))
+      return FB_ERROR(kInvalidArgument) << "Engram table of layer " << t.layer << ": " << t.rows << " rows";
+    max_layer = std::max(max_layer, t.layer);
+  }
+  c->table_by_layer_.assign(size_t(max_layer) + 1, -1);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (c->table_by_layer_[size_t(tables[i].layer)] >= 0) return FB_ERROR(kInvalidArgument) << "two Engram tables for layer " << tables[i].layer;
+    c->table_by_layer_[size_t(tables[i].layer)] = int(i);
+  }
+  c->tables_ = std::move(tables);
+  c->hd_ = head_dim;
+  c->sb_ = head_dim / 32;
+  // As many rows as fit the budget with everything the cache holds: the payload, key and clock
+  // bit per row, and the index, a power-of-two table of int32 of at least twice the rows.
+  const uint64_t per_row = uint64_t(head_dim + c->sb_) + sizeof(uint64_t) + 1;
+  int64_t cap = std::min<int64_t>(int64_t(opt.capacity_bytes / bytes_per_row(head_dim)), (int64_t(1) << 29) - 1);  // int32 slots, 2x
+  for (;;) {
+    const uint64_t index = cap > 0 ? RowIndex::table_bytes(cap) : 0;
+    if (uint64_t(cap) * per_row + index <= opt.capacity_bytes) break;
+    const int64_t fit = opt.capacity_bytes > index ? int64_t((opt.capacity_bytes - index) / per_row) : 0;
+    cap = std::min(cap - 1, fit);  // a smaller cap never needs a larger table: this ends
+  }
+  c->cap_ = std::max<int64_t>(cap, 0);
+  c->stats_.capacity_rows = c->cap_;
+  if (c->cap_ > 0) {
+    c->index_ = std::make_unique<RowIndex>(c->cap_);
+    c->rows_.resize(size_t(c->cap_) * size_t(head_dim + c->sb_));
+    c->keys_.assign(size_t(c->cap_), kFree);
+    c->ref_.assign(size_t(c->cap_), 0);
+  }
+  // Rows are small: one chunk each; no hedging below the reader's minimum (2 ms), which a 264 B
+  // read on a healthy drive never reaches.
+  c->reader_ = FB_TRY(ReplicaReader::open(std::move(roots), opt.reader));
+  for (const ReaderFault& f : opt.faults) c->reader_->inject(f);
+  return c;
+}
+
+int EngramRowCache::table_of(int layer) const {
+  return (layer >= 0 && size_t(layer) < table_by_layer_.size()) ? table_by_layer_[size_t(layer)] : -1;
+}
+
+Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* codes, uint8_t* scales) const {
+  const int t = table_of(layer);
+  if (t < 0) return FB_ERROR(kInvalidArgument) << "no Engram table cached for layer " << layer;
+  const EngramTableFile& tab = tables_[size_t(t)];
+  const size_t hd = size_t(hd_), sb = size_t(sb_), rb = hd + sb;
+  std::vector<int> miss;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.lookups += uint64_t(n);
+    for (int i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= tab.rows)
+        return FB_ERROR(kInternal) << "Engram row " << ids[i] << " outside layer " << layer << "'s table (" << tab.rows << " rows)";
+      const int32_t s = index_ ? index_->find(row_key(t, ids[i]), [&](int32_t x) { return keys_[size_t(x)]; }) : -1;
+      if (s < 0) {
+        miss.push_back(i);
+        continue;
+      }
+      ref_[size_t(s)] = 1;
+      const uint8_t* r = &rows_[size_t(s) * rb];
+      std::memcpy(codes + size_t(i) * hd, r, hd);
+      std::memcpy(scales + size_t(i) * sb, r + hd, sb);
+      ++stats_.hits;
+    }
+  }
+  if (miss.empty()) return Status();
+  // The misses straight into the caller's rows (the reader bounces them through aligned buffers).
+  std::vector<ReadRange> ranges;
+  ranges.reserve(miss.size() * 2);
+  for (int i : miss) {
+    const uint64_t row = uint64_t(ids[i]);
+    ranges.push_back({tab.codes_path, tab.codes_offset + row * hd, hd, codes + size_t(i) * hd});
+    ranges.push_back({tab.scales_path, tab.scales_offset + row * sb, sb, scales + size_t(i) * sb});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(read_mu_);
+    st = reader_->read(ranges);
+  }
+  const uint64_t waited = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.read_calls += 1;
+  stats_.read_wait_ns += waited;
+  if (!st.ok()) return st;
+  stats_.drive_rows += miss.size();
+  stats_.drive_bytes += miss.size() * rb;
+  if (!index_) return Status();
+  for (int i : miss) {
+    const uint64_t key = row_key(t, ids[i]);
+    auto key_of = [&](int32_t x) { return keys_[size_t(x)]; };
+    if (index_->find(key, key_of) >= 0) continue;  // another task (or an earlier column) brought it in
+    int32_t s;
+    if (used_ < cap_) {
+      s = int32_t(used_++);
+    } else {  // CLOCK: the first row not touched since the hand last passed it
+      while (ref_[size_t(hand_)]) {
+        ref_[size_t(hand_)] = 0;
+        hand_ = (hand_ + 1) % cap_;
+      }
+      s = int32_t(hand_);
+      hand_ = (hand_ + 1) % cap_;
+      index_->erase(keys_[size_t(s)], key_of);
+      ++stats_.evictions;
+    }
+    keys_[size_t(s)] = key;
+    ref_[size_t(s)] = 0;  // admitted cold: it stays only if asked for again before the hand returns
+    uint8_t* r = &rows_[size_t(s) * rb];
+    std::memcpy(r, codes + size_t(i) * hd, hd);
+    std::memcpy(r + hd, scales + size_t(i) * sb, sb);
+    index_->insert(key, s);
+  }
+  return Status();
+}
+
+EngramCacheStats EngramRowCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngramCacheStats s = stats_;
+  s.resident_rows = index_ ? index_->size() : 0;
+  return s;
+}
+
+uint64_t EngramRowCache::host_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rows_.size() + keys_.size() * sizeof(uint64_t) + ref_.size() + (index_ ? index_->bytes() : 0);
+}
+
+std::string EngramRowCache::drive_report() const {
+  std::lock_guard<std::mutex> lock(read_mu_);
+  std::ostringstream o;
+  for (int d = 0; d < reader_->n_drives(); ++d) {
+    const DriveStats s = reader_->stats(d);
+    o << "  engram drive " << d << " " << s.root << ": " << s.n_reads << " reads, " << s.bytes_read << " B, " << s.n_errors << " errors, "
+      << s.n_hedges << " hedges" << (s.failed ? ", failed: " + s.last_error : std::string()) << "\n";
+  }
+  return o.str();
+}
+
+Result<std::shared_ptr<EngramRowCache>> engram_cache_for(const loader::Snapshot& snap, const std::vector<std::string>& replica_dirs,
+                                                         EngramCacheOptions opt) {
+  const model::Config& c = snap.config();
+  std::vector<EngramTableFile> tables;
+  std::set<std::string> files;
+  const uint64_t hd = uint64_t(c.engram_head_dim), sb = hd / 32;
+  for (int l = 0; l < c.n_total_layers(); ++l) {
+    if (c.roles[size_t(l)].engram_table < 0) continue;
+    const std::string p = model::layer_prefix(c, l);
+    auto codes = snap.locate(p + "engram.embed.weight");
+    auto scales = snap.locate(p + "engram.embed.scale");
+    if (!codes.ok() || !scales.ok()) return FB_ERROR(kUnsupported) << "layer " << l << "'s Engram table has no file to read rows from";
+    const int64_t rows = hd > 0 ? int64_t(codes->nbytes / hd) : 0;
+    if (rows <= 0 || codes->nbytes != uint64_t(rows) * hd || scales->nbytes != uint64_t(rows) * sb)
+      return FB_ERROR(kCorrupt) << "layer " << l << "'s Engram table: " << codes->nbytes << " B of codes and " << scales->nbytes
+                                << " B of scales for head_dim " << hd;
+    EngramTableFile t;
+    t.layer = l;
+    t.codes_path = fs::path(codes->path).lexically_relative(snap.dir()).string();
+    t.scales_path = fs::path(scales->path).lexically_relative(snap.dir()).string();
+    t.codes_offset = codes->offset;
+    t.scales_offset = scales->offset;
+    t.rows = rows;
+    files.insert(t.codes_path);
+    files.insert(t.scales_path);
+    tables.push_back(std::move(t));
+  }
+  if (tables.empty()) return FB_ERROR(kUnsupported) << "the model has no Engram layers";
+  for (const std::string& f : files)
+    if (f.empty() || f.rfind("..", 0) == 0) return FB_ERROR(kUnsupported) << "Engram tables not in files under " << snap.dir();
+  // A replica must hold every shard with the same size (the bytes are trusted to match: a copy of
+  // the snapshot); one that does not is left out, as a lost expert-store replica is.
+  std::vector<std::string> roots{snap.dir()};
+  for (const std::string& dir : replica_dirs) {
+    std::string why;
+    for (const std::string& f : files) {
+      std::error_code ec1, ec2;
+      const auto a = fs::file_size(fs::path(snap.dir()) / f, ec1), b = fs::file_size(fs::path(dir) / f, ec2);
+      if (ec2) why = f + ": " + ec2.message();
+      else if (!ec1 && a != b) why = f + ": " + std::to_string(b) + " B, the snapshot's has " + std::to_string(a);
+      if (!why.empty()) break;
+    }
+    if (!why.empty()) {
+      FB_LOG(kWarn) << "storage: Engram replica " << dir << " left out: " << why;
+      continue;
+    }
+    roots.push_back(dir);
+  }
+  return EngramRowCache::create(std::move(tables), c.engram_head_dim, std::move(roots), std::move(opt));
+}
+
+}  // namespace fb::storage

@@ -1,0 +1,151 @@
+// Engram tables on the drives (issue 22, MISSION item 7): a hot-row cache in host RAM over
+// direct reads of the snapshot's shards.
+//
+// The release's Engram tables are 189 GiB, more than the host RAM of the box we serve on, and a
+// token reads 48 random rows of 264 B (256 B of e4m3 codes and 8 B of e8m0 scales, two tensors).
+// Read through the mapping, each row costs a 4 KiB page of the page cache, so the page cache
+// holds 15 times fewer rows than the same RAM holds rows, and it competes with every other file.
+// EngramRowCache keeps rows themselves (key + 264 B + 9 B of index and clock state each, up to a
+// byte budget) and reads misses from the shards on one or more replica drives through
+// ReplicaReader (io_uring, O_DIRECT, hedging, failover to another replica), a step row's misses
+// in one submission. The staging tasks of model::EngramStaging call it ahead of their layers.
+//
+// Eviction is CLOCK (a row touched since the hand last passed stays); the index is open
+// addressing with linear probing and backward-shift deletion over a power-of-two table of slot
+// numbers (RowIndex, below, tested against std::unordered_map).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/engram_staging.h"
+#include "storage/replica_reader.h"
+
+namespace fb::loader {
+class Snapshot;
+}
+
+namespace fb::storage {
+
+// Key -> slot map over caller-held keys: open addressing, linear probing, backward-shift deletion
+// (no tombstones, so lookups stay short however long the cache runs). Capacity fixed at creation.
+class RowIndex {
+ public:
+  explicit RowIndex(int64_t capacity);  // keys it can hold at once (the table is >= 2x that)
+  // The slot holding `key`, or -1. `key_of(slot)` reads a slot's key (the cache stores the keys).
+  template <class KeyOf>
+  int32_t find(uint64_t key, const KeyOf& key_of) const {
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      const int32_t s = table_[i];
+      if (s < 0) return -1;
+      if (key_of(s) == key) return s;
+    }
+  }
+  // Adds key -> slot (the key must not be present).
+  void insert(uint64_t key, int32_t slot);
+  // Removes `key` (present); entries after it move back so no probe sequence breaks.
+  template <class KeyOf>
+  void erase(uint64_t key, const KeyOf& key_of) {
+    size_t i = home(key);
+    while (key_of(table_[i]) != key) i = (i + 1) & mask_;
+    for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
+      const int32_t s = table_[j];
+      if (s < 0) break;
+      const size_t k = home(key_of(s));
+      // Entry j may fill hole i unless its home lies cyclically in (i, j].
+      const bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+      if (stays) continue;
+      table_[i] = s;
+      i = j;
+    }
+    table_[i] = -1;
+    --size_;
+  }
+  int64_t size() const { return size_; }
+  uint64_t bytes() const { return table_.size() * sizeof(int32_t); }
+  static uint64_t table_bytes(int64_t capacity);  // what bytes() will be for `capacity`
+
+ private:
+  size_t home(uint64_t key) const {
+    uint64_t h = key * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits mix every key bit
+    return size_t(h >> shift_) & mask_;
+  }
+  std::vector<int32_t> table_;
+  size_t mask_ = 0;
+  int shift_ = 0;
+  int64_t size_ = 0;
+};
+
+// One Engram layer's table in the snapshot's files: paths relative to every drive root.
+struct EngramTableFile {
+  int layer = -1;
+  std::string codes_path;
+  uint64_t codes_offset = 0;  // absolute file offset of row 0's codes
+  std::string scales_path;
+  uint64_t scales_offset = 0;
+  int64_t rows = 0;
+};
+
+struct EngramCacheOptions {
+  uint64_t capacity_bytes = 0;  // rows kept in host RAM (index included); 0: every row read from the drives
+  ReaderOptions reader;
+  std::vector<ReaderFault> faults;  // fault injection on the replicas (check-fixture --fault-replica)
+};
+
+struct EngramCacheStats {
+  uint64_t lookups = 0;      // rows asked for
+  uint64_t hits = 0;         // ... found in the cache
+  uint64_t drive_rows = 0;   // ... read from the drives (lookups - hits)
+  uint64_t drive_bytes = 0;  // bytes the reads delivered (the rows' bytes; O_DIRECT reads whole 4 KiB blocks around them)
+  uint64_t evictions = 0;
+  uint64_t read_calls = 0;   // submissions (a step row's misses each)
+  uint64_t read_wait_ns = 0; // time callers spent waiting for the drives
+  int64_t capacity_rows = 0, resident_rows = 0;
+  std::string to_string() const;
+};
+
+class EngramRowCache final : public model::EngramRowSource {
+ public:
+  static Result<std::shared_ptr<EngramRowCache>> create(std::vector<EngramTableFile> tables, int head_dim, std::vector<std::string> roots,
+                                                        EngramCacheOptions opt);
+  Status read_rows(int layer, const int64_t* ids, int n, uint8_t* codes, uint8_t* scales) const override;
+  EngramCacheStats stats() const;
+  // Host bytes the cache holds (rows, keys, clock bits, the index), allocated up front.
+  uint64_t host_bytes() const override;
+  uint64_t drive_bytes_read() const override { return stats().drive_bytes; }
+  // Bytes one cached row takes (payload + key + clock bit + two index entries); the index rounds
+  // up to a power of two, so a budget holds up to this many rows, and create() fits it exactly.
+  static uint64_t bytes_per_row(int head_dim);
+  std::string drive_report() const;
+
+ private:
+  EngramRowCache() = default;
+  int table_of(int layer) const;
+
+  std::vector<EngramTableFile> tables_;
+  std::vector<int> table_by_layer_;  // layer -> index in tables_, -1
+  int hd_ = 0, sb_ = 0;
+  int64_t cap_ = 0;
+  mutable std::mutex mu_;                    // the cache below and the counters
+  mutable std::unique_ptr<RowIndex> index_;
+  mutable std::vector<uint8_t> rows_;        // cap_ x (hd + sb)
+  mutable std::vector<uint64_t> keys_;       // per slot; ~0: free
+  mutable std::vector<uint8_t> ref_;         // CLOCK bits
+  mutable int64_t used_ = 0, hand_ = 0;
+  mutable EngramCacheStats stats_;
+  mutable std::mutex read_mu_;               // ReplicaReader takes one caller at a time
+  std::unique_ptr<ReplicaReader> reader_;
+};
+
+// The Engram tables of `snap` (every layer with an Engram role) read from its shards under
+// snap.dir() and each of `replica_dirs` (copies of the snapshot's shard files on other drives;
+// one whose files are missing or differ in size is left out with a warning). kUnsupported for a
+// snapshot without files (the synthetic bench model) or without Engram layers.
+Result<std::shared_ptr<EngramRowCache>> engram_cache_for(const loader::Snapshot& snap, const std::vector<std::string>& replica_dirs,
+                                                         EngramCacheOptions opt);
+
+}  // namespace fb::storage
