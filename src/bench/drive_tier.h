@@ -27,6 +27,7 @@
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/weights.h"
+#include "storage/engram_rows.h"
 #include "storage/tiered_experts.h"
 
 namespace fb::bench {
@@ -95,6 +96,14 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
                                                                  std::function<void(void*, size_t)> on_alloc,
                                                                  std::function<void(void*, size_t)> on_free,
                                                                  std::vector<storage::ReaderFault> faults = {});
+
+// Engram rows from the drives under the CUDA executor (issue 22; `bench --synthetic
+// --engram-drives DIR,DIR [--engram-cache-bytes N]`): the synthetic snapshot's Engram tables
+// written to DIR/engram_tables.bin in each dir (every layer's codes, then its scales; a file of
+// the right size is kept), then read back row by row through storage::EngramRowCache (O_DIRECT,
+// a host row cache of `cache_bytes`, the dirs as replicas).
+Result<std::shared_ptr<storage::EngramRowCache>> make_engram_drive_cache(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                                                                         uint64_t cache_bytes);
 
 Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model::SessionState& s, SwitchExperts& src,
                                                    const DriveTierOptions& opt);

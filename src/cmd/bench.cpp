@@ -167,6 +167,13 @@ int run(const BenchArgs& a) {
       drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
       lo.experts = drive_src;
     }
+    std::shared_ptr<storage::EngramRowCache> engram_cache;
+    if (!a.engram_drives.empty()) {
+      auto e = bench::make_engram_drive_cache(**snap, a.engram_drives, uint64_t(std::max<int64_t>(0, a.engram_cache_bytes)));
+      if (!e.ok()) return bench_failed(e.status(), "--engram-drives");
+      engram_cache = std::move(e.value());
+      lo.engram_rows = engram_cache;
+    }
     // used under --cuda-opt host_compute=1|2; the synthetic experts share one pool of bytes, so the
     // host reads 32 distinct experts' bytes instead (bench::cold_bytes_host_experts)
     lo.host_compute = bench::cold_bytes_host_experts(cpu::host_expert_compute(), 32);
@@ -186,6 +193,7 @@ int run(const BenchArgs& a) {
       Status st = bench::fill_fake_context(**ex, static_cast<cuda::CudaSession&>(*s), L, uint64_t(L));
       if (!st.ok()) return bench_failed(st, "context " + std::to_string(L));
       const model::EngramRows e0 = (*ex)->stats().engram;
+      const storage::EngramCacheStats c0 = engram_cache ? engram_cache->stats() : storage::EngramCacheStats{};
       auto t = bench::time_decode(**ex, *s, a.steps, a.verify_rows);
       if (!t.ok()) return bench_failed(t.status(), "context " + std::to_string(L));
       decode_progress.hide();  // the rows and notes below go to the same terminal
@@ -199,6 +207,17 @@ int run(const BenchArgs& a) {
                      (long long)L, rows, hidden, exposed, wait_ms, (*ex)->run_options().engram_prefetch_tasks);
         csv.row("engram_rows_hidden_share", L, rows > 0 ? hidden / rows : 0, "share of the timed steps' Engram rows staged before their layer");
         csv.row("engram_exposed_wait_ms", L, wait_ms, "ms the timed steps' issue path waited for Engram rows, in all");
+        if (engram_cache) {  // --engram-drives: what the drives served
+          const storage::EngramCacheStats c1 = engram_cache->stats();
+          const double steps = double(std::max<uint64_t>(1, e1.rows - e0.rows)) / double(std::max<int64_t>(1, (*ex)->config().engram_n_heads)) /
+                               double(std::max(1, (*ex)->config().engram_max_ngram - 1)) / double((*ex)->config().engram_layer_ids.size());
+          std::fprintf(stderr, "bench: context %lld: Engram rows from the drives: %llu of %llu rows read (%llu submissions, %.3f ms of reads)\n",
+                       (long long)L, (unsigned long long)(c1.drive_rows - c0.drive_rows), (unsigned long long)(c1.lookups - c0.lookups),
+                       (unsigned long long)(c1.read_calls - c0.read_calls), double(c1.read_wait_ns - c0.read_wait_ns) / 1e6);
+          csv.row("engram_drive_rows_per_row", L, double(c1.drive_rows - c0.drive_rows) / steps, "Engram rows read from the drives per step row");
+          csv.row("engram_drive_read_ms_per_row", L, double(c1.read_wait_ns - c0.read_wait_ns) / 1e6 / steps,
+                  "ms of drive reads (staging tasks' and layers' waits) per step row");
+        }
       }
       if (a.graph_step) {
         auto g = bench::time_graph_step(**ex, *s, 10);
@@ -555,6 +574,11 @@ Runner add_bench(CLI::App& app) {
   g->add_option("--experts", a->experts, "routed experts per layer of the synthetic model (all resident)");
   g->add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
   g->add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
+  g->add_option("--engram-drives", a->engram_drives,
+                "write the synthetic Engram tables to DIR/engram_tables.bin in each dir and read their rows from there with O_DIRECT "
+                "(replicas; the tables stay on the host side)")
+      ->delimiter(',');
+  g->add_option("--engram-cache-bytes", a->engram_cache_bytes, "with --engram-drives: the host row cache (0: every row from the drives)");
   g->add_option("--engram-place", a->engram_place,
                 "where the synthetic model's Engram tables live: auto (HBM up to 16 GiB of tables), hbm, or host (each step's rows "
                 "copied from host memory, ahead of their layers by --cuda-opt engram_prefetch_tasks=N threads)");

@@ -29,6 +29,8 @@ struct BenchArgs {
   int experts = 16;
   int draft_experts = 16;
   int64_t engram_vocab = 100000;
+  std::vector<std::string> engram_drives;  // Engram tables written there and read through a row cache (bench::make_engram_drive_cache)
+  int64_t engram_cache_bytes = 0;
   std::string engram_place = "auto";  // where the synthetic model's Engram tables live: auto | hbm | host (cuda::EngramPlace)
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prompt_len = 64;

@@ -16,6 +16,7 @@ Runner add_inspect(CLI::App& app);
 Runner add_check_fixture(CLI::App& app);
 Runner add_replay_quality(CLI::App& app);
 Runner add_make_tiny(CLI::App& app);
+Runner add_engram_sim(CLI::App& app);  // builds with the tokenizer (FB_HAVE_TOKENIZER)
 // The built-in tiny model (make-tiny): checkpoint + tokenizer + Engram map in `out`.
 Status make_tiny_model(const std::string& out, uint64_t seed, bool vision, const std::string& tokenizer_path = "", bool smooth = false);
 Runner add_probe(CLI::App& app);

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   reg("kv", "list, verify or remove the disk KV cache's checkpoints (ls|verify|rm DIR)", fb::cmd::add_kv);
 #ifdef FB_HAVE_TOKENIZER
   reg("make-tiny", "write a random checkpoint in the released format (the built-in tiny model)", fb::cmd::add_make_tiny);
+  reg("engram-sim", "the Engram row cache's hit rate on real text at several budgets (drive reads per token)", fb::cmd::add_engram_sim);
   app.add_subcommand("tokenize", "encode stdin with a tokenizer.json (or --decode ids); see --help of the subcommand");
 #endif
 #ifdef FB_HAVE_BENCH

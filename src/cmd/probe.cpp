@@ -55,6 +55,9 @@ struct ProbeArgs {
   bool no_sim = false;
   bool no_host_experts = false;
   double host_expert_ms = -1;  // override of the measured host time for one expert and token
+  // The Engram row cache's hit rate: `flashbox engram-sim` on 2.9M tokens of Python source (the
+  // second half, after the first warmed it) with a 4 GiB cache (docs/tiers.md).
+  double engram_hit = 0.66;
   double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 
@@ -130,7 +133,7 @@ int run_probe(const ProbeArgs& a) {
     return 2;
   }
   std::vector<std::string> dirs = a.dirs.empty() ? std::vector<std::string>{fs::temp_directory_path().string()} : a.dirs;
-  double drive_total = 0;
+  double drive_total = 0, drive_iops = 0;
   for (const std::string& d : dirs) {
     auto r = storage::probe_drive(d, uint64_t(a.file_mib) << 20, a.seconds);
     if (!r.ok()) {
@@ -141,6 +144,7 @@ int run_probe(const ProbeArgs& a) {
                 d.c_str(), r->engine.c_str(), r->direct ? "O_DIRECT" : "buffered: O_DIRECT refused", (unsigned long long)(r->file_bytes >> 20),
                 r->seq_bytes_per_s / kGB, r->rand1m_bytes_per_s / kGB, r->rand4k_bytes_per_s / kGB, r->rand4k_iops());
     drive_total += r->rand1m_bytes_per_s;  // the old measure: 1 MiB reads at random offsets, 8 in flight
+    drive_iops += r->rand4k_iops();
   }
   {
     // The rate the plan uses: every dir read at once as the expert reader reads a layer's misses
@@ -348,8 +352,8 @@ int run_probe(const ProbeArgs& a) {
       memory::TierRates th = today;
       th.host_expert_s = host_expert_ms * 1e-3;
       const memory::DecodeBound bh = memory::decode_bound(l, th);
-      std::printf("    ... and cold experts computed on the host beside the copies (%.0f%% of the misses; a lever the CUDA executor "
-                  "lacks yet): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
+      std::printf("    ... and cold experts computed on the host beside the copies (%.0f%% of the misses; --host-compute 1, off by "
+                  "default): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
                   bh.host_share * 100, bh.serial_s * 1e3, bh.floor_tok_per_s(), bh.overlapped_s * 1e3, bh.ceiling_tok_per_s());
     }
     if (plan->hbm_slots_per_layer > 0 && plan->hbm_slots_per_layer < n && !a.no_sim) {
@@ -383,6 +387,22 @@ int run_probe(const ProbeArgs& a) {
                   lf.hbm_hit * 100, lf.host_hit * 100, bf.serial_s * 1e3, bf.floor_tok_per_s(), bf.overlapped_s * 1e3, bf.ceiling_tok_per_s(),
                   analytic_host * 100);
     }
+  }
+  if (!cfg->engram_layer_ids.empty()) {
+    // Engram tables on the drives (--engram-cache-bytes): a token's rows that miss the host row
+    // cache are two 4 KiB reads each (codes and scales are separate tensors), issued together when
+    // the token is known; the first Engram layer waits for them unless they are hidden.
+    const int64_t rows = int64_t(cfg->engram_layer_ids.size()) * (cfg->engram_max_ngram - 1) * cfg->engram_n_heads;
+    uint64_t table_bytes = 0;
+    for (int64_t n : cfg->engram_num_embeddings) table_bytes += uint64_t(n) * uint64_t(cfg->engram_head_dim + cfg->engram_head_dim / 32);
+    const double reads = 2.0 * double(rows) * (1.0 - std::clamp(a.engram_hit, 0.0, 1.0));
+    std::printf("engram: %.1f GiB of tables, %lld rows a token; from the drives through a row cache hitting %.0f%% (--engram-hit): %.1f reads of "
+                "4 KiB a token",
+                double(table_bytes) / memory::kGiB, (long long)rows, a.engram_hit * 100, reads);
+    if (drive_iops > 0)
+      std::printf(", %.0f us at the drives' random 4K rate (%.0f IOPS, queue depth 32; a serial bound: the reads of a token go out together)",
+                  reads / drive_iops * 1e6, drive_iops);
+    std::printf("\n");
   }
   if (a.gpus > 1) {
     // Issue 25, a projection (no multi-GPU code yet): the same box with G GPUs, routed experts
@@ -440,6 +460,9 @@ Runner add_probe(CLI::App& app) {
   g->add_option("--kernel-gbps", a->kernel_gbps,
                 "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
   g->add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
+  g->add_option("--engram-hit", a->engram_hit, "the Engram row cache's hit rate for the engram line (flashbox engram-sim measures it)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   g->add_option("--host-expert-ms", a->host_expert_ms,
                 "override the host CPU's time for one routed expert and one token (the decode bound's host-compute lines; 0: none)")
       ->check(CLI::NonNegativeNumber);

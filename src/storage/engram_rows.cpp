@@ -9,6 +9,7 @@
 #include "base/check.h"
 #include "base/log.h"
 #include "loader/snapshot.h"
+#include "model/engram_constants.h"
 #include "model/schema.h"
 
 namespace fb::storage {
@@ -51,6 +52,59 @@ std::string EngramCacheStats::to_string() const {
   return o.str();
 }
 
+RowClock::RowClock(int64_t capacity) : cap_(std::max<int64_t>(capacity, 0)) {
+  FB_CHECK_LT(cap_, int64_t(1) << 29) << "RowClock capacity";  // int32 slots in a table of >= 2x
+  if (cap_ == 0) return;
+  index_ = std::make_unique<RowIndex>(cap_);
+  keys_.assign(size_t(cap_), kFree);
+  ref_.assign(size_t(cap_), 0);
+}
+
+uint64_t RowClock::state_bytes(int64_t capacity) {
+  return capacity > 0 ? uint64_t(capacity) * (sizeof(uint64_t) + 1) + RowIndex::table_bytes(capacity) : 0;
+}
+
+int64_t RowClock::fit(uint64_t budget, uint64_t payload_bytes) {
+  // Two index entries per key at best; the power-of-two table may take up to twice that.
+  const uint64_t per_key = payload_bytes + sizeof(uint64_t) + 1;
+  int64_t cap = std::min<int64_t>(int64_t(budget / (per_key + 2 * sizeof(int32_t))), (int64_t(1) << 28));
+  while (cap > 0 && uint64_t(cap) * payload_bytes + state_bytes(cap) > budget) {
+    const uint64_t index = RowIndex::table_bytes(cap);
+    const int64_t fit = budget > index ? int64_t((budget - index) / per_key) : 0;
+    cap = std::min(cap - 1, fit);  // a smaller capacity never needs a larger table: this ends
+  }
+  return std::max<int64_t>(cap, 0);
+}
+
+int32_t RowClock::lookup(uint64_t key) {
+  if (!index_) return -1;
+  const int32_t s = index_->find(key, [&](int32_t x) { return keys_[size_t(x)]; });
+  if (s >= 0) ref_[size_t(s)] = 1;
+  return s;
+}
+
+int32_t RowClock::admit(uint64_t key, bool* evicted) {
+  *evicted = false;
+  if (!index_) return -1;
+  int32_t s;
+  if (used_ < cap_) {
+    s = int32_t(used_++);
+  } else {  // the first key not looked up since the hand last passed it
+    while (ref_[size_t(hand_)]) {
+      ref_[size_t(hand_)] = 0;
+      hand_ = (hand_ + 1) % cap_;
+    }
+    s = int32_t(hand_);
+    hand_ = (hand_ + 1) % cap_;
+    index_->erase(keys_[size_t(s)], [&](int32_t x) { return keys_[size_t(x)]; });
+    *evicted = true;
+  }
+  keys_[size_t(s)] = key;
+  ref_[size_t(s)] = 0;
+  index_->insert(key, s);
+  return s;
+}
+
 uint64_t EngramRowCache::bytes_per_row(int head_dim) {
   // payload, key, clock bit, and two int32 entries of the index (a table >= 2x the rows)
   return uint64_t(head_dim + head_dim / 32) + sizeof(uint64_t) + 1 + 2 * sizeof(int32_t);
@@ -75,24 +129,9 @@ Result<std::shared_ptr<EngramRowCache>> EngramRowCache::create(std::vector<Engra
   c->tables_ = std::move(tables);
   c->hd_ = head_dim;
   c->sb_ = head_dim / 32;
-  // As many rows as fit the budget with everything the cache holds: the payload, key and clock
-  // bit per row, and the index, a power-of-two table of int32 of at least twice the rows.
-  const uint64_t per_row = uint64_t(head_dim + c->sb_) + sizeof(uint64_t) + 1;
-  int64_t cap = std::min<int64_t>(int64_t(opt.capacity_bytes / bytes_per_row(head_dim)), (int64_t(1) << 29) - 1);  // int32 slots, 2x
-  for (;;) {
-    const uint64_t index = cap > 0 ? RowIndex::table_bytes(cap) : 0;
-    if (uint64_t(cap) * per_row + index <= opt.capacity_bytes) break;
-    const int64_t fit = opt.capacity_bytes > index ? int64_t((opt.capacity_bytes - index) / per_row) : 0;
-    cap = std::min(cap - 1, fit);  // a smaller cap never needs a larger table: this ends
-  }
-  c->cap_ = std::max<int64_t>(cap, 0);
-  c->stats_.capacity_rows = c->cap_;
-  if (c->cap_ > 0) {
-    c->index_ = std::make_unique<RowIndex>(c->cap_);
-    c->rows_.resize(size_t(c->cap_) * size_t(head_dim + c->sb_));
-    c->keys_.assign(size_t(c->cap_), kFree);
-    c->ref_.assign(size_t(c->cap_), 0);
-  }
+  c->clock_ = std::make_unique<RowClock>(RowClock::fit(opt.capacity_bytes, uint64_t(head_dim + c->sb_)));
+  c->stats_.capacity_rows = c->clock_->capacity();
+  c->rows_.resize(size_t(c->clock_->capacity()) * size_t(head_dim + c->sb_));
   // Rows are small: one chunk each; no hedging below the reader's minimum (2 ms), which a 264 B
   // read on a healthy drive never reaches.
   c->reader_ = FB_TRY(ReplicaReader::open(std::move(roots), opt.reader));
@@ -116,12 +155,11 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
     for (int i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= tab.rows)
         return FB_ERROR(kInternal) << "Engram row " << ids[i] << " outside layer " << layer << "'s table (" << tab.rows << " rows)";
-      const int32_t s = index_ ? index_->find(row_key(t, ids[i]), [&](int32_t x) { return keys_[size_t(x)]; }) : -1;
+      const int32_t s = clock_->lookup(row_key(t, ids[i]));
       if (s < 0) {
         miss.push_back(i);
         continue;
       }
-      ref_[size_t(s)] = 1;
       const uint8_t* r = &rows_[size_t(s) * rb];
       std::memcpy(codes + size_t(i) * hd, r, hd);
       std::memcpy(scales + size_t(i) * sb, r + hd, sb);
@@ -150,30 +188,17 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
   if (!st.ok()) return st;
   stats_.drive_rows += miss.size();
   stats_.drive_bytes += miss.size() * rb;
-  if (!index_) return Status();
+  if (clock_->capacity() == 0) return Status();
   for (int i : miss) {
     const uint64_t key = row_key(t, ids[i]);
-    auto key_of = [&](int32_t x) { return keys_[size_t(x)]; };
-    if (index_->find(key, key_of) >= 0) continue;  // another task (or an earlier column) brought it in
-    int32_t s;
-    if (used_ < cap_) {
-      s = int32_t(used_++);
-    } else {  // CLOCK: the first row not touched since the hand last passed it
-      while (ref_[size_t(hand_)]) {
-        ref_[size_t(hand_)] = 0;
-        hand_ = (hand_ + 1) % cap_;
-      }
-      s = int32_t(hand_);
-      hand_ = (hand_ + 1) % cap_;
-      index_->erase(keys_[size_t(s)], key_of);
-      ++stats_.evictions;
-    }
-    keys_[size_t(s)] = key;
-    ref_[size_t(s)] = 0;  // admitted cold: it stays only if asked for again before the hand returns
+    // Looking it up again also marks it used: another task (or an earlier column) brought it in.
+    if (clock_->lookup(key) >= 0) continue;
+    bool evicted = false;
+    const int32_t s = clock_->admit(key, &evicted);
+    stats_.evictions += evicted ? 1 : 0;
     uint8_t* r = &rows_[size_t(s) * rb];
     std::memcpy(r, codes + size_t(i) * hd, hd);
     std::memcpy(r + hd, scales + size_t(i) * sb, sb);
-    index_->insert(key, s);
   }
   return Status();
 }
@@ -181,13 +206,13 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
 EngramCacheStats EngramRowCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngramCacheStats s = stats_;
-  s.resident_rows = index_ ? index_->size() : 0;
+  s.resident_rows = clock_->size();
   return s;
 }
 
 uint64_t EngramRowCache::host_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return rows_.size() + keys_.size() * sizeof(uint64_t) + ref_.size() + (index_ ? index_->bytes() : 0);
+  return rows_.size() + RowClock::state_bytes(clock_->capacity());
 }
 
 std::string EngramRowCache::drive_report() const {
@@ -199,6 +224,52 @@ std::string EngramRowCache::drive_report() const {
       << s.n_hedges << " hedges" << (s.failed ? ", failed: " + s.last_error : std::string()) << "\n";
   }
   return o.str();
+}
+
+std::vector<EngramSimResult> simulate_engram_cache(const model::Config& c, const std::vector<std::vector<int32_t>>& class_docs,
+                                                   int64_t pad_class, const std::vector<uint64_t>& budgets, uint64_t warm_tokens) {
+  const auto tables = model::engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_max_ngram, c.engram_n_heads,
+                                              c.engram_compressed_vocab);
+  const int n_ord = c.engram_max_ngram - 1, H = c.engram_n_heads;
+  const size_t per_token = tables.size() * size_t(n_ord * H);
+  uint64_t total = 0;
+  for (const auto& d : class_docs) total += d.size();
+  std::vector<EngramSimResult> out;
+  std::vector<RowClock> clocks;
+  clocks.reserve(budgets.size());
+  for (uint64_t b : budgets) {
+    EngramSimResult r;
+    r.budget_bytes = b;
+    // No more rows than the streams ask for: a larger cache behaves the same (it never evicts).
+    r.capacity_rows = std::min<int64_t>(RowClock::fit(b, uint64_t(c.engram_head_dim + c.engram_head_dim / 32)), int64_t(total * per_token));
+    clocks.emplace_back(r.capacity_rows);
+    out.push_back(r);
+  }
+  std::vector<int64_t> ids(per_token);
+  uint64_t seen = 0;
+  for (const auto& doc : class_docs) {
+    for (int64_t pos = 0; pos < int64_t(doc.size()); ++pos, ++seen) {
+      model::engram_row_ids(tables, c.engram_max_ngram, H, pad_class, pos, [&](int64_t p) { return int64_t(doc[size_t(p)]); }, ids.data());
+      const bool measured = seen >= warm_tokens;
+      for (size_t k = 0; k < clocks.size(); ++k) {
+        EngramSimResult& r = out[k];
+        r.tokens += measured ? 1 : 0;
+        for (size_t i = 0; i < per_token; ++i) {
+          const uint64_t key = row_key(int(i / size_t(n_ord * H)), ids[i]);
+          const bool hit = clocks[k].lookup(key) >= 0;
+          bool evicted = false;
+          if (!hit) clocks[k].admit(key, &evicted);
+          if (measured) {
+            ++r.lookups;
+            r.hits += hit ? 1 : 0;
+            r.evictions += evicted ? 1 : 0;
+          }
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < clocks.size(); ++k) out[k].held_rows = clocks[k].size();
+  return out;
 }
 
 Result<std::shared_ptr<EngramRowCache>> engram_cache_for(const loader::Snapshot& snap, const std::vector<std::string>& replica_dirs,

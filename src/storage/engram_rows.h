@@ -5,7 +5,7 @@
 // token reads 48 random rows of 264 B (256 B of e4m3 codes and 8 B of e8m0 scales, two tensors).
 // Read through the mapping, each row costs a 4 KiB page of the page cache, so the page cache
 // holds 15 times fewer rows than the same RAM holds rows, and it competes with every other file.
-// EngramRowCache keeps rows themselves (key + 264 B + 9 B of index and clock state each, up to a
+// EngramRowCache keeps rows themselves (264 B + 17 B of key, index and clock state each, up to a
 // byte budget) and reads misses from the shards on one or more replica drives through
 // ReplicaReader (io_uring, O_DIRECT, hedging, failover to another replica), a step row's misses
 // in one submission. The staging tasks of model::EngramStaging call it ahead of their layers.
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/config.h"
 #include "model/engram_staging.h"
 #include "storage/replica_reader.h"
 
@@ -80,6 +81,32 @@ class RowIndex {
   int64_t size_ = 0;
 };
 
+// The cache's policy without its payload: which keys are held, in which slot, and which goes
+// when a new one comes (CLOCK: a key looked up since the hand last passed stays; a key admits
+// cold, so one never asked for again leaves at the hand's next pass). EngramRowCache stores its
+// rows by these slots; `flashbox engram-sim` runs the same policy over token streams of real text.
+class RowClock {
+ public:
+  explicit RowClock(int64_t capacity);  // keys held at once (0: none)
+  // The largest capacity whose keys, clock bits, index and `payload_bytes` per key fit `budget`.
+  static int64_t fit(uint64_t budget, uint64_t payload_bytes);
+  // Host bytes of the policy's own state (keys, clock bits, index).
+  static uint64_t state_bytes(int64_t capacity);
+  // The slot holding `key` (marked as used), or -1.
+  int32_t lookup(uint64_t key);
+  // A slot for `key` (not held; the caller checked): a free one, or the one the hand evicts
+  // (`evicted` set true). -1 with capacity 0.
+  int32_t admit(uint64_t key, bool* evicted);
+  int64_t capacity() const { return cap_; }
+  int64_t size() const { return index_ ? index_->size() : 0; }
+
+ private:
+  int64_t cap_ = 0, used_ = 0, hand_ = 0;
+  std::unique_ptr<RowIndex> index_;
+  std::vector<uint64_t> keys_;
+  std::vector<uint8_t> ref_;
+};
+
 // One Engram layer's table in the snapshot's files: paths relative to every drive root.
 struct EngramTableFile {
   int layer = -1;
@@ -129,17 +156,30 @@ class EngramRowCache final : public model::EngramRowSource {
   std::vector<EngramTableFile> tables_;
   std::vector<int> table_by_layer_;  // layer -> index in tables_, -1
   int hd_ = 0, sb_ = 0;
-  int64_t cap_ = 0;
   mutable std::mutex mu_;                    // the cache below and the counters
-  mutable std::unique_ptr<RowIndex> index_;
-  mutable std::vector<uint8_t> rows_;        // cap_ x (hd + sb)
-  mutable std::vector<uint64_t> keys_;       // per slot; ~0: free
-  mutable std::vector<uint8_t> ref_;         // CLOCK bits
-  mutable int64_t used_ = 0, hand_ = 0;
+  mutable std::unique_ptr<RowClock> clock_;
+  mutable std::vector<uint8_t> rows_;        // capacity x (hd + sb), by the clock's slots
   mutable EngramCacheStats stats_;
   mutable std::mutex read_mu_;               // ReplicaReader takes one caller at a time
   std::unique_ptr<ReplicaReader> reader_;
 };
+
+// The row cache's hit rate on real token streams (`flashbox engram-sim`): each document's Engram
+// classes (positions from 0, as a session's) hashed to row ids as the executors hash them (spec/11
+// §6.3, the config's tables), every row looked up in a RowClock of each byte budget (rows of
+// head_dim + head_dim / 32 bytes) and admitted on a miss. The first `warm_tokens` tokens only warm
+// the caches; the counts cover the rest.
+struct EngramSimResult {
+  uint64_t budget_bytes = 0;
+  int64_t capacity_rows = 0;
+  uint64_t tokens = 0;    // measured tokens
+  uint64_t lookups = 0;   // rows they asked for
+  uint64_t hits = 0;
+  uint64_t evictions = 0;
+  int64_t held_rows = 0;  // at the end
+};
+std::vector<EngramSimResult> simulate_engram_cache(const model::Config& c, const std::vector<std::vector<int32_t>>& class_docs,
+                                                   int64_t pad_class, const std::vector<uint64_t>& budgets, uint64_t warm_tokens);
 
 // The Engram tables of `snap` (every layer with an Engram role) read from its shards under
 // snap.dir() and each of `replica_dirs` (copies of the snapshot's shard files on other drives;

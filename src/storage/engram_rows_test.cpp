@@ -11,6 +11,7 @@
 
 #include "loader/snapshot.h"
 #include "loader/tiny_model.h"
+#include "model/config.h"
 #include "model/engram_staging.h"
 #include "model/schema.h"
 
@@ -50,6 +51,58 @@ TEST(RowIndex, AgreesWithAMapUnderRandomInsertsAndErases) {
     }
     for (const auto& [k, s] : ref) EXPECT_EQ(idx.find(k, key_of), s);
   }
+}
+
+TEST(RowClock, FitsItsBudgetAndKeepsWhatIsAskedFor) {
+  for (uint64_t budget : {0ull, 100ull, 5000ull, 1ull << 20, 3ull << 30}) {
+    const int64_t cap = RowClock::fit(budget, 264);
+    EXPECT_LE(uint64_t(cap) * 264 + RowClock::state_bytes(cap), budget) << budget;
+    // Never less than half of what the bytes would hold without the index's rounding.
+    EXPECT_GE(cap, int64_t(budget / (264 + 8 + 1 + 8)) / 2) << budget;
+  }
+  RowClock c(4);
+  bool ev = false;
+  for (uint64_t k = 0; k < 4; ++k) EXPECT_EQ(c.admit(k, &ev), int32_t(k));
+  EXPECT_FALSE(ev);
+  EXPECT_GE(c.lookup(2), 0);  // key 2 is used: the hand passes it once
+  const int32_t s = c.admit(10, &ev);
+  EXPECT_TRUE(ev);
+  EXPECT_EQ(s, 0);  // key 0 went (the hand starts at slot 0)
+  EXPECT_EQ(c.lookup(0), -1);
+  EXPECT_EQ(c.admit(11, &ev), 1);   // then key 1
+  EXPECT_EQ(c.admit(12, &ev), 3);   // key 2 is skipped once (its bit cleared) ...
+  EXPECT_EQ(c.admit(13, &ev), 0);   // ... key 10 was never asked for again
+  EXPECT_GE(c.lookup(2), 0);
+  EXPECT_EQ(c.size(), 4);
+  RowClock none(0);
+  EXPECT_EQ(none.admit(1, &ev), -1);
+  EXPECT_EQ(none.lookup(1), -1);
+}
+
+// The cache simulation over token streams: a document seen twice is all hits the second time in a
+// cache that holds it, none without a cache; the released config's 48 rows a token.
+TEST(EngramSim, ASecondReadingHitsWhatTheCacheHolds) {
+  auto c = model::Config::from_file(std::string(FB_SOURCE_DIR) + "/tests/data/released_config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::mt19937_64 rng(5);
+  std::vector<int32_t> doc(300);
+  for (auto& x : doc) x = int32_t(rng() % 5000);
+  const uint64_t big = 1ull << 26, small = 20 * 300;  // 64 MiB holds the document's rows; 6 KB holds ~20
+  const auto r = simulate_engram_cache(*c, {doc, doc}, 7, {0, small, big}, doc.size());
+  ASSERT_EQ(r.size(), 3u);
+  for (const EngramSimResult& x : r) {
+    EXPECT_EQ(x.tokens, 300u);
+    EXPECT_EQ(x.lookups, 300u * 48u);
+  }
+  EXPECT_EQ(r[0].hits, 0u);
+  EXPECT_EQ(r[0].capacity_rows, 0);
+  EXPECT_LT(r[1].hits, r[1].lookups / 10);   // 20 rows cannot hold a document of 14,400
+  EXPECT_EQ(r[2].hits, r[2].lookups);        // every row held from the first reading
+  EXPECT_EQ(r[2].evictions, 0u);
+  EXPECT_LE(r[2].capacity_rows, int64_t(2 * 300 * 48));  // no more rows than the streams ask for
+  // The first reading alone measured (nothing warms): only repeats within it hit.
+  const auto cold = simulate_engram_cache(*c, {doc}, 7, {big}, 0);
+  EXPECT_LT(cold[0].hits, cold[0].lookups / 4);
 }
 
 // A table written as a shard would hold it: codes and scales at unaligned offsets of one file,
