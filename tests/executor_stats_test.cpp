@@ -294,6 +294,17 @@ TEST(ExecutorStats, EngramTablesOnTheDrives) {
   EXPECT_FALSE((*plain)->stats().memory.drive.has_engram);
 }
 
+// [policy] The default: the mapping while the tables take at most half the memory, else the drives
+// through a row cache of min(1 GiB, 5%).
+TEST(ExecutorStats, EngramCacheDefault) {
+  const uint64_t GiB = uint64_t(1) << 30;
+  EXPECT_EQ(engine::auto_engram_cache_bytes(0, 100 * GiB), -1);           // no Engram layers
+  EXPECT_EQ(engine::auto_engram_cache_bytes(1 << 20, 16 * GiB), -1);      // a tiny model's tables
+  EXPECT_EQ(engine::auto_engram_cache_bytes(50 * GiB, 100 * GiB), -1);    // half: still mapped
+  EXPECT_EQ(engine::auto_engram_cache_bytes(189 * GiB, 120 * GiB), int64_t(GiB));  // the release on a 128 GB box
+  EXPECT_EQ(engine::auto_engram_cache_bytes(189 * GiB, 10 * GiB), int64_t(10 * GiB / 20));
+}
+
 // One table names the forward pass's ops for the CPU's clocks and the CUDA executor's device times
 // (its profile entries carry the same names): every run_backbone op has a family, other names
 // (draft-only ops, whole-step entries, per-kernel entries) none, and OpTimes::add files by name.

@@ -37,7 +37,8 @@ void EngineSetup::add_flags(CLI::App& app) {
       ->check(CLI::Range(0, 2));
   app.add_option("--engram-cache-bytes", tiers.engram_cache_bytes,
                  "Engram tables on the drives: read their rows from the snapshot's shards with direct I/O through a host row cache of "
-                 "this many bytes (0: no cache; -1, the default: read them through the memory mapping, i.e. the page cache)");
+                 "this many bytes (0: no cache; -1: read them through the memory mapping, i.e. the page cache; default: the mapping "
+                 "while the tables take at most half the available memory, else a row cache of min(1 GiB, 5% of it))");
   app.add_option("--engram-replica", tiers.engram_replicas,
                  "with --engram-cache-bytes: a copy of the snapshot's shard files on another drive (repeatable; reads spread over them, "
                  "a failing one is left out)");

@@ -32,6 +32,7 @@ struct EngineSetup {
   static engine::ExecutorOptions auto_tiers() {
     engine::ExecutorOptions o;
     o.expert_slots = engine::ExecutorOptions::kAutoSlots;
+    o.engram_cache_bytes = engine::ExecutorOptions::kAutoEngramCache;
     return o;
   }
   void add_flags(CLI::App& app);

@@ -55,9 +55,10 @@ struct ProbeArgs {
   bool no_sim = false;
   bool no_host_experts = false;
   double host_expert_ms = -1;  // override of the measured host time for one expert and token
-  // The Engram row cache's hit rate: `flashbox engram-sim` on 2.9M tokens of Python source (the
-  // second half, after the first warmed it) with a 4 GiB cache (docs/tiers.md).
-  double engram_hit = 0.66;
+  // The Engram row cache's hit rate: `flashbox engram-sim` with the default 1 GiB cache, the
+  // lowest of three corpora (Python source 0.58, flashbox's own source and docs 0.66, C headers
+  // 0.84; the second half of each, after the first warmed the cache; docs/tiers.md).
+  double engram_hit = 0.58;
   double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 

@@ -46,6 +46,11 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   return storage::tiered_experts_for(*snap, opt.expert_store, to);
 }
 
+int64_t auto_engram_cache_bytes(uint64_t table_bytes, uint64_t available_bytes) {
+  if (table_bytes == 0 || table_bytes <= available_bytes / 2) return -1;
+  return int64_t(std::min<uint64_t>(uint64_t(1) << 30, available_bytes / 20));
+}
+
 namespace {
 
 // ExecutorOptions::kAutoSlots on CUDA: the plan for this GPU's free HBM and a host budget of
@@ -102,7 +107,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   tiers.reset();
   if (opt_in.expert_slots < ExecutorOptions::kAutoSlots || opt_in.expert_staging < 0 || opt_in.host_experts < 0)
     return FB_ERROR(kInvalidArgument) << "expert slots (or -1: auto), staging slots and host experts must be >= 0";
-  const ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
+  ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
   if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0 || opt.host_compute > 0))
     return FB_ERROR(kInvalidArgument)
            << "--host-experts, --expert-store, --expert-staging and --host-compute need --expert-slots N (experts are all resident otherwise)";
@@ -112,6 +117,18 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
 #else
   const bool have_cuda = false;
 #endif
+  if (opt.engram_cache_bytes == ExecutorOptions::kAutoEngramCache) {
+    auto snap = FB_TRY(loader::Snapshot::open(model_dir));
+    const model::Config& c = snap->config();
+    uint64_t table_bytes = 0;
+    for (int64_t n : c.engram_num_embeddings) table_bytes += uint64_t(n) * uint64_t(c.engram_head_dim + c.engram_head_dim / 32);
+    const uint64_t avail = loader::available_memory_bytes();
+    opt.engram_cache_bytes = avail > 0 ? auto_engram_cache_bytes(table_bytes, avail) : -1;
+    if (opt.engram_cache_bytes >= 0)
+      FB_LOG(kInfo) << "engram: " << table_bytes / memory::kGiB << " GiB of tables against " << avail / memory::kGiB
+                    << " GiB of available memory: rows read from the drives through a " << opt.engram_cache_bytes / (1 << 20)
+                    << " MiB row cache (--engram-cache-bytes overrides; -1 reads them through the mapping)";
+  }
   if (opt.engram_cache_bytes < -1) return FB_ERROR(kInvalidArgument) << "--engram-cache-bytes takes -1 (off), 0 or a size";
   if (opt.engram_cache_bytes < 0 && !opt.engram_replicas.empty())
     return FB_ERROR(kInvalidArgument) << "--engram-replica needs --engram-cache-bytes N (the Engram tables are read through the mapping otherwise)";

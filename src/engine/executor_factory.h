@@ -32,7 +32,9 @@ struct ExecutorOptions {
   // Engram tables on the drives (issue 22): >= 0, their rows are read from the snapshot's shards
   // (and `engram_replicas`, copies of them on other drives) through a host row cache of this many
   // bytes (storage::EngramRowCache; 0: no cache); -1 (default): read through the mapping.
+  // kAutoEngramCache (serve / chat / run): auto_engram_cache_bytes() of the tables and the RAM.
   int64_t engram_cache_bytes = -1;
+  static constexpr int64_t kAutoEngramCache = -2;
   std::vector<std::string> engram_replicas;
   // CUDA numerics class (CLARIFICATIONS "Numerics classes"): "fast" (default; tensor cores, fixed
   // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
@@ -43,6 +45,15 @@ struct ExecutorOptions {
   // two events per op. The CPU executor times its ops always.
   bool op_times = false;
 };
+
+// [policy] Where the Engram tables are read from when the user does not say: through the mapping
+// (-1) while they take at most half of the host's available memory (the page cache keeps them);
+// beyond that (the release's 189 GiB on a 128 GB box) the mapping would thrash, a 4 KiB page per
+// 264-byte row, with one page fault in flight per staging task, so the rows come from the drives
+// through a row cache of min(1 GiB, 5% of the memory): `flashbox engram-sim` measured 58% hits at
+// 1 GiB and 66% at 4 GiB on Python source, where the same GiB in the expert cache saves more
+// (docs/tiers.md, "Engram tables on the drives").
+int64_t auto_engram_cache_bytes(uint64_t table_bytes, uint64_t available_bytes);
 
 // `tiers_out` (optional) receives the routed experts' host tiers when the executor reads through
 // them (null when every expert is resident), so the engine can report their hit counters.
