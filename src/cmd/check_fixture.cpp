@@ -39,25 +39,26 @@ struct Args {
   std::vector<std::string> engram_faults;  // --engram-fault (storage::parse_reader_fault), drive 0 = the checkpoint's own folder
 };
 
+// --fault-replica / --engram-fault specs, or the first bad one's error under the flag's name.
+Result<std::vector<storage::ReaderFault>> parse_faults(const std::vector<std::string>& specs, const char* flag) {
+  std::vector<storage::ReaderFault> out;
+  for (const std::string& f : specs) {
+    auto x = storage::parse_reader_fault(f);
+    if (!x.ok()) return x.status().with_context(flag);
+    out.push_back(*x);
+  }
+  return out;
+}
+
 int run(const Args& a) {
-  std::vector<storage::ReaderFault> faults;
-  for (const std::string& f : a.faults) {
-    auto x = storage::parse_reader_fault(f);
-    if (!x.ok()) {
-      std::fprintf(stderr, "check-fixture: --fault-replica: %s\n", x.status().message().c_str());
+  auto faults_or = parse_faults(a.faults, "--fault-replica");
+  auto engram_faults_or = parse_faults(a.engram_faults, "--engram-fault");
+  for (const auto* r : {&faults_or, &engram_faults_or})
+    if (!r->ok()) {
+      std::fprintf(stderr, "check-fixture: %s\n", r->status().to_string().c_str());
       return 2;
     }
-    faults.push_back(*x);
-  }
-  std::vector<storage::ReaderFault> engram_faults;
-  for (const std::string& f : a.engram_faults) {
-    auto x = storage::parse_reader_fault(f);
-    if (!x.ok()) {
-      std::fprintf(stderr, "check-fixture: --engram-fault: %s\n", x.status().message().c_str());
-      return 2;
-    }
-    engram_faults.push_back(*x);
-  }
+  const std::vector<storage::ReaderFault> faults = *faults_or, engram_faults = *engram_faults_or;
   std::vector<std::shared_ptr<storage::TieredExperts>> tiers;  // kept to report hit/miss counters
 #ifdef FB_HAVE_CUDA_EXECUTOR
   std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
