@@ -98,22 +98,33 @@ Status EngramStaging::start(std::vector<Table> layers, const int64_t* ids, int64
 void EngramStaging::stage(size_t k) {
   const Table& tab = tables_[k];
   const int64_t hd = hd_, sb = hd_ / 32;
-  for (int64_t t = claimed_[k].fetch_add(1); t < T_; t = claimed_[k].fetch_add(1)) {
-    const int64_t* ids = &ids_[(t * n_tables_ + tab.index) * cols_];
-    if (tab.source) {  // the step row's columns in one call: their drive reads in flight together
-      Status st = tab.source->read_rows(tab.layer, ids, cols_, &codes_[k][size_t(t * cols_ * hd)], &scales_[k][size_t(t * cols_ * sb)]);
+  // A source's reads go out a claim at a time: claims of several step rows (up to ~256 table rows)
+  // keep a drive's queue deep in prefill steps; a mapped table is copied a step row at a time.
+  const int32_t block = tab.source ? int32_t(std::max(1, 256 / std::max(1, cols_))) : 1;
+  std::vector<int64_t> ids;
+  for (int64_t t0 = claimed_[k].fetch_add(block); t0 < T_; t0 = claimed_[k].fetch_add(block)) {
+    const int64_t n = std::min<int64_t>(block, T_ - t0);
+    if (tab.source) {  // the claim's rows in one call: their drive reads in flight together
+      ids.clear();
+      for (int64_t t = t0; t < t0 + n; ++t) {
+        const int64_t* row = &ids_[(t * n_tables_ + tab.index) * cols_];
+        ids.insert(ids.end(), row, row + cols_);
+      }
+      Status st = tab.source->read_rows(tab.layer, ids.data(), int(ids.size()), &codes_[k][size_t(t0 * cols_ * hd)],
+                                        &scales_[k][size_t(t0 * cols_ * sb)]);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(error_mu_);
         if (error_.ok()) error_ = st.with_context("Engram rows of layer " + std::to_string(tab.layer));
       }
     } else {
+      const int64_t* row = &ids_[(t0 * n_tables_ + tab.index) * cols_];
       for (int col = 0; col < cols_; ++col) {
-        const int64_t i = t * cols_ + col;
-        std::memcpy(&codes_[k][size_t(i * hd)], tab.codes + ids[col] * hd, size_t(hd));
-        std::memcpy(&scales_[k][size_t(i * sb)], tab.scales + ids[col] * sb, size_t(sb));
+        const int64_t i = t0 * cols_ + col;
+        std::memcpy(&codes_[k][size_t(i * hd)], tab.codes + row[col] * hd, size_t(hd));
+        std::memcpy(&scales_[k][size_t(i * sb)], tab.scales + row[col] * sb, size_t(sb));
       }
     }
-    if (staged_[k].fetch_add(1, std::memory_order_acq_rel) + 1 == T_) staged_[k].notify_all();
+    if (staged_[k].fetch_add(int32_t(n), std::memory_order_acq_rel) + n == T_) staged_[k].notify_all();
   }
 }
 

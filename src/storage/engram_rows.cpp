@@ -133,10 +133,30 @@ Result<std::shared_ptr<EngramRowCache>> EngramRowCache::create(std::vector<Engra
   c->stats_.capacity_rows = c->clock_->capacity();
   c->rows_.resize(size_t(c->clock_->capacity()) * size_t(head_dim + c->sb_));
   // Rows are small: one chunk each; no hedging below the reader's minimum (2 ms), which a 264 B
-  // read on a healthy drive never reaches.
-  c->reader_ = FB_TRY(ReplicaReader::open(std::move(roots), opt.reader));
-  for (const ReaderFault& f : opt.faults) c->reader_->inject(f);
+  // read on a healthy drive never reaches. The first reader now: a root that cannot be used is
+  // an error of the setup, not of a step.
+  c->roots_ = std::move(roots);
+  c->opt_ = std::move(opt);
+  c->give_back(FB_TRY(c->take_reader()));
   return c;
+}
+
+Result<std::unique_ptr<ReplicaReader>> EngramRowCache::take_reader() const {
+  std::lock_guard<std::mutex> lock(read_mu_);
+  if (!idle_.empty()) {
+    std::unique_ptr<ReplicaReader> r = std::move(idle_.back());
+    idle_.pop_back();
+    return r;
+  }
+  std::unique_ptr<ReplicaReader> r = FB_TRY(ReplicaReader::open(roots_, opt_.reader));
+  for (const ReaderFault& f : opt_.faults) r->inject(f);
+  readers_.push_back(r.get());
+  return r;
+}
+
+void EngramRowCache::give_back(std::unique_ptr<ReplicaReader> r) const {
+  std::lock_guard<std::mutex> lock(read_mu_);
+  idle_.push_back(std::move(r));
 }
 
 int EngramRowCache::table_of(int layer) const {
@@ -178,8 +198,10 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
   const auto t0 = std::chrono::steady_clock::now();
   Status st;
   {
-    std::lock_guard<std::mutex> lock(read_mu_);
-    st = reader_->read(ranges);
+    auto r = take_reader();
+    if (!r.ok()) return r.status();
+    st = (*r)->read(ranges);
+    give_back(std::move(r.value()));
   }
   const uint64_t waited = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   std::lock_guard<std::mutex> lock(mu_);
@@ -216,12 +238,25 @@ uint64_t EngramRowCache::host_bytes() const {
 }
 
 std::string EngramRowCache::drive_report() const {
+  // Every reader's counts, summed per drive; a drive failed when any reader gave it up.
   std::lock_guard<std::mutex> lock(read_mu_);
   std::ostringstream o;
-  for (int d = 0; d < reader_->n_drives(); ++d) {
-    const DriveStats s = reader_->stats(d);
-    o << "  engram drive " << d << " " << s.root << ": " << s.n_reads << " reads, " << s.bytes_read << " B, " << s.n_errors << " errors, "
-      << s.n_hedges << " hedges" << (s.failed ? ", failed: " + s.last_error : std::string()) << "\n";
+  for (int d = 0; d < int(roots_.size()); ++d) {
+    DriveStats t;
+    for (const ReplicaReader* r : readers_) {
+      const DriveStats s = r->stats(d);
+      t.n_reads += s.n_reads;
+      t.bytes_read += s.bytes_read;
+      t.n_errors += s.n_errors;
+      t.n_hedges += s.n_hedges;
+      if (s.failed && !t.failed) {
+        t.failed = true;
+        t.last_error = s.last_error;
+      }
+    }
+    o << "  engram drive " << d << " " << roots_[size_t(d)] << ": " << t.n_reads << " reads, " << t.bytes_read << " B, " << t.n_errors
+      << " errors, " << t.n_hedges << " hedges" << (t.failed ? ", failed: " + t.last_error : std::string()) << " (" << readers_.size()
+      << " reader" << (readers_.size() == 1 ? "" : "s") << ")\n";
   }
   return o.str();
 }

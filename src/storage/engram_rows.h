@@ -119,8 +119,15 @@ struct EngramTableFile {
 
 struct EngramCacheOptions {
   uint64_t capacity_bytes = 0;  // rows kept in host RAM (index included); 0: every row read from the drives
-  ReaderOptions reader;
-  std::vector<ReaderFault> faults;  // fault injection on the replicas (check-fixture --fault-replica)
+  // Rows are 4 KiB reads: many in flight per drive (a drive's deep queue is its rate), one chunk each.
+  ReaderOptions reader = [] {
+    ReaderOptions r;
+    r.queue_depth_per_drive = 64;
+    return r;
+  }();
+  // Fault injection on the replicas (check-fixture --engram-fault), into each reader: a caller
+  // at a time uses a reader, and a reader counts its own reads.
+  std::vector<ReaderFault> faults;
 };
 
 struct EngramCacheStats {
@@ -160,8 +167,15 @@ class EngramRowCache final : public model::EngramRowSource {
   mutable std::unique_ptr<RowClock> clock_;
   mutable std::vector<uint8_t> rows_;        // capacity x (hd + sb), by the clock's slots
   mutable EngramCacheStats stats_;
-  mutable std::mutex read_mu_;               // ReplicaReader takes one caller at a time
-  std::unique_ptr<ReplicaReader> reader_;
+  // Readers: ReplicaReader takes one caller at a time, so each concurrent caller takes one of its
+  // own (made on demand, kept), and the staging tasks' reads are in flight together.
+  Result<std::unique_ptr<ReplicaReader>> take_reader() const;
+  void give_back(std::unique_ptr<ReplicaReader> r) const;
+  std::vector<std::string> roots_;
+  EngramCacheOptions opt_;
+  mutable std::mutex read_mu_;
+  mutable std::vector<std::unique_ptr<ReplicaReader>> idle_;
+  mutable std::vector<const ReplicaReader*> readers_;  // every reader made (for the report)
 };
 
 // The row cache's hit rate on real token streams (`flashbox engram-sim`): each document's Engram

@@ -270,7 +270,7 @@ TEST(EngramRowCache, StagingFromTheSnapshotsShardsEqualsTheMappedTables) {
     min_rows = std::min(min_rows, codes.dim(0));
   }
   ASSERT_FALSE(mapped.empty());
-  const int64_t T = 9;
+  const int64_t T = 100;  // several claims of a source (256 / cols step rows each) and a partial one
   std::vector<int64_t> ids(size_t(T * n_tab * cols));
   std::mt19937_64 rng(11);
   for (auto& id : ids) id = int64_t(rng() % uint64_t(std::min<int64_t>(min_rows, 40)));  // repeats, so some hits
