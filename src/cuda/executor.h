@@ -248,7 +248,8 @@ struct CudaRunOptions {
   // decode / verify / draft steps of tiered layers, through the executor's HostExpertCompute
   // (set_host_experts): 0 off; 1 the misses split between copies and the host, coldest first,
   // while that shortens the longer queue (DevExpertSlots::take_host: a copy at 50 GB/s against
-  // host_compute_us, or the host's rate measured once); 2 every miss on the host (no copies: the
+  // host_compute_us, or the host's time a pair as measured in the run's host batches, from its
+  // rate measured once alone: DevExpertSlots::host_pair_ms); 2 every miss on the host (no copies: the
   // validation mode). [exact] in the exact class (the host runs the CPU reference, which that
   // class equals bit for bit). In the fast class a row's bits then depend on which of its experts
   // the host ran (the cache's state): [approx-approved] pending a quality measurement. Off until

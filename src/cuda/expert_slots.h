@@ -83,7 +83,13 @@ class DevExpertSlots {
     stats_.host_experts += experts;
     stats_.host_pairs += pairs;
     stats_.host_ms += ms;
+    // The host's time a pair as it runs beside the copies, whose DRAM traffic slows it (H200 host:
+    // 0.61 ms an expert in the sweeps against 0.40 calibrated alone, docs/tiers.md), an EWMA over
+    // the layers' host batches.
+    if (pairs > 0) host_pair_ms_ = host_pair_ms_ > 0 ? 0.9 * host_pair_ms_ + 0.1 * (ms / double(pairs)) : ms / double(pairs);
   }
+  // take_host's host rate: the measured time a pair (note_host), or `calibrated` before any.
+  double host_pair_ms(double calibrated) const { return host_pair_ms_ > 0 ? host_pair_ms_ : calibrated; }
   const Layout& layout() const { return layout_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Device bytes held now: every tiered layer's arrays (slots and staging entries) and the two
@@ -190,6 +196,7 @@ class DevExpertSlots {
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pf_timers_;
   size_t pf_used_ = 0;
   ExpertSlotStats stats_;
+  double host_pair_ms_ = 0;  // note_host's EWMA (0: none yet)
 };
 
 }  // namespace fb::cuda

@@ -521,8 +521,10 @@ class CudaLayerOps {
     for (int32_t e : ids) ++rows[size_t(e)];
     if (m_.run_.host_compute == 2) return slots.take_host(l, want, rows, 1.0, 0.0);
     const double copy_ms = double(slots.slot_bytes()) / 50e9 * 1e3;
+    // The host's time a pair: as given, else as measured in this run's host batches (beside the
+    // copies), starting from the calibration of one expert alone.
     const double host_ms = m_.run_.host_compute_us > 0 ? double(m_.run_.host_compute_us) * 1e-3
-                                                       : m_.host_experts_->ms_per_expert(c_.dim, c_.moe_inter_dim);
+                                                       : slots.host_pair_ms(m_.host_experts_->ms_per_expert(c_.dim, c_.moe_inter_dim));
     return slots.take_host(l, want, rows, copy_ms, host_ms);
   }
   // The host's experts, once the GPU's share of the call is issued (they run beside it): every
