@@ -14,18 +14,21 @@
 #             through a row cache of 2,000 bytes (evictions), each step row's misses in one submission
 #   engram_unlink: no row cache, the fixture copied with a replica of its checkpoint, and the copy's
 #             own shard file (drive 0) unlinked after 3 reads: the replica serves the rest
+#   engram_store: the rows from the Engram stores `convert --engram` wrote beside the expert stores
+#             (one read a row), a 2,000-byte row cache; engram_store_unlink: fresh copies of them,
+#             store A unlinked after 3 reads, B serves the rest
 # Each fault run gets fresh copies of the replicas; its stderr must name the drive as FAILED (or,
 # for the slow drive, show reads hedged on B).
 foreach(case tiny-s0 tiny-s1-long)
   set(store_a ${WORK}/${case}/store_a)
   set(store_b ${WORK}/${case}/store_b)
   file(REMOVE_RECURSE ${WORK}/${case})
-  execute_process(COMMAND ${FLASHBOX} convert --model ${SHARED}/fixtures/${case}/checkpoint --out ${store_a} --replicas ${store_b}
+  execute_process(COMMAND ${FLASHBOX} convert --model ${SHARED}/fixtures/${case}/checkpoint --out ${store_a} --replicas ${store_b} --engram
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "convert ${case}: exit ${rc}\n${out}\n${err}")
   endif()
-  set(modes direct shards store noprefetch unlink truncate eio slow engram engram_unlink)
+  set(modes direct shards store noprefetch unlink truncate eio slow engram engram_unlink engram_store engram_store_unlink)
   set(outs "")
   foreach(mode ${modes})
     set(args check-fixture ${SHARED}/fixtures/${case})
@@ -37,6 +40,15 @@ foreach(case tiny-s0 tiny-s1-long)
       file(COPY ${SHARED}/fixtures/${case}/checkpoint DESTINATION ${WORK}/${case}/engram_b)
       set(args check-fixture ${WORK}/${case}/copy/${case} --engram-cache-bytes 0 --engram-replica ${WORK}/${case}/engram_b/checkpoint
                --engram-fault 0@3:unlink)
+    elseif(mode STREQUAL "engram_store")
+      list(APPEND args --engram-cache-bytes 2000 --engram-store ${store_a} ${store_b})
+    elseif(mode STREQUAL "engram_store_unlink")
+      set(ea ${WORK}/${case}/engram_store_a)
+      set(eb ${WORK}/${case}/engram_store_b)
+      file(MAKE_DIRECTORY ${ea} ${eb})
+      file(COPY ${store_a}/engram.fbe DESTINATION ${ea})
+      file(COPY ${store_a}/engram.fbe DESTINATION ${eb})
+      list(APPEND args --engram-cache-bytes 0 --engram-store ${ea} ${eb} --engram-fault 0@3:unlink)
     elseif(mode STREQUAL "shards")
       list(APPEND args --expert-slots 1)
     elseif(mode STREQUAL "store")
@@ -65,10 +77,10 @@ foreach(case tiny-s0 tiny-s1-long)
       if(NOT cache MATCHES "[1-9][0-9]* read from the drives")
         message(FATAL_ERROR "no Engram rows read from the drives for ${case} (${mode}):\n${err}")
       endif()
-      if(mode STREQUAL "engram" AND NOT cache MATCHES "[1-9][0-9]* evicted")
+      if(mode MATCHES "^engram(_store)?$" AND NOT cache MATCHES "[1-9][0-9]* evicted")
         message(FATAL_ERROR "the 2,000-byte Engram row cache evicted nothing for ${case}:\n${err}")
       endif()
-      if(mode STREQUAL "engram_unlink" AND NOT err MATCHES "engram drive 0 [^\n]*failed")
+      if(mode MATCHES "unlink$" AND NOT err MATCHES "engram drive 0 [^\n]*failed")
         message(FATAL_ERROR "the copy's own shard file did not fail for ${case}:\n${err}")
       endif()
       message(STATUS "${case} (${mode}): ${cache}")

@@ -5,7 +5,8 @@
 #      on the host (EngramOnHostAndExpertSlotsBitForBit): bit for bit against the CPU.
 #   2. check-fixture --backend cuda --numerics exact on the tiny fixtures: resident, then Engram rows
 #      from the drives (2,000-byte cache), then from a replica after the checkpoint's own shard is
-#      unlinked mid-run (a copy of the fixture): stdout must equal the resident run's.
+#      unlinked mid-run (a copy of the fixture), then from Engram stores (convert --engram, two
+#      replicas): stdout must equal the resident run's.
 #   3. bench --synthetic (16 experts, 4K context) with the synthetic Engram tables on the disk
 #      (DIR/engram_tables.bin, two replica dirs, read with O_DIRECT): no row cache and a 64 MiB one,
 #      each with an interleaved A/B of engram_prefetch_tasks=0,4 (rows staged ahead or by their
@@ -63,6 +64,12 @@ for c in tiny-s1-long tiny-s0; do
   rc=$?
   same=$(cmp -s "$W/${c}_resident.out" "$W/${c}_unlink.out" && echo IDENTICAL || echo DIFFERENT)
   row "$c Engram, own shard unlinked" "rc=$rc $same; $(grep -c 'engram drive 0 .*failed' "$LOG/ed_${c}_unlink.err") drive-0 failure line(s)"
+  timeout 120 "$FB" convert --model "$FIX/$c/checkpoint" --out "$W/es_$c/a" --replicas "$W/es_$c/b" --engram >"$LOG/ed_${c}_convert.log" 2>&1
+  timeout 120 "$FB" check-fixture "$FIX/$c" --backend cuda --numerics exact --engram-cache-bytes 2000 --engram-store "$W/es_$c/a" "$W/es_$c/b" \
+    >"$W/${c}_store.out" 2>"$LOG/ed_${c}_store.err"
+  rc=$?
+  same=$(cmp -s "$W/${c}_resident.out" "$W/${c}_store.out" && echo IDENTICAL || echo DIFFERENT)
+  row "$c Engram store (one read a row)" "rc=$rc $same; $(grep -oE '[0-9]+ read from the drives \([0-9]+ B in [0-9]+ submissions, waited [0-9.]+ ms\)' "$LOG/ed_${c}_store.err" | head -1)"
 done
 
 B="--synthetic --experts 16 --contexts 4096 --verify-rows 1 --steps 5 --reps 3"

@@ -1,4 +1,4 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--engram-cache-bytes N [--engram-replica DIR...] [--engram-fault D@N:KIND]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--engram-cache-bytes N [--engram-replica DIR... | --engram-store DIR...] [--engram-fault D@N:KIND]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
 #include <cstdio>
 #include <memory>
@@ -36,6 +36,7 @@ struct Args {
   std::string dump;
   int64_t engram_cache_bytes = -1;  // >= 0: Engram rows from the shards through a row cache (engine::ExecutorOptions)
   std::vector<std::string> engram_replicas;
+  std::vector<std::string> engram_store;   // --engram-store (flashbox convert --engram)
   std::vector<std::string> engram_faults;  // --engram-fault (storage::parse_reader_fault), drive 0 = the checkpoint's own folder
 };
 
@@ -69,8 +70,8 @@ int run(const Args& a) {
     storage::EngramCacheOptions eo;
     eo.capacity_bytes = uint64_t(a.engram_cache_bytes);
     eo.faults = engram_faults;
-    auto c = storage::engram_cache_for(snap, a.engram_replicas, eo);
-    if (!c.ok()) return c.status().with_context("--engram-cache-bytes");
+    auto c = a.engram_store.empty() ? storage::engram_cache_for(snap, a.engram_replicas, eo) : storage::engram_store_for(snap, a.engram_store, eo);
+    if (!c.ok()) return c.status().with_context(a.engram_store.empty() ? "--engram-cache-bytes" : "--engram-store");
     engram.push_back(c.value());
     return c;
   };
@@ -213,8 +214,11 @@ Runner add_check_fixture(CLI::App& app) {
                 "read the Engram rows from the snapshot's shards through a host row cache of this many bytes (0: no cache; -1, the "
                 "default: through the memory mapping)");
   g->add_option("--engram-replica", a->engram_replicas, "with --engram-cache-bytes: a copy of the checkpoint's shard files elsewhere (repeatable)");
+  g->add_option("--engram-store", a->engram_store,
+                "with --engram-cache-bytes: read the rows from these Engram stores (flashbox convert --engram) instead of the shards");
   g->add_option("--engram-fault", a->engram_faults,
-                "with --engram-cache-bytes: make drive D (0: the checkpoint's folder, then each --engram-replica) fail after N reads, "
+                "with --engram-cache-bytes: make drive D (0: the checkpoint's folder, then each --engram-replica; or the --engram-store "
+                "folders in order) fail after N reads, "
                 "as --fault-replica (unlink and truncate change the real file); the output must not change");
   app.add_flag("-v,--verbose", a->verbose, "per-row and per-layer errors");
   g = app.add_option_group("CUDA", "the CUDA executor: its numerics class, run options and the CPU in lockstep");

@@ -1,5 +1,7 @@
-// flashbox convert --model DIR --out DIR [--replicas DIR...]: writes the expert-major store
-// (storage/expert_store.h) and its replicas, each atomically, and validates every copy.
+// flashbox convert --model DIR --out DIR [--replicas DIR...] [--engram]: writes the expert-major
+// store (storage/expert_store.h) and its replicas, each atomically, and validates every copy;
+// with --engram also the Engram store (storage/engram_rows.h: rows of codes + scales together,
+// one 4 KiB read a row) into the same folders.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,6 +9,7 @@
 #include "base/progress.h"
 #include "cmd/commands.h"
 #include "loader/snapshot.h"
+#include "storage/engram_rows.h"
 #include "storage/expert_store.h"
 
 namespace fb::cmd {
@@ -16,6 +19,7 @@ namespace {
 struct ConvertArgs {
   std::string model, out;
   std::vector<std::string> replicas;
+  bool engram = false;
 };
 
 int run_convert(const ConvertArgs& a) {
@@ -48,6 +52,26 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "convert: %s\n", st.to_string().c_str());
     return 1;
   }
+  if (a.engram) {
+    std::vector<std::string> dirs{a.out};
+    dirs.insert(dirs.end(), a.replicas.begin(), a.replicas.end());
+    std::unique_ptr<Progress> ep;
+    std::string at;
+    Status es = storage::write_engram_store(**snap, dirs, [&](const std::string& d, uint64_t done, uint64_t total) {
+      if (d != at) {
+        if (ep) ep->finish();
+        ep = std::make_unique<Progress>("engram store " + d, int64_t(total), ProgressUnit::kBytes);
+        at = d;
+      }
+      ep->update(int64_t(done));
+    });
+    if (ep && es.ok()) ep->finish();
+    if (!es.ok()) {
+      std::fprintf(stderr, "convert: --engram: %s\n", es.to_string().c_str());
+      return 1;
+    }
+    std::printf("convert: wrote the Engram store %s in %zu folder(s); every copy checked\n", storage::kEngramStoreFile, dirs.size());
+  }
   auto store = storage::ExpertStore::open(a.out);
   std::printf("convert: wrote %s/%s (%d layers, %llu B per expert) and %zu replica(s); every copy validated\n", a.out.c_str(),
               storage::kStoreFile, (*store)->n_layers(), (unsigned long long)(*store)->layout().stride_bytes, a.replicas.size());
@@ -61,6 +85,9 @@ Runner add_convert(CLI::App& app) {
   app.add_option("--model", a->model, "snapshot folder (config.json, index, shards)")->required();
   app.add_option("--out", a->out, "folder for experts.fbx")->required();
   app.add_option("--replicas", a->replicas, "more folders (other drives) that get a byte-identical copy");
+  app.add_flag("--engram", a->engram,
+               "also write the Engram store (engram.fbe: every Engram row's codes and scales together, one 4 KiB read a row) into "
+               "--out and each replica, for --engram-store");
   return [a] { return run_convert(*a); };
 }
 

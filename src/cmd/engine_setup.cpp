@@ -42,6 +42,9 @@ void EngineSetup::add_flags(CLI::App& app) {
   app.add_option("--engram-replica", tiers.engram_replicas,
                  "with --engram-cache-bytes: a copy of the snapshot's shard files on another drive (repeatable; reads spread over them, "
                  "a failing one is left out)");
+  app.add_option("--engram-store", tiers.engram_store,
+                 "read the Engram rows from these Engram stores (flashbox convert --engram; replicas on other drives; one 4 KiB read a "
+                 "row) through the row cache of --engram-cache-bytes (default min(1 GiB, 5% of the memory))");
   app.add_option("--numerics", tiers.numerics,
                  "CUDA numerics class: fast (default: tensor cores, fused kernels, tolerance-gated) or exact (bit-identical to the CPU reference)")
       ->check(CLI::IsMember({"fast", "exact"}));

@@ -117,6 +117,12 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
 #else
   const bool have_cuda = false;
 #endif
+  if (!opt.engram_store.empty() && !opt.engram_replicas.empty())
+    return FB_ERROR(kInvalidArgument) << "--engram-store and --engram-replica: the rows come from one or the other";
+  if (!opt.engram_store.empty() && opt.engram_cache_bytes < 0) {  // the stores imply the drive path
+    const uint64_t avail = loader::available_memory_bytes();
+    opt.engram_cache_bytes = int64_t(std::min<uint64_t>(uint64_t(1) << 30, avail / 20));
+  }
   if (opt.engram_cache_bytes == ExecutorOptions::kAutoEngramCache) {
     auto snap = FB_TRY(loader::Snapshot::open(model_dir));
     const model::Config& c = snap->config();
@@ -124,10 +130,11 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     for (int64_t n : c.engram_num_embeddings) table_bytes += uint64_t(n) * uint64_t(c.engram_head_dim + c.engram_head_dim / 32);
     const uint64_t avail = loader::available_memory_bytes();
     opt.engram_cache_bytes = avail > 0 ? auto_engram_cache_bytes(table_bytes, avail) : -1;
-    if (opt.engram_cache_bytes >= 0)
+    if (opt.engram_cache_bytes >= 0) {
       FB_LOG(kInfo) << "engram: " << table_bytes / memory::kGiB << " GiB of tables against " << avail / memory::kGiB
                     << " GiB of available memory: rows read from the drives through a " << opt.engram_cache_bytes / (1 << 20)
                     << " MiB row cache (--engram-cache-bytes overrides; -1 reads them through the mapping)";
+    }
   }
   if (opt.engram_cache_bytes < -1) return FB_ERROR(kInvalidArgument) << "--engram-cache-bytes takes -1 (off), 0 or a size";
   if (opt.engram_cache_bytes < 0 && !opt.engram_replicas.empty())
@@ -138,8 +145,9 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     auto snap = FB_TRY(loader::Snapshot::open(model_dir));
     storage::EngramCacheOptions eo;
     eo.capacity_bytes = uint64_t(opt.engram_cache_bytes);
-    auto c = storage::engram_cache_for(*snap, opt.engram_replicas, eo);
-    if (!c.ok()) return c.status().with_context("--engram-cache-bytes");
+    auto c = opt.engram_store.empty() ? storage::engram_cache_for(*snap, opt.engram_replicas, eo)
+                                      : storage::engram_store_for(*snap, opt.engram_store, eo);
+    if (!c.ok()) return c.status().with_context(opt.engram_store.empty() ? "--engram-cache-bytes" : "--engram-store");
     engram = std::move(c.value());
   }
   if (backend == "cpu") {

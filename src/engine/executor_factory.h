@@ -36,6 +36,9 @@ struct ExecutorOptions {
   int64_t engram_cache_bytes = -1;
   static constexpr int64_t kAutoEngramCache = -2;
   std::vector<std::string> engram_replicas;
+  // Engram stores (`flashbox convert --engram`, replicas) to read the rows from instead of the
+  // shards: one read a row; the row cache as engram_cache_bytes (a negative value: min(1 GiB, 5%)).
+  std::vector<std::string> engram_store;
   // CUDA numerics class (CLARIFICATIONS "Numerics classes"): "fast" (default; tensor cores, fixed
   // reordered sums, tolerance-gated) or "exact" (bit-identical to the CPU reference). The CPU
   // executor is the reference and accepts both names.

@@ -245,7 +245,7 @@ TEST(MetricsText, FormatAndCounters) {
   // Without expert tiers, op times or a KV ledger those families are absent, not zero.
   for (const char* f : {"flashbox_expert_lookups_total", "flashbox_expert_bytes_total", "flashbox_expert_slot_hits_total",
                         "flashbox_op_seconds_total", "flashbox_op_steps_total", "flashbox_ledger_bytes", "flashbox_engram_rows_total",
-                        "flashbox_engram_bytes_total", "flashbox_engram_exposed_seconds_total"})
+                        "flashbox_engram_bytes_total", "flashbox_engram_exposed_seconds_total", "flashbox_engram_drive_read_bytes_total"})
     EXPECT_FALSE(e.has_family(f)) << f;
 }
 
@@ -263,6 +263,8 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   }
   s.executor.has_engram = true;
   s.executor.engram = {4800, 4800 * 264, 4000, 600, 0.125};
+  s.executor.memory.drive.has_engram = true;  // Engram tables on the drives
+  s.executor.memory.drive.engram_bytes_read = 158400;
   s.has_expert_tiers = true;
   s.expert_tiers.slot_hits = 900;
   s.expert_tiers.slot_misses = 100;
@@ -316,6 +318,7 @@ TEST(MetricsText, ExpertTrafficOpTimesAndLedger) {
   EXPECT_EQ(e.value("flashbox_engram_rows_total", {{"fetch", "in_place"}}), "200");
   EXPECT_EQ(e.value("flashbox_engram_bytes_total"), "1267200");
   EXPECT_EQ(e.value("flashbox_engram_exposed_seconds_total"), "0.125");
+  EXPECT_EQ(e.value("flashbox_engram_drive_read_bytes_total"), "158400");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "target"}}), "1073741824");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "mandatory"}}), "1048576");
   EXPECT_EQ(e.value("flashbox_ledger_bytes", {{"tier", "HBM"}, {"kind", "elastic"}}), "0");

@@ -251,6 +251,9 @@ std::string metrics_text(const engine::EngineStats& s, const StatsSource& src) {
     w.sample("flashbox_engram_rows_total", {{"fetch", "in_place"}}, eg.in_place());
     w.one("flashbox_engram_bytes_total", "counter", "bytes of the Engram rows read (codes and scales)", eg.bytes);
     w.one("flashbox_engram_exposed_seconds_total", "counter", "time steps waited for exposed Engram rows", eg.exposed_s);
+    if (ex.memory.drive.has_engram)
+      w.one("flashbox_engram_drive_read_bytes_total", "counter",
+            "bytes of Engram rows read from the drives (the row cache's misses; --engram-cache-bytes)", ex.memory.drive.engram_bytes_read);
   }
   if (ex.has_op_times) {
     w.one("flashbox_op_steps_total", "counter", "forward steps whose ops were timed", ex.ops.steps);

@@ -1,16 +1,21 @@
 #include "storage/engram_rows.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
 
 #include "base/check.h"
+#include "base/crc32c.h"
 #include "base/log.h"
 #include "loader/snapshot.h"
 #include "model/engram_constants.h"
 #include "model/schema.h"
+#include "storage/expert_store.h"
 
 namespace fb::storage {
 
@@ -187,13 +192,22 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
     }
   }
   if (miss.empty()) return Status();
-  // The misses straight into the caller's rows (the reader bounces them through aligned buffers).
+  // The misses straight into the caller's rows (the reader bounces them through aligned buffers);
+  // from a store, each row whole into `joined`, then split.
   std::vector<ReadRange> ranges;
+  std::vector<uint8_t> joined;
   ranges.reserve(miss.size() * 2);
-  for (int i : miss) {
+  if (tab.rows_per_page > 0) joined.resize(miss.size() * rb);
+  for (size_t j = 0; j < miss.size(); ++j) {
+    const int i = miss[j];
     const uint64_t row = uint64_t(ids[i]);
-    ranges.push_back({tab.codes_path, tab.codes_offset + row * hd, hd, codes + size_t(i) * hd});
-    ranges.push_back({tab.scales_path, tab.scales_offset + row * sb, sb, scales + size_t(i) * sb});
+    if (tab.rows_per_page > 0) {
+      const uint64_t rpp = uint64_t(tab.rows_per_page);
+      ranges.push_back({tab.codes_path, tab.codes_offset + row / rpp * 4096 + row % rpp * rb, rb, &joined[j * rb]});
+    } else {
+      ranges.push_back({tab.codes_path, tab.codes_offset + row * hd, hd, codes + size_t(i) * hd});
+      ranges.push_back({tab.scales_path, tab.scales_offset + row * sb, sb, scales + size_t(i) * sb});
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
   Status st;
@@ -208,6 +222,10 @@ Status EngramRowCache::read_rows(int layer, const int64_t* ids, int n, uint8_t* 
   stats_.read_calls += 1;
   stats_.read_wait_ns += waited;
   if (!st.ok()) return st;
+  for (size_t j = 0; j < miss.size() && !joined.empty(); ++j) {
+    std::memcpy(codes + size_t(miss[j]) * hd, &joined[j * rb], hd);
+    std::memcpy(scales + size_t(miss[j]) * sb, &joined[j * rb + hd], sb);
+  }
   stats_.drive_rows += miss.size();
   stats_.drive_bytes += miss.size() * rb;
   if (clock_->capacity() == 0) return Status();
@@ -305,6 +323,181 @@ std::vector<EngramSimResult> simulate_engram_cache(const model::Config& c, const
   }
   for (size_t k = 0; k < clocks.size(); ++k) out[k].held_rows = clocks[k].size();
   return out;
+}
+
+namespace {
+
+constexpr char kEngramMagic[8] = {'F', 'B', 'E', 'N', 'G', 'R', 'M', '1'};
+constexpr uint32_t kEngramVersion = 1;
+constexpr uint64_t kPage = 4096;
+
+// The Engram layers of `snap` with their mapped tables.
+struct SnapTable {
+  int layer = 0;
+  int64_t rows = 0;
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+};
+Result<std::vector<SnapTable>> snapshot_tables(const loader::Snapshot& snap) {
+  const model::Config& c = snap.config();
+  std::vector<SnapTable> out;
+  for (int l = 0; l < c.n_total_layers(); ++l) {
+    if (c.roles[size_t(l)].engram_table < 0) continue;
+    const std::string p = model::layer_prefix(c, l);
+    auto codes = snap.find(p + "engram.embed.weight");
+    auto scales = snap.find(p + "engram.embed.scale");
+    if (!codes.ok()) return codes.status();
+    if (!scales.ok()) return scales.status();
+    out.push_back({l, codes->dim(0), static_cast<const uint8_t*>(codes->data), static_cast<const uint8_t*>(scales->data)});
+  }
+  if (out.empty()) return FB_ERROR(kUnsupported) << "the model has no Engram layers";
+  return out;
+}
+
+// Header: magic, version, head_dim, rows_per_page, n_tables, identity, then per table (layer,
+// rows, offset), then the CRC32C of everything before it; one page.
+std::vector<uint8_t> engram_header(uint64_t identity, int head_dim, int rows_per_page, const std::vector<EngramTableFile>& t) {
+  std::vector<uint8_t> h(kPage, 0);
+  size_t at = 0;
+  auto put = [&](const void* p, size_t n) {
+    std::memcpy(&h[at], p, n);
+    at += n;
+  };
+  const uint32_t hd = uint32_t(head_dim), rpp = uint32_t(rows_per_page), n = uint32_t(t.size());
+  put(kEngramMagic, 8);
+  put(&kEngramVersion, 4);
+  put(&hd, 4);
+  put(&rpp, 4);
+  put(&n, 4);
+  put(&identity, 8);
+  for (const EngramTableFile& x : t) {
+    const int32_t layer = x.layer;
+    const int64_t rows = x.rows;
+    put(&layer, 4);
+    put(&rows, 8);
+    put(&x.codes_offset, 8);
+  }
+  const uint32_t crc = crc32c(h.data(), at);
+  put(&crc, 4);
+  return h;
+}
+
+// The tables' places in a store of `tables` (offsets from the first page after the header).
+std::vector<EngramTableFile> engram_layout(const std::vector<SnapTable>& tables, int rows_per_page) {
+  std::vector<EngramTableFile> out;
+  uint64_t off = kPage;
+  for (const SnapTable& t : tables) {
+    EngramTableFile f;
+    f.layer = t.layer;
+    f.rows = t.rows;
+    f.rows_per_page = rows_per_page;
+    f.codes_path = f.scales_path = kEngramStoreFile;
+    f.codes_offset = f.scales_offset = off;
+    off += (uint64_t(t.rows) + uint64_t(rows_per_page) - 1) / uint64_t(rows_per_page) * kPage;
+    out.push_back(f);
+  }
+  return out;
+}
+
+uint64_t store_bytes(const std::vector<EngramTableFile>& t) {
+  const EngramTableFile& last = t.back();
+  return last.codes_offset + (uint64_t(last.rows) + uint64_t(last.rows_per_page) - 1) / uint64_t(last.rows_per_page) * kPage;
+}
+
+Status write_store_file(const std::string& dir, const std::vector<SnapTable>& tables, const std::vector<EngramTableFile>& layout,
+                        const std::vector<uint8_t>& header, int head_dim,
+                        const std::function<void(const std::string&, uint64_t, uint64_t)>& progress) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string tmp = dir + "/" + kEngramStoreFile + ".tmp", dst = dir + "/" + kEngramStoreFile;
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return FB_ERROR(kIo) << "cannot write " << tmp;
+  const size_t hd = size_t(head_dim), sb = hd / 32, rb = hd + sb;
+  const uint64_t total = store_bytes(layout);
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  std::vector<uint8_t> page(kPage);
+  uint64_t done = kPage;
+  for (size_t k = 0; k < tables.size() && ok; ++k) {
+    const SnapTable& t = tables[k];
+    const int64_t rpp = layout[k].rows_per_page;
+    for (int64_t r0 = 0; r0 < t.rows && ok; r0 += rpp) {
+      std::fill(page.begin(), page.end(), uint8_t(0));
+      for (int64_t r = r0; r < std::min(t.rows, r0 + rpp); ++r) {
+        std::memcpy(&page[size_t(r - r0) * rb], t.codes + size_t(r) * hd, hd);
+        std::memcpy(&page[size_t(r - r0) * rb + hd], t.scales + size_t(r) * sb, sb);
+      }
+      ok = std::fwrite(page.data(), 1, page.size(), f) == page.size();
+      done += kPage;
+      if (progress && (done % (uint64_t(64) << 20) == 0 || done == total)) progress(dir, done, total);
+    }
+  }
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(fileno(f)) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return FB_ERROR(kIo) << "writing " << tmp;
+  }
+  if (std::rename(tmp.c_str(), dst.c_str()) != 0) return FB_ERROR(kIo) << "rename " << tmp;
+  return Status();
+}
+
+// Checks DIR/engram.fbe against what `snap` would write: header bytes and the file's size.
+Status check_store(const std::string& dir, const std::vector<uint8_t>& want_header, uint64_t want_bytes) {
+  const std::string path = dir + "/" + kEngramStoreFile;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return FB_ERROR(kNotFound) << path << ": no Engram store (flashbox convert --engram)";
+  std::vector<uint8_t> h(kPage);
+  const bool read = std::fread(h.data(), 1, h.size(), f) == h.size();
+  std::fclose(f);
+  if (!read || std::memcmp(h.data(), kEngramMagic, 8) != 0) return FB_ERROR(kCorrupt) << path << ": not an Engram store";
+  if (h != want_header) return FB_ERROR(kCorrupt) << path << ": written for another model or version (or its header is damaged)";
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || size != want_bytes) return FB_ERROR(kCorrupt) << path << ": " << size << " B, want " << want_bytes << " (truncated?)";
+  return Status();
+}
+
+}  // namespace
+
+Status write_engram_store(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                          const std::function<void(const std::string& dir, uint64_t done, uint64_t total)>& progress) {
+  if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no folder for the Engram store";
+  const model::Config& c = snap.config();
+  const std::vector<SnapTable> tables = FB_TRY(snapshot_tables(snap));
+  const int rb = c.engram_head_dim + c.engram_head_dim / 32, rpp = int(kPage) / rb;
+  if (c.engram_head_dim <= 0 || rpp < 1) return FB_ERROR(kUnsupported) << "Engram rows of " << rb << " B do not fit a 4 KiB page";
+  const uint64_t identity = FB_TRY(model_identity(snap.dir()));
+  const std::vector<EngramTableFile> layout = engram_layout(tables, rpp);
+  const std::vector<uint8_t> header = engram_header(identity, c.engram_head_dim, rpp, layout);
+  for (const std::string& d : dirs) {
+    FB_RETURN_IF_ERROR(write_store_file(d, tables, layout, header, c.engram_head_dim, progress));
+    FB_RETURN_IF_ERROR(check_store(d, header, store_bytes(layout)));
+  }
+  return Status();
+}
+
+Result<std::shared_ptr<EngramRowCache>> engram_store_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
+                                                         EngramCacheOptions opt) {
+  const model::Config& c = snap.config();
+  const std::vector<SnapTable> tables = FB_TRY(snapshot_tables(snap));
+  const int rpp = int(kPage) / (c.engram_head_dim + c.engram_head_dim / 32);
+  const uint64_t identity = FB_TRY(model_identity(snap.dir()));
+  const std::vector<EngramTableFile> layout = engram_layout(tables, rpp);
+  const std::vector<uint8_t> header = engram_header(identity, c.engram_head_dim, rpp, layout);
+  std::vector<std::string> good;
+  std::string why;
+  for (const std::string& d : store_dirs) {
+    const Status st = check_store(d, header, store_bytes(layout));
+    if (st.ok()) {
+      good.push_back(d);
+      continue;
+    }
+    FB_LOG(kWarn) << "storage: Engram store " << d << " left out: " << st.message();
+    why += "\n  " + st.message();
+  }
+  if (good.empty()) return FB_ERROR(kIo) << "no usable Engram store of " << store_dirs.size() << ":" << why;
+  return EngramRowCache::create(layout, c.engram_head_dim, std::move(good), std::move(opt));
 }
 
 Result<std::shared_ptr<EngramRowCache>> engram_cache_for(const loader::Snapshot& snap, const std::vector<std::string>& replica_dirs,

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,6 +111,10 @@ class RowClock {
 // One Engram layer's table in the snapshot's files: paths relative to every drive root.
 struct EngramTableFile {
   int layer = -1;
+  // 0: codes and scales in separate places (the snapshot's two tensors: two reads a row); N > 0:
+  // an Engram store (write_engram_store): rows of codes + scales together, N to a 4 KiB page from
+  // codes_offset (one read a row); scales_path / scales_offset unused.
+  int rows_per_page = 0;
   std::string codes_path;
   uint64_t codes_offset = 0;  // absolute file offset of row 0's codes
   std::string scales_path;
@@ -194,6 +199,21 @@ struct EngramSimResult {
 };
 std::vector<EngramSimResult> simulate_engram_cache(const model::Config& c, const std::vector<std::vector<int32_t>>& class_docs,
                                                    int64_t pad_class, const std::vector<uint64_t>& budgets, uint64_t warm_tokens);
+
+// The Engram store (`flashbox convert --engram`): DIR/engram.fbe holds every Engram table of the
+// snapshot with each row's codes and scales together, floor(4096 / row bytes) rows to a 4 KiB
+// page (15 of 264 B in the release: 3.3% padding), so a row is one aligned 4 KiB read instead of
+// two, and the 189 GiB of tables can be copied to several drives without the rest of the
+// snapshot. A 4 KiB header (magic, version, the model's identity, head_dim, the tables' layers,
+// rows and offsets, a CRC32C) precedes the pages. Written to a temporary name, synced, renamed;
+// the same in every replica dir.
+inline constexpr const char* kEngramStoreFile = "engram.fbe";
+Status write_engram_store(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                          const std::function<void(const std::string& dir, uint64_t done, uint64_t total)>& progress = {});
+// The tables of `snap` from the Engram stores in `store_dirs` (replicas: one that is missing, of
+// another model or damaged is left out with a warning; none left is an error).
+Result<std::shared_ptr<EngramRowCache>> engram_store_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
+                                                         EngramCacheOptions opt);
 
 // The Engram tables of `snap` (every layer with an Engram role) read from its shards under
 // snap.dir() and each of `replica_dirs` (copies of the snapshot's shard files on other drives;
