@@ -8,7 +8,7 @@
 #      unlinked mid-run (a copy of the fixture), then from Engram stores (convert --engram, two
 #      replicas): stdout must equal the resident run's.
 #   3. bench --synthetic (16 experts, 4K context) with the synthetic Engram tables on the disk
-#      (DIR/engram_tables.bin, two replica dirs, read with O_DIRECT): no row cache and a 64 MiB one,
+#      (an Engram store, DIR/engram.fbe, in two replica dirs, read with O_DIRECT): no row cache and a 64 MiB one,
 #      each with an interleaved A/B of engram_prefetch_tasks=0,4 (rows staged ahead or by their
 #      layer), beside the tables in host memory (--engram-place host): ms/token, rows read from the
 #      drives per step row, exposed wait.

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include "bench/decode_bench.h"
 #include "loader/bind.h"
-#include "model/schema.h"
 #include "storage/record_file.h"
 #include "storage/route_sim.h"
 
@@ -55,50 +53,14 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
 Result<std::shared_ptr<storage::EngramRowCache>> make_engram_drive_cache(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
                                                                          uint64_t cache_bytes) {
   if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "--engram-drives needs at least one directory";
-  const model::Config& c = snap.config();
-  constexpr const char* kFile = "engram_tables.bin";
-  std::vector<storage::EngramTableFile> tables;
-  std::vector<const TensorView*> parts;  // codes, scales of each table, in file order
-  uint64_t off = 0;
-  for (int l = 0; l < c.n_total_layers(); ++l) {
-    if (c.roles[size_t(l)].engram_table < 0) continue;
-    const std::string p = model::layer_prefix(c, l);
-    const TensorView& codes = snap.get(p + "engram.embed.weight");
-    const TensorView& scales = snap.get(p + "engram.embed.scale");
-    storage::EngramTableFile t;
-    t.layer = l;
-    t.codes_path = t.scales_path = kFile;
-    t.rows = codes.dim(0);
-    t.codes_offset = off;
-    off += uint64_t(codes.nbytes());
-    t.scales_offset = off;
-    off += uint64_t(scales.nbytes());
-    tables.push_back(t);
-    parts.push_back(&codes);
-    parts.push_back(&scales);
-  }
-  if (tables.empty()) return FB_ERROR(kInvalidArgument) << "the model has no Engram layers";
-  for (const std::string& d : dirs) {
-    const std::string path = d + "/" + kFile;
-    std::error_code ec;
-    if (std::filesystem::exists(path, ec) && std::filesystem::file_size(path, ec) == off) {
-      std::fprintf(stderr, "bench: %s holds the Engram tables already (%.2f GB)\n", path.c_str(), double(off) / 1e9);
-      continue;
-    }
-    const double t0 = now_ms();
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f) return FB_ERROR(kIo) << "cannot write " << path;
-    for (const TensorView* v : parts)
-      if (std::fwrite(v->data, 1, size_t(v->nbytes()), f) != size_t(v->nbytes())) {
-        std::fclose(f);
-        return FB_ERROR(kIo) << "writing " << path;
-      }
-    if (std::fclose(f) != 0) return FB_ERROR(kIo) << "writing " << path;
-    std::fprintf(stderr, "bench: wrote the Engram tables (%.2f GB) to %s in %.1f s\n", double(off) / 1e9, path.c_str(), (now_ms() - t0) / 1e3);
-  }
+  const double t0 = now_ms();
   storage::EngramCacheOptions eo;
   eo.capacity_bytes = cache_bytes;
-  return storage::EngramRowCache::create(std::move(tables), c.engram_head_dim, dirs, eo);
+  auto c = storage::engram_store_from_memory(snap, dirs, eo);
+  if (c.ok())
+    std::fprintf(stderr, "bench: the synthetic Engram tables as an Engram store in %zu dir(s) (%s), ready in %.1f s\n", dirs.size(),
+                 storage::kEngramStoreFile, (now_ms() - t0) / 1e3);
+  return c;
 }
 
 Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model::SessionState& s, SwitchExperts& src,

@@ -99,9 +99,9 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
 
 // Engram rows from the drives under the CUDA executor (issue 22; `bench --synthetic
 // --engram-drives DIR,DIR [--engram-cache-bytes N]`): the synthetic snapshot's Engram tables
-// written to DIR/engram_tables.bin in each dir (every layer's codes, then its scales; a file of
-// the right size is kept), then read back row by row through storage::EngramRowCache (O_DIRECT,
-// a host row cache of `cache_bytes`, the dirs as replicas).
+// written as an Engram store (DIR/engram.fbe in each dir, one 4 KiB read a row; a file that holds
+// them already is kept), then read back row by row through storage::EngramRowCache (O_DIRECT, a
+// host row cache of `cache_bytes`, the dirs as replicas).
 Result<std::shared_ptr<storage::EngramRowCache>> make_engram_drive_cache(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
                                                                          uint64_t cache_bytes);
 

@@ -575,7 +575,7 @@ Runner add_bench(CLI::App& app) {
   g->add_option("--draft-experts", a->draft_experts, "routed experts per DSpark stage of the synthetic model");
   g->add_option("--engram-vocab", a->engram_vocab, "engram_vocab_size of the synthetic model (table size)");
   g->add_option("--engram-drives", a->engram_drives,
-                "write the synthetic Engram tables to DIR/engram_tables.bin in each dir and read their rows from there with O_DIRECT "
+                "write the synthetic Engram tables as an Engram store (DIR/engram.fbe) in each dir and read their rows from there with O_DIRECT "
                 "(replicas; the tables stay on the host side)")
       ->delimiter(',');
   g->add_option("--engram-cache-bytes", a->engram_cache_bytes, "with --engram-drives: the host row cache (0: every row from the drives)");

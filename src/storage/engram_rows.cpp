@@ -500,6 +500,19 @@ Result<std::shared_ptr<EngramRowCache>> engram_store_for(const loader::Snapshot&
   return EngramRowCache::create(layout, c.engram_head_dim, std::move(good), std::move(opt));
 }
 
+Result<std::shared_ptr<EngramRowCache>> engram_store_from_memory(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                                                                 EngramCacheOptions opt) {
+  if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "no folder for the Engram store";
+  const model::Config& c = snap.config();
+  const std::vector<SnapTable> tables = FB_TRY(snapshot_tables(snap));
+  const int rpp = int(kPage) / (c.engram_head_dim + c.engram_head_dim / 32);
+  const std::vector<EngramTableFile> layout = engram_layout(tables, rpp);
+  const std::vector<uint8_t> header = engram_header(0, c.engram_head_dim, rpp, layout);
+  for (const std::string& d : dirs)
+    if (!check_store(d, header, store_bytes(layout)).ok()) FB_RETURN_IF_ERROR(write_store_file(d, tables, layout, header, c.engram_head_dim, {}));
+  return EngramRowCache::create(layout, c.engram_head_dim, dirs, std::move(opt));
+}
+
 Result<std::shared_ptr<EngramRowCache>> engram_cache_for(const loader::Snapshot& snap, const std::vector<std::string>& replica_dirs,
                                                          EngramCacheOptions opt) {
   const model::Config& c = snap.config();

@@ -215,6 +215,12 @@ Status write_engram_store(const loader::Snapshot& snap, const std::vector<std::s
 Result<std::shared_ptr<EngramRowCache>> engram_store_for(const loader::Snapshot& snap, const std::vector<std::string>& store_dirs,
                                                          EngramCacheOptions opt);
 
+// The same store for a snapshot without files (the bench's in-memory synthetic model: no model
+// identity, written as 0): DIR/engram.fbe in each of `dirs` (kept when it already holds these
+// tables), and the row cache over them.
+Result<std::shared_ptr<EngramRowCache>> engram_store_from_memory(const loader::Snapshot& snap, const std::vector<std::string>& dirs,
+                                                                 EngramCacheOptions opt);
+
 // The Engram tables of `snap` (every layer with an Engram role) read from its shards under
 // snap.dir() and each of `replica_dirs` (copies of the snapshot's shard files on other drives;
 // one whose files are missing or differ in size is left out with a warning). kUnsupported for a

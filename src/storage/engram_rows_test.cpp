@@ -316,6 +316,23 @@ TEST(EngramRowCache, StagingFromTheSnapshotsShardsEqualsTheMappedTables) {
     }
   }
   EXPECT_NE((*store)->drive_report().find("store_b"), std::string::npos);
+  // The bench's way (no model identity): the same rows; a second call keeps the file it finds.
+  const fs::path sm = dir / "store_mem";
+  auto mem = engram_store_from_memory(**snap, {sm.string()}, so);
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  const auto written = fs::last_write_time(sm / kEngramStoreFile);
+  ASSERT_TRUE(engram_store_from_memory(**snap, {sm.string()}, so).ok());
+  EXPECT_EQ(fs::last_write_time(sm / kEngramStoreFile), written);
+  {
+    const auto& tab = drive.back();
+    std::vector<int64_t> ids{0, tab.rows - 1, tab.rows / 2};
+    std::vector<uint8_t> codes(ids.size() * size_t(hd)), scales(ids.size() * size_t(hd / 32));
+    ASSERT_TRUE((*mem)->read_rows(tab.layer, ids.data(), int(ids.size()), codes.data(), scales.data()).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&codes[i * size_t(hd)], tab.codes + ids[i] * hd, size_t(hd)), 0);
+      EXPECT_EQ(std::memcmp(&scales[i * size_t(hd / 32)], tab.scales + ids[i] * (hd / 32), size_t(hd / 32)), 0);
+    }
+  }
   fs::resize_file(sb / kEngramStoreFile, fs::file_size(sb / kEngramStoreFile) - 4096);  // truncated
   fs::remove(sa / kEngramStoreFile);
   EXPECT_FALSE(engram_store_for(**snap, {sa.string(), sb.string()}, so).ok());
