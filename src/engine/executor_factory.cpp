@@ -46,9 +46,11 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   return storage::tiered_experts_for(*snap, opt.expert_store, to);
 }
 
+int64_t engram_row_cache_bytes(uint64_t available_bytes) { return int64_t(std::min<uint64_t>(uint64_t(1) << 30, available_bytes / 20)); }
+
 int64_t auto_engram_cache_bytes(uint64_t table_bytes, uint64_t available_bytes) {
   if (table_bytes == 0 || table_bytes <= available_bytes / 2) return -1;
-  return int64_t(std::min<uint64_t>(uint64_t(1) << 30, available_bytes / 20));
+  return engram_row_cache_bytes(available_bytes);
 }
 
 namespace {
@@ -119,10 +121,8 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
 #endif
   if (!opt.engram_store.empty() && !opt.engram_replicas.empty())
     return FB_ERROR(kInvalidArgument) << "--engram-store and --engram-replica: the rows come from one or the other";
-  if (!opt.engram_store.empty() && opt.engram_cache_bytes < 0) {  // the stores imply the drive path
-    const uint64_t avail = loader::available_memory_bytes();
-    opt.engram_cache_bytes = int64_t(std::min<uint64_t>(uint64_t(1) << 30, avail / 20));
-  }
+  if (!opt.engram_store.empty() && opt.engram_cache_bytes < 0)  // the stores imply the drive path
+    opt.engram_cache_bytes = engram_row_cache_bytes(loader::available_memory_bytes());
   if (opt.engram_cache_bytes == ExecutorOptions::kAutoEngramCache) {
     auto snap = FB_TRY(loader::Snapshot::open(model_dir));
     const model::Config& c = snap->config();

@@ -57,6 +57,8 @@ struct ExecutorOptions {
 // 1 GiB and 66% at 4 GiB on Python source, where the same GiB in the expert cache saves more
 // (docs/tiers.md, "Engram tables on the drives").
 int64_t auto_engram_cache_bytes(uint64_t table_bytes, uint64_t available_bytes);
+// The row cache's size when the rows come from the drives and none is given: min(1 GiB, 5%).
+int64_t engram_row_cache_bytes(uint64_t available_bytes);
 
 // `tiers_out` (optional) receives the routed experts' host tiers when the executor reads through
 // them (null when every expert is resident), so the engine can report their hit counters.
