@@ -91,7 +91,12 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   if (S < k) return FB_ERROR(kInvalidArgument) << S << " slots per layer cannot hold one row's " << k << " experts";
   // The routing the sweep forces: storage::ZipfRouting (route_sim.h replays these runs on the host).
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
-  ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
+  // Through PredictedRouting: the routing a guess was made for comes back when its layer routes.
+  auto guess = std::make_shared<storage::PredictedRouting>(*draw, 0.0, opt.seed + 1);
+  ex.set_route_override([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { guess->draw(layer, ids, rows, top_k); });
+  const cuda::CudaRunOptions run0 = ex.run_options();
+  std::vector<double> arms = opt.predict_accuracy;
+  if (arms.empty()) arms.push_back(-2);
 
   std::string phase;
   int64_t done = 0, total = 0;
@@ -105,14 +110,30 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   double base_ms = 0;
   std::vector<double> shares = {0.0};
   shares.insert(shares.end(), opt.skews.begin(), opt.skews.end());
-  for (double share : shares) {
+  const auto guessed = [guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { guess->predict(layer, ids, rows, top_k); };
+  for (double share : shares)
+   for (size_t ai = 0; ai < arms.size(); ++ai) {
+    const double arm = arms[ai];
+    if (share <= 0 && ai > 0) continue;  // one all-hit baseline
     TierPoint p;
     p.top10_share = share;
+    p.predict_accuracy = arm;
+    if (arm >= -1) {
+      cuda::CudaRunOptions o = run0;
+      o.expert_predict = arm >= 0;
+      ex.set_run_options(o);
+      guess->set_accuracy(std::max(0.0, arm));
+      guess->forget();
+      ex.set_predict_override(arm >= 0 ? cuda::CudaExecutor::RouteOverride(guessed) : nullptr);
+    }
     char name[64];
     std::snprintf(name, sizeof name, share <= 0 ? "bench tiers all-hit" : "bench tiers top-10 share %.2f", share);
     phase = name;
     done = 0;
-    total = int64_t(opt.warm_steps) + opt.steps;
+    // A later arm at the same skew starts from the caches the arm before it left at this skew's
+    // steady state: a quarter of the warm-up lets its own policy settle.
+    const int warm = share <= 0 || ai == 0 ? opt.warm_steps : std::max(32, opt.warm_steps / 4);
+    total = int64_t(warm) + opt.steps;
     if (opt.progress) opt.progress(phase, 0, total, "steps");
     if (share <= 0) {
       draw->set_skew(0, 10, S);  // uniform over each layer's S hottest: every lookup hits once warm
@@ -121,7 +142,7 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
       draw->set_skew(share);
       p.static_hit = draw->static_hit(S);
     }
-    FB_RETURN_IF_ERROR(decode_steps(opt.warm_steps, nullptr));
+    FB_RETURN_IF_ERROR(decode_steps(warm, nullptr));
     if (share <= 0)  // the baseline must start with every pool expert resident: warm until a block misses none
       for (int b = 0; b < 64; ++b) {
         slots->reset_stats();
@@ -141,6 +162,8 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     p.host_per_token = double(t.host_experts) / double(opt.steps);
     p.host_ms_per_token = t.host_ms / double(opt.steps);
     p.copy_gbps = t.copy_gbps();
+    p.predicted_per_token = double(t.predicted) / double(opt.steps);
+    p.predict_used_per_token = double(t.predict_used) / double(opt.steps);
     if (share <= 0) base_ms = p.ms_token;
     const double copy_ms = (p.misses_per_token - p.host_per_token) * expert_bytes / peak * 1e3;  // the copied misses
     p.floor_ms = base_ms + copy_ms;
@@ -166,6 +189,11 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
                  share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.bypassed_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
                  p.ceiling_ms, p.plan_ms, p.ms_token / p.plan_ms);
     if (p.host_per_token > 0) std::fprintf(stderr, "; %.1f misses/token on the host (%.2f ms of host time)", p.host_per_token, p.host_ms_per_token);
+    if (p.predict_accuracy >= 0)
+      std::fprintf(stderr, "; prediction at accuracy %.2f: %.1f experts/token copied ahead, %.1f used", p.predict_accuracy, p.predicted_per_token,
+                   p.predict_used_per_token);
+    else if (p.predict_accuracy == -1)
+      std::fprintf(stderr, "; prediction off");
     if (opt.prefill_rows > 0)
       std::fprintf(stderr, "; prefill %lld rows %.2f s (hits %.1f%%, %.0f misses, %.1f GB/s)", (long long)opt.prefill_rows, p.prefill_s,
                    100 * p.prefill_hit_rate, p.prefill_misses, p.prefill_copy_gbps);
@@ -173,6 +201,8 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     out.push_back(p);
   }
   ex.set_route_override(nullptr);
+  ex.set_predict_override(nullptr);
+  if (!opt.predict_accuracy.empty()) ex.set_run_options(run0);
   return out;
 }
 

@@ -28,11 +28,18 @@ struct TierSweepOptions {
   int steps = 24;        // timed decode steps
   int64_t prefill_rows = 0;  // > 0: also one prefill chunk of this many rows per skew
   uint64_t seed = 7;
+  // Next-layer prediction arms run at every skew, one after another (CudaRunOptions::
+  // expert_predict): each value < 0 runs without prediction, each value in [0, 1] with it, the
+  // executor's guesses replaced by storage::PredictedRouting at that accuracy (the sweep's routing
+  // is drawn, so the router's own guess would be noise). Empty: one arm as the options stand.
+  std::vector<double> predict_accuracy;
   ProgressFn progress;       // decode steps of each point (optional)
 };
 
 struct TierPoint {
   double top10_share = 0;    // 0: the all-hit baseline (routes drawn from the slots' experts only)
+  double predict_accuracy = -2;  // the arm's guess accuracy; -1: prediction off; -2: no arms (options as they stand)
+  double predicted_per_token = 0, predict_used_per_token = 0;  // experts copied ahead of a predicted use, and used
   double ms_token = 0;       // median decode step
   double hit_rate = 0;       // HBM slot hits / expert lookups (decode, after the warm-up)
   double static_hit = 0;     // hit rate of the best static placement (the S hottest experts resident)

@@ -632,6 +632,11 @@ Runner add_bench(CLI::App& app) {
   g->add_option("--skews", a->skews, "tier sweep: shares of a layer's routes carried by its 10 hottest experts")->delimiter(',');
   g->add_option("--tier-prefill-rows", a->tier_prefill_rows, "tier sweep: rows of the prefill chunk timed per skew (0: none)");
   g->add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
+  g->add_option("--predict-accuracy", a->predict_accuracy,
+                "tier sweep: next-layer expert prediction arms run at each skew in turn, e.g. -1,0.8 (-1: off; A in [0, 1]: "
+                "--cuda-opt expert_predict on, guesses holding a share A of the drawn routing)")
+      ->delimiter(',')
+      ->check(CLI::Range(-1.0, 1.0));
   g->add_option("--expert-drives", a->expert_drives,
                 "with --expert-slots: the drive tier (issue 22): expert records written to these replica dirs (a disk, not tmpfs), "
                 "misses through --host-experts page-locked records, then O_DIRECT reads; replaces the tier sweep")

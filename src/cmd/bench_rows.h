@@ -67,6 +67,7 @@ struct BenchArgs {
   bool cold_prefill_trace = false;
   std::string cold_prefill_ab;        // NAME=a,b: streamed runs of the first prompt per value, interleaved (3 rounds)    // one more streamed run of the first prompt traced with CUPTI (copy / kernel overlap)
   int tier_warm_steps = 512;
+  std::vector<double> predict_accuracy;  // tier sweep: next-layer prediction arms (< 0 off; bench::TierSweepOptions)
   std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
   int64_t host_experts = 64;               // ... its host cache records
   int drive_records = 64;                  // ... expert records written per drive

@@ -219,6 +219,7 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
                                                            const cuda::DevExpertSlots& slots) {
     o.warm_steps = a.tier_warm_steps;
     o.prefill_rows = a.tier_prefill_rows;
+    o.predict_accuracy = a.predict_accuracy;
     const model::Config& c = ex.config();
     auto pts = bench::run_tier_sweep(ex, s, o, h2d_peak_gbps,
                                      [&](int64_t s0, int64_t s1, int64_t end) { return prefill_step(c, s0, s1, end, 11); });
@@ -229,13 +230,19 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
     csv.row("tier_warm_steps", L, double(a.tier_warm_steps), "decode steps before the counters start");
     csv.row("tier_expert_mb", L, double(slots.slot_bytes()) / 1e6, "MB per routed expert (w1, w2, w3 + scales)");
     for (const bench::TierPoint& p : *pts) {
-      const std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
+      std::string k = p.top10_share > 0 ? "tier_top10_" + std::to_string(int(std::lround(p.top10_share * 100))) : std::string("tier_allhit");
+      if (p.predict_accuracy >= 0) k += "_pred" + std::to_string(int(std::lround(p.predict_accuracy * 100)));
+      else if (p.predict_accuracy == -1 && p.top10_share > 0) k += "_nopred";
       csv.row(k + "_decode_ms", L, p.ms_token, "ms/token (median, after the warm-up)");
       csv.row(k + "_hbm_hit", L, p.hit_rate, "HBM slot hit rate (LFU)", p.static_hit > 0 ? p.hit_rate / p.static_hit : -1);
       csv.row(k + "_static_hit", L, p.static_hit, "hit rate of the best static placement (S hottest resident)");
       csv.row(k + "_misses_per_token", L, p.misses_per_token, "HBM slot misses per token (copied or computed on the host)");
       csv.row(k + "_host_experts_per_token", L, p.host_per_token, "misses computed on the host CPU per token (--cuda-opt host_compute)");
       csv.row(k + "_host_ms_per_token", L, p.host_ms_per_token, "host wall ms computing them per token");
+      if (p.predict_accuracy >= 0) {
+        csv.row(k + "_predicted_per_token", L, p.predicted_per_token, "experts copied ahead of a predicted use per token (expert_predict)");
+        csv.row(k + "_predict_used_per_token", L, p.predict_used_per_token, "... of them hit by their layer's call");
+      }
       csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
       csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");
       csv.row(k + "_ceiling_ms", L, p.ceiling_ms, "ms/token, model: max(all-hit step, copies)");

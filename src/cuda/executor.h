@@ -256,6 +256,16 @@ struct CudaRunOptions {
   // measured on the H200.
   int host_compute = 0;
   int64_t host_compute_us = 0;        // the host's time for one (row, expert) pair the split assumes; 0: measured
+  // Next-layer expert prediction (issue 22, docs/tiers.md "Copies ahead of a predicted use"): in
+  // decode / verify / draft steps (GEMV path), a tiered layer's router launch is followed by the
+  // next tiered layer's gate applied to this layer's expert input (same routing arithmetic, own
+  // buffers), downloaded with the routing; once this layer's copies and kernels are issued, the
+  // predicted experts that are not resident are copied into that layer's slots on the copy stream
+  // (DevExpertSlots::predict, at most expert_predict_max a call), beside this layer's compute and
+  // the next layer's attention. Only which slot holds which bytes, and when, changes: the same
+  // bits ([exact], cuda_fixture_parity_test ExpertPredictBitForBit). Off until measured on the H200.
+  bool expert_predict = false;
+  int expert_predict_max = 16;
 };
 // name=value for the bench's interleaved A/B (`--ab NAME=a,b`) and `--cuda-opt NAME=VALUE`; several
 // options at once as NAME1+NAME2 = V1+V2 (all set or none):
@@ -263,7 +273,7 @@ struct CudaRunOptions {
 // fp8_fma, fast_attn, attn_heads_per_cta (1..16), attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_lean_loop, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay,
 // expert_prefetch, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads (booleans 0/1), tc_cluster_fold_ctas (>= 0), tc_stripes (0..64), expert_prefetch_min_rows (>= 1),
 // expert_prefetch_entries (>= 0), engram_prefetch_tasks (0..64), rs_gemv (0, 1 or 2), rs_group_rows (4 or 8), rs_group_ctas (1..64),
-// host_compute (0, 1 or 2), host_compute_us (>= 0).
+// host_compute (0, 1 or 2), host_compute_us (>= 0), expert_predict (0/1), expert_predict_max (1..1024).
 Status set_run_option(CudaRunOptions& o, const std::string& name, const std::string& value);
 
 // Load-time choices of the CUDA executor.
@@ -430,6 +440,10 @@ class CudaExecutor final : public model::Executor {
   // gate weights stay the router's, so outputs are noise; only traffic and timing are meaningful.
   using RouteOverride = std::function<void(int layer, std::vector<int32_t>& ids, int64_t rows, int top_k)>;
   void set_route_override(RouteOverride f) { route_override_ = std::move(f); }
+  // Bench only, with CudaRunOptions::expert_predict: rewrites the prediction of `layer`'s routing
+  // (ids [rows, top_k], as above) made during the tiered layer before it, so a sweep whose routing
+  // the override draws can give the executor a guess of chosen accuracy (bench::TierSweepOptions).
+  void set_predict_override(RouteOverride f) { predict_override_ = std::move(f); }
   const loader::Snapshot& snapshot() const { return *snap_; }
   // The step arena (StepWorkspace): bytes held now, and the largest step's high-water mark
   // (the bench sets the prefill chunk from free HBM and checks memory::prefill_step_bytes).
@@ -530,6 +544,7 @@ class CudaExecutor final : public model::Executor {
   std::shared_ptr<DevExpertSlots> slots_;
   std::shared_ptr<const model::HostExpertCompute> host_experts_;
   RouteOverride route_override_;
+  RouteOverride predict_override_;
   // Engram tables left on the host (CudaLoadOptions::engram): DevLayer::engram_table is null and
   // the rows are gathered from w_'s mapped views.
   bool engram_host_ = false;

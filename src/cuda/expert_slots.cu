@@ -153,6 +153,7 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
     if (t.staged) ++stats_.bypassed;
     if (t.hit) {
       ++stats_.hits;
+      if (std::find(L.predicted.begin(), L.predicted.end(), e) != L.predicted.end()) ++stats_.predict_used;
       continue;
     }
     ++stats_.misses;
@@ -182,7 +183,45 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
   FB_CUDA_TRY(cudaEventRecord(done_, copy_));
   ++stats_.waves;
   if (from == 0) ++stats_.calls;
+  L.predicted.clear();  // a guess the first wave did not use was wrong (a later wave's use is not counted)
   return next;
+}
+
+bool DevExpertSlots::predict_ok() const {
+  // A source that counts its traffic (storage::TieredExperts) hands out views valid only until its
+  // next call for another layer, while this layer's copies may still read them.
+  if (predict_ok_ < 0) {
+    model::ExpertTraffic traffic;
+    predict_ok_ = src_->traffic(&traffic) ? 0 : 1;
+  }
+  return predict_ok_ == 1;
+}
+
+Status DevExpertSlots::predict(int layer, const std::vector<int32_t>& experts, int max) {
+  Layer& L = layers_.at(size_t(layer));
+  if (!L.cache || !predict_ok()) return Status();
+  if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
+  L.predicted.clear();
+  bool copying = false;
+  for (const int32_t e : experts) {
+    if (int(L.predicted.size()) >= max) break;
+    if (e < 0 || e >= L.n_experts) return FB_ERROR(kInternal) << "predicted expert " << e << " of layer " << layer;
+    const int slot = L.cache->place(e);
+    if (slot < 0) continue;  // resident (or every slot pinned)
+    if (!copying) {
+      FB_RETURN_IF_ERROR(timer_begin(copy_, timers_, used_));
+      copying = true;
+    }
+    FB_RETURN_IF_ERROR(copy_in(layer, e, slot));
+    L.predicted.push_back(e);
+  }
+  if (copying) {
+    FB_CUDA_TRY(cudaEventRecord(timers_[used_].second, copy_));
+    ++used_;
+  }
+  stats_.predicted += L.predicted.size();
+  stats_.predict_bytes += uint64_t(L.predicted.size()) * slot_bytes_;
+  return Status();
 }
 
 void DevExpertSlots::resident_first(int layer, std::vector<int32_t>& want) const {
@@ -271,6 +310,7 @@ int64_t DevExpertSlots::evict_all() {
   for (Layer& L : layers_)
     if (L.cache)
       for (int s = 0; s < L.cache->n_slots(); ++s) n += L.cache->evict_slot(s) ? 1 : 0;
+  for (Layer& L : layers_) L.predicted.clear();
   drop_staged();
   return n;
 }

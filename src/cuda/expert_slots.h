@@ -35,6 +35,10 @@ struct ExpertSlotStats {
   // ahead, those a MoE call then used, the copies' bytes and GPU time (prefetch stream).
   uint64_t prefetched = 0, prefetch_used = 0, prefetch_bytes = 0;
   double prefetch_ms = 0;
+  // Copies ahead of a predicted use (CudaRunOptions::expert_predict, DevExpertSlots::predict):
+  // experts copied into a slot before their layer's call, those the call then used (counted in
+  // `hits` too: the rest of hits + misses is what the prediction did not change), and bytes.
+  uint64_t predicted = 0, predict_used = 0, predict_bytes = 0;
   // Cold experts computed on the host CPU (CudaRunOptions::host_compute): experts, (row, expert)
   // pairs, and the host's wall time computing them. They count in `misses` too.
   uint64_t host_experts = 0, host_pairs = 0;
@@ -71,6 +75,18 @@ class DevExpertSlots {
   // than slots uses what is resident before the later waves evict it. Called once the routing is
   // known: it hands the source the misses first (ExpertSource::prefetch), so drive reads start.
   void resident_first(int layer, std::vector<int32_t>& want) const;
+  // Copies a layer's predicted experts ahead of its call (CudaRunOptions::expert_predict, issue
+  // 22): each of `experts` that is not resident gets the slot its miss would take
+  // (SlotCache::place: unpinned, no lookup counted, so the call's lookup is an ordinary hit and a
+  // wrong guess is the next LFU victim) and is copied on the copy stream after every copy already
+  // issued (the current layer's misses keep their place ahead of it); the layer's next take()
+  // waits for these copies with its own. At most `max` experts. The caller's contract: no kernel
+  // still reads the layer's slots, i.e. the host has synchronised with the compute stream at a
+  // point after the layer's last issued call (a tiered decode step's routing sync of an earlier
+  // layer is such a point). Sources whose views expire between layers (host tiers) are not read
+  // ahead (predict_ok() false).
+  Status predict(int layer, const std::vector<int32_t>& experts, int max);
+  bool predict_ok() const;
   // Cold experts computed on the host CPU where their bytes are (CudaRunOptions::host_compute,
   // issue 22): moves misses of `want` out of it, coldest (LFU uses, then id) first, while moving
   // one more shortens the longer of the two queues: the copies (copy_ms an expert, one after
@@ -176,6 +192,7 @@ class DevExpertSlots {
     std::vector<cudaEvent_t> read_done;  // per entry: after its last marked reader (mark_read)
     std::vector<char> read_marked;
     std::vector<int64_t> replay_keys;  // replay(): each slot's key before the first replayed call
+    std::vector<int32_t> predicted;    // predict(): experts copied ahead of the layer's next call
   };
   Status copy_in(int layer, int e, int slot);
   Status copy_expert(int layer, int e, const Fp4W& w1, const Fp4W& w2, const Fp4W& w3, int entry, cudaStream_t st);
@@ -197,6 +214,7 @@ class DevExpertSlots {
   size_t pf_used_ = 0;
   ExpertSlotStats stats_;
   double host_pair_ms_ = 0;  // note_host's EWMA (0: none yet)
+  mutable int predict_ok_ = -1;  // predict_ok() once asked (-1: not yet)
 };
 
 }  // namespace fb::cuda

@@ -96,6 +96,8 @@ ExpertSlotStats summed_stats(const std::vector<std::shared_ptr<DevExpertSlots>>&
     st.calls += x.calls;
     st.prefetched += x.prefetched;
     st.prefetch_used += x.prefetch_used;
+    st.predicted += x.predicted;
+    st.predict_used += x.predict_used;
   }
   return st;
 }
@@ -249,6 +251,48 @@ TEST_P(FixtureParity, HostComputedExpertsBitForBit) {
     } else {
       EXPECT_LT(host, misses) << "the split copied no miss";
     }
+    expect_bitwise(rep->reference);
+  }
+}
+
+// Next-layer prediction (CudaRunOptions::expert_predict, issue 22): each tiered layer's call also
+// routes its input through the next tiered layer's gate and copies the guessed experts into that
+// layer's slots ahead of its call. Only which slot holds which bytes, and when, changes, so the
+// exact class stays equal to the CPU bit for bit: in 7-row chunks and decode steps, with LFU
+// admission's staging entries, and with cold experts on the host (the guesses' copies are issued
+// before the host's work). Guesses must be copied, and some used.
+TEST_P(FixtureParity, ExpertPredictBitForBit) {
+  struct Case {
+    int staging, host_compute;
+  };
+  for (const Case k : {Case{0, 0}, Case{2, 0}, Case{0, 1}}) {
+    std::vector<std::shared_ptr<DevExpertSlots>> tiers;
+    auto make_tiered = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
+      CudaLoadOptions lo;
+      lo.expert_slots = 2;
+      lo.expert_staging = k.staging;
+      lo.run = run_for(false);
+      lo.run.expert_predict = true;
+      lo.run.host_compute = k.host_compute;
+      if (k.host_compute) lo.host_compute = std::make_shared<SlowerHostExperts>();
+      auto m = CudaExecutor::load(ckpt, {}, lo);
+      if (!m.ok()) return m.status();
+      if (auto t = m.value()->expert_slots()) tiers.push_back(t);
+      return std::unique_ptr<model::Executor>(std::move(m.value()));
+    };
+    engine::FixtureCheckOptions opt;
+    opt.make_reference = make_cpu;
+    opt.chunk = 7;
+    auto rep = engine::check_fixture(dir, make_tiered, opt);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
+    const ExpertSlotStats st = summed_stats(tiers);
+    std::printf("[ tc ] %s expert predict (staging %d, host compute %d): %llu copied ahead, %llu used, %llu hits %llu misses: %s\n", GetParam(),
+                k.staging, k.host_compute, (unsigned long long)st.predicted, (unsigned long long)st.predict_used, (unsigned long long)st.hits,
+                (unsigned long long)st.misses, rep->reference.line().c_str());
+    EXPECT_GT(st.predicted, 0u) << "no guess was copied ahead";
+    EXPECT_GT(st.predict_used, 0u) << "no guess was used";
+    EXPECT_LE(st.predict_used, st.predicted);
     expect_bitwise(rep->reference);
   }
 }

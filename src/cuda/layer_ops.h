@@ -417,17 +417,38 @@ class CudaLayerOps {
             step(m_.slots_->prefetch(l2, l));
             break;
           }
-      std::vector<int32_t> ids;
-      download_synced(ids, experts, n);
+      // CudaRunOptions::expert_predict: the next tiered layer's gate on this layer's expert input,
+      // downloaded with the routing; its experts are copied ahead once this layer's are issued.
+      const int l2 = predict_layer(l);
+      std::vector<int32_t> ids, pred;
+      if (l2 >= 0) {
+        const LayerRole& r2 = c_.roles[size_t(l2)];
+        const DevLayer& w2 = m_.layers_[size_t(l2)];
+        int32_t* pred_d = alloc<int32_t>(T_ * r2.n_active);
+        float* pred_w = alloc<float>(T_ * r2.n_active);
+        float* pred_scratch = alloc<float>(2 * T_ * r2.n_experts);
+        if (!ok()) return;
+        step(route(u_, T_, D, w2.gate_w, r2.n_experts, w2.gate_bias, w2.gate_bias_vl, image_, r2.n_active, c_.gate_temp, c_.norm_topk_prob,
+                   c_.route_scale, pred_d, pred_w, pred_scratch, st_));
+        ids.resize(size_t(n));
+        pred.resize(size_t(T_ * r2.n_active));
+        download_parts_synced({DownPart{ids.data(), experts, ids.size() * sizeof(int32_t)}, DownPart{pred.data(), pred_d, pred.size() * sizeof(int32_t)}});
+      } else {
+        download_synced(ids, experts, n);
+      }
       if (!ok()) return;
       if (m_.route_override_) m_.route_override_(l, ids, T_, int(K));
+      if (l2 >= 0 && m_.predict_override_) m_.predict_override_(l2, pred, T_, c_.roles[size_t(l2)].n_active);
       for (int32_t e : ids)
         if (e < 0 || e >= r.n_experts) {
           step(FB_ERROR(kInternal) << "routing picked expert " << e << " of " << r.n_experts);
           return;
         }
+      auto ahead = [&] {  // after this layer's copies and GEMV launches, before any host work
+        if (l2 >= 0 && ok()) step(m_.slots_->predict(l2, distinct(pred), m_.run_.expert_predict_max));
+      };
       if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
-      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared);
+      else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared, ahead);
     } else if (tc_) {
       std::vector<int32_t> ids;
       download_synced(ids, experts, n);
@@ -486,9 +507,19 @@ class CudaLayerOps {
   // (row, expert) pair of `host_want` on the host's threads, the outputs into their rows of ye.
   void run_host_experts(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h, const std::vector<int32_t>& host_want, uint16_t* ye);
 
-  template <typename F>
+  // `ahead()` runs once the waves' copies and launches are issued, before the host's experts.
+  template <typename F, typename G>
   void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
-                             uint16_t* ye, F& shared);
+                             uint16_t* ye, F& shared, G& ahead);
+  // CudaRunOptions::expert_predict: the tiered backbone layer after l whose experts layer l's call
+  // predicts, or -1 (off, prefill-sized or tensor-core steps, graph capture, the last tiered layer,
+  // or a source whose views expire between layers).
+  int predict_layer(int l) const {
+    if (!m_.run_.expert_predict || tc_ || T_ > 64 || m_.ws_.capturing || l >= c_.n_layers || !m_.slots_->predict_ok()) return -1;
+    for (int l2 = l + 1; l2 < c_.n_layers; ++l2)
+      if (m_.tiered(l2)) return l2;
+    return -1;
+  }
 
   // Prefetch (prefetch_): the staging buffer holding layer l's experts, or null.
   const DevExpertSlots::Staged* staged_for(int l) const { return prefetch_ && m_.tiered(l) ? m_.slots_->staged(l) : nullptr; }

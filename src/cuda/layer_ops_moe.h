@@ -79,9 +79,9 @@ inline void CudaLayerOps::run_host_experts(int l, int64_t K, const std::vector<i
   for (size_t j = 0; j < pairs.size() && ok(); ++j) copy_d2d(ye + int64_t(pairs[j]) * D, dev + int64_t(j) * D, D * 2);
 }
 
-template <typename F>
+template <typename F, typename G>
 void CudaLayerOps::routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
-                           uint16_t* ye, F& shared) {
+                           uint16_t* ye, F& shared, G& ahead) {
   DevExpertSlots& slots = *m_.slots_;
   std::vector<int32_t> want = distinct(ids);
   std::vector<int32_t> staged_want = take_staged(l, want);
@@ -122,6 +122,7 @@ void CudaLayerOps::routed_experts_tiered(int l, const DevLayer& w, int64_t K, co
     from = *next;
   }
   if (want.empty()) run_staged();
+  ahead();
   if (!host_want.empty() && ok()) {
     shared();
     run_host_experts(l, K, ids, host, host_want, ye);

@@ -111,6 +111,8 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
   if (name == "rs_gemv") return integer(0, 2, o.rs_gemv);
   if (name == "host_compute") return integer(0, 2, o.host_compute);
   if (name == "host_compute_us") return integer(0, std::numeric_limits<int64_t>::max(), o.host_compute_us);
+  if (name == "expert_predict") return flag(o.expert_predict);
+  if (name == "expert_predict_max") return integer(1, 1024, o.expert_predict_max);
   if (name == "rs_group_ctas") return integer(1, 64, o.rs_group_ctas);
   if (name == "rs_group_rows") {
     if (value != "4" && value != "8") return FB_ERROR(kInvalidArgument) << "option rs_group_rows takes 4 or 8 (got \"" << value << "\")";
@@ -121,7 +123,7 @@ Status set_run_option(CudaRunOptions& o, const std::string& name, const std::str
                                     << "\" (numerics, tc_prefill, tc_prefill_min_rows, tc_hc_mixes, tc_route, fast_gemv, fast_occupancy, tc_gemv, fast_small, pdl, overlap, fp8_fma, "
                                        "fast_attn, attn_heads_per_cta, attn_fuse_rope, wo_a_fp8, tc_async_scales, tc_lean_smem, tc_global_fold, tc_cluster_fold_ctas, tc_lean_loop, tc_stripes, fast_index, group_expert_rows, attn_split, attn_predequant, bounded_replay, expert_prefetch, "
                                        "expert_prefetch_min_rows, expert_prefetch_entries, engram_prefetch_tasks, rs_gemv, rs_group_rows, rs_group_ctas, defer_hc_post, defer_combine, fp4_early_tiles, early_uploads, markov_step, dequant_x32, reuse_staging, pinned_ids, sm_uploads, "
-                                       "host_compute, host_compute_us)";
+                                       "host_compute, host_compute_us, expert_predict, expert_predict_max)";
 }
 
 void CudaExecutor::set_run_options(const CudaRunOptions& o) {

@@ -367,6 +367,52 @@ TEST(SlotCache, UsesServedElsewhereCountWithoutAdmitting) {
   EXPECT_EQ(lru.find(3), -1);
 }
 
+// place(): a predicted key goes where acquire() would put it, unpinned, with no access counted:
+// the later acquire() is a hit that counts as any lookup does, and a key placed but never used is
+// the next LFU victim. Resident keys and fully pinned caches place nothing; LFU admission holds.
+TEST(SlotCache, PlaceAheadOfUseCountsNothing) {
+  SlotCache lfu(2, EvictionPolicy::kLfu);
+  for (int i = 0; i < 3; ++i) lfu.release(lfu.acquire(1).slot);
+  lfu.release(lfu.acquire(2).slot);  // 1: 3 uses, 2: 1 use
+  const uint64_t hits = lfu.hits(), misses = lfu.misses();
+  EXPECT_EQ(lfu.place(1), -1);  // resident
+  const int s = lfu.place(7);
+  ASSERT_GE(s, 0);
+  EXPECT_EQ(lfu.key_of(s), 7);
+  EXPECT_EQ(lfu.find(2), -1);  // the victim: fewer uses than 1
+  EXPECT_EQ(lfu.pins(s), 0);
+  EXPECT_EQ(lfu.uses_of(7), 0u);
+  EXPECT_EQ(lfu.hits(), hits);
+  EXPECT_EQ(lfu.misses(), misses);
+  auto a = lfu.acquire(7);  // the predicted use
+  EXPECT_TRUE(a.hit);
+  EXPECT_EQ(a.slot, s);
+  EXPECT_EQ(lfu.uses_of(7), 1u);
+  const int one = lfu.find(1);
+  EXPECT_EQ(lfu.place(8), one);  // 7's slot is pinned: the only unpinned slot is 1's
+  EXPECT_EQ(lfu.find(1), -1);
+  lfu.release(a.slot);
+  // A key placed but never used is the next victim.
+  SlotCache c(2, EvictionPolicy::kLfu);
+  for (int i = 0; i < 2; ++i) c.release(c.acquire(1).slot), c.release(c.acquire(2).slot);
+  const int p = c.place(5);
+  ASSERT_GE(p, 0);
+  auto m = c.acquire(6);  // a miss evicts 5 (0 uses), not 1 or 2 (2 uses each)
+  EXPECT_EQ(m.evicted_key, 5);
+  c.release(m.slot);
+  // Every slot pinned: nothing placed.
+  SlotCache pinned(1, EvictionPolicy::kLru);
+  auto q = pinned.acquire(3);
+  EXPECT_EQ(pinned.place(4), -1);
+  pinned.release(q.slot);
+  // LFU admission: a colder key than the victim is not placed.
+  SlotCache adm(1, EvictionPolicy::kLfu);
+  adm.release(adm.acquire(1).slot);
+  EXPECT_EQ(adm.place(9, /*admit_colder=*/false), -1);
+  EXPECT_EQ(adm.find(1), 0);
+  EXPECT_EQ(adm.place(9), 0);
+}
+
 // The rate estimate is bytes over busy time: a read that took 8 ms and seven more that landed
 // within microseconds of it (a burst, or one reap of several completions) are 8 MiB in ~8 ms, about
 // 1 GB/s; a mean of per-read rates would say hundreds of GB/s. Reads reaped together (0 ns) add

@@ -61,6 +61,44 @@ void ZipfRouting::draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k
   }
 }
 
+void PredictedRouting::predict(int layer, std::vector<int32_t>& guess, int64_t rows, int k) {
+  std::vector<int32_t>& real = kept_[layer];
+  real.assign(size_t(rows * k), -1);
+  routes_.draw(layer, real, rows, k);
+  guess = real;
+  std::vector<int32_t> other(static_cast<size_t>(k));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* row = real.data() + r * k;
+    int32_t* g = guess.data() + r * k;
+    for (int i = 0; i < k; ++i) {
+      if (u(rng_) < accuracy_) continue;
+      // a wrong guess: an expert of the law's draws that neither the row nor the guess holds
+      for (int tries = 0; tries < 64; ++tries) {
+        routes_.draw(layer, other, 1, k);
+        const int32_t e = other[size_t(rng_() % uint64_t(k))];
+        if (std::find(row, row + k, e) == row + k && std::find(g, g + k, e) == g + k) {
+          g[i] = e;
+          break;
+        }
+      }
+    }
+    std::sort(g, g + k);
+  }
+}
+
+void PredictedRouting::draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k) {
+  auto it = kept_.find(layer);
+  if (it != kept_.end() && it->second.size() == size_t(rows * k)) {
+    ids = it->second;
+    kept_.erase(it);
+    return;
+  }
+  if (it != kept_.end()) kept_.erase(it);
+  ids.resize(size_t(rows * k));
+  routes_.draw(layer, ids, rows, k);
+}
+
 SlotSim::SlotSim(int n_layers, const SlotSimOptions& o) : o_(o) {
   for (int l = 0; l < n_layers; ++l) caches_.emplace_back(o.slots, o.policy, o.aging);
   if (o.host_records > 0) host_ = std::make_unique<SlotCache>(int(o.host_records), o.policy, o.host_aging);

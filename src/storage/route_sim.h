@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -33,6 +34,28 @@ class ZipfRouting {
   int pool_ = 0;
   double exponent_ = 0;
   std::mt19937_64 rng_;
+};
+
+// A guess of a layer's routing with a chosen accuracy, for the tier sweep's next-layer prediction
+// (cuda::CudaRunOptions::expert_predict; [policy] benchmark-only). predict(layer) draws the layer's
+// routing now from `routes` and keeps it, and returns a guess: each row's experts, each kept with
+// probability `accuracy`, else replaced by another draw from the same law that the row did not
+// pick (a wrong guess is as likely hot as the law makes it). The next draw(layer) returns the
+// kept routing (a fresh draw when none is kept). Accuracy = the share of the routing's (row,
+// expert) picks the guess holds.
+class PredictedRouting {
+ public:
+  PredictedRouting(ZipfRouting& routes, double accuracy, uint64_t seed) : routes_(routes), accuracy_(accuracy), rng_(seed) {}
+  void predict(int layer, std::vector<int32_t>& guess, int64_t rows, int k);
+  void draw(int layer, std::vector<int32_t>& ids, int64_t rows, int k);
+  void set_accuracy(double a) { accuracy_ = a; }
+  void forget() { kept_.clear(); }
+
+ private:
+  ZipfRouting& routes_;
+  double accuracy_;
+  std::mt19937_64 rng_;
+  std::map<int, std::vector<int32_t>> kept_;
 };
 
 struct SlotSimOptions {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace fb::storage {
@@ -29,6 +30,44 @@ TEST(ZipfRouting, RowsAreDistinctAscendingAndSkewed) {
   // Six distinct picks per row flatten the law a little: the 10 hottest carry somewhat less than 45%.
   EXPECT_NEAR(double(top) / double(all), 0.45, 0.05);
   EXPECT_NEAR(r.static_hit(10), 0.45, 1e-6);
+}
+
+// The sweep's next-layer guess: the kept routing comes back on the next draw, the guess holds the
+// chosen share of its picks (rows distinct and ascending), accuracy 1 is the routing itself, 0
+// holds none of it; a draw with no guess kept is a fresh one.
+TEST(PredictedRouting, GuessHoldsTheChosenShare) {
+  ZipfRouting z(3, 384, 11);
+  z.set_skew(0.45);
+  for (double acc : {0.0, 0.5, 0.8, 1.0}) {
+    PredictedRouting p(z, acc, 5);
+    int64_t held = 0, picks = 0;
+    for (int rep = 0; rep < 400; ++rep) {
+      std::vector<int32_t> guess, real;
+      p.predict(2, guess, 2, 6);
+      p.draw(2, real, 2, 6);
+      ASSERT_EQ(guess.size(), 12u);
+      ASSERT_EQ(real.size(), 12u);
+      for (int r = 0; r < 2; ++r)
+        for (int i = 0; i < 6; ++i) {
+          const int32_t* g = guess.data() + r * 6;
+          if (i > 0) {
+            ASSERT_LT(g[i - 1], g[i]);
+          }
+          const int32_t e = real[size_t(r * 6 + i)];
+          held += std::find(g, g + 6, e) != g + 6;
+          ++picks;
+        }
+    }
+    EXPECT_NEAR(double(held) / double(picks), acc, 0.03) << acc;
+  }
+  PredictedRouting p(z, 1.0, 5);
+  std::vector<int32_t> a, b;
+  p.predict(1, a, 1, 6);
+  p.draw(0, b, 1, 6);  // another layer: a fresh draw, layer 1's routing still kept
+  p.draw(1, b, 1, 6);
+  EXPECT_EQ(a, b);
+  p.draw(1, b, 1, 6);  // used once
+  EXPECT_EQ(b.size(), 6u);
 }
 
 // Replays the device sweeps (bench/tier_sweep.cpp; 40 tiered layers, 384 experts, top-6, 128

@@ -55,23 +55,7 @@ SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
     return r;
   }
   ++misses_;
-  int victim = -1;
-  for (int i = 0; i < n_slots(); ++i) {
-    const Slot& s = slots_[size_t(i)];
-    if (s.pins > 0) continue;
-    if (s.key < 0) {  // an empty slot beats any eviction
-      victim = i;
-      break;
-    }
-    if (victim < 0) {
-      victim = i;
-      continue;
-    }
-    const Slot& v = slots_[size_t(victim)];
-    const bool lower = policy_ == EvictionPolicy::kLru ? s.last_use < v.last_use
-                                                       : (uses(s) < uses(v) || (uses(s) == uses(v) && s.last_use < v.last_use));
-    if (lower) victim = i;
-  }
+  const int victim = victim_slot();
   if (victim < 0) return r;
   Slot& v = slots_[size_t(victim)];
   if (!admit_colder && policy_ == EvictionPolicy::kLfu && v.key >= 0 && freq_[key] < uses(v)) {
@@ -89,6 +73,44 @@ SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
   where_[key] = victim;
   r.slot = victim;
   return r;
+}
+
+int SlotCache::victim_slot() const {
+  int victim = -1;
+  for (int i = 0; i < n_slots(); ++i) {
+    const Slot& s = slots_[size_t(i)];
+    if (s.pins > 0) continue;
+    if (s.key < 0) {  // an empty slot beats any eviction
+      victim = i;
+      break;
+    }
+    if (victim < 0) {
+      victim = i;
+      continue;
+    }
+    const Slot& v = slots_[size_t(victim)];
+    const bool lower = policy_ == EvictionPolicy::kLru ? s.last_use < v.last_use
+                                                       : (uses(s) < uses(v) || (uses(s) == uses(v) && s.last_use < v.last_use));
+    if (lower) victim = i;
+  }
+  return victim;
+}
+
+int SlotCache::place(int64_t key, bool admit_colder) {
+  if (find(key) >= 0) return -1;
+  const int victim = victim_slot();
+  if (victim < 0) return -1;
+  Slot& v = slots_[size_t(victim)];
+  if (!admit_colder && policy_ == EvictionPolicy::kLfu && v.key >= 0 && uses_of(key) < uses(v)) return -1;
+  if (v.key >= 0) {
+    where_.erase(v.key);
+    ++evictions_;
+  }
+  v.key = key;
+  v.pins = 0;
+  v.last_use = clock_;
+  where_[key] = victim;
+  return victim;
 }
 
 void SlotCache::release(int slot) {

@@ -42,6 +42,14 @@ class SlotCache {
   int find(int64_t key) const;
   // Drops the key of an unpinned slot (the tier is shrinking or the bytes are being reused).
   bool evict_slot(int slot);
+  // Puts a missing key into the slot acquire() would take for it (an empty one, else the
+  // eviction victim among the unpinned), unpinned and without counting an access: bytes copied
+  // ahead of a predicted use (DevExpertSlots::predict). The later acquire() of the key is then a
+  // hit and counts as every lookup does; a wrong prediction is the next victim under LFU (its
+  // uses are what they were). With admit_colder false (LFU), a key with fewer uses than the
+  // victim is not placed. Returns the slot, or -1 (resident already, every slot pinned, or not
+  // admitted).
+  int place(int64_t key, bool admit_colder = true);
   // A use of a missing key served outside the cache (a cold expert computed on the host CPU): the
   // access is counted as acquire() counts it (a miss; LFU uses and aging), nothing is admitted.
   void count_elsewhere(int64_t key);
@@ -62,6 +70,7 @@ class SlotCache {
     uint64_t last_use = 0;
   };
   uint64_t uses(const Slot& s) const;
+  int victim_slot() const;  // an empty unpinned slot, else the unpinned one with the lowest key; -1: all pinned
   void count_access(int64_t key);  // the clock, LFU aging and the key's use (every lookup)
   EvictionPolicy policy_;
   int aging_ = 8;
