@@ -42,6 +42,18 @@ if [ "${FB_SKIP_TESTS:-0}" != 1 ] && [ $rc -eq 0 ]; then
       grep -E "^compare |next-layer prediction|HBM expert slots" "$LOG/pr_fixture_${c}_$nm.log" | sed 's/^check-fixture: //' | cut -c1-200 | sed 's/^/  /' >>"$T"
     done
   done
+  # Host tiers under the slots (views expire between layers): the guesses start drive reads a
+  # layer early instead of copies; the output must stay IDENTICAL, the exposed drive wait is printed.
+  ST=/tmp/fb_predict_store
+  rm -rf $ST && mkdir -p $ST
+  timeout 120 $FB convert --model "$FIX/tiny-s1-long/checkpoint" --out $ST/a --replicas $ST/b >"$LOG/pr_convert.log" 2>&1
+  row "convert tiny-s1-long" "rc=$?"
+  for pr in 0 1; do
+    timeout 120 $FB check-fixture "$FIX/tiny-s1-long" --backend cuda --numerics exact --compare-cpu --expert-slots 1 --host-experts 2 \
+      --expert-store $ST/a $ST/b --cuda-opt expert_predict=$pr >"$LOG/pr_store_$pr.log" 2>&1
+    row "store slots 1 host 2 predict=$pr" "rc=$?"
+    grep -E "^compare |next-layer prediction|exposed drive wait|expert tiers:" "$LOG/pr_store_$pr.log" | sed 's/^check-fixture: //' | cut -c1-260 | sed 's/^/  /' >>"$T"
+  done
 fi
 [ -x $FB ] || { row flashbox "missing"; cat "$T"; exit 1; }
 i=0

@@ -156,9 +156,11 @@ int run(const Args& a) {
                    "computed on the host (%llu row-expert pairs, %.1f ms)\n",
                    (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)t.waves, (unsigned long long)t.calls,
                    double(t.copied_bytes) / 1e6, (unsigned long long)t.host_experts, (unsigned long long)t.host_pairs, t.host_ms);
-      if (t.predicted > 0)  // --cuda-opt expert_predict=1: the router's next-layer guesses
-        std::fprintf(stderr, "check-fixture: next-layer prediction: %llu experts copied ahead, %llu of them used by their layer's call\n",
-                     (unsigned long long)t.predicted, (unsigned long long)t.predict_used);
+      if (t.predicted + t.predict_hinted > 0)  // --cuda-opt expert_predict=1: the router's next-layer guesses
+        std::fprintf(stderr,
+                     "check-fixture: next-layer prediction: %llu experts copied ahead, %llu of them used by their layer's call; %llu guesses "
+                     "handed to the host tiers' reads\n",
+                     (unsigned long long)t.predicted, (unsigned long long)t.predict_used, (unsigned long long)t.predict_hinted);
     }
     cuda_tiers.clear();
 #endif

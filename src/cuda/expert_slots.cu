@@ -199,9 +199,20 @@ bool DevExpertSlots::predict_ok() const {
 
 Status DevExpertSlots::predict(int layer, const std::vector<int32_t>& experts, int max) {
   Layer& L = layers_.at(size_t(layer));
-  if (!L.cache || !predict_ok()) return Status();
+  if (!L.cache) return Status();
   if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
   L.predicted.clear();
+  if (!predict_ok()) {
+    // Host tiers: no copy of another layer's views now; the guesses' drive reads start a layer
+    // early instead (ExpertSource::prefetch into host cache records; resident_first's hint at the
+    // layer's routing then finds them on their way).
+    std::vector<int> hint;
+    for (const int32_t e : experts)
+      if (int(hint.size()) < max && e >= 0 && e < L.n_experts && L.cache->find(e) < 0) hint.push_back(int(e));
+    if (!hint.empty()) src_->prefetch(layer, hint);
+    stats_.predict_hinted += hint.size();
+    return Status();
+  }
   bool copying = false;
   for (const int32_t e : experts) {
     if (int(L.predicted.size()) >= max) break;

@@ -39,6 +39,7 @@ struct ExpertSlotStats {
   // experts copied into a slot before their layer's call, those the call then used (counted in
   // `hits` too: the rest of hits + misses is what the prediction did not change), and bytes.
   uint64_t predicted = 0, predict_used = 0, predict_bytes = 0;
+  uint64_t predict_hinted = 0;  // guesses handed to a tiered source's prefetch instead (its views expire between layers)
   // Cold experts computed on the host CPU (CudaRunOptions::host_compute): experts, (row, expert)
   // pairs, and the host's wall time computing them. They count in `misses` too.
   uint64_t host_experts = 0, host_pairs = 0;
@@ -83,8 +84,9 @@ class DevExpertSlots {
   // waits for these copies with its own. At most `max` experts. The caller's contract: no kernel
   // still reads the layer's slots, i.e. the host has synchronised with the compute stream at a
   // point after the layer's last issued call (a tiered decode step's routing sync of an earlier
-  // layer is such a point). Sources whose views expire between layers (host tiers) are not read
-  // ahead (predict_ok() false).
+  // layer is such a point). A source whose views expire between layers (host tiers: predict_ok()
+  // false) is not read for another layer while this one's copies run; its guesses not resident in
+  // the slots go to ExpertSource::prefetch instead, so their drive reads start a layer early.
   Status predict(int layer, const std::vector<int32_t>& experts, int max);
   bool predict_ok() const;
   // Cold experts computed on the host CPU where their bytes are (CudaRunOptions::host_compute,

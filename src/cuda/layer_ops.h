@@ -512,10 +512,9 @@ class CudaLayerOps {
   void routed_experts_tiered(int l, const DevLayer& w, int64_t K, const std::vector<int32_t>& ids, const float* weights, uint16_t* a, uint16_t* b,
                              uint16_t* ye, F& shared, G& ahead);
   // CudaRunOptions::expert_predict: the tiered backbone layer after l whose experts layer l's call
-  // predicts, or -1 (off, prefill-sized or tensor-core steps, graph capture, the last tiered layer,
-  // or a source whose views expire between layers).
+  // predicts, or -1 (off, prefill-sized or tensor-core steps, graph capture, the last tiered layer).
   int predict_layer(int l) const {
-    if (!m_.run_.expert_predict || tc_ || T_ > 64 || m_.ws_.capturing || l >= c_.n_layers || !m_.slots_->predict_ok()) return -1;
+    if (!m_.run_.expert_predict || tc_ || T_ > 64 || m_.ws_.capturing || l >= c_.n_layers) return -1;
     for (int l2 = l + 1; l2 < c_.n_layers; ++l2)
       if (m_.tiered(l2)) return l2;
     return -1;
