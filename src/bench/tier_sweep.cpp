@@ -168,6 +168,11 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
     const double copy_ms = (p.misses_per_token - p.host_per_token) * expert_bytes / peak * 1e3;  // the copied misses
     p.floor_ms = base_ms + copy_ms;
     p.ceiling_ms = std::max(base_ms, copy_ms);
+    if (p.predict_accuracy >= 0) {
+      const double one = expert_bytes / peak * 1e3, used = p.predict_used_per_token, late = p.misses_per_token - p.host_per_token;
+      const double a = used + late > 0 ? used / (used + late) : 0, all = (used + late) * one;
+      p.predict_model_ms = std::max(base_ms, a * all + (p.predicted_per_token - used) * one) + (1 - a) * all;
+    }
     // The plan's prediction (docs/tiers.md, no drives: the host holds every expert): the best
     // static placement's misses, copied serially at the measured pinned peak, after the all-hit step.
     p.plan_ms = base_ms + (1.0 - p.static_hit) * double(n_tiered) * k * expert_bytes / peak * 1e3;
@@ -190,8 +195,9 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
                  p.ceiling_ms, p.plan_ms, p.ms_token / p.plan_ms);
     if (p.host_per_token > 0) std::fprintf(stderr, "; %.1f misses/token on the host (%.2f ms of host time)", p.host_per_token, p.host_ms_per_token);
     if (p.predict_accuracy >= 0)
-      std::fprintf(stderr, "; prediction at accuracy %.2f: %.1f experts/token copied ahead, %.1f used", p.predict_accuracy, p.predicted_per_token,
-                   p.predict_used_per_token);
+      std::fprintf(stderr, "; prediction at accuracy %.2f: %.1f experts/token copied ahead, %.1f used, model %.2f ms (measured %.2fx)",
+                   p.predict_accuracy, p.predicted_per_token, p.predict_used_per_token, p.predict_model_ms,
+                   p.predict_model_ms > 0 ? p.ms_token / p.predict_model_ms : 0.0);
     else if (p.predict_accuracy == -1)
       std::fprintf(stderr, "; prediction off");
     if (opt.prefill_rows > 0)

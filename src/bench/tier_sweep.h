@@ -40,6 +40,9 @@ struct TierPoint {
   double top10_share = 0;    // 0: the all-hit baseline (routes drawn from the slots' experts only)
   double predict_accuracy = -2;  // the arm's guess accuracy; -1: prediction off; -2: no arms (options as they stand)
   double predicted_per_token = 0, predict_used_per_token = 0;  // experts copied ahead of a predicted use, and used
+  // The tier model with prediction (memory::DecodeBound::predicted_s from the run's own counts):
+  // the used guesses' copies and the wrong guesses' copies beside the all-hit step, the rest after.
+  double predict_model_ms = 0;
   double ms_token = 0;       // median decode step
   double hit_rate = 0;       // HBM slot hits / expert lookups (decode, after the warm-up)
   double static_hit = 0;     // hit rate of the best static placement (the S hottest experts resident)

@@ -242,6 +242,8 @@ int run_tier_sweep_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, do
       if (p.predict_accuracy >= 0) {
         csv.row(k + "_predicted_per_token", L, p.predicted_per_token, "experts copied ahead of a predicted use per token (expert_predict)");
         csv.row(k + "_predict_used_per_token", L, p.predict_used_per_token, "... of them hit by their layer's call");
+        csv.row(k + "_predict_model_ms", L, p.predict_model_ms, "ms/token, model: guessed copies beside the all-hit step, the rest after",
+                p.ms_token / std::max(1e-9, p.predict_model_ms));
       }
       csv.row(k + "_copy_gbps", L, p.copy_gbps, "GB/s H2D of the miss copies", h2d_peak_gbps > 0 ? p.copy_gbps / h2d_peak_gbps : -1);
       csv.row(k + "_floor_ms", L, p.floor_ms, "ms/token, model: all-hit step + copies, no overlap");

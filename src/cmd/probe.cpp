@@ -59,6 +59,7 @@ struct ProbeArgs {
   // lowest of three corpora (Python source 0.58, flashbox's own source and docs 0.66, C headers
   // 0.84; the second half of each, after the first warmed the cache; docs/tiers.md).
   double engram_hit = 0.58;
+  double predict_accuracy = 0;  // the decode bound with next-layer prediction (DecodeBound::predicted_s); 0: not printed
   double prefill_budget_gib = -1;  // HBM for one prefill step (default: the plan's workspace)
 };
 
@@ -349,6 +350,10 @@ int run_probe(const ProbeArgs& a) {
     const memory::DecodeBound bt = memory::decode_bound(l, today);
     std::printf("    with today's kernels (%.0f GB/s effective): %.1f ms/token serial (%.1f tok/s), %.1f ms overlapped (%.1f tok/s)\n",
                 measured_hbm / kGB, bt.serial_s * 1e3, bt.floor_tok_per_s(), bt.overlapped_s * 1e3, bt.ceiling_tok_per_s());
+    if (a.predict_accuracy > 0)
+      std::printf("    ... with next-layer prediction holding %.0f%% of the misses (--cuda-opt expert_predict=1, off by default; the "
+                  "accuracy is an input, not measured on this model): %.1f ms/token (%.1f tok/s)\n",
+                  a.predict_accuracy * 100, bt.predicted_s(a.predict_accuracy) * 1e3, 1.0 / bt.predicted_s(a.predict_accuracy));
     if (host_expert_ms > 0) {
       memory::TierRates th = today;
       th.host_expert_s = host_expert_ms * 1e-3;
@@ -461,6 +466,9 @@ Runner add_probe(CLI::App& app) {
   g->add_option("--kernel-gbps", a->kernel_gbps,
                 "override the decode kernels' effective HBM rate (default: as measured on the H200, docs/results.md)");
   g->add_option("--drive-gbps", a->drive_gbps, "override the drives' combined read rate");
+  g->add_option("--predict-accuracy", a->predict_accuracy,
+                "the decode bound with next-layer expert prediction holding this share of the misses (0: no such line)")
+      ->check(CLI::Range(0.0, 1.0));
   g->add_option("--engram-hit", a->engram_hit, "the Engram row cache's hit rate for the engram line (flashbox engram-sim measures it)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();

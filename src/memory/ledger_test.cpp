@@ -209,6 +209,20 @@ TEST(TierModel, HostComputeSplitsTheMisses) {
   EXPECT_LT(slow.serial_s, copy_only.serial_s);
 }
 
+// Next-layer prediction: accuracy 0 is the serial bound; a perfect guess hides the transfers
+// behind the kernels up to the longer of the two; in between, the unguessed share stays serial.
+TEST(TierModel, PredictionHidesTheGuessedTransfers) {
+  const double E = 18800640, h2d = 50e9;
+  DecodeLoad l{8.52e9, E, 240, 0.8, 0.2};  // 48 misses from the host cache
+  const DecodeBound b = decode_bound(l, {4.3e12, h2d, 7e9});
+  EXPECT_NEAR(b.predicted_s(0), b.serial_s, 1e-12);
+  EXPECT_NEAR(b.predicted_s(1), std::max(b.hbm_s, b.h2d_s), 1e-12);
+  EXPECT_NEAR(b.predicted_s(0.5), std::max(b.hbm_s, 0.5 * b.h2d_s) + 0.5 * b.h2d_s, 1e-12);
+  EXPECT_NEAR(b.predicted_s(2), b.predicted_s(1), 1e-12);  // clamped
+  for (double a = 0; a < 1; a += 0.1) EXPECT_GE(b.predicted_s(a), b.predicted_s(a + 0.1) - 1e-15);
+  EXPECT_GE(b.predicted_s(1), b.overlapped_s - 1e-15);
+}
+
 TEST(TierModel, AllInHbmIsTheHbmRoofline) {
   DecodeLoad l{8.52e9, 18800640, 240, 1.0, 0.0};
   DecodeBound b = decode_bound(l, {4.3e12, 53e9, 7e9});

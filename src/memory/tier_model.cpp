@@ -29,6 +29,11 @@ DecodeBound decode_bound(const DecodeLoad& l, const TierRates& r) {
   return b;
 }
 
+double DecodeBound::predicted_s(double accuracy) const {
+  const double a = std::clamp(accuracy, 0.0, 1.0);
+  return std::max(hbm_s, a * (h2d_s + drive_s)) + std::max((1.0 - a) * h2d_s, host_s) + (1.0 - a) * drive_s;
+}
+
 double zipf_top_share(int n, int k, double s) {
   double top = 0, all = 0;
   for (int i = 1; i <= n; ++i) {

@@ -28,6 +28,12 @@ struct DecodeBound {
   double hbm_s = 0, h2d_s = 0, drive_s = 0, host_s = 0;  // host_s: experts computed on the host
   double host_share = 0;                                  // of the misses, computed on the host
   double serial_s = 0, overlapped_s = 0;
+  // With next-layer prediction (issue 22, CudaRunOptions::expert_predict): a share `accuracy` of
+  // the misses is known a layer early, so their transfers (drive read, then copy) run beside the
+  // kernels; the rest stays on the critical path as in serial_s. Host compute cannot start early
+  // (it needs the layer's input), so it stays beside the late copies. accuracy 0 = serial_s.
+  // Wrong guesses' copies are not counted (a guess is mostly a hot, resident expert).
+  double predicted_s(double accuracy) const;
   double floor_tok_per_s() const { return serial_s > 0 ? 1.0 / serial_s : 0; }
   double ceiling_tok_per_s() const { return overlapped_s > 0 ? 1.0 / overlapped_s : 0; }
 };
