@@ -5,6 +5,8 @@
 #   store:    --expert-slots 1 --host-experts 2 --expert-store A B (misses read from two replicas
 #             written by `flashbox convert`; reads start when the router has run)
 #   noprefetch: the same, each record read only when it is asked for
+#   predict:  the store with --expert-predict: each layer's input also routed through the next
+#             layer's gate, the guesses' reads started a layer early (guesses must be made)
 #   unlink, truncate, eio: the store, and replica A fails mid-run: its file unlinked or truncated to
 #             half when its first read completes (A serves the run's first read: equal estimates
 #             pick the lowest index; a later fault might never be seen, as the rate estimates may
@@ -28,7 +30,7 @@ foreach(case tiny-s0 tiny-s1-long)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "convert ${case}: exit ${rc}\n${out}\n${err}")
   endif()
-  set(modes direct shards store noprefetch unlink truncate eio slow engram engram_unlink engram_store engram_store_unlink)
+  set(modes direct shards store noprefetch predict unlink truncate eio slow engram engram_unlink engram_store engram_store_unlink)
   set(outs "")
   foreach(mode ${modes})
     set(args check-fixture ${SHARED}/fixtures/${case})
@@ -55,6 +57,8 @@ foreach(case tiny-s0 tiny-s1-long)
       list(APPEND args --expert-slots 1 --host-experts 2 --expert-store ${store_a} ${store_b})
     elseif(mode STREQUAL "noprefetch")
       list(APPEND args --expert-slots 1 --host-experts 2 --expert-store ${store_a} ${store_b} --no-expert-prefetch)
+    elseif(mode STREQUAL "predict")
+      list(APPEND args --expert-slots 1 --host-experts 2 --expert-store ${store_a} ${store_b} --expert-predict)
     elseif(NOT mode STREQUAL "direct")
       set(fa ${WORK}/${case}/${mode}_a)
       set(fb ${WORK}/${case}/${mode}_b)
@@ -91,6 +95,9 @@ foreach(case tiny-s0 tiny-s1-long)
       endif()
       if(mode STREQUAL "store" AND NOT tiers MATCHES "prefetch [1-9][0-9]* reads")
         message(FATAL_ERROR "no prefetched reads for ${case} (${mode}):\n${err}")
+      endif()
+      if(mode STREQUAL "predict" AND NOT err MATCHES "next-layer prediction: [1-9][0-9]* guesses")
+        message(FATAL_ERROR "no next-layer guesses with --expert-predict for ${case}:\n${err}")
       endif()
       if(mode STREQUAL "noprefetch" AND NOT tiers MATCHES "prefetch 0 reads")
         message(FATAL_ERROR "prefetched reads with --no-expert-prefetch for ${case}:\n${err}")

@@ -1,5 +1,6 @@
-// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch]] [--engram-cache-bytes N [--engram-replica DIR... | --engram-store DIR...] [--engram-fault D@N:KIND]] [--bounded-replay]
+// flashbox check-fixture DIR [--backend cpu|cuda] [--numerics fast|exact] [--cuda-opt NAME=VALUE] [--chunk N] [--expert-slots N [--host-experts N] [--expert-store DIR... [--fault-replica D@N:KIND]] [--no-expert-prefetch] [--expert-predict]] [--engram-cache-bytes N [--engram-replica DIR... | --engram-store DIR...] [--engram-fault D@N:KIND]] [--bounded-replay]
 // Exit 0 PASS, 1 FAIL, 2 could not run. Last line: the summary contract of CLARIFICATIONS.md.
+#include <atomic>
 #include <cstdio>
 #include <memory>
 
@@ -29,6 +30,7 @@ struct Args {
   std::vector<std::string> expert_store;
   std::vector<std::string> faults;  // --fault-replica (storage::parse_reader_fault)
   bool prefetch = true;
+  bool expert_predict = false;
   bool verbose = false;
   bool compare_cpu = false;
   std::string numerics = "fast";
@@ -65,6 +67,7 @@ int run(const Args& a) {
   std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
 #endif
   std::vector<std::shared_ptr<storage::EngramRowCache>> engram;  // reported after each fixture
+  std::vector<std::shared_ptr<const std::atomic<int64_t>>> cpu_predict;  // --expert-predict on the CPU: guesses, reported after each fixture
   auto make_engram = [&](const loader::Snapshot& snap) -> Result<std::shared_ptr<storage::EngramRowCache>> {
     if (a.engram_cache_bytes < 0) return std::shared_ptr<storage::EngramRowCache>();
     storage::EngramCacheOptions eo;
@@ -91,6 +94,10 @@ int run(const Args& a) {
         tiers.push_back(src.value());
         m.value()->set_expert_source(std::move(src.value()));
       }
+      if (a.expert_predict) {
+        m.value()->set_expert_predict(true);
+        cpu_predict.push_back(m.value()->predict_hints());
+      }
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
 #ifdef FB_HAVE_CUDA_EXECUTOR
@@ -100,6 +107,7 @@ int run(const Args& a) {
       cuda::CudaLoadOptions lo;
       lo.expert_slots = int(a.expert_slots);
       FB_RETURN_IF_ERROR(apply_cuda_run_flags(lo.run, a.numerics, a.cuda_opts));
+      if (a.expert_predict) lo.run.expert_predict = true;
       if (a.expert_slots > 0) {
         // The misses come through the host tiers (host cache, then shard reads with O_DIRECT):
         // HBM slots <- page-locked host records <- drives, every byte copied unchanged.
@@ -164,6 +172,12 @@ int run(const Args& a) {
     }
     cuda_tiers.clear();
 #endif
+    if (!cpu_predict.empty()) {
+      int64_t n = 0;
+      for (const auto& c : cpu_predict) n += c->load();
+      std::fprintf(stderr, "check-fixture: next-layer prediction: %lld guesses handed to the expert source's prefetch\n", (long long)n);
+      cpu_predict.clear();
+    }
     for (const auto& e : engram) {
       std::fprintf(stderr, "check-fixture: %s\n", e->stats().to_string().c_str());
       const std::string report = e->drive_report();
@@ -212,6 +226,9 @@ Runner add_check_fixture(CLI::App& app) {
   g->add_option("--fault-replica", a->faults,
                 "with --expert-store: make replica DRIVE fail mid-run after AFTER of its reads: DRIVE@AFTER:unlink|truncate|eio "
                 "(unlink and truncate change the real file) or DRIVE@AFTER:delay=US (a slow drive); repeatable; the output must not change");
+  g->add_flag("--expert-predict", a->expert_predict,
+              "next-layer expert prediction: each tiered layer routes its input through the next layer's gate and reads (CPU, host "
+              "tiers) or copies (CUDA slots) the guesses ahead; the outputs must not change");
   g->add_flag("!--no-expert-prefetch", a->prefetch,
               "with --expert-slots: read each missing expert only when it is asked for (no reads at routing time)");
   g = app.add_option_group("Engram tables on the drives", "their rows read from the shards with direct I/O (the output must not change)");

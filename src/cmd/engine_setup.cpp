@@ -35,6 +35,9 @@ void EngineSetup::add_flags(CLI::App& app) {
                  "1 the misses split between the two; 2 every miss on the host). Exact class: the same bits. Fast class: a row's "
                  "bits then depend on which of its experts the host ran (docs/tiers.md)")
       ->check(CLI::Range(0, 2));
+  app.add_flag("--expert-predict", tiers.expert_predict,
+               "with --expert-slots: next-layer expert prediction: each tiered layer also routes its input through the next layer's "
+               "gate and starts those experts' copies (CUDA slots) or drive reads (host tiers) a layer early; the same outputs (off by default)");
   app.add_option("--engram-cache-bytes", tiers.engram_cache_bytes,
                  "Engram tables on the drives: read their rows from the snapshot's shards with direct I/O through a host row cache of "
                  "this many bytes (0: no cache; -1: read them through the memory mapping, i.e. the page cache; default: the mapping "

@@ -104,6 +104,13 @@ class CpuModel final : public model::Executor {
     route_resident_ = std::move(resident);
   }
   int64_t route_swaps() const { return route_swaps_.load(); }  // experts replaced so far
+  // Next-layer prediction (issue 22, [exact]; off by default): once a layer's experts have run,
+  // each row is routed through the next backbone layer's gate on this layer's expert input and the
+  // guesses go to the expert source's prefetch (a tiered source starts their drive reads a layer
+  // early; the mapped snapshot ignores the hint). Only when bytes arrive changes.
+  void set_expert_predict(bool on) { expert_predict_ = on; }
+  // Guesses handed to the source so far (shared: a caller may read it after the model is gone).
+  std::shared_ptr<const std::atomic<int64_t>> predict_hints() const { return predict_hints_; }
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
@@ -137,6 +144,8 @@ class CpuModel final : public model::Executor {
   // a time uses it (staging_mu_, held for the step).
   mutable model::EngramStaging engram_staging_;
   mutable std::mutex staging_mu_;
+  bool expert_predict_ = false;
+  std::shared_ptr<std::atomic<int64_t>> predict_hints_ = std::make_shared<std::atomic<int64_t>>(0);
   float route_margin_ = 0.0f;
   std::function<bool(int, int)> route_resident_;
   mutable std::atomic<int64_t> route_swaps_{0};

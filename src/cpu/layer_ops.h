@@ -231,6 +231,7 @@ class CpuLayerOps {
       fp8_gemm(h.data(), 1, w.sh_w2.w, w.sh_w2.scale, ye.data());
       for (int64_t d = 0; d < D; ++d) y_[size_t(t * D + d)] = to_bf(acc[size_t(d)] + bf(ye[size_t(d)]));
     });
+    if (m_.expert_predict_ && l + 1 < c_.n_layers) predict_next(l + 1);
     record(L(l, "moe_out"), y_);
     if (probe_ && l < c_.n_layers) {
       auto& b = probe_->blocks[l];
@@ -239,6 +240,26 @@ class CpuLayerOps {
       for (size_t t = 0; t < b.ffn_margin.size() && t < b.attn_margin.size(); ++t)
         b.ffn_margin[t] = std::min(b.ffn_margin[t], b.attn_margin[t]);
     }
+  }
+
+  // CpuModel::set_expert_predict: layer l2's gate on the current expert input u_, every row's
+  // picks handed to the source's prefetch (after this layer's expert() calls: a tiered source keeps
+  // the reads of the layer whose calls come next).
+  void predict_next(int l2) {
+    const auto& w = m_.w_.layers[size_t(l2)];
+    const LayerRole& r = c_.roles[size_t(l2)];
+    const int64_t D = c_.dim;
+    std::vector<Routing> guess(static_cast<size_t>(T_));
+    for_rows([&](int64_t t) {
+      const TensorView& bias = (image_[size_t(t)] && w.gate_bias_vl.valid()) ? w.gate_bias_vl : w.gate_bias;
+      guess[size_t(t)] = route(&u_[size_t(t * D)], D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale, nullptr);
+    });
+    std::vector<int> picked;
+    for (int64_t t : rows_) picked.insert(picked.end(), guess[size_t(t)].experts.begin(), guess[size_t(t)].experts.end());
+    std::sort(picked.begin(), picked.end());
+    picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+    m_.predict_hints_->fetch_add(int64_t(picked.size()));
+    m_.experts_->prefetch(l2, picked);
   }
 
  protected:

@@ -110,6 +110,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
   if (opt_in.expert_slots < ExecutorOptions::kAutoSlots || opt_in.expert_staging < 0 || opt_in.host_experts < 0)
     return FB_ERROR(kInvalidArgument) << "expert slots (or -1: auto), staging slots and host experts must be >= 0";
   ExecutorOptions opt = FB_TRY(resolve_auto(backend, model_dir, opt_in));
+  // (--expert-predict with every expert resident does nothing: nothing is missing.)
   if (opt.expert_slots == 0 && (opt.host_experts > 0 || !opt.expert_store.empty() || opt.expert_staging > 0 || opt.host_compute > 0))
     return FB_ERROR(kInvalidArgument)
            << "--host-experts, --expert-store, --expert-staging and --host-compute need --expert-slots N (experts are all resident otherwise)";
@@ -157,6 +158,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
     if (opt.expert_slots > 0) {
       tiers = FB_TRY(make_host_tiers(backend, model_dir, opt));
       m.value()->set_expert_source(tiers);
+      m.value()->set_expert_predict(opt.expert_predict);
     }
     return std::unique_ptr<model::Executor>(std::move(m).value());
   }
@@ -173,6 +175,7 @@ Result<std::unique_ptr<model::Executor>> make_executor(const std::string& backen
       lo.experts = tiers;
       lo.host_compute = cpu::host_expert_compute();
       lo.run.host_compute = opt.host_compute;
+      lo.run.expert_predict = opt.expert_predict;
     }
     lo.engram_rows = engram;
     auto m = cuda::CudaModel::load(model_dir, {}, lo);

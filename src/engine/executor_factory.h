@@ -25,6 +25,10 @@ struct ExecutorOptions {
   // CUDA: cold experts computed on the host CPU beside the copies (cuda::CudaRunOptions::host_compute:
   // 0 off, 1 the misses split between copies and the host, 2 every miss on the host).
   int host_compute = 0;
+  // Next-layer expert prediction (issue 22, [exact], off by default): CUDA copies the guesses into
+  // their layer's slots ahead of its call (cuda::CudaRunOptions::expert_predict; host tiers: their
+  // drive reads start instead); the CPU hands them to the tiers' prefetch (CpuModel::set_expert_predict).
+  bool expert_predict = false;
   int64_t host_experts = 0;          // host cache records (0: as many as expert_slots per layer x 1)
   std::vector<std::string> expert_store;  // expert-store replicas (flashbox convert); empty: the snapshot's shards
   bool expert_prefetch = true;            // drive reads start when the router has run (storage::TieredOptions::prefetch)
