@@ -116,6 +116,7 @@ int run(const Args& a) {
         eo.host_experts = a.host_experts;
         eo.expert_store = a.expert_store;
         eo.expert_prefetch = a.prefetch;
+        eo.expert_predict = lo.run.expert_predict;  // views kept a layer longer for the copies ahead
         eo.reader_faults = faults;
         auto src = engine::make_host_tiers("cuda", ckpt, eo);
         if (!src.ok()) return src.status();

@@ -188,13 +188,9 @@ Result<size_t> DevExpertSlots::take(int layer, const std::vector<int32_t>& want,
 }
 
 bool DevExpertSlots::predict_ok() const {
-  // A source that counts its traffic (storage::TieredExperts) hands out views valid only until its
-  // next call for another layer, while this layer's copies may still read them.
-  if (predict_ok_ < 0) {
-    model::ExpertTraffic traffic;
-    predict_ok_ = src_->traffic(&traffic) ? 0 : 1;
-  }
-  return predict_ok_ == 1;
+  // A source whose views are valid only until its next call for another layer (a tiered source
+  // keeping one epoch) would drop this layer's views while its copies may still read them.
+  return src_->view_layers() != 1;
 }
 
 Status DevExpertSlots::predict(int layer, const std::vector<int32_t>& experts, int max) {
@@ -202,21 +198,22 @@ Status DevExpertSlots::predict(int layer, const std::vector<int32_t>& experts, i
   if (!L.cache) return Status();
   if (!L.pinned.empty()) release(layer);  // a wave an error left pinned
   L.predicted.clear();
-  if (!predict_ok()) {
-    // Host tiers: no copy of another layer's views now; the guesses' drive reads start a layer
-    // early instead (ExpertSource::prefetch into host cache records; resident_first's hint at the
-    // layer's routing then finds them on their way).
-    std::vector<int> hint;
-    for (const int32_t e : experts)
-      if (int(hint.size()) < max && e >= 0 && e < L.n_experts && L.cache->find(e) < 0) hint.push_back(int(e));
-    if (!hint.empty()) src_->prefetch(layer, hint);
-    stats_.predict_hinted += hint.size();
-    return Status();
-  }
+  // Guesses whose bytes are not ready in host memory (or a source whose views would expire) are
+  // not copied now: their drive reads start a layer early instead (ExpertSource::prefetch into
+  // host cache records; the layer's own routing then finds them on their way).
+  const bool copy_ok = predict_ok();
+  std::vector<int> hint;
   bool copying = false;
+  int taken = 0;
   for (const int32_t e : experts) {
-    if (int(L.predicted.size()) >= max) break;
+    if (taken >= max) break;
     if (e < 0 || e >= L.n_experts) return FB_ERROR(kInternal) << "predicted expert " << e << " of layer " << layer;
+    if (L.cache->find(e) >= 0) continue;  // resident
+    ++taken;
+    if (!copy_ok || !src_->ready(layer, e)) {
+      hint.push_back(int(e));
+      continue;
+    }
     const int slot = L.cache->place(e);
     if (slot < 0) continue;  // resident (or every slot pinned)
     if (!copying) {
@@ -230,6 +227,8 @@ Status DevExpertSlots::predict(int layer, const std::vector<int32_t>& experts, i
     FB_CUDA_TRY(cudaEventRecord(timers_[used_].second, copy_));
     ++used_;
   }
+  if (!hint.empty()) src_->prefetch(layer, hint);
+  stats_.predict_hinted += hint.size();
   stats_.predicted += L.predicted.size();
   stats_.predict_bytes += uint64_t(L.predicted.size()) * slot_bytes_;
   return Status();

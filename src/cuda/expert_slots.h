@@ -84,9 +84,9 @@ class DevExpertSlots {
   // waits for these copies with its own. At most `max` experts. The caller's contract: no kernel
   // still reads the layer's slots, i.e. the host has synchronised with the compute stream at a
   // point after the layer's last issued call (a tiered decode step's routing sync of an earlier
-  // layer is such a point). A source whose views expire between layers (host tiers: predict_ok()
-  // false) is not read for another layer while this one's copies run; its guesses not resident in
-  // the slots go to ExpertSource::prefetch instead, so their drive reads start a layer early.
+  // layer is such a point). A guess whose bytes are not in host memory (ExpertSource::ready), or
+  // any guess of a source whose views expire at the next layer's calls (predict_ok() false), is not
+  // copied: it goes to ExpertSource::prefetch, so its drive read starts a layer early.
   Status predict(int layer, const std::vector<int32_t>& experts, int max);
   bool predict_ok() const;
   // Cold experts computed on the host CPU where their bytes are (CudaRunOptions::host_compute,
@@ -216,7 +216,6 @@ class DevExpertSlots {
   size_t pf_used_ = 0;
   ExpertSlotStats stats_;
   double host_pair_ms_ = 0;  // note_host's EWMA (0: none yet)
-  mutable int predict_ok_ = -1;  // predict_ok() once asked (-1: not yet)
 };
 
 }  // namespace fb::cuda

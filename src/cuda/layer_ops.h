@@ -505,7 +505,16 @@ class CudaLayerOps {
   std::vector<int32_t> take_host(int l, const std::vector<int32_t>& ids, std::vector<int32_t>& want);
   // The host's experts, once the GPU's share of the call is issued (they run beside it): every
   // (row, expert) pair of `host_want` on the host's threads, the outputs into their rows of ye.
-  void run_host_experts(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h, const std::vector<int32_t>& host_want, uint16_t* ye);
+  // host_jobs takes the experts' views (ExpertSource::expert, in this layer's epoch of a tiered
+  // source: before any call for the next layer), run_host_jobs computes them and uploads.
+  struct HostJobs {
+    std::vector<size_t> pairs;  // indices into ids
+    std::vector<uint16_t> out;  // [pairs, D]
+    std::vector<model::HostExpertJob> jobs;
+    size_t experts = 0;
+  };
+  HostJobs host_jobs(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h, const std::vector<int32_t>& host_want);
+  void run_host_jobs(HostJobs& hj, uint16_t* ye);
 
   // `ahead()` runs once the waves' copies and launches are issued, before the host's experts.
   template <typename F, typename G>

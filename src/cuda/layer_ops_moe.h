@@ -60,23 +60,29 @@ inline std::vector<int32_t> CudaLayerOps::take_host(int l, const std::vector<int
   return slots.take_host(l, want, rows, copy_ms, host_ms);
 }
 
-inline void CudaLayerOps::run_host_experts(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h, const std::vector<int32_t>& host_want, uint16_t* ye) {
+inline CudaLayerOps::HostJobs CudaLayerOps::host_jobs(int l, int64_t K, const std::vector<int32_t>& ids, const HostRows& h,
+                                                     const std::vector<int32_t>& host_want) {
   const int64_t D = c_.dim;
-  std::vector<size_t> pairs;
+  HostJobs hj;
+  hj.experts = host_want.size();
   for (size_t i = 0; i < ids.size(); ++i)
-    if (std::binary_search(host_want.begin(), host_want.end(), ids[i])) pairs.push_back(i);
-  std::vector<uint16_t> out(pairs.size() * size_t(D));
-  std::vector<model::HostExpertJob> jobs;
+    if (std::binary_search(host_want.begin(), host_want.end(), ids[i])) hj.pairs.push_back(i);
+  hj.out.resize(hj.pairs.size() * size_t(D));
   const model::ExpertSource& src = m_.slots_->source();
-  for (size_t j = 0; j < pairs.size(); ++j) {
-    const size_t i = pairs[j];
-    jobs.push_back({h.u.data() + (int64_t(i) / K) * D, src.expert(l, ids[i]), h.weights[i], out.data() + j * size_t(D)});
+  for (size_t j = 0; j < hj.pairs.size(); ++j) {
+    const size_t i = hj.pairs[j];
+    hj.jobs.push_back({h.u.data() + (int64_t(i) / K) * D, src.expert(l, ids[i]), h.weights[i], hj.out.data() + j * size_t(D)});
   }
+  return hj;
+}
+
+inline void CudaLayerOps::run_host_jobs(HostJobs& hj, uint16_t* ye) {
+  const int64_t D = c_.dim;
   const auto t0 = std::chrono::steady_clock::now();
-  m_.host_experts_->run(jobs, c_.swiglu_limit);
-  m_.slots_->note_host(host_want.size(), pairs.size(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  uint16_t* dev = upload(out);
-  for (size_t j = 0; j < pairs.size() && ok(); ++j) copy_d2d(ye + int64_t(pairs[j]) * D, dev + int64_t(j) * D, D * 2);
+  m_.host_experts_->run(hj.jobs, c_.swiglu_limit);
+  m_.slots_->note_host(hj.experts, hj.pairs.size(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  uint16_t* dev = upload(hj.out);
+  for (size_t j = 0; j < hj.pairs.size() && ok(); ++j) copy_d2d(ye + int64_t(hj.pairs[j]) * D, dev + int64_t(j) * D, D * 2);
 }
 
 template <typename F, typename G>
@@ -122,10 +128,12 @@ void CudaLayerOps::routed_experts_tiered(int l, const DevLayer& w, int64_t K, co
     from = *next;
   }
   if (want.empty()) run_staged();
+  // The host's expert views are taken before ahead() may start the next layer's calls.
+  HostJobs hj = host_want.empty() || !ok() ? HostJobs{} : host_jobs(l, K, ids, host, host_want);
   ahead();
   if (!host_want.empty() && ok()) {
     shared();
-    run_host_experts(l, K, ids, host, host_want, ye);
+    run_host_jobs(hj, ye);
   }
 }
 

@@ -30,6 +30,9 @@ Result<std::shared_ptr<storage::TieredExperts>> make_host_tiers(const std::strin
   if (backend == "cuda") {
     to.slots_per_layer = 1;  // unused: the executor copies from the host records themselves
     to.host_views = true;
+    // With --expert-predict the executor copies the next layer's guesses while this layer's copies
+    // may still read its views: they stay valid through one more layer's calls.
+    if (opt.expert_predict) to.epochs_kept = 2;
     // Unless a number is asked for (--host-experts): at least 64 records, so a layer's picks stay
     // in the (page-locked) cache while they are copied. Fewer work too: picks beyond them come
     // from buffers kept for the layer's whole epoch (pageable, so slower to copy).

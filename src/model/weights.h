@@ -128,6 +128,16 @@ class ExpertSource {
     (void)layer;
     (void)experts;
   }
+  // How long a view expert() returns stays valid: 0, for good (the snapshot's mapped tensors, the
+  // bench's pool); N, through N layer epochs (a tiered source pins a layer's records until calls
+  // for N other layers began; storage::TieredOptions::epochs_kept).
+  virtual int view_layers() const { return 0; }
+  // Whether expert(layer, e) would return without waiting for a drive read.
+  virtual bool ready(int layer, int e) const {
+    (void)layer;
+    (void)e;
+    return true;
+  }
   // Lookups by the tier that supplied them (issue 24), for a source that has tiers; false: it
   // does not count (the snapshot's mapped tensors, the bench's pinned pool).
   virtual bool traffic(ExpertTraffic* out) const {

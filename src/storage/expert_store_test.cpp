@@ -141,6 +141,38 @@ TEST_F(ExpertStoreTest, ConvertValidateAndServeEveryExpert) {
     EXPECT_EQ(frees, allocs);
   }
 
+  // epochs_kept = 2 (the CUDA executor's copies ahead of a predicted use): a layer's views stay
+  // valid through the next layer's calls, which then find fewer free records (more overflow), and
+  // are let go once a third layer's calls begin. ready() says whether a lookup would read a drive.
+  {
+    const model::Config& c = snap->config();
+    ASSERT_GE(c.n_total_layers(), 3);
+    uint64_t overflow[2] = {0, 0};
+    for (int kept : {1, 2}) {
+      TieredOptions o;
+      o.slots_per_layer = 1;
+      o.host_experts = 4;
+      o.host_views = true;
+      o.epochs_kept = kept;
+      auto tiers = TieredExperts::create(store_locator(shared), {out, rep}, o);
+      ASSERT_TRUE(tiers.ok()) << tiers.status().to_string();
+      EXPECT_EQ((*tiers)->view_layers(), kept);
+      for (int pass = 0; pass < 2; ++pass)
+        for (int l = 0; l + 1 < c.n_total_layers(); ++l) {
+          std::vector<model::ExpertWeights> held;
+          for (int e = 0; e < 2; ++e) held.push_back((*tiers)->expert(l, e));
+          EXPECT_TRUE((*tiers)->ready(l, 0));
+          std::vector<model::ExpertWeights> next;  // the next layer's calls while `held` may still be read
+          for (int e = 0; e < c.roles[size_t(l + 1)].n_experts; ++e) next.push_back((*tiers)->expert(l + 1, e));
+          if (kept == 2)
+            for (int e = 0; e < 2; ++e) ASSERT_TRUE(same(held[size_t(e)], direct.expert(l, e))) << "layer " << l << " expert " << e;
+          for (int e = 0; e < c.roles[size_t(l + 1)].n_experts; ++e) ASSERT_TRUE(same(next[size_t(e)], direct.expert(l + 1, e)));
+        }
+      overflow[kept - 1] = (*tiers)->stats().overflow;
+    }
+    EXPECT_GT(overflow[1], overflow[0]) << "two layers' pins leave fewer records to the next layer";
+  }
+
   // A corrupted record fails its checksum; a truncated copy fails on open.
   {
     std::fstream f(rep + "/experts.fbx", std::ios::in | std::ios::out | std::ios::binary);

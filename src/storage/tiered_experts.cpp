@@ -364,16 +364,28 @@ bool TieredExperts::resident_locked(int layer, int e) const {
   return h >= 0 && !host_stale_[size_t(h)];
 }
 
+void TieredExperts::release_epoch_locked(Epoch& e) const {
+  if (e.layer >= 0)
+    for (int s : e.slot_pins) layers_[size_t(e.layer)].slots->release(s);
+  for (int h : e.host_pins) host_->release(h);
+  for (AlignedBuffer& b : e.overflow) (void)reader_->drain(b.data(), b.size());
+  e = Epoch{};
+}
+
 void TieredExperts::begin_epoch_locked(int layer) const {
-  if (epoch_layer_ >= 0) {
-    Layer& old = layers_[size_t(epoch_layer_)];
-    for (int s : old.epoch_pins) old.slots->release(s);
-    old.epoch_pins.clear();
+  // The ending epoch's pins and spare buffers are kept through epochs_kept - 1 more epochs (its
+  // views may still be read); layer -1 ends every epoch.
+  Epoch ended;
+  ended.layer = epoch_layer_;
+  if (epoch_layer_ >= 0) ended.slot_pins.swap(layers_[size_t(epoch_layer_)].epoch_pins);
+  ended.host_pins.swap(epoch_host_pins_);
+  ended.overflow.swap(overflow_);
+  kept_.push_back(std::move(ended));
+  const size_t keep = layer < 0 ? 0 : size_t(std::max(1, opt_.epochs_kept) - 1);
+  while (kept_.size() > keep) {
+    release_epoch_locked(kept_.front());
+    kept_.pop_front();
   }
-  for (int h : epoch_host_pins_) host_->release(h);
-  epoch_host_pins_.clear();
-  for (AlignedBuffer& b : overflow_) (void)reader_->drain(b.data(), b.size());
-  overflow_.clear();
   retire_pending_locked(layer);
   epoch_layer_ = layer;
 }
@@ -556,6 +568,8 @@ uint64_t TieredExperts::host_bytes() const {
     for (const AlignedBuffer& b : L.buffers) n += b.size();
   for (const AlignedBuffer& b : host_buf_) n += b.size();
   for (const AlignedBuffer& b : overflow_) n += b.size();
+  for (const Epoch& k : kept_)
+    for (const AlignedBuffer& b : k.overflow) n += b.size();
   for (const auto& [key, p] : pending_) n += p.buf.size();
   return n;
 }

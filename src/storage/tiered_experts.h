@@ -13,6 +13,7 @@
 // replica alone; replicas whose copy is bad are marked failed.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ struct TieredOptions {
   // returns views straight into the host cache record, pinned there until a call for another
   // layer, instead of copying the record into a first-tier slot. Needs host_experts > 0.
   bool host_views = false;
+  // Layer epochs a view stays valid through: 1, until a call for another layer; 2, also through
+  // the next layer's calls (the CUDA executor's copies ahead of a predicted use read the next
+  // layer while this layer's copies may still run; model::ExpertSource::view_layers).
+  int epochs_kept = 1;
   // Called on each host cache buffer right after it is allocated and right before it is freed
   // (the CUDA executor page-locks them, so its copies run at the pinned rate).
   std::function<void(void*, size_t)> on_host_alloc, on_host_free;
@@ -94,6 +99,8 @@ class TieredExperts final : public model::ExpertSource {
 
   model::ExpertWeights expert(int layer, int e) const override;
   void prefetch(int layer, const std::vector<int>& experts) const override;
+  int view_layers() const override { return std::max(1, opt_.epochs_kept); }
+  bool ready(int layer, int e) const override { return resident(layer, e); }
   // Turns reads at routing time on or off (A/B in the bench); pending reads still complete.
   void set_prefetch(bool on);
   // Whether (layer, e)'s bytes are in the first tier or the host cache now, i.e. a lookup would
@@ -181,6 +188,13 @@ class TieredExperts final : public model::ExpertSource {
   mutable int epoch_layer_ = -1;
   mutable std::vector<AlignedBuffer> overflow_;
   mutable std::vector<int> epoch_host_pins_;  // host_views: host slots pinned by expert() in the current epoch
+  struct Epoch {  // an ended epoch kept while its views may still be read (TieredOptions::epochs_kept)
+    int layer = -1;
+    std::vector<int> slot_pins, host_pins;
+    std::vector<AlignedBuffer> overflow;
+  };
+  mutable std::deque<Epoch> kept_;
+  void release_epoch_locked(Epoch& e) const;
   mutable std::map<int64_t, Pending> pending_;  // prefetched reads by (layer << 32 | expert)
   mutable int pending_buffers_ = 0;             // pending_ entries with their own buffer
   mutable TierStats stats_;
