@@ -8,7 +8,8 @@
 # at each skew (bench --predict-accuracy: -1 off, A a guess holding a share A of the drawn routing).
 # Usage, in the repo root:  tools/device_predict.sh [FIXTURES_DIR] [ARMS] [HOST_COMPUTE_MODES]
 #   defaults .fixtures, "-1,0.8,1,-1", "0"
-# Env: FB_SKEWS (0.3,0.45,0.6), FB_SWEEP_TIMEOUT (s per sweep, 400), FB_SKIP_TESTS=1, FB_SWEEP_ARGS.
+# Env: FB_SKEWS (0.3,0.45,0.6), FB_SWEEP_TIMEOUT (s per sweep, 400), FB_SKIP_TESTS=1, FB_SWEEP_ARGS,
+#      FB_SLOTS (HBM slots per layer; default 128 on a card of > 100 GB, else 48).
 # Logs to $OUT (or /tmp/fb_out); the table is printed LAST.
 set -u
 FIX=${1:-.fixtures}
@@ -56,16 +57,20 @@ if [ "${FB_SKIP_TESTS:-0}" != 1 ] && [ $rc -eq 0 ]; then
   done
 fi
 [ -x $FB ] || { row flashbox "missing"; cat "$T"; exit 1; }
+# 128 slots x 40 layers x 18.8 MB = 96 GB: an H200's sweep; an 80 GB card gets 48 slots.
+mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+SLOTS=${FB_SLOTS:-$([ "${mem_mib:-0}" -gt 100000 ] && echo 128 || echo 48)}
 i=0
 for m in $MODES; do
   i=$((i + 1))
   s0=$(date +%s)
-  timeout ${FB_SWEEP_TIMEOUT:-400} $FB bench --synthetic --experts 384 --expert-slots 128 --skews ${FB_SKEWS:-0.3,0.45,0.6} --contexts 4096 \
-    --tier-prefill-rows 0 --predict-accuracy "$ARMS" --cuda-opt host_compute=$m ${FB_SWEEP_ARGS:-} --csv "$LOG/pr_sweep_${i}_$m.csv" \
+  timeout ${FB_SWEEP_TIMEOUT:-400} $FB bench --synthetic --experts 384 --expert-slots $SLOTS --skews ${FB_SKEWS:-0.3,0.45,0.6} --contexts 4096 \
+    --tier-prefill-rows 0 --predict-accuracy="$ARMS" --cuda-opt host_compute=$m ${FB_SWEEP_ARGS:-} --csv "$LOG/pr_sweep_${i}_$m.csv" \
     >/dev/null 2>"$LOG/pr_sweep_${i}_$m.err"
-  row "tier sweep $i host_compute=$m" "rc=$? $(($(date +%s) - s0))s arms $ARMS"
+  rc=$?
+  row "tier sweep $i host_compute=$m" "rc=$rc $(($(date +%s) - s0))s arms $ARMS, $SLOTS slots"
   grep -E "bench: tiers top-10 share" "$LOG/pr_sweep_${i}_$m.err" | sed 's/^bench: tiers //' | sed 's/(static placement [0-9.%]*), //; s/ (peak [0-9.]*)//; s/model floor/floor/' | cut -c1-300 | sed 's/^/  /' >>"$T"
-  tail -3 "$LOG/pr_sweep_${i}_$m.err" | grep -iE "error|fail" | sed 's/^/  /' >>"$T"
+  [ $rc -ne 0 ] && tail -4 "$LOG/pr_sweep_${i}_$m.err" | cut -c1-300 | sed 's/^/  /' >>"$T"
 done
 row total "$(($(date +%s) - t0))s"
 echo "==================== expert prediction summary ===================="

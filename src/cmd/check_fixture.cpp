@@ -67,7 +67,7 @@ int run(const Args& a) {
   std::vector<std::shared_ptr<cuda::DevExpertSlots>> cuda_tiers;  // reported after each fixture
 #endif
   std::vector<std::shared_ptr<storage::EngramRowCache>> engram;  // reported after each fixture
-  std::vector<std::shared_ptr<const std::atomic<int64_t>>> cpu_predict;  // --expert-predict on the CPU: guesses, reported after each fixture
+  std::vector<std::shared_ptr<const cpu::CpuModel::PredictCounts>> cpu_predict;  // --expert-predict on the CPU: guesses, reported after each fixture
   auto make_engram = [&](const loader::Snapshot& snap) -> Result<std::shared_ptr<storage::EngramRowCache>> {
     if (a.engram_cache_bytes < 0) return std::shared_ptr<storage::EngramRowCache>();
     storage::EngramCacheOptions eo;
@@ -96,7 +96,7 @@ int run(const Args& a) {
       }
       if (a.expert_predict) {
         m.value()->set_expert_predict(true);
-        cpu_predict.push_back(m.value()->predict_hints());
+        cpu_predict.push_back(m.value()->predict_counts());
       }
       return std::unique_ptr<model::Executor>(std::move(m.value()));
     }
@@ -174,9 +174,12 @@ int run(const Args& a) {
     cuda_tiers.clear();
 #endif
     if (!cpu_predict.empty()) {
-      int64_t n = 0;
-      for (const auto& c : cpu_predict) n += c->load();
-      std::fprintf(stderr, "check-fixture: next-layer prediction: %lld guesses handed to the expert source's prefetch\n", (long long)n);
+      int64_t n = 0, picks = 0, guessed = 0;
+      for (const auto& c : cpu_predict) n += c->hints.load(), picks += c->picks.load(), guessed += c->guessed.load();
+      std::fprintf(stderr,
+                   "check-fixture: next-layer prediction: %lld guesses handed to the expert source's prefetch; %lld of %lld routed picks "
+                   "guessed (recall %.3f)\n",
+                   (long long)n, (long long)guessed, (long long)picks, picks > 0 ? double(guessed) / double(picks) : 0.0);
       cpu_predict.clear();
     }
     for (const auto& e : engram) {

@@ -109,8 +109,13 @@ class CpuModel final : public model::Executor {
   // guesses go to the expert source's prefetch (a tiered source starts their drive reads a layer
   // early; the mapped snapshot ignores the hint). Only when bytes arrive changes.
   void set_expert_predict(bool on) { expert_predict_ = on; }
-  // Guesses handed to the source so far (shared: a caller may read it after the model is gone).
-  std::shared_ptr<const std::atomic<int64_t>> predict_hints() const { return predict_hints_; }
+  // Distinct experts handed to the source, and the routing's (row, expert) picks of the guessed
+  // layers and how many of them the guess held (the guess's recall), so far. Shared: a caller may
+  // read them after the model is gone.
+  struct PredictCounts {
+    std::atomic<int64_t> hints{0}, picks{0}, guessed{0};
+  };
+  std::shared_ptr<const PredictCounts> predict_counts() const { return predict_recall_; }
 
   // DSpark: seed the draft rings with committed positions (tap rows bf16 [n, n_taps*dim] for
   // positions first_pos..first_pos+n-1); the prefill's draft call.
@@ -145,7 +150,7 @@ class CpuModel final : public model::Executor {
   mutable model::EngramStaging engram_staging_;
   mutable std::mutex staging_mu_;
   bool expert_predict_ = false;
-  std::shared_ptr<std::atomic<int64_t>> predict_hints_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<PredictCounts> predict_recall_ = std::make_shared<PredictCounts>();
   float route_margin_ = 0.0f;
   std::function<bool(int, int)> route_resident_;
   mutable std::atomic<int64_t> route_swaps_{0};

@@ -201,6 +201,18 @@ class CpuLayerOps {
                                 prefer ? &pref : nullptr);
       if (routes[size_t(t)].swaps) m_.route_swaps_.fetch_add(routes[size_t(t)].swaps);
     });
+    if (guess_layer_ == l) {  // how many of this layer's picks the layer before it guessed
+      int64_t picks = 0, guessed = 0;
+      for (int64_t t : rows_)
+        for (int e : routes[size_t(t)].experts) {
+          const std::vector<int>& g = guess_rows_[size_t(t)];
+          ++picks;
+          guessed += std::find(g.begin(), g.end(), e) != g.end();
+        }
+      m_.predict_recall_->picks.fetch_add(picks);
+      m_.predict_recall_->guessed.fetch_add(guessed);
+      guess_layer_ = -1;
+    }
     {
       std::vector<int> picked;
       for (int64_t t : rows_) picked.insert(picked.end(), routes[size_t(t)].experts.begin(), routes[size_t(t)].experts.end());
@@ -255,10 +267,15 @@ class CpuLayerOps {
       guess[size_t(t)] = route(&u_[size_t(t * D)], D, w.gate_w, f32p(bias), r.n_active, c_.gate_temp, c_.norm_topk_prob, c_.route_scale, nullptr);
     });
     std::vector<int> picked;
-    for (int64_t t : rows_) picked.insert(picked.end(), guess[size_t(t)].experts.begin(), guess[size_t(t)].experts.end());
+    guess_rows_.assign(size_t(T_), {});
+    for (int64_t t : rows_) {
+      picked.insert(picked.end(), guess[size_t(t)].experts.begin(), guess[size_t(t)].experts.end());
+      guess_rows_[size_t(t)] = guess[size_t(t)].experts;
+    }
+    guess_layer_ = l2;
     std::sort(picked.begin(), picked.end());
     picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
-    m_.predict_hints_->fetch_add(int64_t(picked.size()));
+    m_.predict_recall_->hints.fetch_add(int64_t(picked.size()));
     m_.experts_->prefetch(l2, picked);
   }
 
@@ -309,6 +326,10 @@ class CpuLayerOps {
   std::vector<int64_t> pos_;
   std::vector<uint8_t> image_;
   std::vector<int64_t> rows_;      // rows the ops run on, ascending (see CpuStep::leave_begin)
+  // CpuModel::set_expert_predict: the guesses for layer guess_layer_'s routing, per row (its
+  // own routing then counts how many of its picks were guessed).
+  int guess_layer_ = -1;
+  std::vector<std::vector<int>> guess_rows_;
   model::Taps* detail_ = nullptr;  // set when detailed taps are requested
   model::Taps* probe_ = nullptr;   // set for the layer gate (Taps::probe): injection and block outputs
   std::vector<float> attn_margin_;  // per row: selection margin of this layer's attention (probe only)
