@@ -261,7 +261,7 @@ struct CudaRunOptions {
   // next tiered layer's gate applied to this layer's expert input (same routing arithmetic, own
   // buffers), downloaded with the routing; once this layer's copies and kernels are issued, the
   // predicted experts that are not resident are copied into that layer's slots on the copy stream
-  // (DevExpertSlots::predict, at most expert_predict_max a call), beside this layer's compute and
+  // (DevExpertSlots::predict, at most expert_predict_max a call, the most guessed first), beside this layer's compute and
   // the next layer's attention. Only which slot holds which bytes, and when, changes: the same
   // bits ([exact], cuda_fixture_parity_test ExpertPredictBitForBit). Off until measured on the H200.
   bool expert_predict = false;

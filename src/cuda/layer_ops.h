@@ -445,7 +445,7 @@ class CudaLayerOps {
           return;
         }
       auto ahead = [&] {  // after this layer's copies and GEMV launches, before any host work
-        if (l2 >= 0 && ok()) step(m_.slots_->predict(l2, distinct(pred), m_.run_.expert_predict_max));
+        if (l2 >= 0 && ok()) step(m_.slots_->predict(l2, by_votes(pred), m_.run_.expert_predict_max));
       };
       if (tc_) routed_experts_tc(l, w, r.n_experts, K, ids, weights, ye, shared);
       else routed_experts_tiered(l, w, K, ids, weights, a, b, ye, shared, ahead);
@@ -486,6 +486,19 @@ class CudaLayerOps {
     std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
     return v;
+  }
+  // The distinct experts of `ids`, the most often picked first (ties: ascending id): which guesses
+  // expert_predict_max keeps when a step's rows guess more experts than that.
+  static std::vector<int32_t> by_votes(const std::vector<int32_t>& ids) {
+    std::vector<int32_t> v = distinct(ids);
+    std::vector<int> votes(v.size(), 0);
+    for (int32_t e : ids) ++votes[size_t(std::lower_bound(v.begin(), v.end(), e) - v.begin())];
+    std::vector<size_t> order(v.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return votes[a] > votes[b]; });
+    std::vector<int32_t> out;
+    for (size_t i : order) out.push_back(v[i]);
+    return out;
   }
 
   // Routed experts of a tiered layer on the GEMV kernels: waves of at most the layer's slots
