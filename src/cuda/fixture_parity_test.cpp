@@ -204,6 +204,33 @@ class SlowerHostExperts final : public model::HostExpertCompute {
   std::shared_ptr<const model::HostExpertCompute> real_ = cpu::host_expert_compute();
 };
 
+// A check_fixture factory of exact-class CUDA executors with 2 HBM expert slots per layer, the
+// rest of the load options set by `set`; each executor's slots are kept in `tiers` (its stats).
+std::function<Result<std::unique_ptr<model::Executor>>(const std::string&)> two_slot_executors(std::vector<std::shared_ptr<DevExpertSlots>>& tiers,
+                                                                                             std::function<void(CudaLoadOptions&)> set) {
+  return [&tiers, set](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
+    CudaLoadOptions lo;
+    lo.expert_slots = 2;
+    lo.run = run_for(false);
+    set(lo);
+    auto m = CudaExecutor::load(ckpt, {}, lo);
+    if (!m.ok()) return m.status();
+    if (auto t = m.value()->expert_slots()) tiers.push_back(t);
+    return std::unique_ptr<model::Executor>(std::move(m.value()));
+  };
+}
+
+// check_fixture of `dir` in 7-row chunks through two_slot_executors(tiers, set), against the CPU.
+Result<engine::FixtureReport> two_slots_against_cpu(const std::string& dir, std::vector<std::shared_ptr<DevExpertSlots>>& tiers,
+                                                    std::function<void(CudaLoadOptions&)> set) {
+  engine::FixtureCheckOptions opt;
+  opt.make_reference = make_cpu;
+  opt.chunk = 7;
+  auto rep = engine::check_fixture(dir, two_slot_executors(tiers, std::move(set)), opt);
+  if (rep.ok() && tiers.empty()) return FB_ERROR(kInternal) << "the executor has no expert slots";
+  return rep;
+}
+
 // Cold experts computed on the host CPU (CudaRunOptions::host_compute, issue 22): in the exact
 // class the host runs the CPU reference's expert, so the logits, taps and drafts stay equal to the
 // CPU's bit for bit, with every miss on the host (2) and with the misses split between the host
@@ -216,24 +243,12 @@ TEST_P(FixtureParity, HostComputedExpertsBitForBit) {
   };
   for (const Case k : {Case{2, 0}, Case{1, 0}, Case{1, 2}}) {
     std::vector<std::shared_ptr<DevExpertSlots>> tiers;
-    auto make_tiered = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
-      CudaLoadOptions lo;
-      lo.expert_slots = 2;
+    auto rep = two_slots_against_cpu(dir, tiers, [&](CudaLoadOptions& lo) {
       lo.expert_staging = k.staging;
-      lo.run = run_for(false);
       lo.run.host_compute = k.mode;
       lo.host_compute = std::make_shared<SlowerHostExperts>();
-      auto m = CudaExecutor::load(ckpt, {}, lo);
-      if (!m.ok()) return m.status();
-      if (auto t = m.value()->expert_slots()) tiers.push_back(t);
-      return std::unique_ptr<model::Executor>(std::move(m.value()));
-    };
-    engine::FixtureCheckOptions opt;
-    opt.make_reference = make_cpu;
-    opt.chunk = 7;
-    auto rep = engine::check_fixture(dir, make_tiered, opt);
+    });
     ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-    ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
     uint64_t host = 0, pairs = 0, copied = 0, misses = 0;
     for (const auto& t : tiers) {
       host += t->stats().host_experts;
@@ -267,25 +282,13 @@ TEST_P(FixtureParity, ExpertPredictBitForBit) {
   };
   for (const Case k : {Case{0, 0}, Case{2, 0}, Case{0, 1}}) {
     std::vector<std::shared_ptr<DevExpertSlots>> tiers;
-    auto make_tiered = [&](const std::string& ckpt) -> Result<std::unique_ptr<model::Executor>> {
-      CudaLoadOptions lo;
-      lo.expert_slots = 2;
+    auto rep = two_slots_against_cpu(dir, tiers, [&](CudaLoadOptions& lo) {
       lo.expert_staging = k.staging;
-      lo.run = run_for(false);
       lo.run.expert_predict = true;
       lo.run.host_compute = k.host_compute;
       if (k.host_compute) lo.host_compute = std::make_shared<SlowerHostExperts>();
-      auto m = CudaExecutor::load(ckpt, {}, lo);
-      if (!m.ok()) return m.status();
-      if (auto t = m.value()->expert_slots()) tiers.push_back(t);
-      return std::unique_ptr<model::Executor>(std::move(m.value()));
-    };
-    engine::FixtureCheckOptions opt;
-    opt.make_reference = make_cpu;
-    opt.chunk = 7;
-    auto rep = engine::check_fixture(dir, make_tiered, opt);
+    });
     ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-    ASSERT_FALSE(tiers.empty()) << "the executor has no expert slots";
     const ExpertSlotStats st = summed_stats(tiers);
     std::printf("[ tc ] %s expert predict (staging %d, host compute %d): %llu copied ahead, %llu used, %llu hits %llu misses: %s\n", GetParam(),
                 k.staging, k.host_compute, (unsigned long long)st.predicted, (unsigned long long)st.predict_used, (unsigned long long)st.hits,

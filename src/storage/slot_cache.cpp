@@ -62,17 +62,23 @@ SlotCache::Lookup SlotCache::acquire(int64_t key, bool admit_colder) {
     r.bypass = true;
     return r;
   }
+  r.evicted_key = assign(victim, key, 1);
+  r.slot = victim;
+  return r;
+}
+
+int64_t SlotCache::assign(int slot, int64_t key, int pins) {
+  Slot& v = slots_[size_t(slot)];
+  const int64_t evicted = v.key;
   if (v.key >= 0) {
-    r.evicted_key = v.key;
     where_.erase(v.key);
     ++evictions_;
   }
   v.key = key;
-  v.pins = 1;
+  v.pins = pins;
   v.last_use = clock_;
-  where_[key] = victim;
-  r.slot = victim;
-  return r;
+  where_[key] = slot;
+  return evicted;
 }
 
 int SlotCache::victim_slot() const {
@@ -102,14 +108,7 @@ int SlotCache::place(int64_t key, bool admit_colder) {
   if (victim < 0) return -1;
   Slot& v = slots_[size_t(victim)];
   if (!admit_colder && policy_ == EvictionPolicy::kLfu && v.key >= 0 && uses_of(key) < uses(v)) return -1;
-  if (v.key >= 0) {
-    where_.erase(v.key);
-    ++evictions_;
-  }
-  v.key = key;
-  v.pins = 0;
-  v.last_use = clock_;
-  where_[key] = victim;
+  assign(victim, key, 0);
   return victim;
 }
 

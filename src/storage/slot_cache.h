@@ -71,6 +71,7 @@ class SlotCache {
   };
   uint64_t uses(const Slot& s) const;
   int victim_slot() const;  // an empty unpinned slot, else the unpinned one with the lowest key; -1: all pinned
+  int64_t assign(int slot, int64_t key, int pins);  // `key` into `slot` (last use now); returns the key evicted, or -1
   void count_access(int64_t key);  // the clock, LFU aging and the key's use (every lookup)
   EvictionPolicy policy_;
   int aging_ = 8;
