@@ -5,11 +5,13 @@
 # copied ahead), check-fixture with 2 HBM slots and the router's own guesses (how many it copies
 # ahead and how many its layer then uses), then the expert-tier sweep of the synthetic
 # released-dimension model (384 experts, 128 HBM slots per layer) with prediction arms run in turn
-# at each skew (bench --predict-accuracy: -1 off, A a guess holding a share A of the drawn routing).
+# at each skew (bench --predict-accuracy: -1 off, A a guess holding a share A of the drawn routing),
+# and the drive tier with a third arm (reads at routing time plus prediction).
 # Usage, in the repo root:  tools/device_predict.sh [FIXTURES_DIR] [ARMS] [HOST_COMPUTE_MODES]
 #   defaults .fixtures, "-1,0.8,1,-1", "0"
 # Env: FB_SKEWS (0.3,0.45,0.6), FB_SWEEP_TIMEOUT (s per sweep, 400), FB_SKIP_TESTS=1, FB_SWEEP_ARGS,
-#      FB_SLOTS (HBM slots per layer; default 128 on a card of > 100 GB, else 48).
+#      FB_SLOTS (HBM slots per layer; default 128 on a card of > 100 GB, else 48), FB_SKIP_DRIVES=1,
+#      FB_DRIVE_SKEWS (0.45), FB_DRIVE_ACCURACY (0.8), FB_DRIVE_TIMEOUT (240).
 # Logs to $OUT (or /tmp/fb_out); the table is printed LAST.
 set -u
 FIX=${1:-.fixtures}
@@ -72,6 +74,21 @@ for m in $MODES; do
   grep -E "bench: tiers top-10 share" "$LOG/pr_sweep_${i}_$m.err" | sed 's/^bench: tiers //' | sed 's/(static placement [0-9.%]*), //; s/ (peak [0-9.]*)//; s/model floor/floor/' | cut -c1-300 | sed 's/^/  /' >>"$T"
   [ $rc -ne 0 ] && tail -4 "$LOG/pr_sweep_${i}_$m.err" | cut -c1-300 | sed 's/^/  /' >>"$T"
 done
+# The drive tier at released dimensions with a third arm: reads at routing time plus prediction
+# (two replica files on the machine's disk, 64 page-locked host records; FB_SKIP_DRIVES=1 skips).
+if [ "${FB_SKIP_DRIVES:-0}" != 1 ]; then
+  W=/tmp/fb_predict_drives
+  rm -rf $W && mkdir -p $W/d0 $W/d1
+  s0=$(date +%s)
+  timeout ${FB_DRIVE_TIMEOUT:-240} $FB bench --synthetic --experts 384 --expert-slots $SLOTS --expert-drives "$W/d0,$W/d1" --host-experts 64 \
+    --drive-records 64 --skews ${FB_DRIVE_SKEWS:-0.45} --steps 6 --tier-warm-steps 64 --drive-warm-steps 3 --predict-accuracy=${FB_DRIVE_ACCURACY:-0.8} \
+    --contexts 4096 --csv "$LOG/pr_drive.csv" >/dev/null 2>"$LOG/pr_drive.err"
+  rc=$?
+  row "drive tier + prediction" "rc=$rc $(($(date +%s) - s0))s, $SLOTS slots"
+  grep -E "bench: drive tier top-10 share .*(HBM hits|prediction)" "$LOG/pr_drive.err" | sed 's/^bench: drive tier //' | cut -c1-330 | sed 's/^/  /' >>"$T"
+  [ $rc -ne 0 ] && tail -4 "$LOG/pr_drive.err" | cut -c1-300 | sed 's/^/  /' >>"$T"
+  rm -rf $W
+fi
 row total "$(($(date +%s) - t0))s"
 echo "==================== expert prediction summary ===================="
 cat "$T"

@@ -22,7 +22,7 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
                                                                  int records, int64_t host_experts,
                                                                  std::function<void(void*, size_t)> on_alloc,
                                                                  std::function<void(void*, size_t)> on_free,
-                                                                 std::vector<storage::ReaderFault> faults) {
+                                                                 std::vector<storage::ReaderFault> faults, int epochs_kept) {
   if (dirs.empty()) return FB_ERROR(kInvalidArgument) << "--expert-drives needs at least one directory";
   const model::Config& c = snap.config();
   const storage::ExpertLayout lay = FB_TRY(storage::expert_layout(snap));
@@ -47,6 +47,7 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
   to.on_host_alloc = std::move(on_alloc);
   to.on_host_free = std::move(on_free);
   to.faults = std::move(faults);
+  to.epochs_kept = epochs_kept;
   return storage::TieredExperts::create(storage::cyclic_locator(lay, n_experts, records, storage::kRecordFile), dirs, to);
 }
 
@@ -73,10 +74,25 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
     if (slots->slots(l) > 0) n_exp = c.roles[size_t(l)].n_experts;
   if (n_exp == 0) return FB_ERROR(kInvalidArgument) << "no layer has fewer slots than experts";
   auto draw = std::make_shared<storage::ZipfRouting>(c.n_total_layers(), n_exp, opt.seed);
-  ex.set_route_override([draw](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { draw->draw(layer, ids, rows, top_k); });
+  // Through PredictedRouting: with the prediction arm, the routing a guess was made for comes back
+  // when its layer routes (otherwise every draw is fresh, as before).
+  auto guess = std::make_shared<storage::PredictedRouting>(*draw, std::max(0.0, opt.predict_accuracy), opt.seed + 1);
+  ex.set_route_override([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { guess->draw(layer, ids, rows, top_k); });
+  const int arms = opt.predict_accuracy >= 0 ? 3 : 2;
+  const cuda::CudaRunOptions run0 = ex.run_options();
+  auto predict = [&](bool on) {
+    cuda::CudaRunOptions o = run0;
+    o.expert_predict = on;
+    ex.set_run_options(o);
+    guess->forget();
+    ex.set_predict_override(on ? cuda::CudaExecutor::RouteOverride([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) {
+      guess->predict(layer, ids, rows, top_k);
+    })
+                               : nullptr);
+  };
   std::string phase;
   int64_t done = 0;
-  const int64_t total = int64_t(opt.pool_warm_steps) + 2 * (int64_t(opt.drive_warm_steps) + opt.steps);
+  const int64_t total = int64_t(opt.pool_warm_steps) + arms * (int64_t(opt.drive_warm_steps) + opt.steps);
   const std::function<void()> tick = [&] {
     if (opt.progress) opt.progress(phase, ++done, total, "steps");
   };
@@ -140,8 +156,9 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
                    share, (long long)*filled, p.host_fill_s, (long long)tiers.host_records_filled());
     }
     src.use_drives(true);
-    for (int arm = 0; arm < 2 && st.ok(); ++arm) {
-      tiers.set_prefetch(arm == 0);
+    for (int arm = 0; arm < arms && st.ok(); ++arm) {
+      tiers.set_prefetch(arm != 1);
+      if (arm == 2) predict(true);
       st = decode_steps(opt.drive_warm_steps, nullptr);
       if (!st.ok()) break;
       if (arm == 0) p.host_filled = tiers.host_records_filled();
@@ -161,8 +178,16 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
       p.host_hits_token[arm] = double(t1.host_hits - t0.host_hits) / n;
       p.drive_reads_token[arm] = double(t1.drive_reads - t0.drive_reads) / n;
       p.drive_gbps[arm] = wall_s > 0 ? double(t1.drive_bytes - t0.drive_bytes) / wall_s / 1e9 : 0;
-      (arm == 0 ? p.hbm_hit : p.hbm_hit_asked) = d.hit_rate();
+      if (arm == 0) p.hbm_hit = d.hit_rate();
+      if (arm == 1) p.hbm_hit_asked = d.hit_rate();
+      if (arm == 2) {
+        p.predicted_token = double(d.predicted) / n;
+        p.predict_used_token = double(d.predict_used) / n;
+        p.predict_hinted_token = double(d.predict_hinted) / n;
+        predict(false);
+      }
     }
+    if (arms == 3 && !st.ok()) predict(false);
     src.use_drives(false);
     tiers.set_prefetch(true);
     if (!st.ok()) break;
@@ -172,6 +197,13 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
                  "%.2f GB/s (HBM hits %.1f%%)\n",
                  share, 100 * p.hbm_hit, p.ms_token[0], p.wait_ms_token[0], p.host_hits_token[0], p.drive_reads_token[0], p.drive_gbps[0],
                  p.ms_token[1], p.wait_ms_token[1], p.host_hits_token[1], p.drive_reads_token[1], p.drive_gbps[1], 100 * p.hbm_hit_asked);
+    if (arms == 3)
+      std::fprintf(stderr,
+                   "bench: drive tier top-10 share %.2f: with next-layer prediction at accuracy %.2f: %.1f ms/token, exposed drive wait %.1f "
+                   "ms/token, %.1f host hits + %.1f drive reads per token, %.2f GB/s; %.1f copied ahead (%.1f used), %.1f guesses' reads started "
+                   "per token\n",
+                   share, opt.predict_accuracy, p.ms_token[2], p.wait_ms_token[2], p.host_hits_token[2], p.drive_reads_token[2], p.drive_gbps[2],
+                   p.predicted_token, p.predict_used_token, p.predict_hinted_token);
     out.push_back(p);
   }
   ex.set_route_override(nullptr);

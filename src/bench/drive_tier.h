@@ -54,6 +54,10 @@ class SwitchExperts final : public model::ExpertSource {
   }
   // Counts like the tiers (also tells the executor that views expire between layers).
   bool traffic(model::ExpertTraffic* out) const override { return drives_->traffic(out); }
+  // The pool's views never expire; the drive tiers' do after their epochs (expert prediction's
+  // copies ahead ask this before each layer's guesses).
+  int view_layers() const override { return on_ ? drives_->view_layers() : 0; }
+  bool ready(int layer, int e) const override { return !on_ || drives_->ready(layer, e); }
   storage::TieredExperts& drives() { return *drives_; }
 
  private:
@@ -68,6 +72,10 @@ struct DriveTierOptions {
   int pool_warm_steps = 256;  // decode steps from the pool before each point (the HBM slots settle)
   int drive_warm_steps = 8;   // then through the drives (the host cache fills), per A/B arm
   int steps = 8;              // timed decode steps per arm
+  // >= 0: a third arm, reads at routing time plus next-layer prediction (CudaRunOptions::
+  // expert_predict) with guesses holding this share of the drawn routing (storage::PredictedRouting);
+  // the tiers need TieredOptions::epochs_kept 2 for its copies ahead (make_drive_tiers).
+  double predict_accuracy = -1;
   uint64_t seed = 7;
   ProgressFn progress;        // decode steps of each point (optional)
 };
@@ -76,11 +84,13 @@ struct DriveTierPoint {
   double top10_share = 0;
   double hbm_hit = 0;        // HBM slot hits / lookups (timed steps, prefetch arm)
   double hbm_hit_asked = 0;  // ... of the other arm's timed steps (the same slots, later tokens)
-  // [0]: reads started when the router has run; [1]: each record read when asked for.
-  double ms_token[2] = {0, 0};
-  double wait_ms_token[2] = {0, 0};  // exposed drive wait per token
-  double host_hits_token[2] = {0, 0}, drive_reads_token[2] = {0, 0};
-  double drive_gbps[2] = {0, 0};     // drive bytes / timed wall time
+  // [0]: reads started when the router has run; [1]: each record read when asked for; [2] (with
+  // DriveTierOptions::predict_accuracy): [0] plus next-layer prediction.
+  double ms_token[3] = {0, 0, 0};
+  double wait_ms_token[3] = {0, 0, 0};  // exposed drive wait per token
+  double host_hits_token[3] = {0, 0, 0}, drive_reads_token[3] = {0, 0, 0};
+  double drive_gbps[3] = {0, 0, 0};     // drive bytes / timed wall time
+  double predicted_token = 0, predict_used_token = 0, predict_hinted_token = 0;  // arm [2]: copies ahead, used; guesses whose reads started
   int64_t host_filled = 0;           // host cache records holding an expert when the first arm's timed steps began
   double host_fill_s = 0;            // reading the warmed host cache's records from the drives
   int64_t replayed_slot_copies = 0;  // slots whose bytes the replay changed
@@ -95,7 +105,7 @@ Result<std::shared_ptr<storage::TieredExperts>> make_drive_tiers(const loader::S
                                                                  int records, int64_t host_experts,
                                                                  std::function<void(void*, size_t)> on_alloc,
                                                                  std::function<void(void*, size_t)> on_free,
-                                                                 std::vector<storage::ReaderFault> faults = {});
+                                                                 std::vector<storage::ReaderFault> faults = {}, int epochs_kept = 1);
 
 // Engram rows from the drives under the CUDA executor (issue 22; `bench --synthetic
 // --engram-drives DIR,DIR [--engram-cache-bytes N]`): the synthetic snapshot's Engram tables

@@ -162,7 +162,8 @@ int run(const BenchArgs& a) {
       }
       auto tiers = bench::make_drive_tiers(
           **snap, a.expert_drives, a.drive_records, a.host_experts,
-          [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); }, std::move(faults));
+          [](void* p, size_t n) { cuda::pin_host_range(p, n); }, [](void* p, size_t) { cuda::unpin_host_range(p); }, std::move(faults),
+          drive_predict_accuracy(a) >= 0 ? 2 : 1);  // the prediction arm copies ahead: views kept through the next layer
       if (!tiers.ok()) return bench_failed(tiers.status(), "drive tier");
       drive_src = std::make_shared<bench::SwitchExperts>(std::make_shared<loader::SnapshotExperts>(**snap), std::move(tiers.value()));
       lo.experts = drive_src;
@@ -634,7 +635,8 @@ Runner add_bench(CLI::App& app) {
   g->add_option("--tier-warm-steps", a->tier_warm_steps, "tier sweep: decode steps before the counters start");
   g->add_option("--predict-accuracy", a->predict_accuracy,
                 "tier sweep: next-layer expert prediction arms run at each skew in turn, e.g. -1,0.8 (-1: off; A in [0, 1]: "
-                "--cuda-opt expert_predict on, guesses holding a share A of the drawn routing)")
+                "--cuda-opt expert_predict on, guesses holding a share A of the drawn routing); drive tier (--expert-drives): a "
+                "third arm with prediction at the first A >= 0")
       ->delimiter(',')
       ->check(CLI::Range(-1.0, 1.0));
   g->add_option("--expert-drives", a->expert_drives,

@@ -67,7 +67,7 @@ struct BenchArgs {
   bool cold_prefill_trace = false;
   std::string cold_prefill_ab;        // NAME=a,b: streamed runs of the first prompt per value, interleaved (3 rounds)    // one more streamed run of the first prompt traced with CUPTI (copy / kernel overlap)
   int tier_warm_steps = 512;
-  std::vector<double> predict_accuracy;  // tier sweep: next-layer prediction arms (< 0 off; bench::TierSweepOptions)
+  std::vector<double> predict_accuracy;  // tier sweep: next-layer prediction arms (< 0 off; bench::TierSweepOptions); drive tier: the first >= 0
   std::vector<std::string> expert_drives;  // issue 22: replica dirs of the drive tier (bench/drive_tier.h)
   int64_t host_experts = 64;               // ... its host cache records
   int drive_records = 64;                  // ... expert records written per drive
@@ -111,6 +111,13 @@ class Csv {
 inline int bench_failed(const Status& s, const std::string& what = "") {
   std::fprintf(stderr, "bench: %s%s%s\n", what.c_str(), what.empty() ? "" : ": ", s.to_string().c_str());
   return 1;
+}
+
+// The drive tier's prediction arm: the first --predict-accuracy value >= 0, or -1 (no such arm).
+inline double drive_predict_accuracy(const BenchArgs& a) {
+  for (double x : a.predict_accuracy)
+    if (x >= 0) return x;
+  return -1;
 }
 
 // Prefill rows [s0, s1) of an `end`-token prompt of synthetic token ids (p * 7919 + salt), the last

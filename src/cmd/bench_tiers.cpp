@@ -187,6 +187,7 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
     o.pool_warm_steps = a.tier_warm_steps;
     o.drive_warm_steps = a.drive_warm_steps;
     o.replay_tokens = a.drive_replay_tokens;
+    o.predict_accuracy = drive_predict_accuracy(a);
     auto pts = bench::run_drive_tier(ex, s, src, o);
     if (!pts.ok()) return bench_failed(pts.status(), "drive tier");
     csv.row("drive_tier_slots_per_layer", L, double(a.expert_slots), "HBM expert slots per tiered layer");
@@ -201,13 +202,18 @@ int run_drive_tier_rows(const BenchArgs& a, Csv& csv, cuda::CudaExecutor& ex, be
       csv.row(key + "_asked_hbm_hit", L, p.hbm_hit_asked, "HBM slot hit rate (the read-when-asked arm's timed steps)");
       csv.row(key + "_host_filled", L, double(p.host_filled), "host cache records holding an expert when the timed steps began");
       csv.row(key + "_host_fill_s", L, p.host_fill_s, "s to read the warmed host cache's records from the drives");
-      const char* arm[2] = {"_routed", "_asked"};
-      for (int i = 0; i < 2; ++i) {
+      const char* arm[3] = {"_routed", "_asked", "_predicted"};
+      for (int i = 0; i < (o.predict_accuracy >= 0 ? 3 : 2); ++i) {
         csv.row(key + arm[i] + "_ms_token", L, p.ms_token[i], "ms per decode token (median)");
         csv.row(key + arm[i] + "_wait_ms_token", L, p.wait_ms_token[i], "exposed drive wait, ms per token");
         csv.row(key + arm[i] + "_host_hits_token", L, p.host_hits_token[i], "host cache hits per token");
         csv.row(key + arm[i] + "_drive_reads_token", L, p.drive_reads_token[i], "drive reads per token");
         csv.row(key + arm[i] + "_drive_gbps", L, p.drive_gbps[i], "GB/s read from the drives (wall)");
+      }
+      if (o.predict_accuracy >= 0) {
+        csv.row(key + "_predicted_per_token", L, p.predicted_token, "experts copied ahead of a predicted use per token");
+        csv.row(key + "_predict_used_per_token", L, p.predict_used_token, "... of them hit by their layer's call");
+        csv.row(key + "_predict_hinted_per_token", L, p.predict_hinted_token, "guesses whose drive reads started a layer early");
       }
     }
     return 0;
