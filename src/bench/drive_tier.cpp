@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "bench/decode_bench.h"
+#include "bench/tier_sweep.h"
 #include "loader/bind.h"
 #include "storage/record_file.h"
 #include "storage/route_sim.h"
@@ -80,16 +81,7 @@ Result<std::vector<DriveTierPoint>> run_drive_tier(cuda::CudaExecutor& ex, model
   ex.set_route_override([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { guess->draw(layer, ids, rows, top_k); });
   const int arms = opt.predict_accuracy >= 0 ? 3 : 2;
   const cuda::CudaRunOptions run0 = ex.run_options();
-  auto predict = [&](bool on) {
-    cuda::CudaRunOptions o = run0;
-    o.expert_predict = on;
-    ex.set_run_options(o);
-    guess->forget();
-    ex.set_predict_override(on ? cuda::CudaExecutor::RouteOverride([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) {
-      guess->predict(layer, ids, rows, top_k);
-    })
-                               : nullptr);
-  };
+  auto predict = [&](bool on) { use_predicted_routing(ex, run0, guess, on ? opt.predict_accuracy : -1); };
   std::string phase;
   int64_t done = 0;
   const int64_t total = int64_t(opt.pool_warm_steps) + arms * (int64_t(opt.drive_warm_steps) + opt.steps);

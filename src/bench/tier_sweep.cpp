@@ -73,6 +73,19 @@ std::shared_ptr<const model::HostExpertCompute> cold_bytes_host_experts(std::sha
   return std::make_shared<ColdBytesHostExperts>(std::move(inner), n);
 }
 
+void use_predicted_routing(cuda::CudaExecutor& ex, const cuda::CudaRunOptions& base, const std::shared_ptr<storage::PredictedRouting>& guess,
+                           double accuracy) {
+  cuda::CudaRunOptions o = base;
+  o.expert_predict = accuracy >= 0;
+  ex.set_run_options(o);
+  guess->set_accuracy(std::max(0.0, accuracy));
+  guess->forget();
+  ex.set_predict_override(accuracy >= 0 ? cuda::CudaExecutor::RouteOverride([guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) {
+    guess->predict(layer, ids, rows, top_k);
+  })
+                                        : nullptr);
+}
+
 Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::SessionState& s, const TierSweepOptions& opt,
                                               double h2d_peak_gbps,
                                               const std::function<model::Step(int64_t, int64_t, int64_t)>& prefill_step) {
@@ -110,101 +123,94 @@ Result<std::vector<TierPoint>> run_tier_sweep(cuda::CudaExecutor& ex, model::Ses
   double base_ms = 0;
   std::vector<double> shares = {0.0};
   shares.insert(shares.end(), opt.skews.begin(), opt.skews.end());
-  const auto guessed = [guess](int layer, std::vector<int32_t>& ids, int64_t rows, int top_k) { guess->predict(layer, ids, rows, top_k); };
-  for (double share : shares)
-   for (size_t ai = 0; ai < arms.size(); ++ai) {
-    const double arm = arms[ai];
-    if (share <= 0 && ai > 0) continue;  // one all-hit baseline
-    TierPoint p;
-    p.top10_share = share;
-    p.predict_accuracy = arm;
-    if (arm >= -1) {
-      cuda::CudaRunOptions o = run0;
-      o.expert_predict = arm >= 0;
-      ex.set_run_options(o);
-      guess->set_accuracy(std::max(0.0, arm));
-      guess->forget();
-      ex.set_predict_override(arm >= 0 ? cuda::CudaExecutor::RouteOverride(guessed) : nullptr);
-    }
-    char name[64];
-    std::snprintf(name, sizeof name, share <= 0 ? "bench tiers all-hit" : "bench tiers top-10 share %.2f", share);
-    phase = name;
-    done = 0;
-    // A later arm at the same skew starts from the caches the arm before it left at this skew's
-    // steady state: a quarter of the warm-up lets its own policy settle.
-    const int warm = share <= 0 || ai == 0 ? opt.warm_steps : std::max(32, opt.warm_steps / 4);
-    total = int64_t(warm) + opt.steps;
-    if (opt.progress) opt.progress(phase, 0, total, "steps");
-    if (share <= 0) {
-      draw->set_skew(0, 10, S);  // uniform over each layer's S hottest: every lookup hits once warm
-      p.static_hit = 1.0;
-    } else {
-      draw->set_skew(share);
-      p.static_hit = draw->static_hit(S);
-    }
-    FB_RETURN_IF_ERROR(decode_steps(warm, nullptr));
-    if (share <= 0)  // the baseline must start with every pool expert resident: warm until a block misses none
-      for (int b = 0; b < 64; ++b) {
-        slots->reset_stats();
-        total += 16;
-        FB_RETURN_IF_ERROR(decode_steps(16, nullptr));
-        if (slots->stats().misses == 0) break;
+  for (double share : shares) {
+    for (size_t ai = 0; ai < arms.size(); ++ai) {
+      const double arm = arms[ai];
+      if (share <= 0 && ai > 0) continue;  // one all-hit baseline
+      TierPoint p;
+      p.top10_share = share;
+      p.predict_accuracy = arm;
+      if (arm >= -1) use_predicted_routing(ex, run0, guess, arm);
+      char name[64];
+      std::snprintf(name, sizeof name, share <= 0 ? "bench tiers all-hit" : "bench tiers top-10 share %.2f", share);
+      phase = name;
+      done = 0;
+      // A later arm at the same skew starts from the caches the arm before it left at this skew's
+      // steady state: a quarter of the warm-up lets its own policy settle.
+      const int warm = share <= 0 || ai == 0 ? opt.warm_steps : std::max(32, opt.warm_steps / 4);
+      total = int64_t(warm) + opt.steps;
+      if (opt.progress) opt.progress(phase, 0, total, "steps");
+      if (share <= 0) {
+        draw->set_skew(0, 10, S);  // uniform over each layer's S hottest: every lookup hits once warm
+        p.static_hit = 1.0;
+      } else {
+        draw->set_skew(share);
+        p.static_hit = draw->static_hit(S);
       }
-    slots->reset_stats();
-    std::vector<double> ms;
-    FB_RETURN_IF_ERROR(decode_steps(opt.steps, &ms));
-    const cuda::ExpertSlotStats t = slots->stats();
-    std::sort(ms.begin(), ms.end());
-    p.ms_token = ms[ms.size() / 2];
-    p.hit_rate = t.hit_rate();
-    p.misses_per_token = double(t.misses) / double(opt.steps);
-    p.bypassed_per_token = double(t.bypassed) / double(opt.steps);
-    p.host_per_token = double(t.host_experts) / double(opt.steps);
-    p.host_ms_per_token = t.host_ms / double(opt.steps);
-    p.copy_gbps = t.copy_gbps();
-    p.predicted_per_token = double(t.predicted) / double(opt.steps);
-    p.predict_used_per_token = double(t.predict_used) / double(opt.steps);
-    if (share <= 0) base_ms = p.ms_token;
-    const double copy_ms = (p.misses_per_token - p.host_per_token) * expert_bytes / peak * 1e3;  // the copied misses
-    p.floor_ms = base_ms + copy_ms;
-    p.ceiling_ms = std::max(base_ms, copy_ms);
-    if (p.predict_accuracy >= 0) {
-      const double one = expert_bytes / peak * 1e3, used = p.predict_used_per_token, late = p.misses_per_token - p.host_per_token;
-      const double a = used + late > 0 ? used / (used + late) : 0, all = (used + late) * one;
-      p.predict_model_ms = std::max(base_ms, a * all + (p.predicted_per_token - used) * one) + (1 - a) * all;
-    }
-    // The plan's prediction (docs/tiers.md, no drives: the host holds every expert): the best
-    // static placement's misses, copied serially at the measured pinned peak, after the all-hit step.
-    p.plan_ms = base_ms + (1.0 - p.static_hit) * double(n_tiered) * k * expert_bytes / peak * 1e3;
-    if (opt.prefill_rows > 0) {
-      auto ps = ex.new_session();
-      std::vector<model::SessionState*> pss{ps.get()};
+      FB_RETURN_IF_ERROR(decode_steps(warm, nullptr));
+      if (share <= 0)  // the baseline must start with every pool expert resident: warm until a block misses none
+        for (int b = 0; b < 64; ++b) {
+          slots->reset_stats();
+          total += 16;
+          FB_RETURN_IF_ERROR(decode_steps(16, nullptr));
+          if (slots->stats().misses == 0) break;
+        }
       slots->reset_stats();
-      const double t0 = now_ms();
-      FB_TRY(ex.forward(prefill_step(0, opt.prefill_rows, opt.prefill_rows), pss));
-      p.prefill_s = (now_ms() - t0) / 1e3;
-      const cuda::ExpertSlotStats pt = slots->stats();
-      p.prefill_hit_rate = pt.hit_rate();
-      p.prefill_copy_gbps = pt.copy_gbps();
-      p.prefill_misses = double(pt.misses);
+      std::vector<double> ms;
+      FB_RETURN_IF_ERROR(decode_steps(opt.steps, &ms));
+      const cuda::ExpertSlotStats t = slots->stats();
+      std::sort(ms.begin(), ms.end());
+      p.ms_token = ms[ms.size() / 2];
+      p.hit_rate = t.hit_rate();
+      p.misses_per_token = double(t.misses) / double(opt.steps);
+      p.bypassed_per_token = double(t.bypassed) / double(opt.steps);
+      p.host_per_token = double(t.host_experts) / double(opt.steps);
+      p.host_ms_per_token = t.host_ms / double(opt.steps);
+      p.copy_gbps = t.copy_gbps();
+      p.predicted_per_token = double(t.predicted) / double(opt.steps);
+      p.predict_used_per_token = double(t.predict_used) / double(opt.steps);
+      if (share <= 0) base_ms = p.ms_token;
+      const double copy_ms = (p.misses_per_token - p.host_per_token) * expert_bytes / peak * 1e3;  // the copied misses
+      p.floor_ms = base_ms + copy_ms;
+      p.ceiling_ms = std::max(base_ms, copy_ms);
+      if (p.predict_accuracy >= 0) {
+        const double one = expert_bytes / peak * 1e3, used = p.predict_used_per_token, late = p.misses_per_token - p.host_per_token;
+        const double a = used + late > 0 ? used / (used + late) : 0, all = (used + late) * one;
+        p.predict_model_ms = std::max(base_ms, a * all + (p.predicted_per_token - used) * one) + (1 - a) * all;
+      }
+      // The plan's prediction (docs/tiers.md, no drives: the host holds every expert): the best
+      // static placement's misses, copied serially at the measured pinned peak, after the all-hit step.
+      p.plan_ms = base_ms + (1.0 - p.static_hit) * double(n_tiered) * k * expert_bytes / peak * 1e3;
+      if (opt.prefill_rows > 0) {
+        auto ps = ex.new_session();
+        std::vector<model::SessionState*> pss{ps.get()};
+        slots->reset_stats();
+        const double t0 = now_ms();
+        FB_TRY(ex.forward(prefill_step(0, opt.prefill_rows, opt.prefill_rows), pss));
+        p.prefill_s = (now_ms() - t0) / 1e3;
+        const cuda::ExpertSlotStats pt = slots->stats();
+        p.prefill_hit_rate = pt.hit_rate();
+        p.prefill_copy_gbps = pt.copy_gbps();
+        p.prefill_misses = double(pt.misses);
+      }
+      std::fprintf(stderr,
+                   "bench: tiers top-10 share %.2f: %.2f ms/token, HBM hits %.1f%% (static placement %.1f%%), %.1f misses/token (%.1f staged), "
+                   "copies %.1f GB/s (peak %.1f), model floor %.2f / ceiling %.2f ms, plan %.2f ms (measured %.2fx)",
+                   share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.bypassed_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
+                   p.ceiling_ms, p.plan_ms, p.ms_token / p.plan_ms);
+      if (p.host_per_token > 0) std::fprintf(stderr, "; %.1f misses/token on the host (%.2f ms of host time)", p.host_per_token, p.host_ms_per_token);
+      if (p.predict_accuracy >= 0)
+        std::fprintf(stderr, "; prediction at accuracy %.2f: %.1f experts/token copied ahead, %.1f used, model %.2f ms (measured %.2fx)",
+                     p.predict_accuracy, p.predicted_per_token, p.predict_used_per_token, p.predict_model_ms,
+                     p.predict_model_ms > 0 ? p.ms_token / p.predict_model_ms : 0.0);
+      else if (p.predict_accuracy == -1)
+        std::fprintf(stderr, "; prediction off");
+      if (opt.prefill_rows > 0)
+        std::fprintf(stderr, "; prefill %lld rows %.2f s (hits %.1f%%, %.0f misses, %.1f GB/s)", (long long)opt.prefill_rows, p.prefill_s,
+                     100 * p.prefill_hit_rate, p.prefill_misses, p.prefill_copy_gbps);
+      std::fprintf(stderr, "\n");
+      out.push_back(p);
     }
-    std::fprintf(stderr,
-                 "bench: tiers top-10 share %.2f: %.2f ms/token, HBM hits %.1f%% (static placement %.1f%%), %.1f misses/token (%.1f staged), "
-                 "copies %.1f GB/s (peak %.1f), model floor %.2f / ceiling %.2f ms, plan %.2f ms (measured %.2fx)",
-                 share, p.ms_token, 100 * p.hit_rate, 100 * p.static_hit, p.misses_per_token, p.bypassed_per_token, p.copy_gbps, h2d_peak_gbps, p.floor_ms,
-                 p.ceiling_ms, p.plan_ms, p.ms_token / p.plan_ms);
-    if (p.host_per_token > 0) std::fprintf(stderr, "; %.1f misses/token on the host (%.2f ms of host time)", p.host_per_token, p.host_ms_per_token);
-    if (p.predict_accuracy >= 0)
-      std::fprintf(stderr, "; prediction at accuracy %.2f: %.1f experts/token copied ahead, %.1f used, model %.2f ms (measured %.2fx)",
-                   p.predict_accuracy, p.predicted_per_token, p.predict_used_per_token, p.predict_model_ms,
-                   p.predict_model_ms > 0 ? p.ms_token / p.predict_model_ms : 0.0);
-    else if (p.predict_accuracy == -1)
-      std::fprintf(stderr, "; prediction off");
-    if (opt.prefill_rows > 0)
-      std::fprintf(stderr, "; prefill %lld rows %.2f s (hits %.1f%%, %.0f misses, %.1f GB/s)", (long long)opt.prefill_rows, p.prefill_s,
-                   100 * p.prefill_hit_rate, p.prefill_misses, p.prefill_copy_gbps);
-    std::fprintf(stderr, "\n");
-    out.push_back(p);
   }
   ex.set_route_override(nullptr);
   ex.set_predict_override(nullptr);

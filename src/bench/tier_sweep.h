@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "cuda/executor.h"
 #include "model/step.h"
+#include "storage/route_sim.h"
 
 namespace fb::bench {
 
@@ -63,6 +64,12 @@ struct TierPoint {
 // use): the host's time is that of reading cold bytes. The outputs are noise, as the sweep's routing
 // already makes them ([policy] benchmark-only).
 std::shared_ptr<const model::HostExpertCompute> cold_bytes_host_experts(std::shared_ptr<const model::HostExpertCompute> inner, int n);
+
+// Next-layer prediction arms of the sweeps (this one and bench/drive_tier.h): `base` with
+// expert_predict on for accuracy >= 0, the executor's guesses replaced by `guess` at that accuracy
+// (its kept routing forgotten); accuracy < 0: prediction off, no guesses.
+void use_predicted_routing(cuda::CudaExecutor& ex, const cuda::CudaRunOptions& base, const std::shared_ptr<storage::PredictedRouting>& guess,
+                           double accuracy);
 
 // `ex` must have tiered layers (CudaLoadOptions::expert_slots < experts); `s` a session at its
 // decode context; `prefill_step(s0, s1, end)` builds prefill rows [s0, s1) of an `end`-row prompt.
